@@ -1,0 +1,39 @@
+# Two commands a newcomer needs: `make demo` and `make test`.
+# Both create .venv when missing and install what they need. Torch 2.13.0 (CPU build) is
+# installed first when the venv has no torch, so pip never pulls a multi-GB CUDA build.
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean browser-deps
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip >/dev/null
+
+$(STAMP): $(PY) pyproject.toml
+	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+	$(PIP) install -e ".[server,excel,test]"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/accuracy demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check accuracy tests benchmarks
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_dump.py
+
+# Headless Chromium for the browser test (Debian packages; never a downloaded browser).
+browser-deps:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
