@@ -1,0 +1,167 @@
+"""The `accuracy` command line: argument parsing only; each command calls one library function.
+
+Parts of the package add their own subcommands through a `register(subparsers)` function in
+their `cli` module, so this file stays a thin dispatcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from accuracy.dumpfile import DumpError, load_dump
+
+_PART_CLIS = (
+    "accuracy.replay.cli",
+    "accuracy.compare.cli",
+    "accuracy.overflow.cli",
+    "accuracy.server.cli",
+    "accuracy.demo",
+)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    with load_dump(args.dump) as d:
+        s = d.summary()
+    if args.json:
+        print(json.dumps(s, indent=2, default=str))
+        return 0
+    a = s["attrs"]
+    state = "complete" if s["complete"] else "INCOMPLETE (the dumped block raised or was killed)"
+    print(f"{s['path']}: {state}")
+    print(f"  mode {a.get('mode')}, backend {a.get('backend')}"
+          + (f" (profile {a['profile']})" if a.get("profile") else "")
+          + f", torch {a.get('torch_version')}, rank {a.get('rank')}, steps {s['steps']}")
+    print(f"  ops {s['ops']}  ({', '.join(f'{k} {v}' for k, v in s['by_phase'].items())})"
+          f", modules {s['modules']}")
+    print(f"  tensors {s['tensors']} ({s['tensors_with_data']} with data); dtypes "
+          + ", ".join(f"{k} {v}" for k, v in s["by_dtype"].items()))
+    print(f"  bytes written {_human(s['bytes_written'])}, saved by links "
+          f"{_human(s['bytes_saved_by_links'])}, file {_human(s['file_bytes'])}")
+    faults = a.get("faults_applied") or []
+    if faults:
+        print(f"  faults injected: {len(faults)}")
+        for f in faults:
+            print(f"    {f}")
+    print("  top ops:")
+    for name, n in list(s["by_op"].items())[: args.top]:
+        print(f"    {n:6d}  {name}")
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    with load_dump(args.dump) as d:
+        rows = list(d.select(op=args.op, module=args.module, phase=args.phase))
+        for r in rows[: args.limit] if args.limit else rows:
+            outs = "; ".join(f"{t.dtype}{list(t.shape)}" for t in r.outputs)
+            print(f"{r.seq:6d}  {r.op:40s} {r.phase:9s} {r.module or '-':45s} -> {outs}"
+                  + (f"  [{r.source}]" if args.source and r.source else ""))
+            if args.tensors:
+                for t in r.tensors:
+                    st = t.stats
+                    print(f"          {t.address}  {t.dtype}{list(t.shape)} min {st['min']:.4g} "
+                          f"max {st['max']:.4g} mean {st['mean']:.4g} l2 {st['l2']:.4g}"
+                          + (" (link)" if t.is_link else ""))
+    print(f"{len(rows)} ops", file=sys.stderr)
+    return 0
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    from accuracy.dumpfile.extract import extract
+
+    with load_dump(args.dump) as d:
+        n = extract(d, args.output, op=args.op, seq=args.seq, module=args.module,
+                    overwrite=args.overwrite)
+    print(f"wrote {n} ops to {args.output}")
+    return 0
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    from accuracy.device_backend import backends_table
+
+    rows = backends_table()
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    for r in rows:
+        mark = "yes" if r.get("available") else "no "
+        print(f"{r['name']:6s} {mark}  {r.get('version') or '-':20s} "
+              f"{r.get('extension') or '':12s} sync: "
+              + " ".join(f"{k}={v}" for k, v in (r.get("sync_env") or {}).items()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="accuracy", description=__doc__.splitlines()[0])
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("info", help="what a dump holds: ops, phases, modules, dtypes, bytes")
+    s.add_argument("dump")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--top", type=int, default=10, help="how many op names to list")
+    s.set_defaults(func=cmd_info)
+
+    s = sub.add_parser("ls", help="list recorded ops matching filters")
+    s.add_argument("dump")
+    s.add_argument("--op", help="op name or glob, e.g. aten.mm or 'aten.*norm*'")
+    s.add_argument("--module", help="module path glob, e.g. 'encoder.layers.0.*'")
+    s.add_argument("--phase", choices=["forward", "backward", "optimizer"])
+    s.add_argument("--tensors", action="store_true", help="also list each tensor's statistics")
+    s.add_argument("--source", action="store_true", help="show the source line")
+    s.add_argument("--limit", type=int, default=0)
+    s.set_defaults(func=cmd_ls)
+
+    s = sub.add_parser("extract", help="write ops as real HDF5 groups (for h5copy and viewers)")
+    s.add_argument("dump")
+    s.add_argument("--op")
+    s.add_argument("--seq", type=int)
+    s.add_argument("--module")
+    s.add_argument("-o", "--output", required=True)
+    s.add_argument("--overwrite", action="store_true")
+    s.set_defaults(func=cmd_extract)
+
+    s = sub.add_parser("backends", help="device backends present on this machine")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_backends)
+
+    for name in _PART_CLIS:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            continue
+        mod.register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except (DumpError, FileExistsError, FileNotFoundError, PermissionError, LookupError,
+            ValueError) as e:
+        print(f"accuracy {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""`dumper(...)`: record every ATen op run inside a `with` block into one HDF5 dump.
+
+A TorchDispatchMode sees each op after autograd, in forward, backward and optimizer alike.
+Inputs are captured before the op runs (so in-place ops keep their pre-op values), outputs
+after. Each distinct tensor state (object identity plus `_version`) is stored once; later
+uses point at those bytes. HDF5 work happens on the writer's background thread.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import platform
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import accuracy
+from accuracy.dumper.filters import Filter
+from accuracy.dumper.scope import BACKWARD, FORWARD, Scope
+from accuracy.dumper.source import user_source
+from accuracy.dumper.stats import tensor_stats
+from accuracy.dumpfile import schema
+from accuracy.dumpfile.argcodec import encode_call
+from accuracy.dumpfile.writer import DumpWriteError, DumpWriter, OpEntry, TensorEntry
+
+log = logging.getLogger(__name__)
+
+MODES = ("tensor", "statistics")
+# Outputs of these are uninitialised memory: never stored, never compared.
+UNINITIALISED = {
+    "aten.empty.memory_format", "aten.empty_like.default", "aten.empty_strided.default",
+    "aten.new_empty.default", "aten.new_empty_strided.default", "aten.empty.out",
+}
+
+
+def _rank() -> tuple[int, int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _host_copy(t: torch.Tensor):
+    """A private contiguous CPU copy, through the tensor's backend (async on devices)."""
+    try:
+        from accuracy.device_backend import backend_for_tensor
+    except ImportError:  # backends not importable: a plain synchronous copy still works
+        out = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+        out.copy_(t)
+        return out
+    return backend_for_tensor(t).to_host(t)
+
+
+def _active_sim():
+    try:
+        from accuracy.device_backend import sim as sim_mod
+    except ImportError:
+        return None
+    active = getattr(sim_mod, "active", None)
+    return active() if active is not None else None
+
+
+class _Seen:
+    """Tensor states already recorded: id -> (weakref, _version, row, stats)."""
+
+    def __init__(self) -> None:
+        self._map: dict[int, tuple[weakref.ref, int, int, Any]] = {}
+
+    def lookup(self, t: torch.Tensor) -> tuple[int, Any] | None:
+        hit = self._map.get(id(t))
+        if hit is None:
+            return None
+        ref, version, row, stats = hit
+        if ref() is not t:
+            return None
+        try:
+            if t._version != version:
+                return None
+        except RuntimeError:  # inference tensors have no version counter
+            return None
+        return row, stats
+
+    def remember(self, t: torch.Tensor, row: int, stats: Any) -> None:
+        try:
+            version = t._version
+            ref = weakref.ref(t)
+        except (RuntimeError, TypeError):
+            return
+        self._map[id(t)] = (ref, version, row, stats)
+
+
+class _DumpMode(TorchDispatchMode):
+    def __init__(self, owner: dumper) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        return self.owner._on_op(func, args, kwargs)
+
+
+class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.dumper
+    """Record the ATen ops of the enclosed block into `dump_path` (HDF5).
+
+    mode: "tensor" stores every tensor plus statistics; "statistics" stores statistics only.
+    ops / exclude_ops / modules: glob patterns (`aten.mm`, `aten.*norm*`, `encoder.layers.0.*`).
+    data_mode: "all", or any of "input", "output", "forward", "backward", "optimizer".
+    steps: step numbers to record when the block spans several steps (advance with `step()`).
+    stack: also store each op's full user stack. overwrite: replace an existing file.
+    strict: raise if writing fails (disk full...) instead of carrying on without the dump.
+    max_pending_bytes: memory allowed for tensors waiting for the disk before training waits.
+    """
+
+    def __init__(
+        self,
+        dump_path: str | os.PathLike[str],
+        mode: str = "tensor",
+        *,
+        ops: str | Iterable[str] | None = None,
+        exclude_ops: str | Iterable[str] | None = None,
+        modules: str | Iterable[str] | None = None,
+        data_mode: str | Iterable[str] = "all",
+        steps: int | Iterable[int] | None = None,
+        stack: bool = False,
+        overwrite: bool = False,
+        strict: bool = False,
+        max_pending_bytes: int = 1 << 30,
+        flush_ops: int = 256,
+        flush_seconds: float = 1.0,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        self.rank, self.world_size = _rank()
+        self.path = str(dump_path).replace("{rank}", str(self.rank))
+        self.mode = mode
+        self.filter = Filter.build(ops, exclude_ops, modules, data_mode, steps)
+        self.stack = stack
+        self.overwrite = overwrite
+        self.strict = strict
+        self.max_pending_bytes = max_pending_bytes
+        self.flush_ops = flush_ops
+        self.flush_seconds = flush_seconds
+        self.current_step = 0
+        self.ops_recorded = 0
+        self._seq = 0
+        self._names: dict[Any, str] = {}
+        self._devices: set[str] = set()
+        self._steps_seen: set[int] = set()
+        self._writer: DumpWriter | None = None
+        self._failed = False
+
+    # -- public ----------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Mark the end of a training step (for the `steps` window)."""
+        self.current_step += 1
+
+    def __enter__(self) -> dumper:
+        self._sim = _active_sim()
+        self._writer = DumpWriter(
+            self.path,
+            self._start_attrs(),
+            overwrite=self.overwrite,
+            flush_ops=self.flush_ops,
+            flush_seconds=self.flush_seconds,
+            max_pending_bytes=self.max_pending_bytes,
+        )
+        self._seen = _Seen()
+        self._scope = Scope().__enter__()
+        self._mode = _DumpMode(self)
+        self._mode.__enter__()
+        log.info("dumping %s mode to %s", self.mode, self.path)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            self._mode.__exit__(exc_type, exc, tb)
+        finally:
+            self._scope.__exit__(exc_type, exc, tb)
+            self._close(complete=exc_type is None)
+        return False
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _start_attrs(self) -> dict[str, Any]:
+        attrs: dict[str, Any] = {
+            "mode": self.mode,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "torch_version": torch.__version__,
+            "accuracy_version": accuracy.__version__,
+            "python_version": platform.python_version(),
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "host": platform.node(),
+            "filter": {
+                "ops": list(self.filter.ops), "exclude_ops": list(self.filter.exclude_ops),
+                "modules": list(self.filter.modules), "io": sorted(self.filter.io),
+                "phases": sorted(self.filter.phases),
+                "steps": sorted(self.filter.steps) if self.filter.steps is not None else None,
+            },
+        }
+        if self._sim is not None:
+            attrs["backend"] = "sim"
+            attrs["profile"] = self._sim.profile_name
+            attrs["sim"] = self._sim.describe()
+        return attrs
+
+    def _close(self, complete: bool) -> None:
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        attrs: dict[str, Any] = {"ops_recorded": self.ops_recorded, "ops_seen": self._seq,
+                                 "steps": sorted(self._steps_seen)}
+        attrs.update(self._backend_attrs())
+        if self._sim is not None:
+            attrs["faults_applied"] = list(self._sim.applied)
+        try:
+            writer.close(attrs, complete=complete and not self._failed)
+        except DumpWriteError as e:
+            if self.strict:
+                raise
+            log.error("%s; the dump is incomplete", e)
+        if not complete:
+            log.warning("the block raised: %s is closed and marked incomplete", self.path)
+
+    def _backend_attrs(self) -> dict[str, Any]:
+        if self._sim is not None:
+            return {}
+        devices = sorted(self._devices - {"cpu"}) or ["cpu"]
+        try:
+            from accuracy.device_backend import get_backend
+        except ImportError:
+            return {"backend": devices[0], "backend_version": "", "devices": devices}
+        backend = get_backend(devices[0])
+        return {"backend": backend.name, "backend_version": backend.version() or "",
+                "devices": devices}
+
+    def _op_name(self, func) -> str:
+        name = self._names.get(func)
+        if name is None:
+            name = self._names[func] = str(func)
+        return name
+
+    def _on_op(self, func, args, kwargs):
+        seq = self._seq
+        self._seq += 1
+        scope = self._scope
+        scope.tag_pending()
+        phase = scope.phase
+        module = scope.module
+        if phase == FORWARD:
+            source, stack = user_source(self.stack)
+            out = self._record(func, args, kwargs, seq, phase, module, source, stack, None)
+            flat, _ = tree_flatten(out)
+            scope.forward_outputs([o for o in flat if isinstance(o, torch.Tensor)],
+                                  (module, seq, source))
+            return out
+        origin = scope.backward_origin() if phase == BACKWARD else None
+        if origin is not None:
+            source, stack = origin[2], ""
+        else:
+            source, stack = user_source(self.stack)
+        return self._record(func, args, kwargs, seq, phase, module, source, stack, origin)
+
+    def _record(self, func, args, kwargs, seq, phase, module, source, stack, origin):
+        writer = self._writer
+        if writer is None or self._failed:
+            return func(*args, **kwargs)
+        f = self.filter
+        name = self._op_name(func)
+        if not (f.wants_step(self.current_step) and phase in f.phases and f.wants_op(name)
+                and f.wants_module(module)):
+            return func(*args, **kwargs)
+
+        flat_in, _ = tree_flatten((args, kwargs))
+        in_tensors = [a for a in flat_in if isinstance(a, torch.Tensor)]
+        entries: list[TensorEntry] = []
+        with torch._C._DisableTorchDispatch():
+            if "input" in f.io:
+                for i, t in enumerate(in_tensors):
+                    entries.append(self._entry(writer, seq, schema.INPUT, i, t))
+        n_faults = len(self._sim.applied) if self._sim is not None else 0
+        out = func(*args, **kwargs)
+        flat_out, _ = tree_flatten(out)
+        out_tensors = [o for o in flat_out if isinstance(o, torch.Tensor)]
+        uninit = name in UNINITIALISED
+        with torch._C._DisableTorchDispatch():
+            if "output" in f.io:
+                for i, t in enumerate(out_tensors):
+                    entries.append(self._entry(writer, seq, schema.OUTPUT, i, t, skip=uninit))
+
+        counter = iter(range(len(in_tensors)))
+        extra: dict[str, Any] = {}
+        if uninit:
+            extra["uninitialized"] = True
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            extra["rng"] = True
+        if func._schema.is_mutable:
+            extra["inplace"] = True
+        if self._sim is not None and len(self._sim.applied) > n_faults:
+            extra["faults"] = list(self._sim.applied[n_faults:])
+        if origin is not None and origin[1] >= 0:
+            extra["fwd_seq"] = origin[1]
+        op = OpEntry(
+            seq=seq, op=name, phase=phase, module=module, source=source, stack=stack,
+            args=encode_call(args, kwargs, lambda _t: next(counter)), step=self.current_step,
+            n_in=len(in_tensors), n_out=len(out_tensors), extra=extra,
+        )
+        try:
+            writer.add_op(op, entries)
+        except DumpWriteError as e:
+            self._failed = True
+            if self.strict:
+                raise
+            log.error("%s; dumping stops here, training goes on", e)
+        self.ops_recorded += 1
+        self._steps_seen.add(self.current_step)
+        return out
+
+    def _entry(self, writer: DumpWriter, seq: int, io: int, idx: int, t: torch.Tensor,
+               skip: bool = False) -> TensorEntry:
+        device = str(t.device)
+        self._devices.add(t.device.type)
+        row = writer.new_row()
+        entry = TensorEntry(
+            row=row, seq=seq, io=io, idx=idx, dtype=schema.dtype_name(t.dtype),
+            shape=tuple(t.shape), stride=tuple(t.stride()) if t.layout == torch.strided else (),
+            device=device, stats=None,
+        )
+        if skip or t.layout != torch.strided:
+            return entry
+        seen = self._seen.lookup(t)
+        if seen is not None:
+            entry.first, entry.stats = seen
+            return entry
+        entry.stats = tensor_stats(t)
+        if self.mode == "tensor":
+            entry.data = _host_copy(t)
+            entry.first = row
+            entry.nbytes = t.numel() * t.element_size()
+        self._seen.remember(t, row if self.mode == "tensor" else -1, entry.stats)
+        return entry

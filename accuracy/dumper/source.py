@@ -1,0 +1,50 @@
+"""Find the user's source line: the first frame outside torch, accuracy and the stdlib."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import sysconfig
+from types import FrameType
+
+import torch
+
+import accuracy
+
+_INTERNAL_PREFIXES = tuple(
+    os.path.dirname(p) + os.sep
+    for p in (torch.__file__, accuracy.__file__)
+) + (sysconfig.get_paths()["stdlib"] + os.sep, "<")
+_cache: dict[str, bool] = {}
+
+
+def _internal(filename: str) -> bool:
+    hit = _cache.get(filename)
+    if hit is None:
+        hit = _cache[filename] = filename.startswith(_INTERNAL_PREFIXES) or (
+            "site-packages" + os.sep + "torch" in filename)
+    return hit
+
+
+def _user_frames(frame: FrameType | None):
+    while frame is not None:
+        if not _internal(frame.f_code.co_filename):
+            yield frame
+        frame = frame.f_back
+
+
+def user_source(with_stack: bool = False) -> tuple[str, str]:
+    """(file:line of the innermost user frame, JSON list of user frames or "")."""
+    frames = _user_frames(sys._getframe(1))
+    first = next(frames, None)
+    if first is None:
+        return "", ""
+    line = f"{first.f_code.co_filename}:{first.f_lineno}"
+    if not with_stack:
+        return line, ""
+    stack = [line] + [
+        f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}" for f in frames
+    ]
+    stack[0] = f"{line} in {first.f_code.co_name}"
+    return line, json.dumps(stack)

@@ -1,0 +1,106 @@
+"""Encode an op's non-tensor arguments as JSON, with placeholders for tensors.
+
+The encoding keeps enough to rebuild the call later (replay): dtypes, devices, memory formats,
+layouts, non-finite floats and complex numbers all survive the round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+_MEMORY_FORMATS = {
+    str(m): m
+    for m in (
+        torch.contiguous_format,
+        torch.channels_last,
+        torch.channels_last_3d,
+        torch.preserve_format,
+    )
+}
+_LAYOUTS = {str(x): x for x in (torch.strided, torch.sparse_coo, torch._mkldnn)}
+
+
+def _encode(obj: Any, tensor_index: Callable[[torch.Tensor], int]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return {"__tensor__": tensor_index(obj)}
+    if obj is None or isinstance(obj, bool | int | str):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else {"__float__": repr(obj)}
+    if isinstance(obj, list | tuple):
+        return [_encode(x, tensor_index) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _encode(v, tensor_index) for k, v in obj.items()}
+    if isinstance(obj, torch.dtype):
+        return {"__dtype__": str(obj).removeprefix("torch.")}
+    if isinstance(obj, torch.device):
+        return {"__device__": str(obj)}
+    if isinstance(obj, torch.memory_format):
+        return {"__memory_format__": str(obj)}
+    if isinstance(obj, torch.layout):
+        return {"__layout__": str(obj)}
+    if isinstance(obj, complex):
+        return {"__complex__": [obj.real, obj.imag]}
+    if isinstance(obj, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return _encode(obj.node.hint if hasattr(obj.node, "hint") else int(obj), tensor_index)
+    if isinstance(obj, torch.Generator):
+        return {"__generator__": None}
+    return {"__repr__": repr(obj)}
+
+
+def encode_call(
+    args: Sequence[Any], kwargs: dict[str, Any], tensor_index: Callable[[torch.Tensor], int]
+) -> str:
+    """JSON for one call; `tensor_index` gives each tensor its input placeholder number."""
+    return json.dumps(
+        {"args": _encode(list(args), tensor_index), "kwargs": _encode(kwargs, tensor_index)},
+        separators=(",", ":"),
+    )
+
+
+class UnrebuildableArgument(ValueError):
+    """An argument was recorded only by its repr and cannot be rebuilt."""
+
+
+def _decode(obj: Any, tensors: Sequence[Any]) -> Any:
+    if isinstance(obj, list):
+        return [_decode(x, tensors) for x in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if len(obj) == 1:
+        (key, val), = obj.items()
+        if key == "__tensor__":
+            return tensors[val]
+        if key == "__float__":
+            return float(val)
+        if key == "__dtype__":
+            return getattr(torch, val)
+        if key == "__device__":
+            return torch.device(val)
+        if key == "__memory_format__":
+            return _MEMORY_FORMATS[val]
+        if key == "__layout__":
+            return _LAYOUTS[val]
+        if key == "__complex__":
+            return complex(val[0], val[1])
+        if key == "__generator__":
+            return None
+        if key == "__repr__":
+            raise UnrebuildableArgument(f"argument recorded only as {val!r}")
+    return {k: _decode(v, tensors) for k, v in obj.items()}
+
+
+def decode_call(encoded: str, tensors: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Rebuild (args, kwargs), putting `tensors[i]` where placeholder i was recorded."""
+    data = json.loads(encoded)
+    return _decode(data["args"], tensors), _decode(data["kwargs"], tensors)
+
+
+def tensor_placeholders(encoded: str) -> int:
+    """How many tensor placeholders a recorded call holds."""
+    return encoded.count('"__tensor__"')

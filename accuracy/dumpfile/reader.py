@@ -1,0 +1,346 @@
+"""The one reader of dump files: opens lazily, validates, and names tensors by address.
+
+Only the two small index tables are read at open; tensor bytes are read on demand, so a
+multi-GB dump opens in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+
+from accuracy.dumpfile import schema
+from accuracy.dumpfile.argcodec import decode_call
+from accuracy.patterns import module_matches, op_matches
+
+STATUS = "_status"
+
+
+class DumpError(ValueError):
+    """A file that cannot be read as a dump; the message names the file and the problem."""
+
+
+@dataclass(eq=False)
+class TensorRecord:
+    """One tensor use: an input or output of one op, with its statistics."""
+
+    dump: Dump = field(repr=False)
+    row: int
+    op: str
+    seq: int
+    io: int
+    idx: int
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    device: str
+    offset: int
+    nbytes: int
+    first: int
+    stats: dict[str, float]
+
+    @property
+    def address(self) -> str:
+        return schema.address(self.op, self.seq, self.io, self.idx)
+
+    @property
+    def has_data(self) -> bool:
+        return self.offset >= 0
+
+    @property
+    def is_link(self) -> bool:
+        """True when the bytes were written for an earlier use of the same tensor."""
+        return self.has_data and self.first != self.row
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape)) if self.shape else 1
+
+    def load(self) -> torch.Tensor:
+        """The tensor with its original dtype and shape (contiguous, on CPU)."""
+        return self.dump.read_tensor(self)
+
+
+@dataclass(eq=False)
+class OpRecord:
+    """One recorded ATen op call."""
+
+    seq: int
+    op: str
+    phase: str
+    module: str
+    source: str
+    stack: str
+    args_json: str
+    step: int
+    extra: dict[str, Any]
+    inputs: list[TensorRecord]
+    outputs: list[TensorRecord]
+
+    def call(self, tensors: list[Any]) -> tuple[list[Any], dict[str, Any]]:
+        """Rebuild (args, kwargs) of the call with `tensors` in the input placeholders."""
+        return decode_call(self.args_json, tensors)
+
+    @property
+    def tensors(self) -> list[TensorRecord]:
+        return self.inputs + self.outputs
+
+
+def _open_h5(path: Path) -> tuple[h5py.File, bool]:
+    """Open read-only; a file left open by a killed writer is opened through SWMR."""
+    try:
+        return h5py.File(path, "r"), True
+    except OSError as e:
+        msg = str(e)
+        if "already open for write" in msg or "consistency flags" in msg:
+            try:
+                return h5py.File(path, "r", swmr=True), False
+            except OSError as e2:
+                msg = str(e2)
+        if "signature" in msg:
+            raise DumpError(f"{path}: not an HDF5 file (no HDF5 signature)") from None
+        if "truncated" in msg or "eof" in msg.lower():
+            raise DumpError(f"{path}: truncated HDF5 file ({msg})") from None
+        raise DumpError(f"{path}: cannot be opened as HDF5: {msg}") from None
+
+
+def _text(col: np.ndarray) -> list[str]:
+    return [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in col]
+
+
+class Dump:
+    """A dump opened read-only. Use `load_dump(path)`; close it or use it in a `with`."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise DumpError(f"{self.path}: no such file")
+        if self.path.is_dir():
+            raise DumpError(f"{self.path}: is a directory, not a dump file")
+        self._f, self.closed_cleanly = _open_h5(self.path)
+        try:
+            self._validate()
+            self.attrs = self._read_attrs()
+            self._load_index()
+        except DumpError:
+            self._f.close()
+            raise
+        except (OSError, KeyError, ValueError, TypeError, IndexError) as e:
+            self._f.close()
+            raise DumpError(f"{self.path}: damaged dump ({type(e).__name__}: {e})") from None
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        fmt = self._f.attrs.get("format")
+        if isinstance(fmt, bytes):
+            fmt = fmt.decode()
+        if fmt != schema.FORMAT_NAME:
+            raise DumpError(
+                f"{self.path}: HDF5 file but not an accuracy dump (format attribute is "
+                f"{fmt!r}); was it written by another program?"
+            )
+        version = int(self._f.attrs.get("schema_version", -1))
+        if version > schema.SCHEMA_VERSION:
+            raise DumpError(
+                f"{self.path}: written with dump schema {version}, newer than this accuracy "
+                f"reads ({schema.SCHEMA_VERSION}); upgrade accuracy"
+            )
+        if version < 1:
+            raise DumpError(f"{self.path}: invalid schema_version {version}")
+        for name in (schema.BLOB, schema.OPS, schema.TENSORS, STATUS):
+            if name not in self._f:
+                raise DumpError(f"{self.path}: damaged dump, missing {name!r}")
+
+    def _read_attrs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in self._f.attrs.items():
+            if isinstance(v, bytes):
+                v = v.decode()
+            elif isinstance(v, np.generic):
+                v = v.item()
+            if isinstance(v, str) and v[:1] in "[{":
+                try:
+                    v = json.loads(v)
+                except ValueError:
+                    pass
+            out[k] = v
+        out["complete"] = bool(out.get("complete", False))
+        return out
+
+    def _load_index(self) -> None:
+        status = self._f[STATUS][:]
+        n_ops, n_tensors = int(status[0]), int(status[1])
+        self.blob_len = int(status[3])
+        self._ops = self._f[schema.OPS][:n_ops]
+        self._tensors = self._f[schema.TENSORS][:n_tensors]
+        self._blob = self._f[schema.BLOB]
+
+    # -- records ---------------------------------------------------------------------------
+
+    @cached_property
+    def tensors(self) -> list[TensorRecord]:
+        """Every tensor row, in file order."""
+        t = self._tensors
+        if len(t) == 0:
+            return []
+        ops = self._op_names_by_seq
+        dtypes, shapes, strides, devices = (
+            _text(t["dtype"]), _text(t["shape"]), _text(t["stride"]), _text(t["device"]))
+        stats_cols = {k: t[k].tolist() for k in schema.STAT_FIELDS}
+        out = []
+        for i, (seq, io, idx, off, nb, first) in enumerate(
+            zip(t["seq"].tolist(), t["io"].tolist(), t["idx"].tolist(), t["offset"].tolist(),
+                t["nbytes"].tolist(), t["first"].tolist(), strict=True)
+        ):
+            out.append(TensorRecord(
+                dump=self, row=i, op=ops.get(seq, "?"), seq=seq, io=io, idx=idx,
+                dtype=dtypes[i], shape=tuple(json.loads(shapes[i])),
+                stride=tuple(json.loads(strides[i])), device=devices[i], offset=off,
+                nbytes=nb, first=first, stats={k: v[i] for k, v in stats_cols.items()},
+            ))
+        return out
+
+    @cached_property
+    def _op_names_by_seq(self) -> dict[int, str]:
+        return dict(zip(self._ops["seq"].tolist(), _text(self._ops["op"]), strict=True))
+
+    @cached_property
+    def records(self) -> list[OpRecord]:
+        """Every op, in execution order."""
+        o = self._ops
+        by_seq: dict[int, tuple[list[TensorRecord], list[TensorRecord]]] = {
+            s: ([], []) for s in o["seq"].tolist()
+        }
+        for t in self.tensors:
+            if t.seq in by_seq:
+                by_seq[t.seq][t.io].append(t)
+        cols = {k: _text(o[k]) for k in ("op", "phase", "module", "source", "stack", "args",
+                                         "extra")}
+        out = []
+        for i, (seq, step) in enumerate(zip(o["seq"].tolist(), o["step"].tolist(), strict=True)):
+            ins, outs = by_seq[seq]
+            extra = cols["extra"][i]
+            out.append(OpRecord(
+                seq=seq, op=cols["op"][i], phase=cols["phase"][i], module=cols["module"][i],
+                source=cols["source"][i], stack=cols["stack"][i], args_json=cols["args"][i],
+                step=step, extra=json.loads(extra) if extra else {},
+                inputs=sorted(ins, key=lambda r: r.idx), outputs=sorted(outs, key=lambda r: r.idx),
+            ))
+        return out
+
+    @cached_property
+    def _by_seq(self) -> dict[int, OpRecord]:
+        return {r.seq: r for r in self.records}
+
+    def record(self, seq: int) -> OpRecord:
+        try:
+            return self._by_seq[seq]
+        except KeyError:
+            raise KeyError(f"{self.path}: no op with sequence number {seq}") from None
+
+    def tensor_record(self, addr: str) -> TensorRecord:
+        """The record at an address such as `/aten.add.Tensor/17/output/0`."""
+        op, seq, io, idx = schema.parse_address(addr)
+        rec = self.record(seq)
+        if rec.op != op:
+            raise KeyError(f"{self.path}: op {seq} is {rec.op}, not {op}")
+        items = rec.inputs if io == schema.INPUT else rec.outputs
+        for t in items:
+            if t.idx == idx:
+                return t
+        raise KeyError(f"{self.path}: no tensor at {addr}")
+
+    def tensor(self, addr: str) -> torch.Tensor:
+        return self.tensor_record(addr).load()
+
+    def read_tensor(self, t: TensorRecord) -> torch.Tensor:
+        dtype = schema.torch_dtype(t.dtype)
+        if not t.has_data:
+            raise DumpError(
+                f"{self.path}: {t.address} has statistics only (dumped in statistics mode, or "
+                "filtered); dump in tensor mode to get its values"
+            )
+        if t.offset + t.nbytes > self._blob.shape[0]:
+            raise DumpError(f"{self.path}: {t.address} points past the end of the data")
+        if t.nbytes == 0:
+            return torch.empty(t.shape, dtype=dtype)
+        raw = self._blob[t.offset: t.offset + t.nbytes]
+        return torch.from_numpy(raw).view(dtype).reshape(t.shape)
+
+    def select(
+        self,
+        op: str | None = None,
+        module: str | None = None,
+        phase: str | None = None,
+        seq: int | None = None,
+    ) -> Iterator[OpRecord]:
+        """Records matching all given filters (op and module accept glob patterns)."""
+        for r in self.records:
+            if op and not op_matches(op, r.op):
+                continue
+            if module and not module_matches(module, r.module):
+                continue
+            if phase and r.phase != phase:
+                continue
+            if seq is not None and r.seq != seq:
+                continue
+            yield r
+
+    # -- summary ---------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        """What `accuracy info` shows: counts by op, phase, module and dtype, and bytes."""
+        recs = self.records
+        tensors = self.tensors
+        written = sum(t.nbytes for t in tensors if t.has_data and not t.is_link)
+        linked = sum(t.nbytes for t in tensors if t.is_link)
+        return {
+            "path": str(self.path),
+            "file_bytes": self.path.stat().st_size,
+            "complete": self.attrs.get("complete", False) and self.closed_cleanly,
+            "closed_cleanly": self.closed_cleanly,
+            "attrs": {k: v for k, v in self.attrs.items() if k not in ("format",)},
+            "ops": len(recs),
+            "tensors": len(tensors),
+            "tensors_with_data": sum(1 for t in tensors if t.has_data),
+            "bytes_written": written,
+            "bytes_saved_by_links": linked,
+            "by_op": dict(Counter(r.op for r in recs).most_common()),
+            "by_phase": dict(Counter(r.phase for r in recs)),
+            "modules": len({r.module for r in recs if r.module}),
+            "by_dtype": dict(Counter(t.dtype for t in tensors).most_common()),
+            "steps": sorted({r.step for r in recs}),
+        }
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> Dump:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def __repr__(self) -> str:
+        return f"Dump({str(self.path)!r}, ops={len(self)}, complete={self.attrs['complete']})"
+
+
+def load_dump(path: str | os.PathLike[str]) -> Dump:
+    """Open a dump lazily. Raises DumpError with the file and the reason when it can't."""
+    return Dump(path)

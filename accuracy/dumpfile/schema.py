@@ -1,0 +1,94 @@
+"""The on-disk layout of a dump: names, table row types and dtype encoding.
+
+One writer and one reader share these definitions, so the format lives in exactly one place.
+See docs/dump-format.md for the prose description.
+"""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import torch
+
+FORMAT_NAME = "accuracy-dump"
+SCHEMA_VERSION = 1
+
+BLOB = "_data/blob"  # every tensor's bytes, appended (log-structured)
+OPS = "_index/ops"  # one row per recorded op
+TENSORS = "_index/tensors"  # one row per tensor use (input or output of an op)
+
+INPUT, OUTPUT = 0, 1
+IO_NAMES = ("input", "output")
+
+_str = h5py.string_dtype("utf-8")
+
+OP_ROW = np.dtype(
+    [
+        ("seq", np.int64),
+        ("op", _str),
+        ("phase", _str),
+        ("module", _str),
+        ("source", _str),
+        ("stack", _str),
+        ("args", _str),  # JSON: {"args": [...], "kwargs": {...}} with tensor placeholders
+        ("step", np.int32),
+        ("n_in", np.int32),
+        ("n_out", np.int32),
+        ("extra", _str),  # JSON: per-op notes (mutated inputs, injected faults, replay hints)
+    ]
+)
+
+TENSOR_ROW = np.dtype(
+    [
+        ("seq", np.int64),
+        ("io", np.uint8),
+        ("idx", np.int32),
+        ("dtype", _str),
+        ("shape", _str),  # JSON list
+        ("stride", _str),  # JSON list
+        ("device", _str),
+        ("offset", np.int64),  # byte offset into BLOB, -1 when the bytes were not stored
+        ("nbytes", np.int64),
+        ("first", np.int64),  # row holding the bytes: itself, or an earlier row (deduplicated)
+        ("min", np.float64),
+        ("max", np.float64),
+        ("mean", np.float64),
+        ("l2", np.float64),
+        ("nan_count", np.int64),
+        ("inf_count", np.int64),
+        ("checksum", np.int64),
+    ]
+)
+
+STAT_FIELDS = ("min", "max", "mean", "l2", "nan_count", "inf_count", "checksum")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.float32` -> "float32": the name stored in the file."""
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """Inverse of `dtype_name`; raises ValueError for a dtype this torch build lacks."""
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"dtype {name!r} is not known to torch {torch.__version__}")
+    return dt
+
+
+def address(op: str, seq: int, io: int, idx: int) -> str:
+    """The Ascend-style address of a tensor: /{op}/{seq}/input/{i}."""
+    return f"/{op}/{seq}/{IO_NAMES[io]}/{idx}"
+
+
+def parse_address(addr: str) -> tuple[str, int, int, int]:
+    """Split '/aten.add.Tensor/17/output/0' into (op, seq, io, idx)."""
+    parts = addr.strip("/").split("/")
+    if len(parts) != 4 or parts[2] not in IO_NAMES:
+        raise ValueError(
+            f"bad tensor address {addr!r}: expected /<op>/<seq>/input|output/<index>"
+        )
+    try:
+        return parts[0], int(parts[1]), IO_NAMES.index(parts[2]), int(parts[3])
+    except ValueError:
+        raise ValueError(f"bad tensor address {addr!r}: seq and index must be integers") from None

@@ -1,0 +1,334 @@
+"""The one writer of dump files: log-structured, append-only, crash-tolerant.
+
+Tensor bytes are appended to one chunked byte dataset and indexed by rows of two append-only
+tables (ops, tensors). Data is always written before the index rows that point at it, and the
+file runs in HDF5 SWMR mode, so a process killed at any moment leaves a file whose committed
+rows (counted in `_status`) are all readable. A background thread does all HDF5 work; the
+training thread only hands it host copies and statistics through a byte-bounded queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import h5py
+import numpy as np
+import torch
+
+from accuracy.dumpfile import schema
+
+log = logging.getLogger(__name__)
+
+STATUS = "_status"  # int64[4]: committed op rows, committed tensor rows, complete flag, blob bytes
+_BLOB_CHUNK = 1 << 20
+_TABLE_CHUNK = 1024
+
+
+class HostData(Protocol):
+    """Something that yields a private contiguous CPU copy of a tensor (see device_backend)."""
+
+    def wait(self) -> torch.Tensor: ...
+
+
+@dataclass
+class TensorEntry:
+    """One tensor use, as the dumper hands it to the writer."""
+
+    row: int
+    seq: int
+    io: int
+    idx: int
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    device: str
+    stats: Any  # (float64 tensor [min,max,mean,l2,nan,inf], int64 checksum tensor) or None
+    data: HostData | torch.Tensor | None = None  # bytes to store with this row
+    first: int = -1  # row whose bytes this row shares (itself when `data` is set)
+    nbytes: int = 0
+
+
+@dataclass
+class OpEntry:
+    seq: int
+    op: str
+    phase: str
+    module: str
+    source: str
+    stack: str
+    args: str
+    step: int
+    n_in: int
+    n_out: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class DumpWriteError(RuntimeError):
+    """Writing the dump failed (disk full, permissions...); the training step is not affected."""
+
+
+def check_dump_path(path: str | os.PathLike[str], overwrite: bool) -> Path:
+    """Validate a dump path before any op runs: create missing folders, refuse clobbering."""
+    p = Path(path)
+    if p.exists() and p.is_dir():
+        raise IsADirectoryError(f"dump_path {str(p)!r} is a directory; give a file name ending .h5")
+    if p.exists() and not overwrite:
+        raise FileExistsError(
+            f"dump file {str(p)!r} already exists; pass overwrite=True (CLI: --overwrite) "
+            "or choose another dump_path"
+        )
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PermissionError(f"cannot create folder {str(p.parent)!r} for the dump: {e}") from e
+    if not os.access(p.parent, os.W_OK):
+        raise PermissionError(f"folder {str(p.parent)!r} is not writable; choose another dump_path")
+    return p
+
+
+def _as_bytes(t: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor's raw bytes as a uint8 array, without copying."""
+    if t.numel() == 0:
+        return np.empty(0, np.uint8)
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def _attr_value(v: Any) -> str | int | float | bool:
+    """HDF5 attributes take plain scalars; containers go in as JSON text."""
+    if isinstance(v, bool | int | float):
+        return v
+    if isinstance(v, str):
+        return str(v)  # str subclasses such as torch.__version__ have no HDF5 type
+    return json.dumps(v)
+
+
+def _stats_values(stats: Any) -> tuple[float, float, float, float, int, int, int]:
+    if stats is None:
+        nan = float("nan")
+        return (nan, nan, nan, nan, -1, -1, 0)
+    floats, checksum = stats
+    mn, mx, mean, l2, nans, infs = floats.tolist() if isinstance(floats, torch.Tensor) else floats
+    cs = int(checksum.item()) if isinstance(checksum, torch.Tensor) else int(checksum)
+    return (mn, mx, mean, l2, int(nans), int(infs), cs)
+
+
+class DumpWriter:
+    """Append-only writer running on a background thread.
+
+    `flush_ops` and `flush_seconds` bound what a killed process can lose; `max_pending_bytes`
+    bounds the host memory held by tensors waiting for the disk (the training thread blocks
+    when it is reached, rather than growing without limit).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        attrs: dict[str, Any],
+        *,
+        overwrite: bool = False,
+        flush_ops: int = 256,
+        flush_seconds: float = 1.0,
+        max_pending_bytes: int = 1 << 30,
+    ) -> None:
+        self.path = check_dump_path(path, overwrite)
+        self.flush_ops = flush_ops
+        self.flush_seconds = flush_seconds
+        self.max_pending_bytes = max_pending_bytes
+        self._pending_bytes = 0
+        self._cond = threading.Condition()
+        self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self._next_row = 0
+        self._open(attrs)
+        self._thread = threading.Thread(target=self._run, name="accuracy-dump-writer", daemon=True)
+        self._thread.start()
+
+    # -- training-thread side -------------------------------------------------------------
+
+    def new_row(self) -> int:
+        row = self._next_row
+        self._next_row += 1
+        return row
+
+    def add_op(self, op: OpEntry, tensors: list[TensorEntry]) -> None:
+        """Queue one op; blocks only while more than `max_pending_bytes` wait for the disk."""
+        if self.error is not None:
+            raise DumpWriteError(f"writing {self.path} failed: {self.error}") from self.error
+        size = sum(t.nbytes for t in tensors if t.data is not None)
+        if size:
+            with self._cond:
+                while self._pending_bytes and self._pending_bytes + size > self.max_pending_bytes:
+                    if self.error is not None or not self._thread.is_alive():
+                        break
+                    self._cond.wait(0.5)
+                self._pending_bytes += size
+        self._queue.put(("op", (op, tensors, size)))
+
+    def close(self, attrs: dict[str, Any], complete: bool) -> None:
+        """Write the remaining rows and final attributes, and close the file."""
+        self._queue.put(("close", (attrs, complete)))
+        self._thread.join()
+        if self.error is not None:
+            raise DumpWriteError(f"writing {self.path} failed: {self.error}") from self.error
+
+    # -- writer-thread side ---------------------------------------------------------------
+
+    def _open(self, attrs: dict[str, Any]) -> None:
+        f = h5py.File(self.path, "w", libver="latest", rdcc_nbytes=64 << 20)
+        f.attrs["format"] = schema.FORMAT_NAME
+        f.attrs["schema_version"] = schema.SCHEMA_VERSION
+        f.attrs["complete"] = False
+        for k, v in attrs.items():
+            f.attrs[k] = _attr_value(v)
+        self._blob = f.create_dataset(
+            schema.BLOB, shape=(0,), maxshape=(None,), dtype=np.uint8, chunks=(_BLOB_CHUNK,)
+        )
+        self._ops = f.create_dataset(
+            schema.OPS, shape=(0,), maxshape=(None,), dtype=schema.OP_ROW, chunks=(_TABLE_CHUNK,)
+        )
+        self._tensors = f.create_dataset(
+            schema.TENSORS,
+            shape=(0,),
+            maxshape=(None,),
+            dtype=schema.TENSOR_ROW,
+            chunks=(_TABLE_CHUNK,),
+        )
+        self._status = f.create_dataset(STATUS, data=np.zeros(4, np.int64))
+        f.swmr_mode = True  # from here on a reader (or a crash) always sees a consistent file
+        self._file = f
+        self._blob_len = 0
+        self._blob_cap = 0
+        self._offsets: dict[int, tuple[int, int]] = {}
+        self._op_rows: list[tuple[Any, ...]] = []
+        self._tensor_rows: list[tuple[Any, ...]] = []
+        self._n_ops = 0
+        self._n_tensors = 0
+        self.bytes_written = 0
+        self.bytes_linked = 0
+
+    def _run(self) -> None:
+        last_flush = time.monotonic()
+        while True:
+            try:
+                kind, payload = self._queue.get(timeout=self.flush_seconds)
+            except queue.Empty:
+                kind, payload = "tick", None
+            try:
+                if kind == "op":
+                    if self.error is None:
+                        self._write_op(*payload)
+                    self._release(payload[2])
+                elif kind == "close":
+                    self._finish(*payload)
+                    return
+                due = time.monotonic() - last_flush >= self.flush_seconds
+                if self._op_rows and (len(self._op_rows) >= self.flush_ops or due):
+                    self._flush()
+                    last_flush = time.monotonic()
+                elif kind == "tick":
+                    last_flush = time.monotonic()
+            except BaseException as e:  # noqa: BLE001 - the training thread must not die with us
+                if self.error is None:
+                    log.error("dump writer failed on %s: %s; further records are dropped",
+                              self.path, e)
+                    self.error = e
+                if kind == "op":
+                    self._release(payload[2])
+                elif kind == "close":
+                    self._abandon()
+                    return
+
+    def _release(self, size: int) -> None:
+        if size:
+            with self._cond:
+                self._pending_bytes -= size
+                self._cond.notify_all()
+
+    def _append_bytes(self, arr: np.ndarray) -> int:
+        off = self._blob_len
+        end = off + arr.size
+        if end > self._blob_cap:
+            self._blob_cap = max(end, 2 * self._blob_cap, _BLOB_CHUNK)
+            self._blob.resize((self._blob_cap,))
+        if arr.size:
+            self._blob[off:end] = arr
+        self._blob_len = end
+        return off
+
+    def _write_op(self, op: OpEntry, tensors: list[TensorEntry], _size: int) -> None:
+        for t in tensors:
+            if t.data is not None:
+                host = t.data if isinstance(t.data, torch.Tensor) else t.data.wait()
+                arr = _as_bytes(host)
+                off = self._append_bytes(arr)
+                self._offsets[t.row] = (off, arr.size)
+                self.bytes_written += arr.size
+                offset, nbytes, first = off, arr.size, t.row
+                t.data = None
+            elif t.first >= 0 and t.first in self._offsets:
+                offset, nbytes = self._offsets[t.first]
+                first = t.first
+                self.bytes_linked += nbytes
+            else:
+                offset, nbytes, first = -1, 0, -1
+            self._tensor_rows.append(
+                (t.seq, t.io, t.idx, t.dtype, json.dumps(list(t.shape)),
+                 json.dumps(list(t.stride)), t.device, offset, nbytes, first,
+                 *_stats_values(t.stats))
+            )
+        self._op_rows.append(
+            (op.seq, op.op, op.phase, op.module, op.source, op.stack, op.args, op.step,
+             op.n_in, op.n_out, json.dumps(op.extra) if op.extra else "")
+        )
+
+    @staticmethod
+    def _append_rows(ds: h5py.Dataset, rows: list[tuple[Any, ...]], start: int) -> int:
+        if not rows:
+            return start
+        arr = np.array(rows, dtype=ds.dtype)
+        ds.resize((start + len(rows),))
+        ds[start:] = arr
+        return start + len(rows)
+
+    def _flush(self) -> None:
+        # Bytes first, then the tensor rows that point at them, then op rows, then the status
+        # counts that make those rows visible: a crash between any two steps loses no
+        # committed row.
+        self._n_tensors = self._append_rows(self._tensors, self._tensor_rows, self._n_tensors)
+        self._n_ops = self._append_rows(self._ops, self._op_rows, self._n_ops)
+        self._tensor_rows.clear()
+        self._op_rows.clear()
+        self._file.flush()
+        self._status[:] = [self._n_ops, self._n_tensors, 0, self._blob_len]
+        self._file.flush()
+
+    def _finish(self, attrs: dict[str, Any], complete: bool) -> None:
+        self._flush()
+        self._status[:] = [self._n_ops, self._n_tensors, 0, self._blob_len]
+        self._file.close()
+        # SWMR forbids new attributes, so the closing facts go in after a normal reopen.
+        with h5py.File(self.path, "r+") as f:
+            if self._blob_len < self._blob_cap:
+                f[schema.BLOB].resize((self._blob_len,))
+            for k, v in attrs.items():
+                f.attrs[k] = _attr_value(v)
+            f.attrs["bytes_written"] = self.bytes_written
+            f.attrs["bytes_linked"] = self.bytes_linked
+            f.attrs["complete"] = bool(complete and self.error is None)
+            f[STATUS][2] = int(complete and self.error is None)
+
+    def _abandon(self) -> None:
+        """Close after a write error, keeping whatever was committed."""
+        try:
+            self._file.attrs["complete"] = False
+            self._file.close()
+        except Exception as e:  # noqa: BLE001
+            log.error("could not close %s cleanly after an error: %s", self.path, e)

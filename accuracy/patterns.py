@@ -1,0 +1,35 @@
+"""Name patterns users type for ops and modules, matched the same way everywhere."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+
+def op_matches(pattern: str, op: str) -> bool:
+    """`aten.mm` matches every overload (`aten.mm.default`, ...); globs like `aten.*norm*` work."""
+    return op == pattern or op.startswith(pattern + ".") or fnmatchcase(op, pattern)
+
+
+def strip_root(module: str) -> str:
+    """`MyModel.encoder.layers.0` -> `encoder.layers.0` (module trackers prefix the root class)."""
+    _, _, rest = module.partition(".")
+    return rest
+
+
+def module_matches(pattern: str, module: str) -> bool:
+    """Match a module path with or without its leading root class name.
+
+    `encoder.layers.0.*` matches `MyModel.encoder.layers.0.linear1`, as a user who wrote
+    `model.encoder.layers[0]` expects. A pattern also matches the module itself and everything
+    under it when it names a module exactly (`encoder.layers.0`).
+    """
+    for name in (module, strip_root(module)):
+        if not name:
+            continue
+        if fnmatchcase(name, pattern) or name == pattern or name.startswith(pattern + "."):
+            return True
+    return False
+
+
+def any_match(patterns: list[str] | tuple[str, ...] | None, value: str, matcher) -> bool:
+    return bool(patterns) and any(matcher(p, value) for p in patterns)
