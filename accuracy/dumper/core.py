@@ -290,10 +290,12 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         flat_out, _ = tree_flatten(out)
         out_tensors = [o for o in flat_out if isinstance(o, torch.Tensor)]
         uninit = name in UNINITIALISED
+        mutable = func._schema.is_mutable
         with torch._C._DisableTorchDispatch():
             if "output" in f.io:
                 for i, t in enumerate(out_tensors):
-                    entries.append(self._entry(writer, seq, schema.OUTPUT, i, t, skip=uninit))
+                    entries.append(self._entry(writer, seq, schema.OUTPUT, i, t, skip=uninit,
+                                               fresh=mutable))
 
         counter = iter(range(len(in_tensors)))
         extra: dict[str, Any] = {}
@@ -301,7 +303,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             extra["uninitialized"] = True
         if torch.Tag.nondeterministic_seeded in func.tags:
             extra["rng"] = True
-        if func._schema.is_mutable:
+        if mutable:
             extra["inplace"] = True
         if self._sim is not None and len(self._sim.applied) > n_faults:
             extra["faults"] = list(self._sim.applied[n_faults:])
@@ -324,7 +326,9 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         return out
 
     def _entry(self, writer: DumpWriter, seq: int, io: int, idx: int, t: torch.Tensor,
-               skip: bool = False) -> TensorEntry:
+               skip: bool = False, fresh: bool = False) -> TensorEntry:
+        """Describe one tensor use; `fresh` forbids dedupe (outputs of in-place ops, whose
+        version counter is bumped only after this mode returns)."""
         device = str(t.device)
         self._devices.add(t.device.type)
         row = writer.new_row()
@@ -335,7 +339,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         )
         if skip or t.layout != torch.strided:
             return entry
-        seen = self._seen.lookup(t)
+        seen = None if fresh else self._seen.lookup(t)
         if seen is not None:
             entry.first, entry.stats = seen
             return entry
@@ -344,5 +348,6 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             entry.data = _host_copy(t)
             entry.first = row
             entry.nbytes = t.numel() * t.element_size()
-        self._seen.remember(t, row if self.mode == "tensor" else -1, entry.stats)
+        if not fresh:
+            self._seen.remember(t, row if self.mode == "tensor" else -1, entry.stats)
         return entry
