@@ -1,0 +1,298 @@
+"""`replay(...)`: replay every recorded op of a dump and write replay.h5 (same format).
+
+The output is written to `<out>.partial` and renamed when complete, so an interrupted replay
+leaves a readable partial dump; `resume=True` copies its finished ops instead of redoing them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+import accuracy
+from accuracy.dumper.stats import tensor_stats
+from accuracy.dumpfile import schema
+from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, TensorRecord, load_dump
+from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
+from accuracy.patterns import op_matches
+from accuracy.replay.ops import OK, OpOutcome, replay_op
+from accuracy.replay.rebuild import UPCASTS
+
+log = logging.getLogger(__name__)
+_BATCH = 16  # ops per task handed to a worker process
+
+
+class ReplayError(ValueError):
+    """The dump cannot be replayed at all (statistics mode, bad options...)."""
+
+
+@dataclass
+class ReplayResult:
+    """Counts per status, and where replay.h5 is."""
+
+    path: Path
+    ok: int = 0
+    skipped: int = 0
+    failed: int = 0
+    resumed: int = 0
+    seconds: float = 0.0
+    bytes_read: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.ok + self.skipped + self.failed
+
+
+def reference_device(on: str) -> torch.device:
+    """Map a backend name (cpu, cuda, npu...) to the torch device replay runs on."""
+    try:
+        from accuracy.device_backend import get_backend
+        return torch.device(get_backend(on).device_type)
+    except (ImportError, LookupError, KeyError):
+        return torch.device(on)
+
+
+def _open(dump: Dump | str | os.PathLike[str]) -> Dump:
+    d = dump if isinstance(dump, Dump) else load_dump(dump)
+    if d.attrs.get("mode") == "statistics":
+        raise ReplayError(
+            f"{d.path} was dumped in statistics mode: replay needs the tensor values; dump "
+            "again with dumper(..., mode=\"tensor\")")
+    return d
+
+
+def _select(d: Dump, ops: str | Iterable[str] | None) -> list[OpRecord]:
+    if ops is None:
+        return list(d.records)
+    pats = [ops] if isinstance(ops, str) else list(ops)
+    return [r for r in d.records if any(op_matches(p, r.op) for p in pats)]
+
+
+# -- output ----------------------------------------------------------------------------------
+
+def _stats_of(t: TensorRecord) -> Any:
+    s = t.stats
+    if s["nan_count"] < 0:
+        return None
+    return ([s["min"], s["max"], s["mean"], s["l2"], s["nan_count"], s["inf_count"]],
+            int(s["checksum"]))
+
+
+def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome) -> None:
+    """One record of replay.h5: the original's metadata, the reference outputs' bytes."""
+    entries = [TensorEntry(row=writer.new_row(), seq=rec.seq, io=schema.INPUT, idx=t.idx,
+                           dtype=t.dtype, shape=t.shape, stride=t.stride, device=t.device,
+                           stats=_stats_of(t)) for t in rec.inputs]
+    n_out = max(len(rec.outputs), len(outcome.tensors))
+    for i in range(n_out):
+        row = writer.new_row()
+        ref = outcome.tensors[i] if i < len(outcome.tensors) else None
+        if ref is not None:
+            entries.append(TensorEntry(
+                row=row, seq=rec.seq, io=schema.OUTPUT, idx=i, dtype=schema.dtype_name(ref.dtype),
+                shape=tuple(ref.shape), stride=tuple(ref.stride()), device=str(ref.device),
+                stats=tensor_stats(ref), data=ref, first=row,
+                nbytes=ref.numel() * ref.element_size()))
+        else:
+            t = rec.outputs[i]
+            entries.append(TensorEntry(row=row, seq=rec.seq, io=schema.OUTPUT, idx=i,
+                                       dtype=t.dtype, shape=t.shape, stride=t.stride,
+                                       device=t.device, stats=_stats_of(t)))
+    extra = dict(rec.extra)
+    extra["replay"] = outcome.replay_extra()
+    writer.add_op(OpEntry(seq=rec.seq, op=rec.op, phase=rec.phase, module=rec.module,
+                          source=rec.source, stack=rec.stack, args=rec.args_json, step=rec.step,
+                          n_in=len(rec.inputs), n_out=n_out, extra=extra), entries)
+
+
+def _copy_finished(writer: DumpWriter, prev: Dump, wanted: set[int], result: ReplayResult
+                   ) -> set[int]:
+    """Carry finished ops over from an interrupted replay, reading their stored outputs."""
+    done: set[int] = set()
+    for rec in prev.records:
+        info = rec.extra.get("replay")
+        if rec.seq not in wanted or rec.seq in done or not isinstance(info, dict):
+            continue
+        try:
+            tensors = [t.load() if t.has_data else None for t in rec.outputs]
+        except DumpError:
+            continue
+        outcome = OpOutcome(rec.seq, info["status"], info.get("reason", ""),
+                            info.get("outputs", []), tensors)
+        extra = {k: v for k, v in rec.extra.items() if k != "replay"}
+        shell = OpRecord(rec.seq, rec.op, rec.phase, rec.module, rec.source, rec.stack,
+                         rec.args_json, rec.step, extra, rec.inputs, rec.outputs)
+        _write(writer, shell, outcome)
+        _tally(result, outcome.status, outcome.reason)
+        done.add(rec.seq)
+    return done
+
+
+# -- workers ---------------------------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(path: str, on: str, upcast: str, threads: int) -> None:
+    torch.set_num_threads(threads)
+    _WORKER.update(dump=load_dump(path), device=reference_device(on), upcast=upcast)
+
+
+def _work(seqs: list[int]) -> list[OpOutcome]:
+    d: Dump = _WORKER["dump"]
+    return [replay_op(d.record(s), _WORKER["device"], _WORKER["upcast"]) for s in seqs]
+
+
+def _outcomes(d: Dump, recs: list[OpRecord], on: str, upcast: str, jobs: int
+              ) -> Iterator[OpOutcome]:
+    if jobs <= 1:
+        device = reference_device(on)
+        for rec in recs:
+            yield replay_op(rec, device, upcast)
+        return
+    import multiprocessing as mp
+
+    threads = max(1, torch.get_num_threads() // jobs)
+    batches = [[r.seq for r in recs[i:i + _BATCH]] for i in range(0, len(recs), _BATCH)]
+    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"),
+                             initializer=_init_worker,
+                             initargs=(str(d.path), on, upcast, threads)) as pool:
+        for batch in pool.map(_work, batches):
+            yield from batch
+
+
+# -- entry point -----------------------------------------------------------------------------
+
+def _partial_paths(out: Path) -> tuple[Path, Path]:
+    return out.with_name(out.name + ".partial"), out.with_name(out.name + ".partial.prev")
+
+
+def _prepare(out: Path, resume: bool, overwrite: bool) -> list[Path]:
+    """Check the output paths; on resume, set aside the interrupted output(s) to copy from."""
+    partial, prev = _partial_paths(out)
+    if out.exists() and not (overwrite or resume):
+        raise FileExistsError(f"{out} already exists; pass overwrite=True (CLI: --overwrite)")
+    if not resume:
+        if partial.exists() and not overwrite:
+            raise FileExistsError(
+                f"{partial} holds an interrupted replay; pass resume=True (CLI: --resume) to "
+                "continue it, or overwrite=True (CLI: --overwrite) to start over")
+        for p in (partial, prev):
+            p.unlink(missing_ok=True)
+        return []
+    sources = []
+    if partial.exists():
+        if prev.exists():  # two interruptions in a row: keep the older one's results too
+            older = out.with_name(out.name + ".partial.prev2")
+            os.replace(prev, older)
+            sources.append(older)
+        os.replace(partial, prev)
+        sources.append(prev)
+    elif prev.exists():
+        sources.append(prev)
+    if out.exists():
+        sources.append(out)
+    return sources
+
+
+def replay(
+    dump: Dump | str | os.PathLike[str],
+    out_path: str | os.PathLike[str],
+    *,
+    on: str = "cpu",
+    upcast: str = "fp64",
+    jobs: int = 1,
+    resume: bool = False,
+    progress: bool = False,
+    overwrite: bool = False,
+    ops: str | Iterable[str] | None = None,
+) -> ReplayResult:
+    """Replay each recorded op on `on` with the device's own inputs; write `out_path`.
+
+    Each op runs in its own dtype and, unless `upcast="none"`, upcast ("fp64" or "fp32");
+    per output, the device's and the same-dtype reference's errors against the upcast one
+    and their ratio go in `extra["replay"]` (see docs/replay.md).
+    """
+    import time
+
+    if upcast not in UPCASTS:
+        raise ReplayError(f"upcast must be one of {UPCASTS}, not {upcast!r}")
+    if jobs < 1:
+        raise ReplayError(f"jobs must be at least 1, not {jobs}")
+    t0 = time.perf_counter()
+    out = Path(out_path)
+    own = not isinstance(dump, Dump)
+    d = _open(dump)
+    try:
+        if out.resolve() == d.path.resolve():
+            raise ReplayError(f"the output {out} is the dump being replayed")
+        recs = _select(d, ops)
+        sources = _prepare(out, resume, overwrite)
+        partial, _ = _partial_paths(out)
+        attrs = {
+            "mode": "tensor", "replayed_from": str(d.path.resolve()),
+            "reference": str(reference_device(on)), "upcast": upcast,
+            "torch_version": torch.__version__, "accuracy_version": accuracy.__version__,
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "rank": d.attrs.get("rank", 0), "source_backend": d.attrs.get("backend", ""),
+            "source_profile": d.attrs.get("profile", ""), "backend": on,
+        }
+        writer = DumpWriter(partial, attrs, overwrite=True)
+        result = ReplayResult(path=out)
+        complete = False
+        try:
+            done: set[int] = set()
+            wanted = {r.seq for r in recs}
+            for src in sources:
+                try:
+                    with load_dump(src) as prev:
+                        done |= _copy_finished(writer, prev, wanted - done, result)
+                except DumpError as e:
+                    log.warning("cannot resume from %s: %s", src, e)
+            result.resumed = len(done)
+            todo = [r for r in recs if r.seq not in done]
+            by_seq = {r.seq: r for r in todo}
+            bar = tqdm(total=len(recs), initial=len(done), disable=not progress, unit="op",
+                       desc="replay")
+            with bar:
+                for outcome in _outcomes(d, todo, on, upcast, jobs):
+                    rec = by_seq[outcome.seq]
+                    _write(writer, rec, outcome)
+                    _tally(result, outcome.status, outcome.reason)
+                    result.bytes_read += sum(t.nbytes for t in rec.inputs + rec.outputs
+                                             if t.has_data)
+                    bar.update(1)
+            complete = True
+        finally:
+            writer.close({"ops_recorded": len(recs), "ops_ok": result.ok,
+                          "ops_skipped": result.skipped, "ops_failed": result.failed},
+                         complete=complete)
+        os.replace(partial, out)
+        for p in sources:
+            if p != out:
+                p.unlink(missing_ok=True)
+    finally:
+        if own:
+            d.close()
+    result.seconds = time.perf_counter() - t0
+    log.info("replayed %d ops to %s: %d ok, %d skipped, %d failed (%d resumed) in %.2fs",
+             result.total, out, result.ok, result.skipped, result.failed, result.resumed,
+             result.seconds)
+    return result
+
+
+def _tally(result: ReplayResult, status: str, reason: str) -> None:
+    setattr(result, status, getattr(result, status) + 1)
+    if status != OK and reason:
+        key = reason.split(":")[0]
+        result.reasons[key] = result.reasons.get(key, 0) + 1

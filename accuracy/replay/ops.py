@@ -1,0 +1,173 @@
+"""Replay one recorded op: run it on the reference in its own dtype and upcast, and measure."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from accuracy.dumpfile.reader import DumpError, OpRecord
+from accuracy.replay.metrics import output_metrics
+from accuracy.replay.rebuild import Unreplayable, build_call, check_inputs, load_input, resolve_op
+from accuracy.replay.registry import lookup_reference
+
+log = logging.getLogger(__name__)
+
+OK, SKIPPED, FAILED = "ok", "skipped", "failed"
+_NO_KERNEL_HINTS = ("could not run", "not implemented for", "no kernel", "notimplemented")
+
+
+@dataclass
+class OpOutcome:
+    """What replaying one op produced; `tensors` are the same-dtype reference outputs."""
+
+    seq: int
+    status: str
+    reason: str = ""
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    tensors: list[torch.Tensor | None] = field(default_factory=list)
+
+    def replay_extra(self) -> dict[str, Any]:
+        return {"status": self.status, "reason": self.reason, "outputs": self.outputs}
+
+
+def _dropout_reference(rec: OpRecord) -> Any:
+    """native_dropout is checkable from its recorded mask: output = input * mask / (1 - p)."""
+    if len(rec.outputs) < 2 or not rec.outputs[1].has_data:
+        raise Unreplayable("rng op (dropout) whose mask is not in the dump")
+    mask = rec.outputs[1].load()
+
+    def ref(x: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+        m = mask.to(x.device)
+        if not train:
+            return x.clone(), torch.ones_like(x, dtype=torch.bool)
+        scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
+        return x.mul(m.to(x.dtype)).mul_(scale), m.clone()
+
+    return ref
+
+
+def _rng_disabled(rec: OpRecord) -> bool:
+    """An rng-tagged op whose randomness is off (attention with dropout_p=0, train=False)."""
+    fn = resolve_op(rec.op)
+    if fn is None:
+        return False
+    try:
+        args, kwargs = rec.call([None] * len(rec.inputs))
+    except ValueError:
+        return False
+    for pos, a in enumerate(fn._schema.arguments):
+        value = args[pos] if pos < len(args) else kwargs.get(a.name, a.default_value)
+        if a.name == "dropout_p" and value == 0:
+            return True
+        if a.name == "train" and value is False:
+            return True
+    return False
+
+
+def _kernel(rec: OpRecord) -> tuple[Any, str]:
+    fn = lookup_reference(rec.op)
+    if fn is not None:
+        return fn, "registered reference"
+    if rec.op == "aten.native_dropout.default":
+        return _dropout_reference(rec), "rng op checked against its recorded mask"
+    if rec.extra.get("rng") and not _rng_disabled(rec):
+        raise Unreplayable("rng op: its random draws cannot be reproduced on the reference")
+    fn = resolve_op(rec.op)
+    if fn is None:
+        raise Unreplayable(f"no kernel on the reference: {rec.op} is unknown to torch "
+                           f"{torch.__version__}; register one with register_reference()")
+    return fn, ""
+
+
+def _run(fn: Any, args: list[Any], kwargs: dict[str, Any], on: str) -> list[torch.Tensor]:
+    try:
+        with torch.no_grad():
+            out = fn(*args, **kwargs)
+    except (NotImplementedError, RuntimeError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(e, NotImplementedError) or any(h in msg.lower() for h in _NO_KERNEL_HINTS):
+            raise Unreplayable(f"no kernel on the reference ({on}): {msg[:200]}") from None
+        raise
+    flat, _ = tree_flatten(out)
+    return [o for o in flat if isinstance(o, torch.Tensor)]
+
+
+def _needs_upcast(inputs: list[torch.Tensor], rec: OpRecord, upcast: str) -> bool:
+    if upcast == "none":
+        return False
+    low = (torch.float64, torch.complex128) if upcast == "fp64" else (
+        torch.float32, torch.float64, torch.complex64, torch.complex128)
+    if any((t.is_floating_point() or t.is_complex()) and t.dtype not in low for t in inputs):
+        return True
+    if any((t.dtype.startswith(("float", "bfloat", "complex"))) and
+           t.dtype not in {"float64", "complex128"} for t in rec.outputs):
+        return True  # e.g. factories and casts that produce low-precision values
+    return '"__dtype__"' in rec.args_json
+
+
+def replay_op(rec: OpRecord, device: torch.device, upcast: str) -> OpOutcome:
+    """Replay one record; never raises for a bad op, it reports it (skipped/failed + reason)."""
+    try:
+        return _replay(rec, device, upcast)
+    except Unreplayable as e:
+        return OpOutcome(rec.seq, SKIPPED, str(e))
+    except (DumpError, ValueError, TypeError, RuntimeError, IndexError, KeyError) as e:
+        log.debug("replay of %s (seq %d) failed", rec.op, rec.seq, exc_info=True)
+        return OpOutcome(rec.seq, FAILED, f"{type(e).__name__}: {str(e)[:300]}")
+
+
+def _replay(rec: OpRecord, device: torch.device, upcast: str) -> OpOutcome:
+    check_inputs(rec)
+    fn, note = _kernel(rec)
+    inputs = [load_input(t, device) for t in rec.inputs]
+    same = _run(fn, *build_call(rec, inputs, device, "none"), str(device))
+    reasons = [note] if note else []
+    high = same
+    if _needs_upcast(inputs, rec, upcast):
+        try:
+            high = _run(fn, *build_call(rec, inputs, device, upcast), str(device))
+        except (Unreplayable, RuntimeError, TypeError, ValueError) as e:
+            reasons.append(f"upcast run failed ({str(e)[:120]}); errors are against the "
+                           "same-dtype reference")
+    if len(high) != len(same):
+        high = same
+    del inputs
+    if not rec.outputs:
+        reasons.append("device outputs not in the dump: reference computed, nothing compared")
+        return OpOutcome(rec.seq, OK, "; ".join(reasons), [], [_host(t) for t in same])
+    status, metrics = OK, []
+    for t in rec.outputs:
+        if t.idx >= len(same):
+            status = FAILED
+            reasons.append(f"reference gave {len(same)} outputs, the device {len(rec.outputs)}")
+            break
+        if not t.has_data:
+            reasons.append(f"output {t.idx} has no data in the dump: not compared")
+            continue
+        dev, ref, hi = t.load(), same[t.idx], high[t.idx]
+        if tuple(dev.shape) != tuple(ref.shape):
+            status = FAILED
+            reasons.append(f"output {t.idx}: device shape {list(dev.shape)} vs reference "
+                           f"{list(ref.shape)}")
+            metrics.append(_mismatch(t.idx))
+            continue
+        if ref.dtype != dev.dtype:
+            reasons.append(f"output {t.idx}: reference dtype {ref.dtype} cast to {dev.dtype}")
+            ref = ref.to(dev.dtype)
+        metrics.append(output_metrics(t.idx, dev, ref.cpu(), hi.cpu()))
+    tensors = [_host(t) for t in same]
+    return OpOutcome(rec.seq, status, "; ".join(reasons), metrics, tensors)
+
+
+def _mismatch(idx: int) -> dict[str, Any]:
+    return {"idx": idx, "err_device": math.inf, "err_reference": 0.0, "error_ratio": math.inf,
+            "max_abs": math.inf, "cosine": math.nan, "bit_exact": False}
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu").contiguous()

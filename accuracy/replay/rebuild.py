@@ -1,0 +1,104 @@
+"""Rebuild a recorded call on the reference backend: inputs from the dump, devices remapped,
+optionally upcast. Kept apart from the engine so load mode and tests can reuse it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from accuracy.dumpfile.reader import OpRecord, TensorRecord
+
+UPCASTS = ("fp64", "fp32", "none")
+
+
+class Unreplayable(Exception):
+    """The op cannot be replayed; the message is the reason shown to the user."""
+
+
+def resolve_op(name: str) -> Any | None:
+    """`aten.addmm.default` -> torch.ops.aten.addmm.default, or None if this torch lacks it."""
+    parts = name.split(".")
+    if len(parts) < 3:
+        return None
+    ns, overload = parts[0], parts[-1]
+    packet_name = ".".join(parts[1:-1])
+    try:
+        packet = getattr(getattr(torch.ops, ns), packet_name)
+        return getattr(packet, overload)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def upcast_dtype(dtype: torch.dtype, upcast: str) -> torch.dtype:
+    """The dtype the high-precision reference uses for a tensor or dtype argument."""
+    if upcast == "none":
+        return dtype
+    if dtype.is_complex:
+        return torch.complex128 if upcast == "fp64" or dtype == torch.complex128 else (
+            torch.complex64)
+    if dtype.is_floating_point:
+        if upcast == "fp64" or dtype == torch.float64:
+            return torch.float64
+        return torch.float32
+    return dtype
+
+
+def load_input(t: TensorRecord, device: torch.device) -> torch.Tensor:
+    """A private copy of a recorded input, with its recorded strides where they are plain."""
+    value = t.load()
+    stride = tuple(t.stride)
+    if stride and len(stride) == value.dim() and stride != tuple(value.stride()) \
+            and _non_overlapping(t.shape, stride):
+        out = torch.empty_strided(t.shape, stride, dtype=value.dtype, device=device)
+        out.copy_(value)
+        return out
+    return value.to(device, copy=True)
+
+
+def _non_overlapping(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    dims = sorted((s, n) for s, n in zip(stride, shape, strict=True) if n > 1)
+    span = 1
+    for s, n in dims:
+        if s < span:
+            return False
+        span = s * n
+    return True
+
+
+def check_inputs(rec: OpRecord) -> None:
+    """Raise Unreplayable for ops whose call cannot be rebuilt faithfully."""
+    extra = rec.extra
+    if extra.get("uninitialized"):
+        raise Unreplayable("uninitialised factory: its output is whatever memory held")
+    missing = [t.address for t in rec.inputs if not t.has_data]
+    if missing:
+        raise Unreplayable(
+            f"input not in the dump (statistics mode or filtered): {', '.join(missing[:3])}")
+    if len(rec.inputs) != rec.args_json.count('"__tensor__"'):
+        raise Unreplayable("inputs were not recorded (data_mode without 'input')")
+
+
+def _map(obj: Any, device: torch.device, dtype_map: Any) -> Any:
+    if isinstance(obj, list | tuple):
+        return type(obj)(_map(x, device, dtype_map) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _map(v, device, dtype_map) for k, v in obj.items()}
+    if isinstance(obj, torch.device):
+        return device
+    if isinstance(obj, torch.dtype):
+        return dtype_map(obj)
+    return obj
+
+
+def build_call(rec: OpRecord, inputs: list[torch.Tensor], device: torch.device,
+               upcast: str) -> tuple[list[Any], dict[str, Any]]:
+    """(args, kwargs) for one run: fresh copies of `inputs`, upcast when `upcast` != "none"."""
+    # copy=True: in-place ops must not touch the shared inputs; strides are preserved.
+    tensors = [t.to(upcast_dtype(t.dtype, upcast), copy=True) for t in inputs]
+    args, kwargs = rec.call(tensors)
+
+    def dt(d: torch.dtype) -> torch.dtype:
+        return upcast_dtype(d, upcast)
+
+    return _map(args, device, dt), _map(kwargs, device, dt)
