@@ -1,0 +1,194 @@
+"""Fault specifications for `sim`, and the code that applies one to a single op call.
+
+A fault selects calls by op pattern (fnmatch on the overload name), optionally module pattern
+and occurrence (0-based index among the calls that match op and module), and does one thing:
+
+- ``replace``: run another implementation (a registered name such as "gelu-tanh", or a
+  callable ``fn(func, args, kwargs) -> output``);
+- ``bias``: multiply the output by ``1 + value`` (relative bias);
+- ``noise``: multiply the output by ``1 + value * N(0, 1)``, from a private seeded generator
+  (the global RNG is never touched);
+- ``nan`` / ``inf``: write NaN / Inf (``-inf`` when ``value < 0``) at flat ``index`` of the output;
+- ``eps`` / ``arg``: call the op with a named argument changed (``eps`` is ``arg="eps"``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from numbers import Real
+from typing import Any
+
+import torch
+
+KINDS = ("replace", "bias", "noise", "nan", "inf", "eps", "arg")
+OUTPUT_KINDS = ("bias", "noise", "nan", "inf")
+
+Replacement = Callable[[Any, tuple, dict], Any]
+_REPLACEMENTS: dict[str, Replacement] = {}
+
+
+def register_replacement(name: str, fn: Replacement) -> None:
+    """Make `kind="replace", value=name` available: fn(func, args, kwargs) -> op output."""
+    _REPLACEMENTS[name] = fn
+
+
+def replacements() -> list[str]:
+    """Names usable as `value` of a `replace` fault."""
+    return sorted(_REPLACEMENTS)
+
+
+def _gelu_tanh(func: Any, args: tuple, kwargs: dict) -> Any:
+    """GELU (forward or backward) computed with the tanh approximation."""
+    if "approximate" not in {a.name for a in func._schema.arguments}:
+        raise ValueError(f"gelu-tanh replaces GELU ops only, not {func}")
+    args, kwargs = set_argument(func, args, kwargs, "approximate", "tanh")
+    return func(*args, **kwargs)
+
+
+def _softmax_unstable(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Softmax without subtracting the max: overflows on large logits, as naive kernels do."""
+    if str(func) != "aten._softmax.default":
+        raise ValueError(f"softmax-unstable replaces aten._softmax.default only, not {func}")
+    x, dim, half_to_float = args[0], args[1], args[2]
+    e = torch.exp(x.float() if half_to_float else x)
+    return e / e.sum(dim, keepdim=True)
+
+
+register_replacement("gelu-tanh", _gelu_tanh)
+register_replacement("softmax-unstable", _softmax_unstable)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault specification. Build it with `sim.fault(...)`, which validates it."""
+
+    op: str
+    kind: str
+    value: Any = None
+    module: str | None = None
+    occurrence: int | None = None
+    arg: str | None = None
+    index: int = 0
+    output: int = 0
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form, for dump attributes and reports."""
+        return {
+            "op": self.op,
+            "kind": self.kind,
+            "value": describe_value(self.value),
+            "module": self.module,
+            "occurrence": self.occurrence,
+            "arg": self.arg,
+            "index": self.index,
+            "output": self.output,
+            "seed": self.seed,
+        }
+
+
+def describe_value(value: Any) -> Any:
+    """A JSON-safe rendering of a fault value (callables by qualified name)."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if callable(value):
+        return f"callable:{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+    if isinstance(value, list | tuple):
+        return [describe_value(v) for v in value]
+    return repr(value)
+
+
+def make_fault(
+    op: str,
+    module: str | None = None,
+    *,
+    kind: str,
+    value: Any = None,
+    occurrence: int | None = None,
+    arg: str | None = None,
+    index: int = 0,
+    output: int = 0,
+    seed: int = 0,
+) -> Fault:
+    """Validate and build a fault (exposed as `sim.fault`). `occurrence` is 0-based."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown fault kind {kind!r}; expected one of {', '.join(KINDS)}")
+    if occurrence is not None and (not isinstance(occurrence, int) or occurrence < 0):
+        raise ValueError(f"occurrence must be a 0-based int or None, got {occurrence!r}")
+    if kind == "replace":
+        if not (callable(value) or value in _REPLACEMENTS):
+            raise ValueError(
+                f"replace needs a callable or one of {replacements()}, got {value!r}"
+            )
+    elif kind in ("bias", "noise"):
+        if not isinstance(value, Real) or isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError(f"{kind} needs a finite relative magnitude as value, got {value!r}")
+        value = float(value)
+    elif kind in ("nan", "inf"):
+        if value is not None and not isinstance(value, Real):
+            raise ValueError(f"{kind} takes no value (or a sign for inf), got {value!r}")
+    elif kind == "eps":
+        if arg not in (None, "eps"):
+            raise ValueError("kind='eps' always changes the 'eps' argument; use kind='arg'")
+        if not isinstance(value, Real):
+            raise ValueError(f"eps needs a number as value, got {value!r}")
+        arg, value = "eps", float(value)
+    elif kind == "arg" and not arg:
+        raise ValueError("kind='arg' needs arg=<schema argument name>")
+    return Fault(op=op, kind=kind, value=value, module=module, occurrence=occurrence, arg=arg,
+                 index=int(index), output=int(output), seed=int(seed))
+
+
+def set_argument(func: Any, args: tuple, kwargs: dict, name: str, value: Any) -> tuple[tuple, dict]:
+    """Return (args, kwargs) for `func` with the schema argument `name` set to `value`."""
+    schema_args = func._schema.arguments
+    for pos, a in enumerate(schema_args):
+        if a.name != name:
+            continue
+        if not a.kwarg_only and pos < len(args):
+            return args[:pos] + (value,) + args[pos + 1 :], kwargs
+        return args, {**kwargs, name: value}
+    known = ", ".join(a.name for a in schema_args)
+    raise ValueError(f"{func} has no argument {name!r} (it has: {known})")
+
+
+def select_output(out: Any, position: int) -> torch.Tensor | None:
+    """The output tensor a fault targets: `out` itself, or item `position` of a tuple/list."""
+    if isinstance(out, torch.Tensor):
+        return out if position == 0 else None
+    if isinstance(out, tuple | list) and -len(out) <= position < len(out):
+        item = out[position]
+        return item if isinstance(item, torch.Tensor) else None
+    return None
+
+
+def _unravel(index: int, shape: torch.Size) -> tuple[int, ...]:
+    coords = []
+    for size in reversed(shape):
+        index, c = divmod(index, size)
+        coords.append(c)
+    return tuple(reversed(coords))
+
+
+def apply_output_fault(fault: Fault, target: torch.Tensor, occurrence: int) -> None:
+    """Modify `target` in place (caller disables dispatch and grad)."""
+    if fault.kind == "bias":
+        target.mul_(1.0 + fault.value)
+    elif fault.kind == "noise":
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed((fault.seed * 1_000_003 + occurrence) & 0xFFFF_FFFF_FFFF)
+        n = torch.randn(target.shape, generator=gen, dtype=torch.float64)
+        target.copy_(target.double() * (1.0 + fault.value * n))
+    else:
+        numel = target.numel()
+        if not -numel <= fault.index < numel:
+            raise IndexError(f"fault index {fault.index} out of range for {numel} elements")
+        if fault.kind == "nan":
+            fill = math.nan
+        else:
+            fill = -math.inf if (fault.value is not None and fault.value < 0) else math.inf
+        target[_unravel(fault.index % numel, target.shape)] = fill

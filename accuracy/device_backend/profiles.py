@@ -1,0 +1,132 @@
+"""Numerics profiles: data saying which ops a device computes differently, and how.
+
+A profile is a list of rules, each an op pattern (fnmatch on the ATen overload name, e.g.
+"aten.mm.*") plus a named rounding applied to some of the op's inputs and optionally its
+outputs. Users define their own and `register_profile` them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any
+
+from .rounding import get_rounding
+
+# Matrix ops and the schema arguments that feed the matrix unit. Bias and `self` of addmm are
+# left alone: cube/tensor-core units add bias in the accumulator's precision.
+MATRIX_OPERANDS: dict[str, tuple[str, ...]] = {
+    "aten.mm.*": ("self", "mat2"),
+    "aten.bmm.*": ("self", "mat2"),
+    "aten.addmm.*": ("mat1", "mat2"),
+    "aten.addmm_.*": ("mat1", "mat2"),
+    "aten.baddbmm.*": ("batch1", "batch2"),
+    "aten.baddbmm_.*": ("batch1", "batch2"),
+    "aten.addbmm.*": ("batch1", "batch2"),
+    "aten.linear.*": ("input", "weight"),
+    "aten.matmul.*": ("self", "other"),
+    "aten.convolution.*": ("input", "weight"),
+    "aten._convolution.*": ("input", "weight"),
+    "aten.convolution_backward.*": ("grad_output", "input", "weight"),
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Round some inputs (and optionally outputs) of the ops matching `op`.
+
+    Attributes:
+        op: fnmatch pattern on the overload name ("aten.mm.*", "aten.*softmax*").
+        rounding: name of a registered rounding ("fp16", "bf16", "tf32", "fp8-e4m3"...).
+        args: schema argument names to round; empty means every floating tensor input the op
+            does not write to. Arguments the op writes to are never touched.
+        output: rounding for the op's floating outputs (None: outputs stay as computed).
+    """
+
+    op: str
+    rounding: str
+    args: tuple[str, ...] = ()
+    output: str | None = None
+
+    def __post_init__(self) -> None:
+        get_rounding(self.rounding)  # fail at definition time, not mid-training
+        if self.output is not None:
+            get_rounding(self.output)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "rounding": self.rounding, "args": list(self.args),
+                "output": self.output}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named set of rules; the first rule whose pattern matches an op applies to it."""
+
+    name: str
+    description: str
+    rules: tuple[Rule, ...] = field(default_factory=tuple)
+
+    def rule_for(self, op_name: str) -> Rule | None:
+        """The rule for an overload name like "aten.addmm.default", or None."""
+        for rule in self.rules:
+            if fnmatchcase(op_name, rule.op):
+                return rule
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description,
+                "rules": [r.to_dict() for r in self.rules]}
+
+
+def matrix_rules(rounding: str, output: str | None = None) -> tuple[Rule, ...]:
+    """Rules rounding the matrix operands of every op in MATRIX_OPERANDS."""
+    return tuple(Rule(op, rounding, args, output) for op, args in MATRIX_OPERANDS.items())
+
+
+_PROFILES: dict[str, Profile] = {}
+
+
+def register_profile(profile: Profile) -> None:
+    """Make `sim(profile=name)` find this profile (replaces one of the same name)."""
+    _PROFILES[profile.name] = profile
+
+
+def get_profile(name: str) -> Profile:
+    """The profile registered under `name`."""
+    try:
+        return _PROFILES[name]
+    except KeyError:
+        known = ", ".join(sorted(_PROFILES))
+        raise ValueError(f"unknown profile {name!r}; known: {known}") from None
+
+
+def profiles() -> list[Profile]:
+    """Every registered profile."""
+    return list(_PROFILES.values())
+
+
+register_profile(Profile("exact", "no change: plain CPU numerics, the control"))
+register_profile(Profile(
+    "fp16-cube",
+    "matrix ops (mm, bmm, addmm, baddbmm, linear, convolution and their backward) take "
+    "fp16-rounded inputs and accumulate/return in the original dtype, as Ascend cube units do "
+    "for fp32 models",
+    matrix_rules("fp16"),
+))
+register_profile(Profile(
+    "bf16",
+    "matrix ops take bfloat16-rounded inputs and accumulate/return in the original dtype",
+    matrix_rules("bf16"),
+))
+register_profile(Profile(
+    "tf32",
+    "fp32 matrix-op inputs rounded to 10 mantissa bits (TF32 tensor cores, "
+    "allow_tf32=True on Ampere and later)",
+    matrix_rules("tf32"),
+))
+register_profile(Profile(
+    "fp8-e4m3",
+    "matrix-op inputs quantised to float8 e4m3 with one scale per tensor (amax -> 448), "
+    "accumulated in the original dtype, as FP8 training recipes do",
+    matrix_rules("fp8-e4m3"),
+))

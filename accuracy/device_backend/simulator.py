@@ -1,0 +1,260 @@
+"""`sim`: an emulated accelerator on CPU, op by op, with a numerics profile and injected faults.
+
+    from accuracy.device_backend import sim
+    with sim(profile="fp16-cube", faults=[sim.fault("aten.gelu.default", kind="replace",
+                                                     value="gelu-tanh")]):
+        with dumper(dump_path="sim.h5"):
+            step()
+
+`sim` sits *below* the dumper on the dispatch-mode stack: the dumper sees the op's real
+arguments and the device-like result, exactly as on hardware, while the rounding and faults
+happen "inside the kernel". Internal work (rounding, writing faults) runs with Python dispatch
+disabled, so no other mode ever records it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from fnmatch import fnmatchcase
+from typing import Any
+
+import torch
+from torch.distributed._tools.mod_tracker import ModTracker
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .faults import (
+    _REPLACEMENTS,
+    OUTPUT_KINDS,
+    Fault,
+    apply_output_fault,
+    describe_value,
+    make_fault,
+    select_output,
+    set_argument,
+)
+from .profiles import Profile, Rule, get_profile
+from .rounding import get_rounding
+
+log = logging.getLogger(__name__)
+
+_ACTIVE: list[SimMode] = []
+
+
+def active() -> SimMode | None:
+    """The innermost `sim(...)` currently entered, or None."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def _module_matches(pattern: str, modules: Iterable[str]) -> bool:
+    """True if any active module matches, by full name or without the root class name."""
+    for name in modules:
+        if fnmatchcase(name, pattern):
+            return True
+        _, _, relative = name.partition(".")
+        if relative and fnmatchcase(relative, pattern):
+            return True
+    return False
+
+
+class SimMode(TorchDispatchMode):
+    """Emulated accelerator: applies a numerics profile and faults to every ATen op on CPU.
+
+    Args:
+        profile: a registered profile name ("exact", "fp16-cube", "bf16", "tf32", "fp8-e4m3")
+            or a `Profile`.
+        faults: faults built with `sim.fault(...)`.
+
+    Each `with` block is one run: call counters, occurrences and `applied` start from zero.
+    Attributes while (and after) running:
+        applied: one dict per applied fault: fault (its index in `faults`), op, module,
+            occurrence (0-based), kind, value, call (0-based index of the op among all ops this
+            mode saw), plus arg / index / output where they apply.
+        calls: how many ops this mode has seen.
+    """
+
+    fault = staticmethod(make_fault)
+    active = staticmethod(active)
+
+    def __init__(self, profile: str | Profile = "exact", faults: Iterable[Fault] = ()) -> None:
+        super().__init__()
+        self.profile = get_profile(profile) if isinstance(profile, str) else profile
+        if not isinstance(self.profile, Profile):
+            raise TypeError(f"profile must be a name or a Profile, got {profile!r}")
+        self.faults: tuple[Fault, ...] = tuple(faults)
+        for f in self.faults:
+            if not isinstance(f, Fault):
+                raise TypeError(f"faults must be built with sim.fault(...), got {f!r}")
+        self.applied: list[dict[str, Any]] = []
+        self.calls = 0
+        self._occurrences = [0] * len(self.faults)
+        self._plans: dict[Any, tuple[Rule | None, tuple[int, ...]]] = {}
+        self._tracker: ModTracker | None = None
+
+    @property
+    def profile_name(self) -> str:
+        return self.profile.name
+
+    def describe(self) -> dict[str, Any]:
+        """Profile and fault specifications, JSON-serialisable, for the dump's root attributes."""
+        return {
+            "backend": "sim",
+            "profile": self.profile.name,
+            "profile_description": self.profile.description,
+            "rules": [r.to_dict() for r in self.profile.rules],
+            "faults": [f.to_dict() for f in self.faults],
+            "occurrence_base": 0,
+        }
+
+    def __enter__(self) -> SimMode:
+        if self in _ACTIVE:
+            raise RuntimeError("this sim(...) is already active; create a new one to nest")
+        self.applied = []
+        self.calls = 0
+        self._occurrences = [0] * len(self.faults)
+        self._tracker = ModTracker()
+        self._tracker.__enter__()
+        try:
+            super().__enter__()
+        except BaseException:
+            self._tracker.__exit__(None, None, None)
+            raise
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        try:
+            super().__exit__(exc_type, exc, tb)
+        finally:
+            if self._tracker is not None:
+                self._tracker.__exit__(exc_type, exc, tb)
+                self._tracker = None
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def _plan(self, func: Any) -> tuple[Rule | None, tuple[int, ...]]:
+        plan = self._plans.get(func)
+        if plan is None:
+            name = str(func)
+            rule = self.profile.rule_for(name)
+            fault_ids = tuple(i for i, f in enumerate(self.faults) if fnmatchcase(name, f.op))
+            plan = self._plans[func] = (rule, fault_ids)
+        return plan
+
+    def _modules(self) -> list[str]:
+        if self._tracker is None:
+            return []
+        return [m for m in self._tracker.parents if m != "Global"]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        call = self.calls
+        self.calls += 1
+        rule, fault_ids = self._plan(func)
+        if rule is None and not fault_ids:
+            return func(*args, **kwargs)
+
+        hits = self._select_faults(fault_ids, call)
+        name = str(func)
+        for fault, record in hits:
+            if fault.kind in ("eps", "arg"):
+                args, kwargs = set_argument(func, args, kwargs, fault.arg, fault.value)
+                self._record(record, name)
+        if rule is not None:
+            args, kwargs = _round_inputs(func, rule, args, kwargs)
+
+        replacement = next(((f, r) for f, r in hits if f.kind == "replace"), None)
+        if replacement is not None:
+            fault, record = replacement
+            impl = fault.value if callable(fault.value) else _REPLACEMENTS[fault.value]
+            with torch._C._DisableTorchDispatch(), torch.no_grad():
+                out = impl(func, args, kwargs)
+            self._record(record, name)
+        else:
+            out = func(*args, **kwargs)
+
+        if rule is not None and rule.output is not None:
+            _round_outputs(out, get_rounding(rule.output))
+        for fault, record in hits:
+            if fault.kind in OUTPUT_KINDS:
+                target = select_output(out, fault.output)
+                if target is None or not target.is_floating_point():
+                    log.warning("sim: fault %s skipped on %s: output %d is not a float tensor",
+                                fault.kind, name, fault.output)
+                    continue
+                with torch._C._DisableTorchDispatch(), torch.no_grad():
+                    apply_output_fault(fault, target, record["occurrence"])
+                self._record(record, name)
+        return out
+
+    def _select_faults(self, fault_ids: tuple[int, ...], call: int) -> list[tuple[Fault, dict]]:
+        """Faults that fire on this call; advances each matching fault's occurrence counter."""
+        if not fault_ids:
+            return []
+        modules = self._modules()
+        innermost = max(modules, key=lambda m: m.count("."), default=None)
+        hits = []
+        for i in fault_ids:
+            fault = self.faults[i]
+            if fault.module is not None and not _module_matches(fault.module, modules):
+                continue
+            occurrence = self._occurrences[i]
+            self._occurrences[i] += 1
+            if fault.occurrence is not None and occurrence != fault.occurrence:
+                continue
+            record = {
+                "fault": i,
+                "module": innermost,
+                "occurrence": occurrence,
+                "kind": fault.kind,
+                "value": describe_value(fault.value),
+                "call": call,
+            }
+            if fault.kind in ("eps", "arg"):
+                record["arg"] = fault.arg
+            if fault.kind in ("nan", "inf"):
+                record["index"] = fault.index
+            if fault.kind in OUTPUT_KINDS:
+                record["output"] = fault.output
+            hits.append((fault, record))
+        return hits
+
+    def _record(self, record: dict[str, Any], op: str) -> None:
+        self.applied.append({"op": op, **record})
+        log.debug("sim: applied %s", self.applied[-1])
+
+
+def _round_inputs(func: Any, rule: Rule, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Copies of the inputs the rule names, rounded; the caller's tensors are never modified."""
+    rounding = get_rounding(rule.rounding)
+    wanted = set(rule.args)
+    new_args, new_kwargs = list(args), dict(kwargs)
+    with torch._C._DisableTorchDispatch(), torch.no_grad():
+        for pos, a in enumerate(func._schema.arguments):
+            if wanted and a.name not in wanted:
+                continue
+            if a.alias_info is not None and a.alias_info.is_write:
+                continue
+            if not a.kwarg_only and pos < len(new_args):
+                value = new_args[pos]
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    new_args[pos] = rounding(value)
+            elif a.name in new_kwargs:
+                value = new_kwargs[a.name]
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    new_kwargs[a.name] = rounding(value)
+    return tuple(new_args), new_kwargs
+
+
+def _round_outputs(out: Any, rounding: Any) -> None:
+    tensors = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(
+        out, tuple | list) else []
+    with torch._C._DisableTorchDispatch(), torch.no_grad():
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                t.copy_(rounding(t))
+
+
+sim = SimMode
