@@ -115,6 +115,9 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     stack: also store each op's full user stack. overwrite: replace an existing file.
     strict: raise if writing fails (disk full...) instead of carrying on without the dump.
     max_pending_bytes: memory allowed for tensors waiting for the disk before training waits.
+    check_overflow: record only ops that turn finite inputs into inf/nan (see docs/overflow.md);
+    overflow_nums: stop after that many (-1: all); overflow_raise: raise OverflowDetected at
+    the first; saturation: also flag values near the float16/bfloat16 limit.
     """
 
     def __init__(
@@ -133,6 +136,10 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         max_pending_bytes: int = 1 << 30,
         flush_ops: int = 256,
         flush_seconds: float = 1.0,
+        check_overflow: bool = False,
+        overflow_nums: int = 1,
+        overflow_raise: bool = False,
+        saturation: Any = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -154,6 +161,10 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self._steps_seen: set[int] = set()
         self._writer: DumpWriter | None = None
         self._failed = False
+        self._overflow = None
+        if check_overflow:  # record only the ops where inf/nan is born (accuracy.overflow)
+            from accuracy.overflow.online import OverflowChecker
+            self._overflow = OverflowChecker(overflow_nums, overflow_raise, saturation)
 
     # -- public ----------------------------------------------------------------------------
 
@@ -198,6 +209,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             "python_version": platform.python_version(),
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "host": platform.node(),
+            "check_overflow": self._overflow is not None,
             "filter": {
                 "ops": list(self.filter.ops), "exclude_ops": list(self.filter.exclude_ops),
                 "modules": list(self.filter.modules), "io": sorted(self.filter.io),
@@ -218,6 +230,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         attrs: dict[str, Any] = {"ops_recorded": self.ops_recorded, "ops_seen": self._seq,
                                  "steps": sorted(self._steps_seen)}
         attrs.update(self._backend_attrs())
+        if self._overflow is not None:
+            attrs.update(self._overflow.finish(self, writer))
         if self._sim is not None:
             attrs["faults_applied"] = list(self._sim.applied)
         try:
@@ -277,6 +291,9 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         if not (f.wants_step(self.current_step) and phase in f.phases and f.wants_op(name)
                 and f.wants_module(module)):
             return func(*args, **kwargs)
+        if self._overflow is not None:
+            return self._overflow.on_op(self, writer, func, name, args, kwargs, seq, phase,
+                                        module, source, stack)
 
         flat_in, _ = tree_flatten((args, kwargs))
         in_tensors = [a for a in flat_in if isinstance(a, torch.Tensor)]

@@ -1,0 +1,13 @@
+"""Overflow detection: find the op where inf/nan (or near-limit values) were born.
+
+Online: `dumper(path, check_overflow=True, overflow_nums=1, overflow_raise=False,
+saturation=None)`. Offline: `scan(dump)` / `accuracy overflow dump.h5 [--confirm-on cpu]`.
+"""
+
+from accuracy.overflow.labels import HANDLED
+from accuracy.overflow.online import OverflowDetected, OverflowEvent, OverflowWarning
+from accuracy.overflow.probe import Saturation
+from accuracy.overflow.scan import Finding, OverflowReport, scan
+
+__all__ = ["HANDLED", "Finding", "OverflowDetected", "OverflowEvent", "OverflowReport",
+           "OverflowWarning", "Saturation", "scan"]

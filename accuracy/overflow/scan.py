@@ -1,0 +1,155 @@
+"""Offline overflow scan: which ops in a dump gave birth to inf/nan and which only carried it.
+
+Works on any dump: a full one (statistics or tensor mode), where every op's nan/inf counts are
+walked in execution order, and a `check_overflow=True` one, which holds only the births and
+GradScaler's ops. GradScaler's own checks are labelled, never culprits; births in a step that
+GradScaler skipped are labelled "handled by loss scaling".
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from accuracy.dumpfile import Dump, load_dump
+from accuracy.dumpfile.reader import OpRecord, TensorRecord
+from accuracy.overflow.labels import AMP_OPS, AMP_UPDATE_OP, HANDLED, amp_label
+
+
+@dataclass
+class Finding:
+    """One op with non-finite outputs."""
+
+    seq: int
+    op: str
+    phase: str
+    module: str
+    source: str
+    step: int
+    outputs: list[dict[str, Any]]
+    label: str = ""
+    confirmation: dict[str, Any] | None = None
+
+    def line(self) -> str:
+        outs = ", ".join(f"out{o['idx']} {o['dtype']}{o['shape']} nan {o['nan']} inf {o['inf']}"
+                         for o in self.outputs)
+        text = (f"{self.seq:6d}  {self.op}  [{self.phase}] {self.module or '-'}  "
+                f"{self.source or '?'}  {outs}")
+        if self.label:
+            text += f"  ({self.label})"
+        return text
+
+
+@dataclass
+class OverflowReport:
+    """Births (inf/nan from finite inputs) separated from ops that inherited them."""
+
+    path: str
+    mode: str
+    online: bool  # the dump came from check_overflow=True: only births were recorded
+    ops_scanned: int
+    births: list[Finding] = field(default_factory=list)
+    inherited: list[Finding] = field(default_factory=list)
+    amp: list[Finding] = field(default_factory=list)
+    skipped_steps: list[int] = field(default_factory=list)
+
+    @property
+    def culprits(self) -> list[Finding]:
+        """Births that loss scaling did not absorb: the ones to look at first."""
+        return [b for b in self.births if b.label != HANDLED]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def format(self, limit: int = 20) -> str:
+        """The text `accuracy overflow` prints."""
+        lines = [f"{self.path}: {self.ops_scanned} ops scanned ({self.mode} mode"
+                 + (", recorded by check_overflow" if self.online else "") + ")"]
+        if not self.births:
+            lines.append("no op produced inf/nan from finite inputs")
+        else:
+            lines.append(f"born here ({len(self.births)}; {len(self.culprits)} not handled by "
+                         "loss scaling):")
+            for b in self.births[:limit]:
+                lines.append("  " + b.line())
+                c = b.confirmation
+                if c:
+                    lines.append(f"          confirmation on {c.get('device')}: {c['verdict']}")
+        if self.inherited:
+            lines.append(f"inherited ({len(self.inherited)} ops carried non-finite inputs "
+                         "onward), first ones:")
+            lines += ["  " + f.line() for f in self.inherited[: min(limit, 10)]]
+        if self.amp:
+            lines.append(f"GradScaler checks ({len(self.amp)}, deliberate, not culprits)")
+        if self.skipped_steps:
+            lines.append(f"steps skipped by GradScaler: {self.skipped_steps}")
+        return "\n".join(lines)
+
+
+def _bad(t: TensorRecord) -> bool:
+    s = t.stats
+    return (s.get("nan_count") or 0) > 0 or (s.get("inf_count") or 0) > 0
+
+
+def _outputs(r: OpRecord) -> list[dict[str, Any]]:
+    return [{"idx": t.idx, "dtype": t.dtype, "shape": list(t.shape),
+             "nan": int(t.stats.get("nan_count", 0)), "inf": int(t.stats.get("inf_count", 0))}
+            for t in r.outputs if _bad(t)]
+
+
+def _finding(r: OpRecord, label: str = "") -> Finding:
+    return Finding(r.seq, r.op, r.phase, r.module, r.source, r.step, _outputs(r), label)
+
+
+def _found_inf(r: OpRecord) -> bool:
+    """Whether GradScaler's update saw found_inf > 0 (input 2 of _amp_update_scale_)."""
+    if "step_skipped" in r.extra:
+        return bool(r.extra["step_skipped"])
+    fi = [t for t in r.inputs if t.idx == 2]
+    return bool(fi) and (fi[0].stats.get("max") or 0) > 0
+
+
+def scan_dump(d: Dump) -> OverflowReport:
+    """Scan an opened dump."""
+    online = bool(d.attrs.get("check_overflow"))
+    rep = OverflowReport(str(d.path), str(d.attrs.get("mode", "?")), online, len(d.records))
+    window: list[Finding] = []
+    for r in d.records:
+        if r.op in AMP_OPS:
+            rep.amp.append(_finding(r, amp_label(r.op)))
+            if r.op == AMP_UPDATE_OP:
+                if _found_inf(r):
+                    rep.skipped_steps.append(r.step)
+                    for f in window:
+                        f.label = HANDLED
+                window = []
+            continue
+        if r.extra.get("uninitialized") or not any(_bad(t) for t in r.outputs):
+            continue
+        f = _finding(r)
+        born = r.extra.get("overflow", {}).get("born") if online else not any(
+            _bad(t) for t in r.inputs)
+        if born:
+            rep.births.append(f)
+            window.append(f)
+        else:
+            rep.inherited.append(f)
+    if online:  # labels given online (after the op was written) live in the root summary
+        labels = {e["seq"]: e.get("label", "") for e in
+                  (d.attrs.get("overflow") or {}).get("events", [])}
+        for b in rep.births:
+            b.label = labels.get(b.seq) or b.label
+    return rep
+
+
+def scan(dump: str | os.PathLike[str] | Dump, confirm_on: str | None = None) -> OverflowReport:
+    """Births and inherited non-finite ops of a dump; with `confirm_on`, replay each birth there."""
+    if isinstance(dump, Dump):
+        rep = scan_dump(dump)
+        if confirm_on:
+            from accuracy.overflow.confirm import confirm_births
+            confirm_births(dump, rep, confirm_on)
+        return rep
+    with load_dump(dump) as d:
+        return scan(d, confirm_on)
