@@ -316,3 +316,48 @@ def test_bad_files_are_refused_with_a_reason(tmp_path):
         f.attrs["schema_version"] = 99
     with pytest.raises(DumpError, match="newer"):
         load_dump(newer)
+
+
+def test_dump_records_backend_profile_and_faults(tmp_path):
+    from accuracy.device_backend import sim
+
+    model, batch = tiny_lm(), lm_batch()
+    fault = sim.fault("aten.native_layer_norm.default", module="encoder.layers.1.*", kind="eps",
+                      value=1e-2, occurrence=1)
+    with sim(profile="fp16-cube", faults=[fault]):
+        with dumper(dump_path=tmp_path / "sim.h5"):
+            lm_step(model, batch)
+    with load_dump(tmp_path / "sim.h5") as d:
+        assert d.attrs["backend"] == "sim" and d.attrs["profile"] == "fp16-cube"
+        assert d.attrs["sim"]["faults"] and d.attrs["faults_applied"]
+        hit = [r for r in d.records if r.extra.get("faults")]
+        assert len(hit) == 1
+        assert hit[0].op == "aten.native_layer_norm.default"
+        assert hit[0].module.endswith("encoder.layers.1.norm2") and hit[0].phase == "forward"
+
+
+def test_cli_info_ls_extract_backends(tmp_path, capsys):
+    from accuracy.cli import main
+
+    path = tmp_path / "d.h5"
+    with dumper(dump_path=path):
+        lm_step(tiny_lm(), lm_batch())
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "complete" in out and "backward" in out and "saved by links" in out
+    assert main(["ls", str(path), "--op", "aten.mm", "--module", "encoder.layers.0.*"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert lines and all("aten.mm.default" in ln and "layers.0" in ln for ln in lines)
+    with load_dump(path) as d:
+        rec = next(d.select(op="aten.addmm"))
+    one = tmp_path / "one.h5"
+    assert main(["extract", str(path), "--op", rec.op, "--seq", str(rec.seq), "-o", str(one)]) == 0
+    with h5py.File(one) as f:
+        ds = f[f"/{rec.op}/{rec.seq}/output/0"]
+        assert ds.shape == rec.outputs[0].shape
+    assert main(["extract", str(path), "--op", rec.op, "-o", str(one)]) == 2  # exists
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu" in out and "sim" in out
+    assert main(["info", str(tmp_path / "nope.h5")]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -39,6 +39,23 @@ UNINITIALISED = {
 }
 
 
+# Outputs of these hold exactly the input's elements: same statistics, no new computation.
+SAME_ELEMENTS = {
+    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
+    "aten.detach.default", "aten.alias.default", "aten.t.default", "aten.transpose.int",
+    "aten.permute.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default",
+    "aten.unsqueeze.default", "aten.clone.default", "aten.contiguous.default",
+    "aten.flatten.using_ints", "aten._reshape_alias.default", "aten.lift_fresh.default",
+}
+# ...and of these, a contiguous output also has the input's bytes in the same order.
+SAME_BYTES = {
+    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
+    "aten.detach.default", "aten.alias.default", "aten.squeeze.dim", "aten.squeeze.dims",
+    "aten.squeeze.default", "aten.unsqueeze.default", "aten.flatten.using_ints",
+    "aten._reshape_alias.default", "aten.lift_fresh.default",
+}
+
+
 def _rank() -> tuple[int, int]:
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
@@ -64,6 +81,27 @@ def _active_sim():
         return None
     active = getattr(sim_mod, "active", None)
     return active() if active is not None else None
+
+
+def same_as_dtype(entry: TensorEntry) -> torch.dtype:
+    return getattr(torch, entry.dtype)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _contiguous(entry: TensorEntry) -> bool:
+    """Whether a recorded shape/stride pair is row-major contiguous."""
+    expected = 1
+    for size, stride in zip(reversed(entry.shape), reversed(entry.stride), strict=True):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 class _Seen:
@@ -118,6 +156,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     check_overflow: record only ops that turn finite inputs into inf/nan (see docs/overflow.md);
     overflow_nums: stop after that many (-1: all); overflow_raise: raise OverflowDetected at
     the first; saturation: also flag values near the float16/bfloat16 limit.
+    load_file_path: a golden tensor dump; each op with the same name and seq computes on its
+    recorded inputs (load mode, see docs/replay.md).
     """
 
     def __init__(
@@ -140,6 +180,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         overflow_nums: int = 1,
         overflow_raise: bool = False,
         saturation: Any = None,
+        load_file_path: str | os.PathLike[str] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -153,6 +194,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self.max_pending_bytes = max_pending_bytes
         self.flush_ops = flush_ops
         self.flush_seconds = flush_seconds
+        self.load_file_path = load_file_path
+        self._loader = None
         self.current_step = 0
         self.ops_recorded = 0
         self._seq = 0
@@ -174,6 +217,9 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
 
     def __enter__(self) -> dumper:
         self._sim = _active_sim()
+        if self.load_file_path is not None:  # load mode: feed golden inputs (accuracy.replay)
+            from accuracy.replay.load_mode import GoldenFeeder
+            self._loader = GoldenFeeder(self.load_file_path)
         self._writer = DumpWriter(
             self.path,
             self._start_attrs(),
@@ -234,6 +280,10 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             attrs.update(self._overflow.finish(self, writer))
         if self._sim is not None:
             attrs["faults_applied"] = list(self._sim.applied)
+        if self._loader is not None:
+            attrs.update(load_file_path=str(self.load_file_path), ops_loaded=self._loader.fed)
+            self._loader.close()
+            self._loader = None
         try:
             writer.close(attrs, complete=complete and not self._failed)
         except DumpWriteError as e:
@@ -294,6 +344,9 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         if self._overflow is not None:
             return self._overflow.on_op(self, writer, func, name, args, kwargs, seq, phase,
                                         module, source, stack)
+        loaded = False
+        if self._loader is not None:
+            args, kwargs, loaded = self._loader.feed(name, seq, func, args, kwargs)
 
         flat_in, _ = tree_flatten((args, kwargs))
         in_tensors = [a for a in flat_in if isinstance(a, torch.Tensor)]
@@ -308,11 +361,15 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         out_tensors = [o for o in flat_out if isinstance(o, torch.Tensor)]
         uninit = name in UNINITIALISED
         mutable = func._schema.is_mutable
+        same = None
+        if name in SAME_ELEMENTS and entries and len(out_tensors) == 1 and not mutable:
+            same = entries[0]
         with torch._C._DisableTorchDispatch():
             if "output" in f.io:
                 for i, t in enumerate(out_tensors):
                     entries.append(self._entry(writer, seq, schema.OUTPUT, i, t, skip=uninit,
-                                               fresh=mutable))
+                                               fresh=mutable, same_as=same,
+                                               same_bytes=name in SAME_BYTES))
 
         counter = iter(range(len(in_tensors)))
         extra: dict[str, Any] = {}
@@ -322,6 +379,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             extra["rng"] = True
         if mutable:
             extra["inplace"] = True
+        if loaded:
+            extra["loaded"] = True
         if self._sim is not None and len(self._sim.applied) > n_faults:
             extra["faults"] = list(self._sim.applied[n_faults:])
         if origin is not None and origin[1] >= 0:
@@ -343,9 +402,15 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         return out
 
     def _entry(self, writer: DumpWriter, seq: int, io: int, idx: int, t: torch.Tensor,
-               skip: bool = False, fresh: bool = False) -> TensorEntry:
-        """Describe one tensor use; `fresh` forbids dedupe (outputs of in-place ops, whose
-        version counter is bumped only after this mode returns)."""
+               skip: bool = False, fresh: bool = False, same_as: TensorEntry | None = None,
+               same_bytes: bool = False) -> TensorEntry:
+        """Describe one tensor use.
+
+        `fresh` forbids dedupe (outputs of in-place ops, whose version counter is bumped only
+        after this mode returns). `same_as` is the input entry of a view-like op whose output
+        holds the same elements: its statistics are reused, and with `same_bytes` and both
+        tensors contiguous, its stored bytes too.
+        """
         device = str(t.device)
         self._devices.add(t.device.type)
         row = writer.new_row()
@@ -360,7 +425,16 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         if seen is not None:
             entry.first, entry.stats = seen
             return entry
-        entry.stats = tensor_stats(t)
+        if same_as is not None and same_as.stats is not None and t.dtype == same_as_dtype(
+                same_as) and t.numel() == _numel(same_as.shape):
+            entry.stats = same_as.stats
+            if (self.mode == "tensor" and same_bytes and same_as.first >= 0
+                    and t.is_contiguous() and _contiguous(same_as)):
+                entry.first = same_as.first
+                self._seen.remember(t, entry.first, entry.stats)
+                return entry
+        else:
+            entry.stats = tensor_stats(t)
         if self.mode == "tensor":
             entry.data = _host_copy(t)
             entry.first = row

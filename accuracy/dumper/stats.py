@@ -1,9 +1,9 @@
 """Per-tensor statistics, computed on the tensor's own device in a handful of reductions.
 
 The result is (floats, checksum): floats = [min, max, mean, l2, nan_count, inf_count] and
-checksum = the sum of the raw bit patterns (int64, wrapping). On CPU the values are Python
-numbers; elsewhere they stay device tensors, read by the writer thread, so the training
-thread never waits for the device.
+checksum = the sum of the raw bit patterns (wrapping in int32, or int64 for 8-byte types).
+On CPU the values are Python numbers; elsewhere they stay device tensors, read by the writer
+thread, so the training thread never waits for the device.
 """
 
 from __future__ import annotations
@@ -21,11 +21,14 @@ _FP8 = {d for d in (getattr(torch, n, None) for n in (
 
 
 def _checksum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of the raw bit patterns, accumulated with wrap-around (fast, one pass)."""
     if t.dtype == torch.bool:
         t = t.view(torch.uint8)
     elif t.is_complex():
         t = torch.view_as_real(t)
-    return t.view(_BITS_VIEW[t.element_size()]).sum(dtype=torch.int64)
+    size = t.element_size()
+    acc = torch.int64 if size == 8 else torch.int32
+    return t.view(_BITS_VIEW[size]).sum(dtype=acc)
 
 
 def _value_view(t: torch.Tensor) -> torch.Tensor:
@@ -46,10 +49,14 @@ def tensor_stats(t: torch.Tensor):
         return EMPTY_STATS
     x = _value_view(t)
     mn, mx = torch.aminmax(x)
-    total = torch.sum(x, dtype=torch.float64)
     if x.is_floating_point():
-        l2 = torch.linalg.vector_norm(x, dtype=torch.float64)
+        # fp32 accumulation (cascade-summed by torch) is 5x faster than fp64 and accurate
+        # enough for statistics; fp64 tensors keep fp64.
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        total = torch.sum(x, dtype=acc)
+        l2 = torch.linalg.vector_norm(x, dtype=acc)
     else:
+        total = torch.sum(x, dtype=torch.float64)
         l2 = torch.linalg.vector_norm(x.double())
     checksum = _checksum(t)
     n = x.numel()
@@ -65,5 +72,6 @@ def tensor_stats(t: torch.Tensor):
         infs = torch.isinf(x).sum(dtype=torch.float64)
     else:
         nans = infs = torch.zeros((), dtype=torch.float64, device=x.device)
-    floats = torch.stack([mn.double(), mx.double(), total / n, l2, nans, infs])
+    floats = torch.stack([mn.double(), mx.double(), total.double() / n, l2.double(), nans,
+                          infs])
     return floats, checksum

@@ -1,0 +1,41 @@
+"""Shared helpers for the benchmarks: timing and the msprobe side-by-side runner."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MSPROBE_PY = HERE / ".msprobe-venv" / "bin" / "python"
+
+
+def timed(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
+    """Median wall time of `fn` in seconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def msprobe_available() -> bool:
+    return MSPROBE_PY.exists()
+
+
+def run_msprobe(*args: str, timeout: int = 600) -> dict:
+    """Run benchmarks/msprobe_runner.py inside msprobe's own venv; returns its JSON line."""
+    proc = subprocess.run(
+        [str(MSPROBE_PY), str(HERE / "msprobe_runner.py"), *args],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError(f"msprobe run failed: {proc.stderr[-2000:]}")

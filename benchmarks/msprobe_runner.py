@@ -1,0 +1,93 @@
+"""Runs inside benchmarks/.msprobe-venv (never the project's venv): msprobe dumps of the
+benchmark transformer step, timed the same way as ours. Prints one JSON line.
+
+Usage: msprobe_runner.py dump statistics|tensor OUT_DIR [REPEAT]
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class EncoderClassifier(nn.Module):
+    # Same model as accuracy.examples.EncoderClassifier (that package is not in this venv).
+    def __init__(self) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+        self.head = nn.Linear(256, 1000)
+
+    def forward(self, x):
+        return self.head(self.encoder(x).mean(dim=1))
+
+
+def setup():
+    torch.manual_seed(0)
+    model = EncoderClassifier()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 128, 256, generator=g)
+    y = torch.randint(0, 1000, (8,), generator=g)
+    return model, x, y
+
+
+def step(model, x, y):
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+
+
+def dump(task: str, out_dir: str, repeat: int) -> dict:
+    from msprobe.pytorch import PrecisionDebugger
+
+    out = Path(out_dir)
+    model, x, y = setup()
+    times, sizes = [], []
+    for i in range(repeat + 1):
+        run_dir = out / f"run{i}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        cfg = out / f"config{i}.json"
+        cfg.parent.mkdir(parents=True, exist_ok=True)
+        cfg.write_text(json.dumps({
+            "task": task, "dump_path": str(run_dir), "rank": [], "step": [], "level": "L1",
+            task: {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
+        }))
+        PrecisionDebugger._instance = None
+        debugger = PrecisionDebugger(config_path=str(cfg))
+        t0 = time.perf_counter()
+        debugger.start(model)
+        step(model, x, y)
+        debugger.stop()
+        debugger.step()
+        elapsed = time.perf_counter() - t0
+        if i:  # the first run warms up
+            times.append(elapsed)
+            sizes.append(sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file()))
+    return {"task": task, "seconds": statistics.median(times), "bytes": sizes[-1],
+            "dump_dir": str(out / f"run{repeat}")}
+
+
+def bare(repeat: int) -> dict:
+    model, x, y = setup()
+    step(model, x, y)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        step(model, x, y)
+        times.append(time.perf_counter() - t0)
+    return {"task": "bare", "seconds": statistics.median(times)}
+
+
+if __name__ == "__main__":
+    kind = sys.argv[1]
+    if kind == "bare":
+        print(json.dumps(bare(int(sys.argv[2]) if len(sys.argv) > 2 else 5)))
+    else:
+        print(json.dumps(dump(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4
+                              else 3)))
