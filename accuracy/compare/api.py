@@ -1,0 +1,289 @@
+"""`compare()`: align two dumps, score every tensor pair, judge, and build the Report."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any
+
+from accuracy.compare import verdict as V
+from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
+from accuracy.compare.engine import BlobReader, TensorRef, compare_refs, worker_run
+from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statistics_metrics
+from accuracy.compare.report import Report, analyse
+from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, load_dump
+
+log = logging.getLogger(__name__)
+
+DumpLike = str | os.PathLike[str] | Dump
+_UNINITIALISED = ("aten.empty", "aten.new_empty")
+_STAT_KEYS = (("max", "max"), ("min", "min"), ("mean", "mean"), ("l2norm", "l2"))
+BATCH_BYTES = 32 << 20  # work unit sent to a worker process
+
+
+@dataclass
+class _Spec:
+    """A row before metrics: which two tensors, and why."""
+
+    kind: str
+    my_op: OpRecord | None
+    golden_op: OpRecord | None
+    io: str
+    idx: int
+    my: TensorRecord | None
+    golden: TensorRecord | None
+    reason: str = ""
+
+
+def _open(d: DumpLike | None, owned: list[Dump]) -> Dump | None:
+    if d is None or isinstance(d, Dump):
+        return d
+    dump = load_dump(d)
+    owned.append(dump)
+    return dump
+
+
+def _tensor_specs(p: Pair, kind: str = "op", reason: str = "") -> Iterable[_Spec]:
+    for io in ("input", "output"):
+        mine = {t.idx: t for t in (getattr(p.my, io + "s") if p.my else [])}
+        theirs = {t.idx: t for t in (getattr(p.golden, io + "s") if p.golden else [])}
+        for idx in sorted(set(mine) | set(theirs)):
+            yield _Spec(kind, p.my, p.golden, io, idx, mine.get(idx), theirs.get(idx),
+                        reason or p.reason)
+    if p.my is None or p.golden is None:
+        if not (p.my or p.golden).tensors:  # type: ignore[union-attr]
+            yield _Spec(kind, p.my, p.golden, "output", 0, None, None, p.reason)
+
+
+def _specs(my: Dump, golden: Dump, mapping: Mapping) -> list[_Spec]:
+    pairs = align(my.records, golden.records, mapping)
+    ends_my, ends_g = module_ends(my.records, mapping), module_ends(golden.records)
+    mod_at_my: dict[int, list] = {}
+    mod_at_g: dict[int, list] = {}
+    for k, e in ends_my.items():
+        mod_at_my.setdefault(e.record.seq, []).append(k)
+    for k, e in ends_g.items():
+        if k not in ends_my:
+            mod_at_g.setdefault(e.record.seq, []).append(k)
+    out: list[_Spec] = []
+    for p in pairs:
+        out.extend(_tensor_specs(p))
+        keys = (mod_at_my.get(p.my.seq, []) if p.my else []) + \
+            (mod_at_g.get(p.golden.seq, []) if p.golden else [])
+        for k in keys:
+            em, eg = ends_my.get(k), ends_g.get(k)
+            reason = "" if em and eg else (
+                f"module {k[0]} ({k[1]} #{k[2]}) only in " + ("my" if em else "golden") + " run")
+            mp = Pair(em.record if em else None, eg.record if eg else None, reason)
+            for s in _tensor_specs(mp, "module", reason):
+                if s.io == "output" and s.idx == 0:
+                    s.my_op, s.golden_op = mp.my, mp.golden
+                    s.kind = "module:" + k[0]
+                    out.append(s)
+    return out
+
+
+def _key(t: TensorRecord) -> tuple:
+    return (t.offset, t.nbytes, t.dtype)
+
+
+def _needs_data(s: _Spec) -> bool:
+    if s.my is None or s.golden is None or not (s.my.has_data and s.golden.has_data):
+        return False
+    if s.io == "output" and s.my_op is not None and s.my_op.op.startswith(_UNINITIALISED):
+        return False
+    return s.my.numel == s.golden.numel and s.my.numel > 0
+
+
+def _run_metrics(specs: list[_Spec], dumps: dict[str, Dump], algs: tuple[str, ...], jobs: int,
+                 progress: bool) -> tuple[dict[tuple, dict[str, Any]], int]:
+    todo: dict[tuple, tuple[TensorRef, TensorRef]] = {}
+    for s in specs:
+        if _needs_data(s):
+            assert s.my is not None and s.golden is not None
+            k = (_key(s.my), _key(s.golden))
+            if k not in todo:
+                todo[k] = (TensorRef.of(s.my), TensorRef.of(s.golden))
+    keys = list(todo)
+    total = sum(m.nbytes + g.nbytes for m, g in todo.values())
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc="compare", leave=False)
+    results: dict[tuple, dict[str, Any]] = {}
+    batches: list[list[tuple]] = [[]]
+    size = 0
+    for k in keys:
+        if size > BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(k)
+        size += todo[k][0].nbytes + todo[k][1].nbytes
+    try:
+        if jobs > 1 and len(batches) > 1:
+            with ProcessPoolExecutor(max_workers=jobs) as ex:
+                futs = {ex.submit(worker_run, [todo[k] for k in b], algs): b for b in batches}
+                for f in as_completed(futs):
+                    b = futs[f]
+                    for k, r in zip(b, f.result(), strict=True):
+                        results[k] = r
+                    if bar:
+                        bar.update(sum(todo[k][0].nbytes + todo[k][1].nbytes for k in b))
+        else:
+            reader = BlobReader(dumps)
+            for b in batches:
+                for k, r in zip(b, compare_refs(reader, [todo[k] for k in b], algs),
+                                strict=True):
+                    results[k] = r
+                if bar:
+                    bar.update(sum(todo[k][0].nbytes + todo[k][1].nbytes for k in b))
+    finally:
+        if bar:
+            bar.close()
+    return results, total
+
+
+def _replay_index(replay: Dump | None) -> dict[int, dict[str, Any]]:
+    if replay is None:
+        return {}
+    return {r.seq: r.extra["replay"] for r in replay.records
+            if isinstance(r.extra.get("replay"), dict)}
+
+
+def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
+         replay: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    m, g = s.my, s.golden
+    ref_op = s.my_op or s.golden_op
+    row: dict[str, Any] = {
+        "index": i,
+        "kind": "op" if s.kind == "op" else "module",
+        "my_address": m.address if m else None,
+        "golden_address": g.address if g else None,
+        "op": s.my_op.op if s.my_op else (s.golden_op.op if s.golden_op else None),
+        "op_golden": s.golden_op.op if s.golden_op else None,
+        "seq_my": s.my_op.seq if s.my_op else None,
+        "seq_golden": s.golden_op.seq if s.golden_op else None,
+        "io": s.io,
+        "tensor_index": s.idx,
+        "phase": ref_op.phase if ref_op else None,
+        "module": s.kind.removeprefix("module:") if s.kind != "op" else (
+            ref_op.module if ref_op else None),
+        "source": ref_op.source if ref_op else None,
+        "dtype_my": m.dtype if m else None,
+        "dtype_golden": g.dtype if g else None,
+        "shape_my": list(m.shape) if m else None,
+        "shape_golden": list(g.shape) if g else None,
+    }
+    for a in ALL_ALGORITHMS:
+        row[a] = None
+    row.update({"nan_mismatch": None, "inf_mismatch": None, "bit_exact": None})
+    for side, t in (("my", m), ("golden", g)):
+        for name, k in _STAT_KEYS:
+            row[f"{side}_{name}"] = t.stats.get(k) if t else None
+        row[f"{side}_nan_count"] = t.stats.get("nan_count") if t else None
+        row[f"{side}_inf_count"] = t.stats.get("inf_count") if t else None
+    sm = statistics_metrics(m.stats, g.stats) if m and g else {}
+    for name, k in _STAT_KEYS:
+        row[f"{name}_diff"] = sm.get(f"{k}_diff")
+        row[f"{name}_rel_diff"] = sm.get(f"{k}_rel_diff")
+    row.update({"local_error_ratio": None, "local_verdict": None, "replay_status": None,
+                "amplification": None, "accumulated_verdict": None, "verdict": V.PASS,
+                "message": ""})
+    msgs: list[str] = []
+    if m is None or g is None:
+        row["verdict"] = V.UNMATCHED
+        row["message"] = s.reason or (f"{s.io} {s.idx} only in "
+                                      + ("golden" if m is None else "my") + " run")
+        return row
+    if m.dtype != g.dtype:
+        msgs.append(f"dtype differs ({m.dtype} vs {g.dtype})")
+    if s.io == "output" and s.my_op is not None and s.my_op.op.startswith(_UNINITIALISED):
+        row["verdict"] = V.SKIPPED
+        row["message"] = "uninitialised memory (empty*): never compared"
+        return row
+    if m.numel != g.numel:
+        row["verdict"], row["accumulated_verdict"] = V.ERROR, V.ERROR
+        row["message"] = "; ".join(msgs + [f"shape differs ({list(m.shape)} vs "
+                                             f"{list(g.shape)}): not compared"])
+        return row
+    if m.shape != g.shape:
+        msgs.append(f"shape differs ({list(m.shape)} vs {list(g.shape)}), compared flattened")
+    if m.numel == 0:
+        row["message"] = "; ".join(msgs + ["empty tensor: nothing to compare"])
+        row["accumulated_verdict"] = V.PASS
+        return row
+    if res is None:
+        verdict, msg = V.stats_verdict(row, cfg)
+    else:
+        row.update({k: v for k, v in res.items() if k in row})
+        verdict, msg = V.metric_verdict(row, cfg)
+    row["accumulated_verdict"] = verdict
+    if msg:
+        msgs.append(msg)
+    rp = replay.get(s.my_op.seq) if (s.io == "output" and s.kind == "op" and s.my_op) else None
+    if rp is not None:
+        row["replay_status"] = rp.get("status")
+        if rp.get("status") == "ok":
+            out = next((o for o in rp.get("outputs", []) if o.get("idx") == s.idx), None)
+            if out is not None:
+                row["local_error_ratio"] = out.get("error_ratio")
+                lv = V.ratio_verdict(row["local_error_ratio"], cfg)
+                row["local_verdict"] = lv
+                if lv is not None:
+                    verdict = lv
+                    msgs.append(f"local error ratio {row['local_error_ratio']:.3g} (replay)")
+        elif rp.get("reason"):
+            msgs.append(f"replay {rp.get('status')}: {rp.get('reason')}")
+    row["verdict"] = verdict
+    row["message"] = "; ".join(msgs)
+    return row
+
+
+def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
+            config: str | os.PathLike[str] | dict | None = None,
+            algorithms: list[str] | tuple[str, ...] | str | None = None,
+            mapping: str | os.PathLike[str] | dict | Mapping | None = None, jobs: int = 1,
+            progress: bool = False) -> Report:
+    """Align `my` with `golden`, compute metrics for every tensor pair, judge, find the culprit.
+
+    my/golden/replay: dump paths or opened Dumps. Returns a Report (rows, summary).
+    """
+    t0 = time.perf_counter()
+    cfg = V.load_config(config)
+    algs = resolve_algorithms(algorithms)
+    mp = load_mapping(mapping)
+    owned: list[Dump] = []
+    try:
+        dm, dg = _open(my, owned), _open(golden, owned)
+        dr = _open(replay, owned)
+        assert dm is not None and dg is not None
+        specs = _specs(dm, dg, mp)
+        dumps = {str(dm.path): dm, str(dg.path): dg}
+        results, nbytes = _run_metrics(specs, dumps, algs, max(1, int(jobs)), progress)
+        rp = _replay_index(dr)
+        rows = []
+        for i, s in enumerate(specs):
+            res = results.get((_key(s.my), _key(s.golden))) if _needs_data(s) else None
+            rows.append(_row(i, s, res, cfg, rp))
+        seconds = time.perf_counter() - t0
+        meta = {
+            "my": str(dm.path), "golden": str(dg.path),
+            "replay": str(dr.path) if dr is not None else None,
+            "my_attrs": {k: dm.attrs.get(k) for k in ("backend", "profile", "mode",
+                                                      "faults_applied", "complete")},
+            "golden_attrs": {k: dg.attrs.get(k) for k in ("backend", "profile", "mode",
+                                                          "complete")},
+            "ops_my": len(dm.records), "ops_golden": len(dg.records),
+            "algorithms": list(algs), "bytes_compared": nbytes, "seconds": seconds,
+            "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None, "jobs": jobs,
+        }
+        log.info("compared %d rows, %.1f MB in %.2f s", len(rows), nbytes / 1e6, seconds)
+        return Report(rows, analyse(rows, cfg, meta))
+    finally:
+        for d in owned:
+            d.close()

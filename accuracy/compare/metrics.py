@@ -1,0 +1,244 @@
+"""Comparison metrics, accumulated in float64 over chunks so a huge tensor needs bounded memory.
+
+Names follow msaccucmp / msprobe (see docs/metrics.md for formulas and edge-case choices). The
+streaming accumulator keeps a handful of float64 sums; every metric is derived from them at the
+end, so one pass over each tensor's bytes computes them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Row keys of the metric columns, in report order.
+DEFAULT_ALGORITHMS: tuple[str, ...] = (
+    "cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "rel_euc_dist", "euc_dist",
+    "acc_rel_err", "mean_rel_err", "one_thousandth_err_ratio", "five_thousandths_err_ratio",
+)
+# KL needs two logarithms per element (about 3x the cost of all the others): opt-in with -alg.
+ALL_ALGORITHMS: tuple[str, ...] = DEFAULT_ALGORITHMS + ("kl_div",)
+
+# msaccucmp / msprobe spellings accepted by -alg, mapped to our row keys.
+ALIASES: dict[str, str] = {
+    "cosinesimilarity": "cosine", "cos": "cosine",
+    "maxabsoluteerror": "max_abs_err", "maxabserr": "max_abs_err",
+    "maxrelativeerror": "max_rel_err", "maxrelativeerr": "max_rel_err",
+    "meanabsoluteerror": "mean_abs_err", "rootmeansquareerror": "rmse",
+    "relativeeuclideandistance": "rel_euc_dist", "euclideandistance": "euc_dist",
+    "eucdist": "euc_dist", "accumulatedrelativeerror": "acc_rel_err",
+    "meanrelativeerror": "mean_rel_err", "kullbackleiblerdivergence": "kl_div", "kl": "kl_div",
+    "onethousandtherrratio": "one_thousandth_err_ratio",
+    "fivethousandthserrratio": "five_thousandths_err_ratio",
+}
+
+KL_EPS = 1e-10  # floor of each min-max normalised value before the KL sum
+UserMetric = Callable[[np.ndarray, np.ndarray], float]
+_USER_METRICS: dict[str, UserMetric] = {}
+
+
+def register_metric(name: str, fn: UserMetric) -> None:
+    """Add a metric: `fn(my, golden)` gets the finite float64 values of a tensor pair.
+
+    User metrics see the whole tensor at once (no streaming), so they cost memory on huge
+    tensors; the built-in ones do not.
+    """
+    if name in ALL_ALGORITHMS:
+        raise ValueError(f"metric {name!r} is built in")
+    _USER_METRICS[name] = fn
+
+
+def user_metric(name: str) -> UserMetric | None:
+    return _USER_METRICS.get(name)
+
+
+def resolve_algorithms(names: list[str] | tuple[str, ...] | str | None) -> tuple[str, ...]:
+    """Normalise an -alg selection ("all", "default", aliases, "pkg.mod:func") to row keys."""
+    if names is None:
+        return DEFAULT_ALGORITHMS
+    if isinstance(names, str):
+        names = [n for n in names.replace(",", " ").split() if n]
+    out: list[str] = []
+    for raw in names:
+        key = raw.strip()
+        low = key.lower().replace("_", "").replace(" ", "")
+        if low == "all":
+            out.extend(ALL_ALGORITHMS)
+            continue
+        if low == "default":
+            out.extend(DEFAULT_ALGORITHMS)
+            continue
+        if key in ALL_ALGORITHMS or key in _USER_METRICS:
+            out.append(key)
+            continue
+        if low in ALIASES:
+            out.append(ALIASES[low])
+            continue
+        if ":" in key:
+            mod, _, fn_name = key.partition(":")
+            fn = getattr(importlib.import_module(mod), fn_name, None)
+            if not callable(fn):
+                raise ValueError(f"-alg {key}: {mod} has no function {fn_name}")
+            register_metric(fn_name, fn)
+            out.append(fn_name)
+            continue
+        raise ValueError(
+            f"unknown metric {raw!r}; choose from {', '.join(ALL_ALGORITHMS)}, 'all', or "
+            "'package.module:function' for your own")
+    return tuple(dict.fromkeys(out))
+
+
+@dataclass
+class StreamingMetrics:
+    """Float64 sums over chunks of (my, golden) values; `result()` derives every metric."""
+
+    rel_eps: float
+    kl_range: tuple[tuple[float, float], tuple[float, float]] | None = None
+    n: int = 0  # elements seen
+    n_cmp: int = 0  # finite pairs compared
+    nan_mismatch: int = 0
+    inf_mismatch: int = 0
+    sxx: float = 0.0
+    syy: float = 0.0
+    sxy: float = 0.0
+    sdd: float = 0.0
+    sad: float = 0.0
+    max_ad: float = 0.0
+    srel: float = 0.0
+    max_rel: float = 0.0
+    c1: int = 0
+    c5: int = 0
+    kl_p: float = 0.0
+    kl_q: float = 0.0
+    kl_s: float = 0.0
+    _extra: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    keep_values: bool = False
+
+    def update(self, x: np.ndarray, y: np.ndarray, *, finite: bool = False,
+               identical: bool = False) -> None:
+        """Add one chunk. `finite`: caller knows both are all finite; `identical`: equal bytes."""
+        self.n += x.size
+        if not finite:
+            x, y = self._split_nonfinite(x, y)
+        if x.size == 0:
+            return
+        self.n_cmp += x.size
+        if self.keep_values:
+            self._extra.append((x.copy(), y.copy()))
+        if self.kl_range is not None:
+            self._update_kl(x, y)
+        if identical:
+            s = float(np.dot(y, y))
+            self.sxx += s
+            self.syy += s
+            self.sxy += s
+            self.c1 += x.size
+            self.c5 += x.size
+            return
+        self.sxx += float(np.dot(x, x))
+        self.syy += float(np.dot(y, y))
+        self.sxy += float(np.dot(x, y))
+        d = np.subtract(x, y)
+        self.sdd += float(np.dot(d, d))
+        np.abs(d, out=d)
+        self.sad += float(d.sum())
+        self.max_ad = max(self.max_ad, float(d.max()))
+        ay = np.abs(y)
+        np.maximum(ay, self.rel_eps, out=ay)
+        np.divide(d, ay, out=d)
+        self.srel += float(d.sum())
+        self.max_rel = max(self.max_rel, float(d.max()))
+        self.c1 += int(np.count_nonzero(d < 0.001))
+        self.c5 += int(np.count_nonzero(d < 0.005))
+
+    def _split_nonfinite(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        fx, fy = np.isfinite(x), np.isfinite(y)
+        if fx.all() and fy.all():
+            return x, y
+        nx, ny = np.isnan(x), np.isnan(y)
+        self.nan_mismatch += int(np.count_nonzero(nx != ny))
+        ix, iy = np.isinf(x), np.isinf(y)
+        self.inf_mismatch += int(np.count_nonzero((ix | iy) & ~(nx | ny) & (x != y)))
+        both = fx & fy
+        return x[both], y[both]
+
+    def _update_kl(self, x: np.ndarray, y: np.ndarray) -> None:
+        assert self.kl_range is not None
+        (xmin, xmax), (ymin, ymax) = self.kl_range
+        q = _minmax_norm(x, xmin, xmax)
+        p = _minmax_norm(y, ymin, ymax)
+        self.kl_p += float(p.sum())
+        self.kl_q += float(q.sum())
+        self.kl_s += float(np.dot(p, np.log(p) - np.log(q)))
+
+    def result(self, algorithms: tuple[str, ...]) -> dict[str, float | None]:
+        """The selected metrics; None for all of them when no finite pair was compared."""
+        out: dict[str, float | None] = {}
+        n = self.n_cmp
+        for name in algorithms:
+            out[name] = None if n == 0 else self._metric(name)
+        return out
+
+    def _metric(self, name: str) -> float | None:
+        n = self.n_cmp
+        nx, ny = math.sqrt(self.sxx), math.sqrt(self.syy)
+        euc = math.sqrt(self.sdd)
+        if name == "cosine":
+            if nx == 0.0 and ny == 0.0:
+                return 1.0
+            if nx == 0.0 or ny == 0.0:
+                return 0.0
+            return max(-1.0, min(1.0, self.sxy / (nx * ny)))
+        if name == "rel_euc_dist":
+            if ny == 0.0:
+                return 0.0 if euc == 0.0 else math.inf
+            return euc / ny
+        simple = {
+            "max_abs_err": self.max_ad, "mean_abs_err": self.sad / n,
+            "rmse": math.sqrt(self.sdd / n), "euc_dist": euc, "max_rel_err": self.max_rel,
+            "mean_rel_err": self.srel / n, "acc_rel_err": self.srel,
+            "one_thousandth_err_ratio": self.c1 / n, "five_thousandths_err_ratio": self.c5 / n,
+        }
+        if name in simple:
+            return simple[name]
+        if name == "kl_div":
+            if self.kl_range is None:
+                return None
+            return max(0.0, self.kl_s / self.kl_p + math.log(self.kl_q / self.kl_p))
+        fn = _USER_METRICS.get(name)
+        if fn is None:
+            return None
+        x = np.concatenate([a for a, _ in self._extra]) if self._extra else np.zeros(0)
+        y = np.concatenate([b for _, b in self._extra]) if self._extra else np.zeros(0)
+        return float(fn(x, y))
+
+
+def _minmax_norm(v: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Min-max normalise, floor at KL_EPS; a constant tensor becomes uniform."""
+    if not hi > lo:
+        return np.ones_like(v)
+    p = (v - lo) / (hi - lo)
+    np.maximum(p, KL_EPS, out=p)
+    return p
+
+
+def statistics_metrics(my: dict[str, float], golden: dict[str, float]) -> dict[str, float | None]:
+    """Differences of the recorded statistics, for statistics-only dumps (msprobe's 'diff')."""
+    out: dict[str, float | None] = {}
+    scale = max(abs(golden.get("max", 0.0)), abs(golden.get("min", 0.0)))
+    for k in ("max", "min", "mean", "l2"):
+        a, b = my.get(k), golden.get(k)
+        if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+            out[f"{k}_diff"] = None
+            out[f"{k}_rel_diff"] = None
+            continue
+        out[f"{k}_diff"] = a - b
+        denom = abs(b) if k == "l2" else scale
+        if denom == 0.0:
+            out[f"{k}_rel_diff"] = 0.0 if a == b else math.inf
+        else:
+            out[f"{k}_rel_diff"] = abs(a - b) / denom
+    return out

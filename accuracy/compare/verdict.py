@@ -1,0 +1,121 @@
+"""Pass / warning / error per row, from a dtype-aware config (default_thresholds.toml)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from accuracy.compare.engine import is_float
+
+DEFAULT_CONFIG = Path(__file__).with_name("default_thresholds.toml")
+PASS, WARNING, ERROR, UNMATCHED, SKIPPED = "pass", "warning", "error", "unmatched", "skipped"
+VERDICTS = (PASS, WARNING, ERROR, UNMATCHED, SKIPPED)
+_RANK = {PASS: 0, SKIPPED: 0, UNMATCHED: 0, WARNING: 1, ERROR: 2}
+_PRECISION = ["float8", "bfloat16", "float16", "float32", "float64"]
+
+
+@cache
+def _defaults() -> dict[str, Any]:
+    return tomllib.loads(DEFAULT_CONFIG.read_text())
+
+
+def load_config(source: str | os.PathLike[str] | dict | None = None) -> dict[str, Any]:
+    """Defaults merged with a user TOML file or dict, section by section."""
+    cfg = copy.deepcopy(_defaults())
+    if source is None:
+        return cfg
+    if isinstance(source, dict):
+        user = source
+    else:
+        path = Path(source)
+        try:
+            user = tomllib.loads(path.read_text())
+        except OSError as e:
+            raise ValueError(f"config {path}: {e.strerror or e}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"config {path}: not valid TOML: {e}") from None
+    for section, values in user.items():
+        if not isinstance(values, dict):
+            raise ValueError(f"config: [{section}] must be a table of thresholds")
+        cfg.setdefault(section, {}).update(values)
+    return cfg
+
+
+def _rank(dtype: str) -> int:
+    for i, p in enumerate(_PRECISION):
+        if dtype.startswith(p):
+            return i
+    return 0
+
+
+def section_for(cfg: dict[str, Any], dtype_my: str, dtype_golden: str) -> dict[str, Any]:
+    """Thresholds of the less precise floating dtype of the pair ('integer' when neither is)."""
+    floats = [d for d in (dtype_my, dtype_golden) if d and is_float(d)]
+    if not floats:
+        return cfg["integer"]
+    d = min(floats, key=_rank).replace("complex64", "float32").replace("complex128", "float64")
+    return cfg.get(d, cfg["float"])
+
+
+def worse(a: str, b: str) -> str:
+    return a if _RANK.get(a, 0) >= _RANK.get(b, 0) else b
+
+
+def metric_verdict(row: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str]:
+    """Verdict of a compared tensor pair from its metrics (accumulated error vs golden)."""
+    if row.get("nan_mismatch") or row.get("inf_mismatch"):
+        return ERROR, (f"non-finite values differ: {row.get('nan_mismatch') or 0} NaN and "
+                       f"{row.get('inf_mismatch') or 0} inf positions")
+    sec = section_for(cfg, row["dtype_my"], row["dtype_golden"])
+    if "max_abs_error" in sec:
+        mae = row.get("max_abs_err")
+        if mae is not None and mae > sec["max_abs_error"]:
+            return ERROR, f"integer values differ (max abs err {mae:g})"
+        return PASS, ""
+    cos, red = row.get("cosine"), row.get("rel_euc_dist")
+    if cos is None and red is None:
+        return PASS, "no finite values to compare"
+    msgs = []
+    verdict = PASS
+    for level, ck, rk in ((ERROR, "cosine_error", "rel_euc_error"),
+                          (WARNING, "cosine_warning", "rel_euc_warning")):
+        if cos is not None and ck in sec and cos < sec[ck]:
+            msgs.append(f"cosine {cos:.6g} < {sec[ck]:g}")
+        if red is not None and rk in sec and red > sec[rk]:
+            msgs.append(f"rel_euc_dist {red:.3g} > {sec[rk]:g}")
+        if msgs:
+            verdict = level
+            break
+    return verdict, "; ".join(msgs)
+
+
+def stats_verdict(row: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str]:
+    """Verdict from statistics only (statistics-mode dumps)."""
+    sec = cfg["statistics"]
+    worst, which = 0.0, ""
+    for k in ("max", "min", "mean", "l2"):
+        v = row.get(f"{k}_rel_diff")
+        if v is not None and (v > worst or math.isnan(v)):
+            worst, which = v, k
+    if worst > sec["stat_rel_error"]:
+        return ERROR, f"statistics only: {which} differs by {worst:.3g} (relative)"
+    if worst > sec["stat_rel_warning"]:
+        return WARNING, f"statistics only: {which} differs by {worst:.3g} (relative)"
+    return PASS, "statistics only"
+
+
+def ratio_verdict(ratio: float | None, cfg: dict[str, Any]) -> str | None:
+    """Verdict from a replay's local error ratio; None when there is no usable ratio."""
+    if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)):
+        return None
+    sec = cfg["replay"]
+    if ratio > sec["error_ratio_error"]:
+        return ERROR
+    if ratio > sec["error_ratio_warning"]:
+        return WARNING
+    return PASS

@@ -1,0 +1,117 @@
+"""Report files: summary.json + rows.json, rows.csv (msprobe column names), rows.xlsx."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from accuracy.compare.report import Report
+
+log = logging.getLogger(__name__)
+
+# Row key -> CSV header. msprobe's names where the meaning is the same, ours otherwise.
+CSV_COLUMNS: dict[str, str] = {
+    "index": "Index", "kind": "Kind", "my_address": "NPU Name", "golden_address": "Bench Name",
+    "op": "Op", "phase": "Phase", "module": "Module", "io": "IO",
+    "dtype_my": "NPU Dtype", "dtype_golden": "Bench Dtype",
+    "shape_my": "NPU Tensor Shape", "shape_golden": "Bench Tensor Shape",
+    "cosine": "Cosine", "euc_dist": "EucDist", "rel_euc_dist": "RelEucDist",
+    "max_abs_err": "MaxAbsErr", "max_rel_err": "MaxRelativeErr",
+    "mean_abs_err": "MeanAbsErr", "rmse": "RMSE", "acc_rel_err": "AccRelErr",
+    "mean_rel_err": "MeanRelErr", "kl_div": "KLDiv",
+    "one_thousandth_err_ratio": "One Thousandth Err Ratio",
+    "five_thousandths_err_ratio": "Five Thousandths Err Ratio",
+    "nan_mismatch": "NaN Mismatch", "inf_mismatch": "Inf Mismatch", "bit_exact": "Bit Exact",
+    "my_max": "NPU max", "my_min": "NPU min", "my_mean": "NPU mean", "my_l2norm": "NPU l2norm",
+    "golden_max": "Bench max", "golden_min": "Bench min", "golden_mean": "Bench mean",
+    "golden_l2norm": "Bench l2norm", "max_diff": "Max diff", "min_diff": "Min diff",
+    "mean_diff": "Mean diff", "l2norm_diff": "L2norm diff",
+    "local_error_ratio": "Local Error Ratio", "amplification": "Amplification",
+    "accumulated_verdict": "Accumulated Result", "verdict": "Result",
+    "message": "Err_message", "source": "Source",
+}
+
+
+def plain(v: Any) -> Any:
+    """JSON-safe value: non-finite floats become the strings 'inf', '-inf', 'nan'."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, dict):
+        return {k: plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [plain(x) for x in v]
+    return v
+
+
+def write_json(report: Report, out: Path) -> Path:
+    p = out / "summary.json"
+    p.write_text(json.dumps(plain(report.summary), indent=2, default=str))
+    (out / "rows.json").write_text(json.dumps([plain(r.to_dict()) for r in report.rows],
+                                              default=str))
+    return p
+
+
+def _cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, list):
+        return json.dumps(v)
+    return v
+
+
+def write_csv(report: Report, out: Path) -> Path:
+    p = out / "rows.csv"
+    extra = [k for k in (report.rows[0] if report.rows else {}) if k not in CSV_COLUMNS]
+    cols = list(CSV_COLUMNS) + extra
+    with p.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([CSV_COLUMNS.get(k, k) for k in cols])
+        for r in report.rows:
+            w.writerow([_cell(r.get(k)) for k in cols])
+    return p
+
+
+def write_xlsx(report: Report, out: Path) -> Path | None:
+    """rows.xlsx with rows coloured by verdict; skipped (with a log line) without xlsxwriter."""
+    try:
+        import xlsxwriter
+    except ImportError:
+        log.warning("rows.xlsx not written: install the 'excel' extra (xlsxwriter)")
+        return None
+    p = out / "rows.xlsx"
+    wb = xlsxwriter.Workbook(str(p), {"nan_inf_to_errors": True})
+    try:
+        fmts = {"error": wb.add_format({"bg_color": "#F8C9C4"}),
+                "warning": wb.add_format({"bg_color": "#FCE9B2"}),
+                "unmatched": wb.add_format({"bg_color": "#DDDDDD"})}
+        bold = wb.add_format({"bold": True})
+        ws = wb.add_worksheet("rows")
+        cols = list(CSV_COLUMNS)
+        ws.write_row(0, 0, [CSV_COLUMNS[k] for k in cols], bold)
+        ws.freeze_panes(1, 0)
+        for i, r in enumerate(report.rows, start=1):
+            ws.write_row(i, 0, [_cell(r.get(k)) for k in cols], fmts.get(r["verdict"]))
+        ws.autofilter(0, 0, len(report.rows), len(cols) - 1)
+        s = wb.add_worksheet("summary")
+        line = 0
+        for k, v in report.summary.items():
+            if isinstance(v, dict | list):
+                v = json.dumps(plain(v), default=str)[:30000]
+            s.write_row(line, 0, [k, _cell(v)])
+            line += 1
+    finally:
+        wb.close()
+    return p
+
+
+def write_html(report: Report, out: Path) -> Path:
+    from accuracy.compare.html import render
+
+    p = out / "index.html"
+    p.write_text(render(report), encoding="utf-8")
+    return p
