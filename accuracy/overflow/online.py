@@ -172,11 +172,11 @@ class OverflowChecker:
     def on_op(self, d: Dumper, writer: DumpWriter, func: Any, name: str, args: tuple,
               kwargs: dict, seq: int, phase: str, module: str, source: str, stack: str) -> Any:
         """Run one op, judge it, and write it to the dump if it is a birth."""
+        ctx = (seq, phase, module, source, stack, d.current_step)
+        if name in AMP_CHECK_OPS or name == AMP_UPDATE_OP:  # watched even after stopping
+            return self._amp_op(d, writer, func, name, args, kwargs, ctx)
         if self.done:
             return func(*args, **kwargs)
-        ctx = (seq, phase, module, source, stack, d.current_step)
-        if name in AMP_CHECK_OPS or name == AMP_UPDATE_OP:
-            return self._amp_op(d, writer, func, name, args, kwargs, ctx)
         self.ops_checked += 1
         ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         with torch._C._DisableTorchDispatch():

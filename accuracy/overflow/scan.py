@@ -103,7 +103,11 @@ def _finding(r: OpRecord, label: str = "") -> Finding:
 
 
 def _found_inf(r: OpRecord) -> bool:
-    """Whether GradScaler's update saw found_inf > 0 (input 2 of _amp_update_scale_)."""
+    """Whether GradScaler's update saw found_inf > 0 (input 2 of _amp_update_scale_).
+
+    found_inf is written by the unscale op without a `_version` bump, so a full dump may show
+    its stale value; `scan_dump` also reads the unscale op's own (pre-op) gradient inputs.
+    """
     if "step_skipped" in r.extra:
         return bool(r.extra["step_skipped"])
     fi = [t for t in r.inputs if t.idx == 2]
@@ -115,15 +119,17 @@ def scan_dump(d: Dump) -> OverflowReport:
     online = bool(d.attrs.get("check_overflow"))
     rep = OverflowReport(str(d.path), str(d.attrs.get("mode", "?")), online, len(d.records))
     window: list[Finding] = []
+    grads_bad = False  # an unscale check in this window saw non-finite gradients
     for r in d.records:
         if r.op in AMP_OPS:
             rep.amp.append(_finding(r, amp_label(r.op)))
+            grads_bad = grads_bad or (r.op != AMP_UPDATE_OP and any(_bad(t) for t in r.inputs))
             if r.op == AMP_UPDATE_OP:
-                if _found_inf(r):
+                if _found_inf(r) or grads_bad:
                     rep.skipped_steps.append(r.step)
                     for f in window:
                         f.label = HANDLED
-                window = []
+                window, grads_bad = [], False
             continue
         if r.extra.get("uninitialized") or not any(_bad(t) for t in r.outputs):
             continue
