@@ -74,6 +74,10 @@ def resolve_algorithms(names: list[str] | tuple[str, ...] | str | None) -> tuple
         if key in ALL_ALGORITHMS or key in _USER_METRICS:
             out.append(key)
             continue
+        squashed = {a.replace("_", ""): a for a in ALL_ALGORITHMS}
+        if low in squashed:
+            out.append(squashed[low])
+            continue
         if low in ALIASES:
             out.append(ALIASES[low])
             continue

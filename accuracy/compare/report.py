@@ -63,7 +63,11 @@ def analyse(rows: list[dict[str, Any]], cfg: dict[str, Any], meta: dict[str, Any
             local_bad = o.get("local_verdict") == V.ERROR
             if o["verdict"] == V.ERROR and first_div is None:
                 first_div = o
-            if culprit is None and (local_bad or (o["verdict"] == V.ERROR and not in_bad)):
+            # The culprit's output is visibly wrong against golden (accumulated error), and
+            # either its inputs were still fine or its own kernel is bad (local error). A
+            # local-only error that stays within tolerance downstream is a suspect, not it.
+            acc_bad = o.get("accumulated_verdict") == V.ERROR
+            if culprit is None and acc_bad and (local_bad or not in_bad):
                 culprit = o
             score = o["local_error_ratio"] if o.get("local_error_ratio") is not None \
                 else o["amplification"]

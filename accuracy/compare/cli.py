@@ -1,0 +1,78 @@
+"""`accuracy compare`: argument parsing and the terminal summary; the work is in compare()."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from accuracy.compare.metrics import ALL_ALGORITHMS
+from accuracy.compare.report import FORMATS
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else ("-" if v is None else str(v))
+
+
+def _where(r: dict[str, Any]) -> str:
+    return (f"#{r['index']} {r['op']} [{r['phase']}] in {r['module'] or '-'} "
+            f"at {r['source'] or '?'}\n      {r['my_address']}  vs  {r['golden_address']}")
+
+
+def print_summary(s: dict[str, Any], top: int = 5) -> None:
+    c = s["counts"]
+    print(f"compared {s['my']} (my) with {s['golden']} (golden)"
+          + (f", replay {s['replay']}" if s.get("replay") else ""))
+    print(f"  rows {s['rows']}: " + ", ".join(f"{k} {v}" for k, v in c.items())
+          + f"  ->  {s['verdict'].upper()}")
+    gbps = s.get("gb_per_s")
+    print(f"  {s['bytes_compared'] / 1e6:.1f} MB of tensor data in {s['seconds']:.2f} s"
+          + (f" ({gbps:.2f} GB/s)" if gbps else ""))
+    if s.get("warning"):
+        print(f"  warning: {s['warning']}")
+    cul = s.get("culprit")
+    if cul:
+        print(f"  culprit: {_where(cul)}")
+        print(f"      {cul['verdict']}: {cul['message']}")
+    else:
+        print("  culprit: none (no op output diverges)")
+    sus = s.get("suspects") or []
+    if sus:
+        print("  top suspects (score = local error ratio with replay, else amplification):")
+        for r in sus[:top]:
+            print(f"    {_fmt(r['score']):>10}  {r['verdict']:7s} #{r['index']} {r['op']} "
+                  f"[{r['phase']}] {r['module'] or '-'}")
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from accuracy.compare import compare
+
+    report = compare(args.my, args.golden, args.replay, config=args.config,
+                     algorithms=args.alg, mapping=args.mapping, jobs=args.jobs,
+                     progress=not args.no_progress and sys.stderr.isatty())
+    paths = report.write(args.output, tuple(args.formats.split(","))) if args.output else {}
+    print_summary(report.summary, args.top)
+    for f, p in paths.items():
+        print(f"  wrote {f}: {p}")
+    return report.exit_code(args.fail_on)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("compare", help="compare two dumps: metrics per tensor, verdicts, culprit")
+    s.add_argument("-m", "--my", required=True, help="my dump (the device under test)")
+    s.add_argument("-g", "--golden", required=True, help="golden dump (the reference run)")
+    s.add_argument("-r", "--replay", help="replay dump of my run (adds the local error)")
+    s.add_argument("-o", "--output", help="report directory")
+    s.add_argument("--formats", default=",".join(FORMATS),
+                   help=f"report files to write (default {','.join(FORMATS)})")
+    s.add_argument("--fail-on", choices=["error", "warning"],
+                   help="exit 1 when any row reaches this verdict (for CI)")
+    s.add_argument("-alg", "--alg", nargs="+", metavar="NAME",
+                   help=f"metrics: {', '.join(ALL_ALGORITHMS)}, 'all', or "
+                        "package.module:function (default: all but kl_div)")
+    s.add_argument("--config", help="TOML thresholds merged over default_thresholds.toml")
+    s.add_argument("--mapping", help="JSON/TOML pairing of op or module names (my -> golden)")
+    s.add_argument("-j", "--jobs", type=int, default=1, help="worker processes")
+    s.add_argument("--top", type=int, default=5, help="suspects to print")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_compare)
