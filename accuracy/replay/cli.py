@@ -1,0 +1,41 @@
+"""`accuracy replay`: argument parsing only; the work is `accuracy.replay.replay`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from accuracy.replay.engine import replay
+
+    progress = not args.quiet and (sys.stderr.isatty() or args.progress)
+    r = replay(args.dump, args.output, on=args.on, upcast=args.upcast, jobs=args.jobs,
+               resume=args.resume, progress=progress,
+               overwrite=args.overwrite, ops=args.op)
+    print(f"replayed {r.total} ops on {args.on} (upcast {args.upcast}) in {r.seconds:.2f}s: "
+          f"{r.ok} ok, {r.skipped} skipped, {r.failed} failed"
+          + (f", {r.resumed} carried over from the interrupted run" if r.resumed else ""))
+    for reason, n in sorted(r.reasons.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:5d}  {reason}")
+    print(f"wrote {r.path}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `replay` subcommand to the `accuracy` CLI."""
+    s = subparsers.add_parser(
+        "replay", help="re-run each recorded op on a reference with the device's own inputs")
+    s.add_argument("dump", help="a tensor-mode dump (e.g. npu.h5)")
+    s.add_argument("--on", default="cpu", help="reference backend (default: cpu)")
+    s.add_argument("--upcast", default="fp64", choices=["fp64", "fp32", "none"],
+                   help="precision of the high-precision reference (default: fp64)")
+    s.add_argument("-o", "--output", required=True, help="replay dump to write (replay.h5)")
+    s.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default: 1)")
+    s.add_argument("--op", action="append", help="only ops matching this name/glob (repeatable)")
+    s.add_argument("--resume", action="store_true",
+                   help="continue an interrupted replay without redoing finished ops")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    s.add_argument("--progress", action="store_true", help="progress bar even when not a tty")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_replay)

@@ -1,0 +1,92 @@
+"""Load mode: feed each live op the golden dump's recorded inputs (same op name, same seq).
+
+Ascend's dumper had it as `load_file_path=`: the model runs on the device, but every matching
+op computes on the golden run's inputs, so its recorded output measures the device kernel's
+local error on real hardware. `dumper(load_file_path=...)` calls `GoldenFeeder.feed` per op.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, load_dump
+
+log = logging.getLogger(__name__)
+
+
+def _written_ids(func: Any, args: tuple, kwargs: dict) -> set[int]:
+    """ids of the tensors the op mutates (in-place self, out=): fed by copying into them."""
+    ids: set[int] = set()
+    for pos, a in enumerate(func._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        value = args[pos] if not a.kwarg_only and pos < len(args) else kwargs.get(a.name)
+        for v in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(v, torch.Tensor):
+                ids.add(id(v))
+    return ids
+
+
+def _is_view(func: Any) -> bool:
+    return any(r.alias_info is not None and not r.alias_info.is_write
+               for r in func._schema.returns)
+
+
+class GoldenFeeder:
+    """Replaces an op's input tensors with the golden dump's, when op and seq match."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.dump: Dump = load_dump(path)
+        if self.dump.attrs.get("mode") == "statistics":
+            self.dump.close()
+            raise DumpError(f"{path}: load mode needs a tensor-mode golden dump, this one holds "
+                            "statistics only")
+        self.fed = 0
+        self.unmatched = 0
+
+    def _golden(self, name: str, seq: int) -> OpRecord | None:
+        try:
+            rec = self.dump.record(seq)
+        except KeyError:
+            return None
+        return rec if rec.op == name else None
+
+    def feed(self, name: str, seq: int, func: Any, args: tuple, kwargs: dict
+             ) -> tuple[tuple, dict, bool]:
+        """(args, kwargs, fed): the call with golden inputs, or unchanged when none match."""
+        rec = self._golden(name, seq)
+        if rec is None or _is_view(func):
+            self.unmatched += rec is None
+            return args, kwargs, False
+        flat, spec = tree_flatten((args, kwargs))
+        slots = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+        if len(slots) != len(rec.inputs) or not all(t.has_data for t in rec.inputs):
+            self.unmatched += 1
+            return args, kwargs, False
+        if any(tuple(flat[i].shape) != tuple(g.shape)
+               for i, g in zip(slots, rec.inputs, strict=True)):
+            log.debug("load mode: %s seq %d shapes differ from the golden dump", name, seq)
+            self.unmatched += 1
+            return args, kwargs, False
+        written = _written_ids(func, args, kwargs)
+        with torch._C._DisableTorchDispatch(), torch.no_grad():
+            for i, g in zip(slots, rec.inputs, strict=True):
+                live = flat[i]
+                value = g.load()
+                if id(live) in written:
+                    live.copy_(value)
+                else:
+                    new = torch.empty_like(live)
+                    new.copy_(value)
+                    flat[i] = new
+        self.fed += 1
+        args, kwargs = tree_unflatten(flat, spec)
+        return tuple(args), kwargs, True
+
+    def close(self) -> None:
+        self.dump.close()
