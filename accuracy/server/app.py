@@ -1,0 +1,60 @@
+"""The app factory: storage, services, routers, error handlers, static files."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from accuracy import __version__
+from accuracy.server.deps import Services
+from accuracy.server.errors import install_handlers
+from accuracy.server.jobs import JobManager
+from accuracy.server.reportindex import RowIndex
+from accuracy.server.routers import health, jobs, ops, reports, runs, ui
+from accuracy.server.storage import DEFAULT_MAX_UPLOAD, Storage
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).parent
+
+
+def create_app(
+    data_dir: str | os.PathLike[str],
+    *,
+    token: str | None = None,
+    db_url: str | None = None,
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD,
+    allowed_roots: Iterable[str | os.PathLike[str]] | None = None,
+    protect_reads: bool = False,
+) -> FastAPI:
+    """Build the service over a data directory.
+
+    token: when set, every write endpoint needs it (and reads too with protect_reads, which
+    the CLI turns on for non-loopback hosts). allowed_roots: directories under which paths may
+    be registered (default: the data directory only).
+    """
+    storage = Storage(data_dir, db_url=db_url, allowed_roots=allowed_roots,
+                      max_upload_bytes=max_upload_bytes)
+    rows = RowIndex(storage)
+    svc = Services(storage=storage, rows=rows, jobs=JobManager(storage, rows),
+                   token=token or None, protect_reads=protect_reads and bool(token))
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        svc.jobs.shutdown()
+        storage.close()
+
+    app = FastAPI(title="accuracy report service", version=__version__, lifespan=lifespan,
+                  description="Runs, ops, tensors, compare jobs and reports of `accuracy`.")
+    app.state.services = svc
+    install_handlers(app)
+    for r in (health.router, runs.router, ops.router, jobs.router, reports.router, ui.router):
+        app.include_router(r)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    return app

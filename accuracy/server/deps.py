@@ -1,0 +1,68 @@
+"""FastAPI dependencies: the app's services, and the token check."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from accuracy.server.errors import ApiError
+from accuracy.server.jobs import JobManager
+from accuracy.server.reportindex import RowIndex
+from accuracy.server.storage import Storage
+
+TOKEN_COOKIE = "accuracy_token"
+
+
+@dataclass
+class Services:
+    storage: Storage
+    rows: RowIndex
+    jobs: JobManager
+    token: str | None
+    protect_reads: bool
+
+
+def services(request: Request) -> Services:
+    return request.app.state.services
+
+
+def get_storage(request: Request) -> Storage:
+    return services(request).storage
+
+
+def get_rows(request: Request) -> RowIndex:
+    return services(request).rows
+
+
+def get_jobs(request: Request) -> JobManager:
+    return services(request).jobs
+
+
+def presented_token(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-accuracy-token") or request.cookies.get(TOKEN_COOKIE)
+
+
+def _check(request: Request) -> None:
+    token = services(request).token
+    if token is None:
+        return
+    given = presented_token(request)
+    if not given or not hmac.compare_digest(given.encode(), token.encode()):
+        raise ApiError(401, "this endpoint needs the server's API token "
+                            "(header 'Authorization: Bearer <token>')")
+
+
+def require_write(request: Request) -> None:
+    """Write endpoints need the token whenever the server has one."""
+    _check(request)
+
+
+def require_read(request: Request) -> None:
+    """Reads need it too when the server listens beyond loopback (protect_reads)."""
+    if services(request).protect_reads:
+        _check(request)

@@ -1,0 +1,207 @@
+"""Compare jobs: each runs `accuracy.compare` (and optionally `accuracy.replay`) in a child
+process, so a job can be cancelled for real and a crash in it cannot take the server down.
+
+One job runs at a time (comparisons are CPU-bound); the others wait in order. A server that
+restarts marks the jobs it was running as failed: their child processes died with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import queue
+import shutil
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import update
+
+from accuracy.server.db import Job, utcnow
+from accuracy.server.errors import ApiError, scrub
+from accuracy.server.storage import Storage, new_id
+
+log = logging.getLogger(__name__)
+
+ACTIVE = ("queued", "running")
+FORMATS = ("json", "csv", "html", "xlsx")
+
+
+def compare_available() -> bool:
+    try:
+        from accuracy.compare import compare, load_report  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _child(my: str, golden: str, out_dir: str, replay_out: str | None,
+           events: Any) -> None:
+    """Runs in the child process: replay, compare, write the report; reports stages."""
+    try:
+        from accuracy.compare import compare
+
+        replay_path = None
+        if replay_out:
+            from accuracy.dumpfile import load_dump
+            from accuracy.replay import replay
+
+            events.put(("stage", 0.1, "replaying the device run on cpu"))
+            with load_dump(my) as d:
+                replay(d, replay_out, on="cpu")
+            replay_path = replay_out
+        events.put(("stage", 0.4 if replay_out else 0.1, "comparing"))
+        report = compare(my, golden, replay_path)
+        events.put(("stage", 0.8, "writing the report"))
+        report.write(out_dir, formats=FORMATS)
+        events.put(("done", 0.9, "written"))
+    except BaseException as e:  # noqa: BLE001 - everything must reach the parent as a message
+        logging.getLogger(__name__).debug("compare job failed:\n%s", traceback.format_exc())
+        events.put(("error", 0.0, scrub(f"{type(e).__name__}: {e}", my, golden, out_dir)))
+
+
+class JobManager:
+    """Starts, tracks and cancels compare jobs for one app."""
+
+    def __init__(self, storage: Storage, rows: Any) -> None:
+        self.storage = storage
+        self.rows = rows  # RowIndex, to index finished reports
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compare-job")
+        self._cancel: dict[str, threading.Event] = {}
+        self._ctx = mp.get_context("spawn")
+        self._fail_orphans()
+
+    def _fail_orphans(self) -> None:
+        with self.storage.Session.begin() as ses:
+            n = ses.execute(
+                update(Job).where(Job.status.in_(ACTIVE)).values(
+                    status="failed", updated=utcnow(),
+                    error="the server restarted while this job was queued or running")
+            ).rowcount
+        if n:
+            log.warning("marked %d interrupted job(s) failed", n)
+
+    def _set(self, job_id: str, **values: Any) -> None:
+        values["updated"] = utcnow()
+        with self.storage.Session.begin() as ses:
+            ses.execute(update(Job).where(Job.id == job_id).values(**values))
+
+    def start(self, my_run_id: str, golden_run_id: str, *, replay: bool = False) -> Job:
+        if not compare_available():
+            raise ApiError(503, "the compare engine (accuracy.compare) is not installed")
+        self.storage.run(my_run_id)
+        self.storage.run(golden_run_id)
+        job = Job(id=new_id(), my_run_id=my_run_id, golden_run_id=golden_run_id, replay=replay,
+                  stage="queued")
+        with self.storage.Session.begin() as ses:
+            ses.add(job)
+        self._cancel[job.id] = threading.Event()
+        self._pool.submit(self._run, job.id)
+        return job
+
+    def cancel(self, job_id: str) -> Job:
+        job = self.storage.job(job_id)
+        if job.status not in ACTIVE:
+            raise ApiError(409, f"job is {job.status}; only queued or running jobs can be "
+                                "cancelled")
+        ev = self._cancel.get(job_id)
+        if ev is None:  # queued in a previous server life; nothing runs it
+            self._set(job_id, status="cancelled", stage="cancelled")
+        else:
+            ev.set()
+            if job.status == "queued":
+                self._set(job_id, status="cancelled", stage="cancelled")
+        return self.storage.job(job_id)
+
+    def _run(self, job_id: str) -> None:
+        ev = self._cancel.get(job_id) or threading.Event()
+        try:
+            job = self.storage.job(job_id)
+            if ev.is_set() or job.status != "queued":
+                return
+            self._execute(job, ev)
+        except ApiError as e:
+            self._set(job_id, status="failed", error=e.message, stage="failed")
+        except Exception as e:  # noqa: BLE001 - a job's failure is recorded, not raised
+            log.exception("job %s failed", job_id)
+            self._set(job_id, status="failed", stage="failed",
+                      error=scrub(f"{type(e).__name__}: {e}", self.storage.data_dir))
+        finally:
+            self._cancel.pop(job_id, None)
+
+    def _execute(self, job: Job, ev: threading.Event) -> None:
+        from accuracy.compare import load_report
+        from accuracy.server.reportindex import index_report
+
+        my, golden = self.storage.run(job.my_run_id), self.storage.run(job.golden_run_id)
+        rid = new_id()
+        out_dir = self.storage.data_dir / "reports" / rid
+        replay_out = (self.storage.data_dir / "runs" / f"{new_id()}.h5") if job.replay else None
+        self._set(job.id, status="running", progress=0.02, stage="starting")
+        events = self._ctx.Queue()
+        proc = self._ctx.Process(
+            target=_child, daemon=True,
+            args=(my.path, golden.path, str(out_dir), str(replay_out) if replay_out else None,
+                  events))
+        proc.start()
+        result: tuple[str, float, str] | None = None
+        while True:
+            if ev.is_set():
+                proc.terminate()
+                proc.join(10)
+                self._set(job.id, status="cancelled", stage="cancelled")
+                shutil.rmtree(out_dir, ignore_errors=True)
+                if replay_out:
+                    replay_out.unlink(missing_ok=True)
+                return
+            try:
+                kind, progress, msg = events.get(timeout=0.2)
+            except queue.Empty:
+                if not proc.is_alive():
+                    try:
+                        kind, progress, msg = events.get(timeout=0.5)
+                    except queue.Empty:
+                        break
+                else:
+                    continue
+            if kind == "stage":
+                self._set(job.id, progress=progress, stage=msg)
+            else:
+                result = (kind, progress, msg)
+                break
+        proc.join(30)
+        if result is None or result[0] != "done":
+            why = result[2] if result else f"the compare process exited with code {proc.exitcode}"
+            self._set(job.id, status="failed", stage="failed", error=why)
+            shutil.rmtree(out_dir, ignore_errors=True)
+            return
+        self._set(job.id, progress=0.9, stage="indexing the report")
+        replay_run_id = None
+        if replay_out and replay_out.exists():
+            replay_run_id = self.storage.adopt_file(replay_out, f"replay of {my.name}").id
+        data = load_report(out_dir)
+        rep = index_report(
+            self.storage, data.get("summary", {}), list(data.get("rows", [])),
+            name=f"{my.name} vs {golden.name}", report_dir=str(out_dir), my_run_id=my.id,
+            golden_run_id=golden.id, replay_run_id=replay_run_id, report_id=rid)
+        self._set(job.id, status="done", progress=1.0, stage="done", report_id=rep.id)
+
+    def shutdown(self) -> None:
+        for ev in self._cancel.values():
+            ev.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def report_dir_files(report_dir: str | None) -> dict[str, Path]:
+    """The files compare wrote for a report, by format."""
+    if not report_dir:
+        return {}
+    d = Path(report_dir)
+    out: dict[str, Path] = {}
+    for fmt in FORMATS:
+        hits = sorted(d.glob(f"*.{fmt}"))
+        if hits:
+            out[fmt] = hits[0]
+    return out

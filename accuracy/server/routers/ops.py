@@ -1,0 +1,93 @@
+"""Ops of a run and their tensors: statistics, histograms, downsampled values."""
+# ruff: noqa: B008 - FastAPI's Depends/Query defaults are the documented idiom
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query
+
+from accuracy.dumpfile import DumpError
+from accuracy.dumpfile.reader import Dump, TensorRecord
+from accuracy.patterns import module_matches, op_matches
+from accuracy.server import tensorview
+from accuracy.server.deps import get_storage, require_read
+from accuracy.server.errors import ApiError, scrub
+from accuracy.server.schemas import HistogramOut, OpOut, Page, TensorOut, ValuesOut
+from accuracy.server.storage import Storage
+
+router = APIRouter(prefix="/api/runs/{run_id}", tags=["ops"],
+                   dependencies=[Depends(require_read)])
+
+MAX_VIEW_ELEMENTS = 64 * 1024 * 1024
+
+
+def tensor_at(d: Dump, address: str) -> TensorRecord:
+    try:
+        return d.tensor_record(address)
+    except (KeyError, ValueError):
+        raise ApiError(404, f"no tensor at {address!r} in this run") from None
+
+
+def load_tensor(d: Dump, t: TensorRecord):  # noqa: ANN201 - torch.Tensor
+    """The tensor's values, or a 4xx saying why they are not there."""
+    if not t.has_data:
+        raise ApiError(409, f"{t.address} has statistics only (dumped in statistics mode or "
+                            "filtered); dump in tensor mode to view its values")
+    if t.numel > MAX_VIEW_ELEMENTS:
+        raise ApiError(413, f"{t.address} has {t.numel} elements; views are limited to "
+                            f"{MAX_VIEW_ELEMENTS}")
+    try:
+        return t.load()
+    except DumpError as e:
+        raise ApiError(410, scrub(str(e), d.path)) from None
+
+
+@router.get("/ops", response_model=Page[OpOut])
+def list_ops(
+    run_id: str,
+    op: str | None = Query(None, description="op name or glob: aten.mm, 'aten.*norm*'"),
+    module: str | None = Query(None, description="module path or glob"),
+    phase: str | None = Query(None, pattern="^(forward|backward|optimizer)$"),
+    dtype: str | None = Query(None, description="only ops with a tensor of this dtype"),
+    offset: int = Query(0, ge=0),
+    limit: int = Query(100, ge=1, le=1000),
+    storage: Storage = Depends(get_storage),
+) -> Page[OpOut]:
+    d = storage.dump(run_id)
+    hits = [r for r in d.records
+            if (not op or op_matches(op, r.op)) and (not module or module_matches(module, r.module))
+            and (not phase or r.phase == phase)
+            and (not dtype or any(t.dtype == dtype for t in r.tensors))]
+    return Page[OpOut](total=len(hits), offset=offset, limit=limit,
+                       items=[OpOut.of(r) for r in hits[offset:offset + limit]])
+
+
+@router.get("/ops/{seq}", response_model=OpOut)
+def get_op(run_id: str, seq: int, storage: Storage = Depends(get_storage)) -> OpOut:
+    d = storage.dump(run_id)
+    try:
+        return OpOut.of(d.record(seq))
+    except KeyError:
+        raise ApiError(404, f"no op with sequence number {seq} in this run") from None
+
+
+@router.get("/tensor", response_model=TensorOut)
+def get_tensor(run_id: str, address: str = Query(..., examples=["/aten.mm.default/17/output/0"]),
+               storage: Storage = Depends(get_storage)) -> TensorOut:
+    return TensorOut.of(tensor_at(storage.dump(run_id), address))
+
+
+@router.get("/tensor/histogram", response_model=HistogramOut)
+def tensor_histogram(run_id: str, address: str, bins: int = Query(64, ge=1, le=1024),
+                     storage: Storage = Depends(get_storage)) -> HistogramOut:
+    d = storage.dump(run_id)
+    t = load_tensor(d, tensor_at(d, address))
+    return HistogramOut(**tensorview.histogram([t], bins), labels=[address])
+
+
+@router.get("/tensor/values", response_model=ValuesOut)
+def tensor_values(run_id: str, address: str,
+                  max_points: int = Query(2048, ge=1, le=100_000),
+                  storage: Storage = Depends(get_storage)) -> ValuesOut:
+    d = storage.dump(run_id)
+    t = load_tensor(d, tensor_at(d, address))
+    return ValuesOut(address=address, **tensorview.downsample(t, max_points))
