@@ -118,6 +118,19 @@ class _States:
             self._map = {k: v for k, v in self._map.items() if v[0]() is not None}
 
 
+def _tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Tensors in args/kwargs/outputs, in pytree order; faster than tree_flatten per op."""
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, list | tuple):
+        for x in obj:
+            _tensors(x, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _tensors(x, out)
+    return out
+
+
 def _warn_at_user_line(msg: str, source: str) -> None:
     """A warning that points at the user's line, not at this module."""
     filename, _, line = source.rpartition(":")
@@ -178,14 +191,14 @@ class OverflowChecker:
         if self.done:
             return func(*args, **kwargs)
         self.ops_checked += 1
-        ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        ins = _tensors(kwargs, _tensors(args, []))
         with torch._C._DisableTorchDispatch():
             in_vals = [self._value_of(t) for t in ins]
             written = _written_args(func, args, kwargs) if func._schema.is_mutable else ()
             # in-place ops overwrite their inputs: keep the pre-op values of the written ones
             ins_pre = [t.clone() if id(t) in written and checkable(t) else t for t in ins]
         out = func(*args, **kwargs)
-        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        outs = _tensors(out, [])
         with torch._C._DisableTorchDispatch():
             out_vals = [self._probe_and_cache(t) for t in outs]
         p = _Pending(func, name, args, kwargs, ins_pre, outs, in_vals, out_vals, ctx)

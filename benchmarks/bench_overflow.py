@@ -1,0 +1,63 @@
+"""Overhead of statistics-free overflow checking on the benchmark transformer step.
+
+    .venv/bin/python benchmarks/bench_overflow.py [--repeat 7]
+
+Prints the bare step time, the step under `dumper(check_overflow=True)` (no births: nothing is
+written but the root summary), and their ratio. Goal: at most 1.3x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from accuracy.dumper.core import dumper
+from accuracy.examples import bench_setup, bench_step
+
+
+def _time(fn, repeat: int) -> list[float]:
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args()
+    model, batch = bench_setup()
+    tmp = Path(tempfile.mkdtemp(prefix="bench_overflow_"))
+    n = iter(range(10**6))
+
+    def bare() -> None:
+        model.zero_grad(set_to_none=True)
+        bench_step(model, batch)
+
+    def checked() -> None:
+        model.zero_grad(set_to_none=True)
+        with dumper(tmp / f"ovf{next(n)}.h5", check_overflow=True):
+            bench_step(model, batch)
+
+    bare(), checked()  # warm up
+    # interleave so that load from other processes hits both alike
+    b, c = [], []
+    for _ in range(args.repeat):
+        b += _time(bare, 1)
+        c += _time(checked, 1)
+    bm, cm = statistics.median(b), statistics.median(c)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, repeat {args.repeat}")
+    print(f"bare step            median {bm * 1e3:7.1f} ms  min {min(b) * 1e3:7.1f} ms")
+    print(f"check_overflow=True  median {cm * 1e3:7.1f} ms  min {min(c) * 1e3:7.1f} ms")
+    print(f"ratio (median) {cm / bm:.2f}x   ratio (min) {min(c) / min(b):.2f}x   goal <= 1.3x")
+
+
+if __name__ == "__main__":
+    main()
