@@ -37,6 +37,7 @@ class _Spec:
     my: TensorRecord | None
     golden: TensorRecord | None
     reason: str = ""
+    uninit: bool = False
 
 
 def _open(d: DumpLike | None, owned: list[Dump]) -> Dump | None:
@@ -84,7 +85,51 @@ def _specs(my: Dump, golden: Dump, mapping: Mapping) -> list[_Spec]:
                     s.my_op, s.golden_op = mp.my, mp.golden
                     s.kind = "module:" + k[0]
                     out.append(s)
+    um, ug = uninitialised(my.records), uninitialised(golden.records)
+    for s in out:
+        s.uninit = bool((s.my and s.my.row in um) or (s.golden and s.golden.row in ug))
     return out
+
+
+_ALIAS_OPS = ("aten.detach.", "aten.alias.", "aten.view.", "aten._reshape_alias.",
+              "aten.as_strided.", "aten.t.", "aten.transpose.")
+
+
+# In-place ops whose result does not depend on the values of input 0 (they overwrite it).
+_OVERWRITE_OPS = {f"aten.{n}_" for n in (
+    "zero", "fill", "normal", "uniform", "random", "bernoulli", "exponential", "geometric",
+    "log_normal", "cauchy", "copy")}
+
+
+def uninitialised(recs: list[OpRecord], window: int = 16) -> set[int]:
+    """Rows holding uninitialised memory: empty* outputs, seen through views/detach, up to the
+    in-place op that first writes them (nn.Parameter init: empty -> detach -> ... -> normal_).
+
+    An empty output is followed for at most `window` ops, so a buffer that is never written
+    in place cannot hide later tensors of the same shape.
+    """
+    marked: set[int] = set()
+    pending: dict[tuple, int] = {}  # (shape, dtype) -> position of the empty op
+    for pos, r in enumerate(recs):
+        if r.inputs and r.op.rsplit(".", 1)[0] in _OVERWRITE_OPS:
+            marked.add(r.inputs[0].row)  # overwritten whatever it held
+        pending = {k: p for k, p in pending.items() if pos - p <= window}
+        if r.op.startswith(_UNINITIALISED):
+            for t in r.outputs[:1]:
+                pending[(t.shape, t.dtype)] = pos
+            marked.update(t.row for t in r.outputs)
+            continue
+        if not r.inputs or not pending:
+            continue
+        sig = (r.inputs[0].shape, r.inputs[0].dtype)
+        if sig not in pending:
+            continue
+        if r.op.startswith(_ALIAS_OPS):
+            marked.update(t.row for t in r.tensors)
+        elif r.op.split(".")[1].endswith("_"):
+            marked.add(r.inputs[0].row)
+            del pending[sig]
+    return marked
 
 
 def _key(t: TensorRecord) -> tuple:
@@ -94,7 +139,7 @@ def _key(t: TensorRecord) -> tuple:
 def _needs_data(s: _Spec) -> bool:
     if s.my is None or s.golden is None or not (s.my.has_data and s.golden.has_data):
         return False
-    if s.io == "output" and s.my_op is not None and s.my_op.op.startswith(_UNINITIALISED):
+    if s.uninit:
         return False
     return s.my.numel == s.golden.numel and s.my.numel > 0
 
@@ -202,9 +247,9 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
         return row
     if m.dtype != g.dtype:
         msgs.append(f"dtype differs ({m.dtype} vs {g.dtype})")
-    if s.io == "output" and s.my_op is not None and s.my_op.op.startswith(_UNINITIALISED):
+    if s.uninit:
         row["verdict"] = V.SKIPPED
-        row["message"] = "uninitialised memory (empty*): never compared"
+        row["message"] = "uninitialised memory (empty*, before its first write): not compared"
         return row
     if m.numel != g.numel:
         row["verdict"], row["accumulated_verdict"] = V.ERROR, V.ERROR

@@ -1,0 +1,259 @@
+"""accuracy compare: alignment, bad input, verdicts, culprit, report files, CLI (issue 5)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from accuracy.cli import main
+from accuracy.compare import compare, load_report
+from accuracy.dumper.core import dumper
+from accuracy.dumpfile import DumpError
+from accuracy.examples import lm_batch, lm_step, tiny_lm
+
+
+class Block(nn.Module):
+    """Linear + relu, written out so a test can fuse, insert or remove an op."""
+
+    def __init__(self, fused: bool = False, extra: bool = False) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 16) / 4)
+        self.b = nn.Parameter(torch.randn(16) / 4)
+        self.fused, self.extra = fused, extra
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            h = torch.addmm(self.b, x, self.w.t())
+        else:
+            h = torch.mm(x, self.w.t()) + self.b
+        if self.extra:
+            h = h * 1.0
+        return torch.relu(h)
+
+
+class Net(nn.Module):
+    def __init__(self, mid: Block | None = None, name: str = "blk1") -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blk0 = Block()
+        setattr(self, name, mid or Block())
+        self.blk2 = Block()
+        self.mid = name
+        torch.manual_seed(0)  # same weights whatever the variant
+        for blk in (self.blk0, getattr(self, name), self.blk2):
+            with torch.no_grad():
+                blk.w.copy_(torch.randn(16, 16) / 4)
+                blk.b.copy_(torch.randn(16) / 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blk2(getattr(self, self.mid)(self.blk0(x)))
+
+
+def dump_net(path, net: Net, *, batch: int = 4, dtype=torch.float32, mode: str = "tensor"):
+    x = torch.randn(batch, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
+    net = net.to(dtype)
+    with torch.no_grad(), dumper(str(path), mode=mode):
+        net(x)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cmp")
+    return {
+        "base": dump_net(d / "base.h5", Net()),
+        "extra": dump_net(d / "extra.h5", Net(Block(extra=True))),
+        "fused": dump_net(d / "fused.h5", Net(Block(fused=True))),
+        "renamed": dump_net(d / "renamed.h5", Net(name="other")),
+        "bf16": dump_net(d / "bf16.h5", Net(), dtype=torch.bfloat16),
+        "batch3": dump_net(d / "batch3.h5", Net(), batch=3),
+        "stats": dump_net(d / "stats.h5", Net(), mode="statistics"),
+        "stats_extra": dump_net(d / "stats_extra.h5", Net(Block(extra=True)),
+                                mode="statistics"),
+        "dir": d,
+    }
+
+
+@pytest.fixture(scope="module")
+def lm_dumps(tmp_path_factory):
+    """Tiny transformer: golden on CPU fp32, device on sim fp16-cube with a layer-norm fault."""
+    sim = pytest.importorskip("accuracy.device_backend").sim
+    d = tmp_path_factory.mktemp("lm")
+    with dumper(str(d / "golden.h5")):
+        lm_step(tiny_lm(), lm_batch())
+    fault = sim.fault("aten.native_layer_norm.default", module="encoder.layers.1.*",
+                      kind="bias", value=0.05)
+    with sim(profile="fp16-cube", faults=[fault]), dumper(str(d / "device.h5")):
+        lm_step(tiny_lm(), lm_batch())
+    return d / "device.h5", d / "golden.h5"
+
+
+def op_rows(rep, verdict=None):
+    return [r for r in rep.rows if r["kind"] == "op" and (verdict is None or r["verdict"] ==
+                                                           verdict)]
+
+
+def test_self_compare_passes(dumps):
+    rep = compare(dumps["base"], dumps["base"])
+    c = rep.summary["counts"]
+    assert c["pass"] == len(rep.rows) > 0
+    assert all(r["bit_exact"] for r in rep.rows if r["bit_exact"] is not None)
+    assert rep.summary["culprit"] is None and rep.summary["first_divergence"] is None
+    assert rep.exit_code("warning") == 0
+
+
+@pytest.mark.parametrize("my,golden", [("extra", "base"), ("base", "extra")])
+def test_inserted_or_removed_op_does_not_shift(dumps, my, golden):
+    rep = compare(dumps[my], dumps[golden])
+    unmatched = [r for r in op_rows(rep) if r["verdict"] == "unmatched"]
+    assert unmatched and {r["op"] for r in unmatched} == {"aten.mul.Tensor"}
+    assert all(r["module"].endswith("blk1") for r in unmatched)
+    later = [r for r in op_rows(rep) if r["module"].endswith("blk2")]
+    assert later and all(r["verdict"] == "pass" for r in later)
+    assert rep.summary["counts"]["error"] == 0
+    side = "only in my run" if my == "extra" else "only in golden run"
+    assert all(side in r["message"] for r in unmatched)
+
+
+def test_fused_op_compares_at_module_boundary(dumps):
+    rep = compare(dumps["fused"], dumps["base"])
+    unmatched = {r["op"] for r in op_rows(rep, "unmatched")}
+    assert "aten.addmm.default" in unmatched
+    mods = [r for r in rep.rows if r["kind"] == "module" and r["module"].endswith("blk1")]
+    assert mods and all(r["verdict"] == "pass" for r in mods)
+    assert all(r["verdict"] == "pass" for r in op_rows(rep) if r["module"].endswith("blk2"))
+    assert rep.summary["counts"]["error"] == 0
+
+
+def test_mapping_pairs_renamed_modules(dumps, tmp_path):
+    plain = compare(dumps["renamed"], dumps["base"])
+    assert any(r["kind"] == "module" and r["verdict"] == "unmatched" for r in plain.rows)
+    mp = tmp_path / "map.json"
+    mp.write_text(json.dumps({"modules": {"Net.other": "Net.blk1"}}))
+    rep = compare(dumps["renamed"], dumps["base"], mapping=mp)
+    assert rep.summary["counts"]["unmatched"] == 0
+    assert rep.summary["counts"]["pass"] == len(rep.rows)
+    with pytest.raises(ValueError, match="unknown sections"):
+        compare(dumps["base"], dumps["base"], mapping={"opz": {}})
+
+
+def test_mismatched_dtypes_and_shapes_reported_per_row(dumps):
+    rep = compare(dumps["bf16"], dumps["base"])
+    rows = [r for r in op_rows(rep) if r["dtype_my"] == "bfloat16"]
+    assert rows and all("dtype differs" in r["message"] for r in rows)
+    assert all(r["cosine"] is not None for r in rows if r["dtype_golden"] == "float32")
+    rep = compare(dumps["batch3"], dumps["base"])
+    shaped = [r for r in rep.rows if "shape differs" in r["message"]]
+    assert shaped and all(r["verdict"] == "error" for r in shaped)
+
+
+def test_different_models_and_empty_dumps(dumps, lm_dumps, tmp_path):
+    rep = compare(lm_dumps[1], dumps["base"])
+    assert rep.summary["counts"]["unmatched"] > 0 and "warning" in rep.summary
+    empty = tmp_path / "empty.h5"
+    with dumper(str(empty)):
+        pass
+    rep = compare(empty, empty)
+    assert rep.rows == [] and rep.summary["culprit"] is None
+    rep.write(tmp_path / "r")
+    rep = compare(empty, dumps["base"])
+    assert rep.summary["counts"]["unmatched"] == len(rep.rows) > 0
+
+
+def test_statistics_dumps_compare_on_statistics(dumps):
+    rep = compare(dumps["stats_extra"], dumps["stats"])
+    assert all("statistics only" in r["message"] for r in op_rows(rep, "pass"))
+    assert rep.summary["counts"]["error"] == 0
+    rep = compare(dumps["stats"], dumps["base"])  # one side without data
+    assert rep.summary["counts"]["pass"] > 0
+
+
+def test_corrupt_file_gives_clear_error(dumps, tmp_path, capsys):
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(b"not a dump at all" * 10)
+    with pytest.raises(DumpError, match="bad.h5"):
+        compare(bad, dumps["base"])
+    assert main(["compare", "-m", str(bad), "-g", str(dumps["base"])]) == 2
+    assert "bad.h5" in capsys.readouterr().err
+
+
+def test_fail_on_exit_codes(dumps, lm_dumps, tmp_path, capsys):
+    base = str(dumps["base"])
+    assert main(["compare", "-m", base, "-g", base, "--fail-on", "warning"]) == 0
+    dev, gold = map(str, lm_dumps)
+    assert main(["compare", "-m", dev, "-g", gold]) == 0
+    assert main(["compare", "-m", dev, "-g", gold, "--fail-on", "error"]) == 1
+    cfg = tmp_path / "lenient.toml"
+    cfg.write_text("[float32]\ncosine_error = -2.0\nrel_euc_error = 1e9\n"
+                   "[integer]\nmax_abs_error = 1e9\n")
+    args = ["compare", "-m", dev, "-g", gold, "--config", str(cfg), "--fail-on"]
+    assert main(args + ["error"]) == 0
+    assert main(args + ["warning"]) == 1
+    out = capsys.readouterr().out
+    assert "culprit" in out and "top suspects" in out
+
+
+def test_culprit_for_injected_sim_fault(lm_dumps, tmp_path):
+    dev, gold = lm_dumps
+    rep = compare(dev, gold)
+    c = rep.summary["culprit"]
+    assert c is not None, rep.summary["counts"]
+    assert c["op"] == "aten.native_layer_norm.default" and c["phase"] == "forward"
+    assert c["module"].endswith("encoder.layers.1.norm1")
+    assert c["source"] and c["verdict"] == "error"
+    assert rep.suspects[0]["index"] == c["index"]
+    # every op before the culprit is within the error threshold
+    assert all(r["verdict"] != "error" for r in rep.rows if r["index"] < c["index"])
+
+
+def test_report_files_html_chart_and_table(lm_dumps, tmp_path):
+    rep = compare(*lm_dumps, algorithms="all")
+    paths = rep.write(tmp_path / "rep")
+    assert {"json", "csv", "html"} <= set(paths)
+    page = paths["html"].read_text()
+    assert '<svg id="chart"' in page and '<table id="rows"' in page and "culprit" in page
+    assert "<script src" not in page and "cdn" not in page.lower()
+    header = paths["csv"].read_text().splitlines()[0]
+    for col in ("NPU Name", "Bench Name", "Cosine", "MaxAbsErr", "One Thousandth Err Ratio",
+                "Result", "Err_message"):
+        assert col in header
+    back = load_report(tmp_path / "rep")
+    assert back["summary"]["counts"] == rep.summary["counts"]
+    assert back["summary"]["culprit"]["index"] == rep.summary["culprit"]["index"]
+    row = back["rows"][0]
+    for key in ("index", "my_address", "golden_address", "op", "phase", "module", "source",
+                "dtype_my", "dtype_golden", "shape_my", "shape_golden", "cosine", "kl_div",
+                "local_error_ratio", "verdict", "message"):
+        assert key in row
+    if "xlsx" in paths:
+        assert paths["xlsx"].stat().st_size > 0
+
+
+def test_parallel_jobs_give_same_rows(lm_dumps, monkeypatch):
+    import accuracy.compare.api as api
+
+    monkeypatch.setattr(api, "BATCH_BYTES", 1 << 20)  # several batches on a small dump
+    one = compare(*lm_dumps)
+    two = compare(*lm_dumps, jobs=2)
+    assert [r["verdict"] for r in one.rows] == [r["verdict"] for r in two.rows]
+    assert [r["cosine"] for r in one.rows] == [r["cosine"] for r in two.rows]
+
+
+def test_replay_local_error_drives_verdict(tmp_path):
+    device_backend = pytest.importorskip("accuracy.device_backend")
+    replay_mod = pytest.importorskip("accuracy.replay")
+    sim = device_backend.sim
+    dump_net(tmp_path / "g.h5", Net())
+    fault = sim.fault("aten.relu.default", module="blk1", kind="bias", value=0.5)
+    with sim(profile="fp16-cube", faults=[fault]):
+        dump_net(tmp_path / "d.h5", Net())
+    replay_mod.replay(tmp_path / "d.h5", tmp_path / "r.h5")
+    rep = compare(tmp_path / "d.h5", tmp_path / "g.h5", replay=tmp_path / "r.h5")
+    outs = [r for r in op_rows(rep) if r["io"] == "output" and r["local_error_ratio"] is not None]
+    assert outs
+    c = rep.summary["culprit"]
+    assert c["op"] == "aten.relu.default" and c["module"].endswith("blk1")
+    assert c["local_verdict"] == "error"
