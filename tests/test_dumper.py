@@ -361,3 +361,18 @@ def test_cli_info_ls_extract_backends(tmp_path, capsys):
     assert "cpu" in out and "sim" in out
     assert main(["info", str(tmp_path / "nope.h5")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_tensor_written_without_version_bump_is_recorded_again(tmp_path):
+    # GradScaler's unscale kernel writes found_inf without bumping its version counter.
+    grads = [torch.tensor([1.0, float("inf")])]
+    found_inf = torch.zeros(1)
+    inv_scale = torch.ones(1)
+    with dumper(dump_path=tmp_path / "d.h5"):
+        found_inf.clone()
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+        found_inf.clone()
+    with load_dump(tmp_path / "d.h5") as d:
+        before, _, after = d.records
+        assert before.inputs[0].load().item() == 0.0
+        assert after.inputs[0].load().item() == 1.0

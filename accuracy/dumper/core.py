@@ -124,6 +124,9 @@ class _Seen:
             return None
         return row, stats
 
+    def forget(self, t: torch.Tensor) -> None:
+        self._map.pop(id(t), None)
+
     def remember(self, t: torch.Tensor, row: int, stats: Any) -> None:
         try:
             version = t._version
@@ -361,6 +364,11 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         out_tensors = [o for o in flat_out if isinstance(o, torch.Tensor)]
         uninit = name in UNINITIALISED
         mutable = func._schema.is_mutable
+        if mutable:
+            # Some kernels write an argument without bumping its version counter (GradScaler's
+            # found_inf): never trust an earlier record of a tensor a mutable op received.
+            for t in in_tensors:
+                self._seen.forget(t)
         same = None
         if name in SAME_ELEMENTS and entries and len(out_tensors) == 1 and not mutable:
             same = entries[0]
