@@ -75,6 +75,15 @@ class DumpWriteError(RuntimeError):
     """Writing the dump failed (disk full, permissions...); the training step is not affected."""
 
 
+class DiskFullError(OSError):
+    """Free space fell below the writer's headroom: recording stops while the file is intact."""
+
+
+# Room kept free for the index rows and HDF5 metadata written at close. Stopping before the
+# disk is really full keeps the file consistent; HDF5 cannot recover from a failed write.
+_HEADROOM = 4 << 20
+
+
 def check_dump_path(path: str | os.PathLike[str], overwrite: bool) -> Path:
     """Validate a dump path before any op runs: create missing folders, refuse clobbering."""
     p = Path(path)
@@ -182,7 +191,11 @@ class DumpWriter:
     # -- writer-thread side ---------------------------------------------------------------
 
     def _open(self, attrs: dict[str, Any]) -> None:
-        f = h5py.File(self.path, "w", libver="latest", rdcc_nbytes=64 << 20)
+        # Built under a temporary name and renamed once in SWMR mode, so a process killed
+        # while the file is being set up never leaves a half-made dump (or clobbers an old one
+        # that overwrite=True was about to replace) at the user's path.
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.creating")
+        f = h5py.File(tmp, "w", libver="latest", rdcc_nbytes=64 << 20)
         f.attrs["format"] = schema.FORMAT_NAME
         f.attrs["schema_version"] = schema.SCHEMA_VERSION
         f.attrs["complete"] = False
@@ -203,6 +216,7 @@ class DumpWriter:
         )
         self._status = f.create_dataset(STATUS, data=np.zeros(4, np.int64))
         f.swmr_mode = True  # from here on a reader (or a crash) always sees a consistent file
+        os.replace(tmp, self.path)
         self._file = f
         self._blob_len = 0
         self._blob_cap = 0
@@ -211,6 +225,7 @@ class DumpWriter:
         self._tensor_rows: list[tuple[Any, ...]] = []
         self._n_ops = 0
         self._n_tensors = 0
+        self._free_estimate = 0
         self.bytes_written = 0
         self.bytes_linked = 0
 
@@ -252,9 +267,25 @@ class DumpWriter:
                 self._pending_bytes -= size
                 self._cond.notify_all()
 
+    def _ensure_space(self, nbytes: int) -> None:
+        """Refuse a write that would leave less than _HEADROOM free on the dump's disk."""
+        if nbytes + _HEADROOM <= self._free_estimate:
+            self._free_estimate -= nbytes
+            return
+        st = os.statvfs(self.path.parent)
+        free = st.f_bavail * st.f_frsize
+        self._free_estimate = free - nbytes
+        if nbytes + _HEADROOM > free:
+            raise DiskFullError(
+                f"disk almost full ({free / 1e6:.1f} MB free in {self.path.parent}): recording "
+                f"stopped after {self._n_ops + len(self._op_rows)} ops; the dump keeps them. "
+                "Free space, or dump less: mode='statistics', or ops=/modules= filters"
+            )
+
     def _append_bytes(self, arr: np.ndarray) -> int:
         off = self._blob_len
         end = off + arr.size
+        self._ensure_space(arr.size)
         if end > self._blob_cap:
             self._blob_cap = max(end, 2 * self._blob_cap, _BLOB_CHUNK)
             self._blob.resize((self._blob_cap,))
@@ -311,19 +342,21 @@ class DumpWriter:
         self._file.flush()
 
     def _finish(self, attrs: dict[str, Any], complete: bool) -> None:
+        # Still in SWMR mode (HDF5 >= 1.10 lets a SWMR writer add attributes and shrink a
+        # chunked dataset), so even a kill during close leaves a consistent file.
         self._flush()
-        self._status[:] = [self._n_ops, self._n_tensors, 0, self._blob_len]
-        self._file.close()
-        # SWMR forbids new attributes, so the closing facts go in after a normal reopen.
-        with h5py.File(self.path, "r+") as f:
-            if self._blob_len < self._blob_cap:
-                f[schema.BLOB].resize((self._blob_len,))
-            for k, v in attrs.items():
-                f.attrs[k] = _attr_value(v)
-            f.attrs["bytes_written"] = self.bytes_written
-            f.attrs["bytes_linked"] = self.bytes_linked
-            f.attrs["complete"] = bool(complete and self.error is None)
-            f[STATUS][2] = int(complete and self.error is None)
+        f = self._file
+        if self._blob_len < self._blob_cap:
+            self._blob.resize((self._blob_len,))
+        for k, v in attrs.items():
+            f.attrs[k] = _attr_value(v)
+        f.attrs["bytes_written"] = self.bytes_written
+        f.attrs["bytes_linked"] = self.bytes_linked
+        ok = bool(complete and self.error is None)
+        f.attrs["complete"] = ok
+        f.flush()
+        self._status[:] = [self._n_ops, self._n_tensors, int(ok), self._blob_len]
+        f.close()
 
     def _abandon(self) -> None:
         """Close after a write error, keeping whatever was committed."""
