@@ -12,10 +12,18 @@ import torch
 
 import accuracy
 
-_INTERNAL_PREFIXES = tuple(
-    os.path.dirname(p) + os.sep
-    for p in (torch.__file__, accuracy.__file__)
-) + (sysconfig.get_paths()["stdlib"] + os.sep, "<")
+_ACCURACY = os.path.dirname(accuracy.__file__)
+# The tool's own machinery is skipped; its built-in example models count as user code, so
+# the demo's reports point at the model's lines like a user's would.
+_INTERNAL_PREFIXES = (
+    os.path.dirname(torch.__file__) + os.sep,
+    *(os.path.join(_ACCURACY, part) + os.sep for part in (
+        "dumper", "dumpfile", "device_backend", "overflow", "replay", "compare", "server")),
+    os.path.join(_ACCURACY, "cli.py"),
+    os.path.join(_ACCURACY, "__init__.py"),
+    sysconfig.get_paths()["stdlib"] + os.sep,
+    "<",
+)
 _cache: dict[str, bool] = {}
 
 
