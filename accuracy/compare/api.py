@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,7 +170,9 @@ def _run_metrics(specs: list[_Spec], dumps: dict[str, Dump], algs: tuple[str, ..
             size = 0
         batches[-1].append(k)
         size += todo[k][0].nbytes + todo[k][1].nbytes
-    try:
+    with ExitStack() as stack:
+        if bar:
+            stack.callback(bar.close)
         if jobs > 1 and len(batches) > 1:
             with ProcessPoolExecutor(max_workers=jobs) as ex:
                 futs = {ex.submit(worker_run, [todo[k] for k in b], algs): b for b in batches}
@@ -180,16 +183,16 @@ def _run_metrics(specs: list[_Spec], dumps: dict[str, Dump], algs: tuple[str, ..
                     if bar:
                         bar.update(sum(todo[k][0].nbytes + todo[k][1].nbytes for k in b))
         else:
+            from accuracy.compare.blas import single_threaded_blas
+
             reader = BlobReader(dumps)
+            stack.enter_context(single_threaded_blas())
             for b in batches:
                 for k, r in zip(b, compare_refs(reader, [todo[k] for k in b], algs),
                                 strict=True):
                     results[k] = r
                 if bar:
                     bar.update(sum(todo[k][0].nbytes + todo[k][1].nbytes for k in b))
-    finally:
-        if bar:
-            bar.close()
     return results, total
 
 

@@ -120,6 +120,7 @@ class StreamingMetrics:
     kl_s: float = 0.0
     _extra: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     keep_values: bool = False
+    _buf: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     def update(self, x: np.ndarray, y: np.ndarray, *, finite: bool = False,
                identical: bool = False) -> None:
@@ -145,18 +146,26 @@ class StreamingMetrics:
         self.sxx += float(np.dot(x, x))
         self.syy += float(np.dot(y, y))
         self.sxy += float(np.dot(x, y))
-        d = np.subtract(x, y)
+        d, ay, mask = self._scratch(x.size)
+        np.subtract(x, y, out=d)
         self.sdd += float(np.dot(d, d))
         np.abs(d, out=d)
         self.sad += float(d.sum())
         self.max_ad = max(self.max_ad, float(d.max()))
-        ay = np.abs(y)
+        np.abs(y, out=ay)
         np.maximum(ay, self.rel_eps, out=ay)
         np.divide(d, ay, out=d)
         self.srel += float(d.sum())
         self.max_rel = max(self.max_rel, float(d.max()))
-        self.c1 += int(np.count_nonzero(d < 0.001))
-        self.c5 += int(np.count_nonzero(d < 0.005))
+        self.c1 += int(np.count_nonzero(np.less(d, 0.001, out=mask)))
+        self.c5 += int(np.count_nonzero(np.less(d, 0.005, out=mask)))
+
+    def _scratch(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Reused work arrays: no allocation per chunk."""
+        if self._buf is None or self._buf[0].size < n:
+            self._buf = (np.empty(n), np.empty(n), np.empty(n, dtype=bool))
+        d, ay, m = self._buf
+        return d[:n], ay[:n], m[:n]
 
     def _split_nonfinite(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         fx, fy = np.isfinite(x), np.isfinite(y)

@@ -1,0 +1,43 @@
+"""Runs inside benchmarks/.msprobe-venv (never the project's venv): `msprobe compare` of two
+msprobe tensor dumps, timed. Prints one JSON line with seconds and bytes of tensor data.
+
+Usage: msprobe_compare_runner.py DUMP_DIR_A DUMP_DIR_B OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _rank_dir(d: Path) -> Path:
+    hits = sorted(p.parent for p in d.rglob("dump.json"))
+    if not hits:
+        raise SystemExit(f"no dump.json under {d}")
+    return hits[0]
+
+
+def main(a: str, b: str, out: str) -> dict:
+    ra, rb = _rank_dir(Path(a)), _rank_dir(Path(b))
+    Path(out).mkdir(parents=True, exist_ok=True)
+    cfg = Path(out) / "compare.json"
+    cfg.write_text(json.dumps({"npu_path": str(ra / "dump.json"), "bench_path":
+                               str(rb / "dump.json"), "stack_path": str(ra / "stack.json"),
+                               "is_print_compare_log": False}))
+    data = sum(p.stat().st_size for r in (ra, rb) for p in (r / "dump_tensor_data").glob("*")
+               if p.is_file())
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "msprobe.msprobe", "-f", "pytorch", "compare",
+                           "-i", str(cfg), "-o", out], capture_output=True, text=True,
+                          check=False)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr[-2000:])
+    return {"seconds": seconds, "bytes": data}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(*sys.argv[1:4])))
