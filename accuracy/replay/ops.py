@@ -11,13 +11,21 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from accuracy.dumpfile.reader import DumpError, OpRecord
-from accuracy.replay.metrics import output_metrics
+from accuracy.replay.metrics import exact_metrics, output_metrics
 from accuracy.replay.rebuild import Unreplayable, build_call, check_inputs, load_input, resolve_op
 from accuracy.replay.registry import lookup_reference
 
 log = logging.getLogger(__name__)
 
 OK, SKIPPED, FAILED = "ok", "skipped", "failed"
+# Ops that only move or copy values: the reference is exact by construction, so no upcast run;
+# views (schema returns an alias) are detected from the schema.
+_MOVEMENT = {
+    "aten.clone.default", "aten.cat.default", "aten.stack.default", "aten._unsafe_view.default",
+    "aten.index_select.default", "aten.gather.default", "aten.split.Tensor",
+    "aten.split_with_sizes.default", "aten.unbind.int", "aten.expand_copy.default",
+    "aten.t_copy.default", "aten.permute_copy.default", "aten.view_copy.default",
+}
 _NO_KERNEL_HINTS = ("could not run", "not implemented for", "no kernel", "notimplemented")
 
 
@@ -125,12 +133,14 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str) -> OpOutcome:
     check_inputs(rec)
     fn, note = _kernel(rec)
     inputs = [load_input(t, device) for t in rec.inputs]
-    same = _run(fn, *build_call(rec, inputs, device, "none"), str(device))
+    mutable = bool(rec.extra.get("inplace")) or _mutable(rec.op)
+    same = _run(fn, *build_call(rec, inputs, device, "none", mutable), str(device))
     reasons = [note] if note else []
     high = same
-    if _needs_upcast(inputs, rec, upcast):
+    movement = _is_movement(rec.op)
+    if not movement and _needs_upcast(inputs, rec, upcast):
         try:
-            high = _run(fn, *build_call(rec, inputs, device, upcast), str(device))
+            high = _run(fn, *build_call(rec, inputs, device, upcast, mutable), str(device))
         except (Unreplayable, RuntimeError, TypeError, ValueError) as e:
             reasons.append(f"upcast run failed ({str(e)[:120]}); errors are against the "
                            "same-dtype reference")
@@ -159,9 +169,25 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str) -> OpOutcome:
         if ref.dtype != dev.dtype:
             reasons.append(f"output {t.idx}: reference dtype {ref.dtype} cast to {dev.dtype}")
             ref = ref.to(dev.dtype)
-        metrics.append(output_metrics(t.idx, dev, ref.cpu(), hi.cpu()))
+        if movement:
+            metrics.append(exact_metrics(t.idx, dev, ref.cpu()))
+        else:
+            metrics.append(output_metrics(t.idx, dev, ref.cpu(), hi.cpu()))
     tensors = [_host(t) for t in same]
     return OpOutcome(rec.seq, status, "; ".join(reasons), metrics, tensors)
+
+
+def _is_movement(op: str) -> bool:
+    if op in _MOVEMENT:
+        return True
+    fn = resolve_op(op)
+    return fn is not None and lookup_reference(op) is None and not fn._schema.is_mutable and any(
+        r.alias_info is not None for r in fn._schema.returns)
+
+
+def _mutable(op: str) -> bool:
+    fn = resolve_op(op)
+    return fn is None or fn._schema.is_mutable
 
 
 def _mismatch(idx: int) -> dict[str, Any]:

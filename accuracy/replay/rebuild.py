@@ -53,7 +53,7 @@ def load_input(t: TensorRecord, device: torch.device) -> torch.Tensor:
         out = torch.empty_strided(t.shape, stride, dtype=value.dtype, device=device)
         out.copy_(value)
         return out
-    return value.to(device, copy=True)
+    return value.to(device)  # the reader's tensor is already a private copy
 
 
 def _non_overlapping(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
@@ -92,10 +92,13 @@ def _map(obj: Any, device: torch.device, dtype_map: Any) -> Any:
 
 
 def build_call(rec: OpRecord, inputs: list[torch.Tensor], device: torch.device,
-               upcast: str) -> tuple[list[Any], dict[str, Any]]:
-    """(args, kwargs) for one run: fresh copies of `inputs`, upcast when `upcast` != "none"."""
-    # copy=True: in-place ops must not touch the shared inputs; strides are preserved.
-    tensors = [t.to(upcast_dtype(t.dtype, upcast), copy=True) for t in inputs]
+               upcast: str, mutable: bool = True) -> tuple[list[Any], dict[str, Any]]:
+    """(args, kwargs) for one run, upcast when `upcast` != "none".
+
+    A `mutable` op gets fresh copies, so the two runs start from the same inputs (strides are
+    preserved); other ops share `inputs` where the dtype does not change.
+    """
+    tensors = [t.to(upcast_dtype(t.dtype, upcast), copy=mutable) for t in inputs]
     args, kwargs = rec.call(tensors)
 
     def dt(d: torch.dtype) -> torch.dtype:
