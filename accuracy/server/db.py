@@ -75,6 +75,8 @@ class ReportRow(Base):
     op: Mapped[str] = mapped_column(String(200), default="")
     phase: Mapped[str] = mapped_column(String(16), default="")
     module: Mapped[str] = mapped_column(Text, default="")
+    # the module path without its root class name (what users type: encoder.layers.0)
+    module_tail: Mapped[str] = mapped_column(Text, default="")
     verdict: Mapped[str] = mapped_column(String(16), default="")
     dtype_my: Mapped[str] = mapped_column(String(32), default="")
     cosine: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -83,15 +85,32 @@ class ReportRow(Base):
     mean_abs_err: Mapped[float | None] = mapped_column(Float, nullable=True)
     rmse: Mapped[float | None] = mapped_column(Float, nullable=True)
     local_error_ratio: Mapped[float | None] = mapped_column(Float, nullable=True)
-    data: Mapped[str] = mapped_column(Text)  # the full row as JSON
 
+    # Narrow rows (the full JSON lives in ReportRowData) keep scans fast; each sort column has
+    # an index ending in idx so ORDER BY col, idx reads the index in order instead of sorting,
+    # and the metric indexes carry verdict and phase so the common filters need no row lookup.
     __table_args__ = (
         Index("ix_rows_report_idx", "report_id", "idx", unique=True),
         Index("ix_rows_report_verdict", "report_id", "verdict", "idx"),
         Index("ix_rows_report_phase", "report_id", "phase", "idx"),
-        Index("ix_rows_report_op", "report_id", "op"),
-        *(Index(f"ix_rows_report_{c}", "report_id", c) for c in METRIC_COLUMNS),
+        Index("ix_rows_report_op", "report_id", "op", "idx"),
+        Index("ix_rows_report_module", "report_id", "module", "idx"),
+        Index("ix_rows_report_module_tail", "report_id", "module_tail", "idx"),
+        Index("ix_rows_report_dtype", "report_id", "dtype_my", "idx"),
+        *(Index(f"ix_rows_report_{c}", "report_id", c, "idx", "verdict", "phase", "op")
+          for c in METRIC_COLUMNS),
     )
+
+
+class ReportRowData(Base):
+    """The full row as JSON, read only for the rows of the page being served."""
+
+    __tablename__ = "report_row_data"
+
+    report_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("reports.id", ondelete="CASCADE"), primary_key=True)
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[str] = mapped_column(Text)
 
 
 class Job(Base):

@@ -1,4 +1,7 @@
-"""FastAPI dependencies: the app's services, and the token check."""
+"""FastAPI dependencies: the app's services, and the token check.
+
+They are `async def` on purpose: they do no I/O, and a sync dependency costs a thread-pool hop
+on every request."""
 
 from __future__ import annotations
 
@@ -24,20 +27,20 @@ class Services:
     protect_reads: bool
 
 
-def services(request: Request) -> Services:
+async def services(request: Request) -> Services:
     return request.app.state.services
 
 
-def get_storage(request: Request) -> Storage:
-    return services(request).storage
+async def get_storage(request: Request) -> Storage:
+    return request.app.state.services.storage
 
 
-def get_rows(request: Request) -> RowIndex:
-    return services(request).rows
+async def get_rows(request: Request) -> RowIndex:
+    return request.app.state.services.rows
 
 
-def get_jobs(request: Request) -> JobManager:
-    return services(request).jobs
+async def get_jobs(request: Request) -> JobManager:
+    return request.app.state.services.jobs
 
 
 def presented_token(request: Request) -> str | None:
@@ -48,7 +51,7 @@ def presented_token(request: Request) -> str | None:
 
 
 def _check(request: Request) -> None:
-    token = services(request).token
+    token = request.app.state.services.token
     if token is None:
         return
     given = presented_token(request)
@@ -57,12 +60,12 @@ def _check(request: Request) -> None:
                             "(header 'Authorization: Bearer <token>')")
 
 
-def require_write(request: Request) -> None:
+async def require_write(request: Request) -> None:
     """Write endpoints need the token whenever the server has one."""
     _check(request)
 
 
-def require_read(request: Request) -> None:
+async def require_read(request: Request) -> None:
     """Reads need it too when the server listens beyond loopback (protect_reads)."""
-    if services(request).protect_reads:
+    if request.app.state.services.protect_reads:
         _check(request)

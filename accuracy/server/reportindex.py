@@ -16,7 +16,8 @@ from typing import Any
 from sqlalchemy import and_, func, insert, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from accuracy.server.db import METRIC_COLUMNS, Report, ReportRow
+from accuracy.patterns import strip_root
+from accuracy.server.db import METRIC_COLUMNS, Report, ReportRow, ReportRowData
 from accuracy.server.errors import ApiError, not_found
 from accuracy.server.jsonsafe import as_float, jsonable
 from accuracy.server.storage import Storage, new_id
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 SORTABLE = ("idx", "op", "phase", "module", "verdict", "dtype_my", *METRIC_COLUMNS)
 VERDICTS = ("pass", "warning", "error", "unmatched", "skipped")
 _BATCH = 5000
+PAGE_CACHE_BYTES = 32 * 1024 * 1024
 
 
 def index_report(
@@ -51,6 +53,8 @@ def index_report(
         for start in range(0, len(rows), _BATCH):
             batch = [_row_values(rid, i, r) for i, r in enumerate(rows[start:start + _BATCH],
                                                                   start)]
+            ses.execute(insert(ReportRowData), [
+                {"report_id": rid, "idx": b["idx"], "data": b.pop("data")} for b in batch])
             ses.execute(insert(ReportRow), batch)
     log.info("indexed report %s (%s, %d rows)", rid, name, len(rows))
     return rep
@@ -74,6 +78,7 @@ def _row_values(rid: str, pos: int, r: dict[str, Any]) -> dict[str, Any]:
     out = {
         "report_id": rid, "idx": idx, "op": str(r.get("op") or ""),
         "phase": str(r.get("phase") or ""), "module": str(r.get("module") or ""),
+        "module_tail": strip_root(str(r.get("module") or "")),
         "verdict": str(r.get("verdict") or ""), "dtype_my": str(r.get("dtype_my") or ""),
         "data": json.dumps(jsonable(r)),
     }
@@ -103,7 +108,8 @@ class RowQuery:
         if self.op:
             conds.append(_glob(ReportRow.op, self.op, prefix_dot=True))
         if self.module:
-            conds.append(_glob(ReportRow.module, self.module, prefix_dot=False))
+            conds.append(or_(_glob(ReportRow.module, self.module, prefix_dot=True),
+                             _glob(ReportRow.module_tail, self.module, prefix_dot=True)))
         if self.q:
             like = f"%{_escape(self.q)}%"
             conds.append(or_(ReportRow.op.like(like, escape="\\"),
@@ -116,16 +122,14 @@ def _escape(s: str) -> str:
 
 
 def _glob(col: Any, pattern: str, *, prefix_dot: bool) -> ColumnElement[bool]:
-    """Shell-style glob as SQL LIKE; a plain name also matches its overloads / submodules."""
-    like = _escape(pattern).replace("*", "%").replace("?", "_")
-    if any(ch in pattern for ch in "*?"):
-        if not prefix_dot:
-            return or_(col.like(like, escape="\\"), col.like(f"%.{like}", escape="\\"))
+    """Shell-style glob as SQL LIKE; a plain name also matches what lies under it
+    (`aten.mm` -> `aten.mm.default`, `encoder.layers.0` -> `encoder.layers.0.linear1`)."""
+    if any(ch in pattern for ch in "*?["):
+        like = _escape(pattern).replace("*", "%").replace("?", "_")
         return col.like(like, escape="\\")
-    if prefix_dot:
-        return or_(col == pattern, col.like(f"{like}.%", escape="\\"))
-    return or_(col == pattern, col.like(f"{like}.%", escape="\\"),
-               col.like(f"%.{like}", escape="\\"), col.like(f"%.{like}.%", escape="\\"))
+    if prefix_dot:  # a range, not LIKE, so an index on the column serves it
+        return or_(col == pattern, and_(col >= pattern + ".", col < pattern + "/"))
+    return col == pattern
 
 
 class RowIndex:
@@ -134,17 +138,52 @@ class RowIndex:
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
         self._counts: OrderedDict[tuple, int] = OrderedDict()
+        self._pages: OrderedDict[tuple, str] = OrderedDict()
+        self._page_bytes = 0
         self._lock = threading.Lock()
 
+    def cached_page(self, report_id: str, q: RowQuery, offset: int, limit: int) -> str | None:
+        with self._lock:
+            body = self._pages.get((report_id, q, offset, limit))
+            if body is not None:
+                self._pages.move_to_end((report_id, q, offset, limit))
+            return body
+
+    def page_json(self, report_id: str, q: RowQuery, offset: int, limit: int) -> str:
+        """The rows endpoint's body; pages of an indexed report never change, so the most
+        recent ones (up to PAGE_CACHE_BYTES) are answered from memory."""
+        key = (report_id, q, offset, limit)
+        with self._lock:
+            body = self._pages.get(key)
+            if body is not None:
+                self._pages.move_to_end(key)
+                return body
+        items = self.page_raw(report_id, q, offset, limit)
+        total = self.count(report_id, q)
+        body = (f'{{"total":{total},"offset":{offset},"limit":{limit},"items":['
+                + ",".join(items) + "]}")
+        with self._lock:
+            if key not in self._pages:
+                self._pages[key] = body
+                self._page_bytes += len(body)
+            while self._page_bytes > PAGE_CACHE_BYTES and self._pages:
+                _, old = self._pages.popitem(last=False)
+                self._page_bytes -= len(old)
+        return body
+
     def count(self, report_id: str, q: RowQuery) -> int:
-        key = (report_id, q.verdict, q.phase, q.op, q.module, q.q)
+        return self._count(report_id, q, (), q.where(report_id))
+
+    def _count(self, report_id: str, q: RowQuery, extra: tuple,
+               where: ColumnElement[bool]) -> int:
+        key = (report_id, q.verdict, q.phase, q.op, q.module, q.q, *extra)
         with self._lock:
             if key in self._counts:
                 self._counts.move_to_end(key)
                 return self._counts[key]
         with self.storage.engine.connect() as con:
             n = int(con.execute(select(func.count()).select_from(ReportRow)
-                                .where(q.where(report_id))).scalar_one())
+                                .where(where)).scalar_one())
         with self._lock:
             self._counts[key] = n
             while len(self._counts) > 4096:
@@ -155,29 +194,60 @@ class RowIndex:
         with self._lock:
             for k in [k for k in self._counts if k[0] == report_id]:
                 del self._counts[k]
+            for k in [k for k in self._pages if k[0] == report_id]:
+                self._page_bytes -= len(self._pages.pop(k))
+
+    def _ids(self, report_id: str, where: ColumnElement[bool], order: list, offset: int,
+             limit: int) -> list[int]:
+        stmt = select(ReportRow.idx).where(where).order_by(*order).offset(offset).limit(limit)
+        with self.storage.engine.connect() as con:
+            return list(con.execute(stmt).scalars())
 
     def page(self, report_id: str, q: RowQuery, offset: int, limit: int
              ) -> list[dict[str, Any]]:
+        """One page of rows as dicts (see page_ids for the order)."""
+        return [json.loads(d) for d in self.page_raw(report_id, q, offset, limit)]
+
+    def page_raw(self, report_id: str, q: RowQuery, offset: int, limit: int) -> list[str]:
+        """One page of rows as their stored JSON text (the API passes it through unparsed)."""
+        return self._raw(report_id, self.page_ids(report_id, q, offset, limit))
+
+    def page_ids(self, report_id: str, q: RowQuery, offset: int, limit: int) -> list[int]:
+        """The idx of one page of rows. Sorting by a metric lists rows that have it first (in index
+        order, ties by idx in the same direction), then the rows without it by idx."""
         if q.sort not in SORTABLE:
             raise ApiError(400, f"cannot sort by {q.sort!r}; choose one of {', '.join(SORTABLE)}")
         col = getattr(ReportRow, q.sort)
-        key = col.desc() if q.order == "desc" else col.asc()
-        stmt = select(ReportRow.data).where(q.where(report_id))
-        if q.sort in METRIC_COLUMNS:  # rows without the metric go last either way
-            stmt = stmt.order_by(col.is_(None), key, ReportRow.idx)
+        desc = q.order == "desc"
+        order = [col.desc(), ReportRow.idx.desc()] if desc else [col.asc(), ReportRow.idx.asc()]
+        where = q.where(report_id)
+        if q.sort not in METRIC_COLUMNS:
+            ids = self._ids(report_id, where, order, offset, limit)
         else:
-            stmt = stmt.order_by(key, ReportRow.idx)
-        stmt = stmt.offset(offset).limit(limit)
+            with_metric = and_(where, col.is_not(None))
+            n_metric = self._count(report_id, q, ("metric", q.sort), with_metric)
+            ids = []
+            if offset < n_metric:
+                ids = self._ids(report_id, with_metric, order, offset, limit)
+            if len(ids) < limit:
+                ids += self._ids(report_id, and_(where, col.is_(None)), [ReportRow.idx],
+                                 max(0, offset - n_metric), limit - len(ids))
+        return ids
+
+    def _raw(self, report_id: str, ids: list[int]) -> list[str]:
+        if not ids:
+            return []
+        stmt = select(ReportRowData.idx, ReportRowData.data).where(
+            ReportRowData.report_id == report_id, ReportRowData.idx.in_(ids))
         with self.storage.engine.connect() as con:
-            return [json.loads(d) for d in con.execute(stmt).scalars()]
+            found = dict(con.execute(stmt).all())
+        return [found[i] for i in ids if i in found]
 
     def row(self, report_id: str, idx: int) -> dict[str, Any]:
-        with self.storage.engine.connect() as con:
-            data = con.execute(select(ReportRow.data).where(
-                ReportRow.report_id == report_id, ReportRow.idx == idx)).scalar_one_or_none()
-        if data is None:
+        rows = self._raw(report_id, [idx])
+        if not rows:
             raise not_found(f"row {idx} of report {report_id!r}")
-        return json.loads(data)
+        return json.loads(rows[0])
 
     def series(self, report_id: str, metric: str, max_points: int) -> dict[str, list]:
         """Metric per row along execution order; buckets keep each bucket's worst row."""

@@ -20,7 +20,15 @@ from sqlalchemy.orm import sessionmaker
 
 from accuracy.dumpfile import DumpError, load_dump
 from accuracy.dumpfile.reader import Dump
-from accuracy.server.db import Job, Report, ReportRow, Run, make_engine, make_sessionmaker
+from accuracy.server.db import (
+    Job,
+    Report,
+    ReportRow,
+    ReportRowData,
+    Run,
+    make_engine,
+    make_sessionmaker,
+)
 from accuracy.server.errors import ApiError, not_found, scrub
 from accuracy.server.jsonsafe import jsonable
 
@@ -210,6 +218,7 @@ class Storage:
         self.report(report_id)
         with self.Session.begin() as ses:
             ses.execute(delete(ReportRow).where(ReportRow.report_id == report_id))
+            ses.execute(delete(ReportRowData).where(ReportRowData.report_id == report_id))
             ses.execute(delete(Report).where(Report.id == report_id))
 
     # -- jobs ------------------------------------------------------------------------------

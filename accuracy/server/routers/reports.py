@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from accuracy.server import exports, tensorview
 from accuracy.server.db import Report
@@ -32,7 +33,7 @@ from accuracy.server.storage import Storage, clean_label
 router = APIRouter(prefix="/api/reports", tags=["reports"])
 
 
-def row_query(
+async def row_query(
     verdict: list[str] = Query([], description="pass, warning, error, unmatched; repeatable"),
     phase: str | None = Query(None, pattern="^(forward|backward|optimizer)$"),
     op: str | None = Query(None, max_length=200, description="op name or glob"),
@@ -89,15 +90,18 @@ def delete_report(report_id: str, storage: Storage = Depends(get_storage),
 
 @router.get("/{report_id}/rows", response_model=Page[dict[str, Any]],
             dependencies=[Depends(require_read)])
-def list_rows(report_id: str, query: RowQuery = Depends(row_query),
+async def list_rows(report_id: str, query: RowQuery = Depends(row_query),
               offset: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=1000),
               storage: Storage = Depends(get_storage), rows: RowIndex = Depends(get_rows)
-              ) -> Page[dict[str, Any]]:
-    """Rows in the chosen order; filtering, sorting and paging happen in the database."""
-    storage.report(report_id)
-    items = rows.page(report_id, query, offset, limit)
-    return Page[dict[str, Any]](total=rows.count(report_id, query), offset=offset, limit=limit,
-                                items=items)
+              ) -> Response:
+    """Rows in the chosen order; filtering, sorting and paging happen in the database.
+
+    Rows are stored as JSON and passed through as stored, without a parse and re-encode."""
+    body = rows.cached_page(report_id, query, offset, limit)
+    if body is None:  # a database query: off the event loop
+        await run_in_threadpool(storage.report, report_id)
+        body = await run_in_threadpool(rows.page_json, report_id, query, offset, limit)
+    return Response(body, media_type="application/json")
 
 
 def _tensor(storage: Storage, run_id: str | None, address: Any) -> TensorOut | None:
