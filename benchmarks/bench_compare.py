@@ -93,6 +93,13 @@ def main() -> int:
         print(f"accuracy compare -j {args.jobs}: {r['bytes'] / 1e6:.0f} MB of tensor data in "
               f"{r['seconds']:.2f} s = {gbps:.3f} GB/s ({gbps / cores:.3f} GB/s per core), "
               f"{r['rows']} rows {r['counts']}")
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "accuracy.cli", "compare", "-m", str(device), "-g",
+                        str(golden), "-j", str(args.jobs), "--no-progress"], check=True,
+                       capture_output=True)
+        cli_s = time.perf_counter() - t0
+        print(f"accuracy compare CLI (process start included): {cli_s:.2f} s = "
+              f"{r['bytes'] / cli_s / 1e9:.3f} GB/s")
         m = None if args.no_msprobe else msprobe(work)
         if m is None:
             print("msprobe: not installed in benchmarks/.msprobe-venv (see the module docstring"

@@ -23,19 +23,16 @@ def _rank_dir(d: Path) -> Path:
 def main(a: str, b: str, out: str) -> dict:
     ra, rb = _rank_dir(Path(a)), _rank_dir(Path(b))
     Path(out).mkdir(parents=True, exist_ok=True)
-    cfg = Path(out) / "compare.json"
-    cfg.write_text(json.dumps({"npu_path": str(ra / "dump.json"), "bench_path":
-                               str(rb / "dump.json"), "stack_path": str(ra / "stack.json"),
-                               "is_print_compare_log": False}))
     data = sum(p.stat().st_size for r in (ra, rb) for p in (r / "dump_tensor_data").glob("*")
                if p.is_file())
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "msprobe.msprobe", "-f", "pytorch", "compare",
-                           "-i", str(cfg), "-o", out], capture_output=True, text=True,
-                          check=False)
+    proc = subprocess.run([sys.executable, "-m", "msprobe.msprobe", "compare", "--target_path",
+                           str(ra.parent), "--golden_path", str(rb.parent), "--output_path",
+                           out],
+                          capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(proc.stderr[-2000:])
+    if proc.returncode != 0 or not list(Path(out).glob("compare_result*")):
+        raise SystemExit((proc.stdout + proc.stderr)[-2000:])
     return {"seconds": seconds, "bytes": data}
 
 
