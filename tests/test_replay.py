@@ -261,6 +261,20 @@ def test_statistics_dump_is_refused(tmp_path):
     assert main(["replay", str(path), "-o", str(tmp_path / "r.h5")]) == 2
 
 
+def test_newer_schema_is_refused(tmp_path):
+    import h5py
+
+    from accuracy.dumpfile import DumpError
+
+    path = tmp_path / "new.h5"
+    with dumper(path):
+        torch.randn(3).exp()
+    with h5py.File(path, "r+") as f:
+        f.attrs["schema_version"] = 99
+    with pytest.raises(DumpError, match="newer"):
+        replay(path, tmp_path / "r.h5")
+
+
 def test_load_mode_feeds_golden_inputs(tmp_path):
     batch = lm_batch(batch=2, seq=16)
     gold = tmp_path / "gold.h5"

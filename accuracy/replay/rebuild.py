@@ -71,10 +71,13 @@ def check_inputs(rec: OpRecord) -> None:
     extra = rec.extra
     if extra.get("uninitialized"):
         raise Unreplayable("uninitialised factory: its output is whatever memory held")
-    missing = [t.address for t in rec.inputs if not t.has_data]
+    missing = [t for t in rec.inputs if not t.has_data]
     if missing:
-        raise Unreplayable(
-            f"input not in the dump (statistics mode or filtered): {', '.join(missing[:3])}")
+        where = ", ".join(t.address for t in missing[:3])
+        if all(t.stats.get("nan_count", 0) < 0 for t in missing):
+            raise Unreplayable(f"input not in the dump (statistics mode, filtered, or "
+                               f"uninitialised memory): {where}")
+        raise Unreplayable(f"input not in the dump (statistics mode or filtered): {where}")
     if len(rec.inputs) != rec.args_json.count('"__tensor__"'):
         raise Unreplayable("inputs were not recorded (data_mode without 'input')")
 
