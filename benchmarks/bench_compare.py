@@ -1,7 +1,9 @@
 """Compare throughput: tensor dumps of the benchmark transformer step, golden on CPU, device on
 `sim` fp16-cube; prints GB/s of tensor data compared and the wall time. Where msprobe is installed
 in benchmarks/.msprobe-venv, also dumps the same step with msprobe (tensor, L1), runs its compare
-and prints both throughputs side by side.
+and prints both throughputs side by side. To install it there (never a project dependency):
+python3.11 -m venv benchmarks/.msprobe-venv &&
+benchmarks/.msprobe-venv/bin/pip install torch==2.13.0 mindstudio-probe
 
     .venv/bin/python benchmarks/bench_compare.py [-j N] [--repeat 3] [--workdir DIR]
 """
@@ -102,8 +104,9 @@ def main() -> int:
               f"{r['bytes'] / cli_s / 1e9:.3f} GB/s")
         m = None if args.no_msprobe else msprobe(work)
         if m is None:
-            print("msprobe: not installed in benchmarks/.msprobe-venv (see the module docstring"
-                  " of benchmarks/_common.py); no side-by-side figure")
+            print("msprobe: " + ("skipped (--no-msprobe)" if args.no_msprobe else
+                                 "not installed in benchmarks/.msprobe-venv (see this module's "
+                                 "docstring); no side-by-side figure"))
             return 0
         mg = m["bytes"] / m["seconds"] / 1e9
         print(f"msprobe compare:        {m['bytes'] / 1e6:.0f} MB of tensor data in "
