@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ SORTABLE = ("idx", "op", "phase", "module", "verdict", "dtype_my", *METRIC_COLUM
 VERDICTS = ("pass", "warning", "error", "unmatched", "skipped")
 _BATCH = 5000
 PAGE_CACHE_BYTES = 32 * 1024 * 1024
+ORDER_CACHE_IDS = 8_000_000  # 64 MB of row orders
 
 
 def index_report(
@@ -139,6 +141,8 @@ class RowIndex:
         self.storage = storage
         self._counts: OrderedDict[tuple, int] = OrderedDict()
         self._pages: OrderedDict[tuple, str] = OrderedDict()
+        self._orders: OrderedDict[tuple, array] = OrderedDict()
+        self._order_ids = 0
         self._page_bytes = 0
         self._lock = threading.Lock()
 
@@ -196,6 +200,8 @@ class RowIndex:
                 del self._counts[k]
             for k in [k for k in self._pages if k[0] == report_id]:
                 self._page_bytes -= len(self._pages.pop(k))
+            for k in [k for k in self._orders if k[0] == report_id]:
+                self._order_ids -= len(self._orders.pop(k))
 
     def _ids(self, report_id: str, where: ColumnElement[bool], order: list, offset: int,
              limit: int) -> list[int]:
@@ -213,26 +219,46 @@ class RowIndex:
         return self._raw(report_id, self.page_ids(report_id, q, offset, limit))
 
     def page_ids(self, report_id: str, q: RowQuery, offset: int, limit: int) -> list[int]:
-        """The idx of one page of rows. Sorting by a metric lists rows that have it first (in index
-        order, ties by idx in the same direction), then the rows without it by idx."""
+        """The idx of one page of rows, sliced from the query's whole order (see order)."""
+        return self.order(report_id, q)[offset:offset + limit].tolist()
+
+    def order(self, report_id: str, q: RowQuery) -> array:
+        """Every matching idx in display order, computed once per filter and sort.
+
+        Reports never change once indexed, so keeping the order (4 bytes a row) makes any page,
+        however deep, a slice plus a primary-key read. Sorting by a metric lists the rows that
+        have it first (index order, ties by idx in the same direction), then the rest by idx.
+        """
         if q.sort not in SORTABLE:
             raise ApiError(400, f"cannot sort by {q.sort!r}; choose one of {', '.join(SORTABLE)}")
+        key = (report_id, q)
+        with self._lock:
+            ids = self._orders.get(key)
+            if ids is not None:
+                self._orders.move_to_end(key)
+                return ids
         col = getattr(ReportRow, q.sort)
         desc = q.order == "desc"
         order = [col.desc(), ReportRow.idx.desc()] if desc else [col.asc(), ReportRow.idx.asc()]
         where = q.where(report_id)
         if q.sort not in METRIC_COLUMNS:
-            ids = self._ids(report_id, where, order, offset, limit)
+            ids = self._ids(where, order)
         else:
-            with_metric = and_(where, col.is_not(None))
-            n_metric = self._count(report_id, q, ("metric", q.sort), with_metric)
-            ids = []
-            if offset < n_metric:
-                ids = self._ids(report_id, with_metric, order, offset, limit)
-            if len(ids) < limit:
-                ids += self._ids(report_id, and_(where, col.is_(None)), [ReportRow.idx],
-                                 max(0, offset - n_metric), limit - len(ids))
+            ids = self._ids(and_(where, col.is_not(None)), order)
+            ids.extend(self._ids(and_(where, col.is_(None)), [ReportRow.idx]))
+        with self._lock:
+            if key not in self._orders:
+                self._orders[key] = ids
+                self._order_ids += len(ids)
+            while self._order_ids > ORDER_CACHE_IDS and len(self._orders) > 1:
+                _, old = self._orders.popitem(last=False)
+                self._order_ids -= len(old)
         return ids
+
+    def _ids(self, where: ColumnElement[bool], order: list) -> array:
+        stmt = select(ReportRow.idx).where(where).order_by(*order)
+        with self.storage.engine.connect() as con:
+            return array("q", con.execute(stmt).scalars())
 
     def _raw(self, report_id: str, ids: list[int]) -> list[str]:
         if not ids:
