@@ -142,6 +142,7 @@ class RowIndex:
         self._counts: OrderedDict[tuple, int] = OrderedDict()
         self._pages: OrderedDict[tuple, str] = OrderedDict()
         self._orders: OrderedDict[tuple, array] = OrderedDict()
+        self._series: OrderedDict[tuple, dict[str, list]] = OrderedDict()
         self._order_ids = 0
         self._page_bytes = 0
         self._lock = threading.Lock()
@@ -202,6 +203,8 @@ class RowIndex:
                 self._page_bytes -= len(self._pages.pop(k))
             for k in [k for k in self._orders if k[0] == report_id]:
                 self._order_ids -= len(self._orders.pop(k))
+            for k in [k for k in self._series if k[1] == report_id]:
+                del self._series[k]
 
     def _ids(self, report_id: str, where: ColumnElement[bool], order: list, offset: int,
              limit: int) -> list[int]:
@@ -276,7 +279,23 @@ class RowIndex:
         return json.loads(rows[0])
 
     def series(self, report_id: str, metric: str, max_points: int) -> dict[str, list]:
-        """Metric per row along execution order; buckets keep each bucket's worst row."""
+        """Metric per row along execution order; buckets keep each bucket's worst row.
+        Cached: every visit of a report page asks for the same chart."""
+        key = ("series", report_id, metric, max_points)
+        with self._lock:
+            hit = self._series.get(key)
+            if hit is not None:
+                self._series.move_to_end(key)
+                return hit
+        out = self._series_uncached(report_id, metric, max_points)
+        with self._lock:
+            self._series[key] = out
+            while len(self._series) > 32:
+                self._series.popitem(last=False)
+        return out
+
+    def _series_uncached(self, report_id: str, metric: str, max_points: int
+                         ) -> dict[str, list]:
         if metric not in METRIC_COLUMNS:
             raise ApiError(400, f"unknown metric {metric!r}; choose one of "
                                 f"{', '.join(METRIC_COLUMNS)}")

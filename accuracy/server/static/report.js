@@ -29,7 +29,7 @@
   async function drawChart() {
     const metric = document.getElementById("metric").value;
     const log = document.getElementById("logscale").checked;
-    const resp = await fetch(`/api/reports/${rid}/series?metric=${metric}&max_points=20000`);
+    const resp = await fetch(`/api/reports/${rid}/series?metric=${metric}&max_points=8000`);
     if (!resp.ok) { chartEl.textContent = "chart unavailable"; return; }
     series = await resp.json();
     const xs = series.idx;
