@@ -344,6 +344,25 @@ def test_ui_pages_render(client, report):
     assert client.get("/ui/reports/nope").status_code == 404
 
 
+def test_startup_import_links_report_to_its_runs(files, tmp_path):
+    from accuracy.server.startup import import_paths
+    from accuracy.server.storage import Storage
+
+    storage = Storage(tmp_path / "s")
+    lines = import_paths(storage, runs=[str(files["my"]), str(files["golden"])],
+                         reports=[str(files["report"])])
+    rep = storage.reports()[0]
+    by_name = {r.name: r.id for r in storage.runs()}
+    assert rep.my_run_id == by_name["my.h5"] and rep.golden_run_id == by_name["golden.h5"]
+    assert f"/ui/reports/{rep.id}" in lines[-1]
+    storage.close()
+
+
+def test_runs_page_offers_a_compare_form(client, runs):
+    page = client.get("/")
+    assert 'id="newjob"' in page.text and runs["my"] in page.text
+
+
 # -- errors ---------------------------------------------------------------------------------
 
 

@@ -21,10 +21,12 @@ def import_paths(storage: Storage, *, runs: Iterable[str] = (), reports: Iterabl
                  ) -> list[str]:
     """Index each path; returns one human line per path (with the URL to open)."""
     lines = []
+    by_path: dict[Path, str] = {}
     for raw in runs:
         p = Path(raw).resolve()
         try:
             run = storage._index_run(p, p.name, "register", _id())
+            by_path[p] = run.id
             lines.append(f"run {run.id}: {p.name} ({run.ops} ops)")
         except ApiError as e:
             lines.append(f"run {p.name}: skipped ({e.message})")
@@ -33,8 +35,16 @@ def import_paths(storage: Storage, *, runs: Iterable[str] = (), reports: Iterabl
 
         p = Path(raw).resolve()
         data = load_report(p)
-        rep = index_report(storage, data.get("summary", {}), list(data.get("rows", [])),
-                           name=p.name, report_dir=str(p))
+        summary = data.get("summary", {})
+
+        def run_of(key: str, summary: dict = summary) -> str | None:
+            """Link the report to a run given on the same command line (for its tensors)."""
+            name = summary.get(key)
+            return by_path.get(Path(name).resolve()) if isinstance(name, str) else None
+
+        rep = index_report(storage, summary, list(data.get("rows", [])), name=p.name,
+                           report_dir=str(p), my_run_id=run_of("my"),
+                           golden_run_id=run_of("golden"), replay_run_id=run_of("replay"))
         lines.append(f"report {rep.id}: {p.name} ({rep.n_rows} rows) -> /ui/reports/{rep.id}")
     return lines
 

@@ -39,7 +39,7 @@ def _page(request: Request, svc: Services, name: str, ctx: dict[str, Any]) -> Re
                                           status_code=401)
     resp = templates.TemplateResponse(request, name, ctx)
     given = request.query_params.get("token")
-    if given and svc.token:
+    if given and svc.token and hmac.compare_digest(given.encode(), svc.token.encode()):
         resp.set_cookie(TOKEN_COOKIE, given, httponly=True, samesite="strict")
     return resp
 
