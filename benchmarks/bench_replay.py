@@ -5,12 +5,14 @@ is dumped once in tensor mode, then replayed on CPU: in the op's own dtype and u
 (the default), and with --upcast none for comparison. Prints ops/s, MB/s of tensor data read
 and the ratio to the bare step's time (goal: at most 3x).
 
-Run: .venv/bin/python benchmarks/bench_replay.py [--repeat 3] [--jobs 1]
+Run: .venv/bin/python benchmarks/bench_replay.py [--repeat 5] [--jobs 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -25,30 +27,35 @@ from accuracy.replay import replay
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=1)
     args = ap.parse_args()
     model, batch = bench_setup()
     tmp = Path(tempfile.mkdtemp(prefix="bench_replay_"))
-    bare = timed(lambda: bench_step(model, batch), repeat=5)
     dump = tmp / "tensor.h5"
     with dumper(dump_path=dump, mode="tensor"):
         bench_step(model, batch)
 
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, jobs {args.jobs}, "
-          f"best of {args.repeat} replays; dump {dump.stat().st_size / 1e6:.1f} MB")
-    print(f"{'run':26s} {'seconds':>8s} {'x bare':>7s} {'ops/s':>8s} {'MB/s read':>10s}  status")
-    print(f"{'bare step':26s} {bare:8.3f} {1:7.2f}")
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, jobs {args.jobs}; "
+          f"dump {dump.stat().st_size / 1e6:.1f} MB. Each replay is paired with a bare step "
+          f"timed just before it (this machine is shared); medians of {args.repeat} pairs")
+    print(f"{'run':22s} {'replay s':>9s} {'bare s':>7s} {'x bare':>7s} {'ops/s':>7s} "
+          f"{'MB/s read':>10s}  status")
     for upcast in ("fp64", "none"):
-        best, res = float("inf"), None
+        times, bares, res = [], [], None
         for i in range(args.repeat):
+            bares.append(timed(lambda: bench_step(model, batch), repeat=3))
             t0 = time.perf_counter()
             res = replay(dump, tmp / f"replay-{upcast}-{i}.h5", upcast=upcast, jobs=args.jobs)
-            best = min(best, time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0)
+            (tmp / f"replay-{upcast}-{i}.h5").unlink()
         assert res is not None
-        print(f"{'replay, upcast ' + upcast:26s} {best:8.3f} {best / bare:7.2f} "
-              f"{res.total / best:8.0f} {res.bytes_read / 1e6 / best:10.1f}  "
+        t, b = statistics.median(times), statistics.median(bares)
+        ratio = statistics.median(x / y for x, y in zip(times, bares, strict=True))
+        print(f"{'replay, upcast ' + upcast:22s} {t:9.3f} {b:7.3f} {ratio:7.2f} "
+              f"{res.total / t:7.0f} {res.bytes_read / 1e6 / t:10.1f}  "
               f"{res.ok} ok, {res.skipped} skipped, {res.failed} failed")
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

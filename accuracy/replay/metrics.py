@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -29,10 +30,16 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.numel() == 0:
         return True
-    if a.dtype == torch.bool:
-        return torch.equal(a, b)
-    view = _BITS[a.element_size()]
-    return torch.equal(a.contiguous().view(view), b.contiguous().view(view))
+    if a.device.type != "cpu" or b.device.type != "cpu":
+        view = _BITS[a.element_size()] if not a.is_complex() else None
+        if view is None:
+            a, b = torch.view_as_real(a), torch.view_as_real(b)
+            view = _BITS[a.element_size()]
+        return torch.equal(a.view(view), b.view(view))
+    # numpy's byte comparison is several times faster than torch.equal here
+    ua = a.contiguous().reshape(-1).view(torch.uint8).numpy()
+    ub = b.contiguous().reshape(-1).view(torch.uint8).numpy()
+    return bool(np.array_equal(ua, ub))
 
 
 def _f64(t: torch.Tensor) -> torch.Tensor:
