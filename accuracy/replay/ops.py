@@ -148,7 +148,8 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str) -> OpOutcome:
         high = same
     del inputs
     if not rec.outputs:
-        reasons.append("device outputs not in the dump: reference computed, nothing compared")
+        reasons.append("device outputs not in the dump: reference computed, nothing compared"
+                       if same else "no tensor outputs: nothing to compare")
         return OpOutcome(rec.seq, OK, "; ".join(reasons), [], [_host(t) for t in same])
     status, metrics = OK, []
     for t in rec.outputs:
