@@ -24,7 +24,6 @@ try:
     HAVE_COMPARE = True
 except ImportError:
     HAVE_COMPARE = False
-needs_compare = pytest.mark.skipif(not HAVE_COMPARE, reason="accuracy.compare is not installed")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import shutil
 import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import update
@@ -192,16 +191,3 @@ class JobManager:
         for ev in self._cancel.values():
             ev.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-def report_dir_files(report_dir: str | None) -> dict[str, Path]:
-    """The files compare wrote for a report, by format."""
-    if not report_dir:
-        return {}
-    d = Path(report_dir)
-    out: dict[str, Path] = {}
-    for fmt in FORMATS:
-        hits = sorted(d.glob(f"*.{fmt}"))
-        if hits:
-            out[fmt] = hits[0]
-    return out
