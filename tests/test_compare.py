@@ -189,6 +189,7 @@ def test_fail_on_exit_codes(dumps, lm_dumps, tmp_path, capsys):
     assert main(["compare", "-m", dev, "-g", gold, "--fail-on", "error"]) == 1
     cfg = tmp_path / "lenient.toml"
     cfg.write_text("[float32]\ncosine_error = -2.0\nrel_euc_error = 1e9\n"
+                   "[float16]\ncosine_error = -2.0\nrel_euc_error = 1e9\n"
                    "[integer]\nmax_abs_error = 1e9\n")
     args = ["compare", "-m", dev, "-g", gold, "--config", str(cfg), "--fail-on"]
     assert main(args + ["error"]) == 0

@@ -15,6 +15,7 @@ from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
 from accuracy.compare.engine import BlobReader, TensorRef, compare_refs, worker_run
 from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statistics_metrics
+from accuracy.compare.precision import ComputePrecision
 from accuracy.compare.report import Report, analyse
 from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, load_dump
 
@@ -204,7 +205,7 @@ def _replay_index(replay: Dump | None) -> dict[int, dict[str, Any]]:
 
 
 def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
-         replay: dict[int, dict[str, Any]]) -> dict[str, Any]:
+         replay: dict[int, dict[str, Any]], precision: ComputePrecision) -> dict[str, Any]:
     m, g = s.my, s.golden
     ref_op = s.my_op or s.golden_op
     row: dict[str, Any] = {
@@ -241,7 +242,7 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
         row[f"{name}_rel_diff"] = sm.get(f"{k}_rel_diff")
     row.update({"local_error_ratio": None, "local_verdict": None, "replay_status": None,
                 "amplification": None, "accumulated_verdict": None, "verdict": V.PASS,
-                "message": ""})
+                "message": "", "compute_precision": None})
     msgs: list[str] = []
     if m is None or g is None:
         row["verdict"] = V.UNMATCHED
@@ -265,11 +266,18 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
         row["message"] = "; ".join(msgs + ["empty tensor: nothing to compare"])
         row["accumulated_verdict"] = V.PASS
         return row
+    compute = None
+    if s.kind == "op" and s.io == "output" and s.my_op is not None:
+        compute = precision.coarser(s.my_op.op, m.dtype)
+        row["compute_precision"] = compute
     if res is None:
         verdict, msg = V.stats_verdict(row, cfg)
     else:
         row.update({k: v for k, v in res.items() if k in row})
-        verdict, msg = V.metric_verdict(row, cfg)
+        verdict, msg = V.metric_verdict(
+            row, cfg, ComputePrecision.section(compute) if compute else None)
+    if compute:
+        msgs.append(f"judged at its compute precision {compute}")
     row["accumulated_verdict"] = verdict
     if msg:
         msgs.append(msg)
@@ -280,7 +288,8 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
             out = next((o for o in rp.get("outputs", []) if o.get("idx") == s.idx), None)
             if out is not None:
                 row["local_error_ratio"] = out.get("error_ratio")
-                lv = V.ratio_verdict(row["local_error_ratio"], cfg)
+                lv = V.ratio_verdict(row["local_error_ratio"], cfg,
+                                     ComputePrecision.ratio_scale(compute, m.dtype))
                 row["local_verdict"] = lv
                 if lv is not None:
                     verdict = lv
@@ -314,10 +323,11 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
         dumps = {str(dm.path): dm, str(dg.path): dg}
         results, nbytes = _run_metrics(specs, dumps, algs, max(1, int(jobs)), progress)
         rp = _replay_index(dr)
+        precision = ComputePrecision.from_sources(cfg, dm.attrs)
         rows = []
         for i, s in enumerate(specs):
             res = results.get((_key(s.my), _key(s.golden))) if _needs_data(s) else None
-            rows.append(_row(i, s, res, cfg, rp))
+            rows.append(_row(i, s, res, cfg, rp, precision))
         seconds = time.perf_counter() - t0
         meta = {
             "my": str(dm.path), "golden": str(dg.path),

@@ -66,12 +66,20 @@ def worse(a: str, b: str) -> str:
     return a if _RANK.get(a, 0) >= _RANK.get(b, 0) else b
 
 
-def metric_verdict(row: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str]:
-    """Verdict of a compared tensor pair from its metrics (accumulated error vs golden)."""
+def metric_verdict(row: dict[str, Any], cfg: dict[str, Any],
+                   compute: str | None = None) -> tuple[str, str]:
+    """Verdict of a compared tensor pair from its metrics (accumulated error vs golden).
+
+    `compute`: the op's compute precision when coarser than its dtype (see precision.py);
+    its thresholds then apply.
+    """
     if row.get("nan_mismatch") or row.get("inf_mismatch"):
         return ERROR, (f"non-finite values differ: {row.get('nan_mismatch') or 0} NaN and "
                        f"{row.get('inf_mismatch') or 0} inf positions")
-    sec = section_for(cfg, row["dtype_my"], row["dtype_golden"])
+    base = section_for(cfg, row["dtype_my"], row["dtype_golden"])
+    sec = base
+    if compute is not None and "max_abs_error" not in base:
+        sec = cfg.get(compute, cfg["float"])
     if "max_abs_error" in sec:
         mae = row.get("max_abs_err")
         if mae is not None and mae > sec["max_abs_error"]:
@@ -80,6 +88,12 @@ def metric_verdict(row: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str]:
     cos, red = row.get("cosine"), row.get("rel_euc_dist")
     if cos is None and red is None:
         return PASS, "no finite values to compare"
+    floor = base.get("zero_floor", 0.0)  # a property of the tensors' dtype, not the kernel
+    magnitude = max((abs(v) for v in (row.get("my_max"), row.get("my_min"),
+                                      row.get("golden_max"), row.get("golden_min"))
+                     if v is not None and math.isfinite(v)), default=0.0)
+    if floor and magnitude <= floor:
+        return PASS, f"all values below zero_floor {floor:g}: rounding noise, not judged"
     msgs = []
     verdict = PASS
     for level, ck, rk in ((ERROR, "cosine_error", "rel_euc_error"),
@@ -109,13 +123,17 @@ def stats_verdict(row: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str]:
     return PASS, "statistics only"
 
 
-def ratio_verdict(ratio: float | None, cfg: dict[str, Any]) -> str | None:
-    """Verdict from a replay's local error ratio; None when there is no usable ratio."""
+def ratio_verdict(ratio: float | None, cfg: dict[str, Any], scale: float = 1.0) -> str | None:
+    """Verdict from a replay's local error ratio; None when there is no usable ratio.
+
+    `scale` widens the thresholds for ops whose expected compute precision is coarser than
+    their dtype (the reference runs in the dtype; see precision.py).
+    """
     if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)):
         return None
     sec = cfg["replay"]
-    if ratio > sec["error_ratio_error"]:
+    if ratio > sec["error_ratio_error"] * scale:
         return ERROR
-    if ratio > sec["error_ratio_warning"]:
+    if ratio > sec["error_ratio_warning"] * scale:
         return WARNING
     return PASS
