@@ -1,34 +1,201 @@
-"""`accuracy demo`: dump one training step of a small built-in model and show what was recorded."""
+"""`accuracy demo`: the whole story on the emulated accelerator, in about a minute.
+
+1. a small transformer LM (built in) runs one training step on CPU in fp32: the golden run;
+2. the same step runs on `sim` with the fp16-cube profile and one injected fault deep in the
+   model (a device GELU kernel using the tanh approximation, by default);
+3. the device dump is replayed on CPU and compared with the golden run: verdict counts, the
+   first divergence and the top suspects, each with module path and source line;
+4. an fp16 step that overflows is checked, and the op where inf was born is named;
+5. the static HTML report is written and (unless --no-serve) served by `accuracy serve`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
 
 from accuracy.dumper import dumper
 from accuracy.examples import lm_batch, lm_step, tiny_lm
 
+DEMO_LAYERS = 4
 
-def run_demo(out_dir: str | Path = "demo_out") -> Path:
-    """Dump one training step (forward, backward) of the tiny LM in tensor mode."""
+
+@dataclass
+class DemoResult:
+    golden: Path
+    device: Path
+    replay: Path
+    report_dir: Path
+    overflow_dump: Path
+    fault: dict[str, Any]
+    summary: dict[str, Any]
+    overflow: Any
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class OverflowingMLP(nn.Module):
+    """An fp16 block whose second projection overflows: large activations times large weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(64, 256)
+        self.act = nn.GELU()
+        self.down = nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+def overflow_step(path: Path) -> None:
+    """Run one fp16 forward/backward that overflows in `down`, under overflow checking."""
+    torch.manual_seed(0)
+    model = OverflowingMLP().half()
+    with torch.no_grad():
+        model.down.weight.mul_(4e4)  # badly scaled: outputs reach ~2.6e5, fine in fp32, inf in fp16
+    x = (torch.randn(8, 64) * 8).half()
+    with dumper(dump_path=path, overwrite=True, check_overflow=True, overflow_nums=1):
+        model(x).float().pow(2).mean().backward()
+
+
+def run_demo(
+    out_dir: str | Path = "demo_out",
+    *,
+    profile: str = "fp16-cube",
+    fault_op: str = "aten.gelu.default",
+    fault_module: str = "encoder.layers.2",
+    fault_kind: str = "replace",
+    fault_value: Any = "gelu-tanh",
+    progress: Callable[[str], None] = lambda _msg: None,
+    show_bars: bool = False,
+) -> DemoResult:
+    """Run every step of the demo into `out_dir`; `progress` receives one line per step."""
+    from accuracy.compare import compare
+    from accuracy.device_backend import sim
+    from accuracy.overflow import scan
+    from accuracy.replay import replay
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "golden_cpu.h5"
-    model, batch = tiny_lm(), lm_batch()
-    with dumper(dump_path=path, overwrite=True):
-        lm_step(model, batch)
-    return path
+    golden, device, rep = out / "golden_cpu.h5", out / "device_sim.h5", out / "replay.h5"
+    report_dir, ovf = out / "report", out / "overflow_fp16.h5"
+    batch = lm_batch()
+    seconds: dict[str, float] = {}
+
+    def timed(name: str, msg: str, fn: Callable[[], Any]) -> Any:
+        progress(msg)
+        t0 = time.perf_counter()
+        result = fn()
+        seconds[name] = time.perf_counter() - t0
+        return result
+
+    def golden_run() -> None:
+        with dumper(dump_path=golden, overwrite=True):
+            lm_step(tiny_lm(layers=DEMO_LAYERS), batch)
+
+    fault = sim.fault(fault_op, module=fault_module, kind=fault_kind, value=fault_value)
+
+    def device_run() -> None:
+        with sim(profile=profile, faults=[fault]):
+            with dumper(dump_path=device, overwrite=True):
+                lm_step(tiny_lm(layers=DEMO_LAYERS), batch)
+
+    timed("golden", "[1/5] golden run: CPU fp32, one training step, tensor dump", golden_run)
+    timed("device", f"[2/5] device run: sim profile {profile}, fault {fault_kind} in "
+                    f"{fault_op} @ {fault_module}", device_run)
+    timed("replay", "[3/5] replaying the device dump on CPU (same dtype and fp64)",
+          lambda: replay(device, rep, overwrite=True, progress=show_bars))
+    report = timed("compare", "[4/5] comparing device vs golden, with the replay",
+                   lambda: compare(device, golden, replay=rep, progress=show_bars))
+    report.write(report_dir)
+    timed("overflow", "[5/5] overflow check of an fp16 step", lambda: overflow_step(ovf))
+    overflow = scan(ovf)
+    return DemoResult(golden=golden, device=device, replay=rep, report_dir=report_dir,
+                      overflow_dump=ovf, fault=fault.__dict__ if hasattr(fault, "__dict__")
+                      else {"op": fault_op}, summary=report.summary, overflow=overflow,
+                      seconds=seconds)
+
+
+def _where(row: dict[str, Any]) -> str:
+    return (f"{row['op']}  [{row['phase']}]  {row.get('module') or '-'}\n"
+            f"        at {row.get('source') or '?'}   ({row.get('my_address')})")
+
+
+def _print_result(res: DemoResult) -> None:
+    s = res.summary
+    counts = s["counts"]
+    print("\nverdicts: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    first = s.get("first_divergence")
+    if first:
+        print(f"first divergence: {_where(first)}")
+    culprit = s.get("culprit")
+    if culprit:
+        ratio = culprit.get("local_error_ratio")
+        print(f"CULPRIT: {_where(culprit)}\n        "
+              + (f"local error ratio {ratio:.3g} (its own kernel), " if ratio else "")
+              + f"cosine {culprit.get('cosine')}, max abs err {culprit.get('max_abs_err')}")
+    else:
+        print("no culprit found")
+    print("top suspects:")
+    for row in s.get("suspects", [])[:5]:
+        print(f"  - {row['op']} in {row.get('module') or '-'} ({row.get('phase')}) "
+              f"score {row.get('score', 0):.3g}")
+    ovf = res.overflow
+    if ovf.births:
+        b = ovf.births[0]
+        print(f"\noverflow: inf/nan born in {b.op}  [{b.phase}]  {b.module or '-'}  "
+              f"at {b.source or '?'}  ({len(ovf.births)} birth op(s))")
+    else:
+        print("\noverflow: no birth found")
+    print(f"\nreport: {res.report_dir / 'index.html'}   timings: "
+          + ", ".join(f"{k} {v:.1f}s" for k, v in res.seconds.items()))
 
 
 def _cmd(args: argparse.Namespace) -> int:
     from accuracy.cli import main
 
-    path = run_demo(args.out)
-    print(f"dumped one training step to {path}\n")
-    return main(["info", str(path)])
+    t0 = time.perf_counter()
+    res = run_demo(args.out, profile=args.profile, fault_op=args.fault_op,
+                   fault_module=args.fault_module, fault_kind=args.fault_kind,
+                   fault_value=args.fault_value, progress=lambda m: print(m, flush=True),
+                   show_bars=True)
+    _print_result(res)
+    print(f"demo finished in {time.perf_counter() - t0:.1f} s")
+    if args.no_serve:
+        return 0
+    print("\nserving the report (Ctrl-C to stop)")
+    data = Path(args.out) / "server"
+    shutil.rmtree(data, ignore_errors=True)  # a fresh index: one copy of this demo's runs
+    return main(["serve", "--data", str(data), "--port", str(args.port),
+                 "--run", str(res.device), "--run", str(res.golden),
+                 "--report", str(res.report_dir)])
+
+
+def _value(text: str) -> Any:
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def register(sub) -> None:
-    s = sub.add_parser("demo", help="run the end-to-end demo on a small built-in model")
+    s = sub.add_parser("demo", help="run the end-to-end demo on the emulated accelerator")
     s.add_argument("--out", default="demo_out", help="folder for the demo's files")
+    s.add_argument("--no-serve", action="store_true", help="don't start the server at the end")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--profile", default="fp16-cube", help="sim numerics profile")
+    s.add_argument("--fault-op", default="aten.gelu.default", help="op to inject a fault into")
+    s.add_argument("--fault-module", default="encoder.layers.2",
+                   help="module pattern where the fault applies")
+    s.add_argument("--fault-kind", default="replace",
+                   help="replace, bias, noise, nan, inf, eps, arg (see docs/backends.md)")
+    s.add_argument("--fault-value", default="gelu-tanh", type=_value,
+                   help="the fault's value (replacement name, relative bias, eps...)")
     s.set_defaults(func=_cmd)
