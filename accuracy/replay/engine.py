@@ -24,7 +24,8 @@ from accuracy.dumpfile import schema
 from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, TensorRecord, load_dump
 from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
 from accuracy.patterns import op_matches
-from accuracy.replay.ops import OK, OpOutcome, replay_op
+from accuracy.replay.cache import TensorCache
+from accuracy.replay.ops import OK, OpOutcome, caching, replay_op
 from accuracy.replay.rebuild import UPCASTS
 
 log = logging.getLogger(__name__)
@@ -88,8 +89,14 @@ def _stats_of(t: TensorRecord) -> Any:
             int(s["checksum"]))
 
 
-def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome) -> None:
-    """One record of replay.h5: the original's metadata, the reference outputs' bytes."""
+def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
+           links: dict[int, int] | None = None) -> None:
+    """One record of replay.h5: the original's metadata, the reference outputs' bytes.
+
+    A reference output with the device's bits has the bytes of the original's row `first`:
+    `links` maps such rows to the replay.h5 row already holding them, so they are written once.
+    """
+    links = {} if links is None else links
     entries = [TensorEntry(row=writer.new_row(), seq=rec.seq, io=schema.INPUT, idx=t.idx,
                            dtype=t.dtype, shape=t.shape, stride=t.stride, device=t.device,
                            stats=_stats_of(t)) for t in rec.inputs]
@@ -100,12 +107,17 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome) -> None:
         ref = outcome.tensors[i] if i < len(outcome.tensors) else None
         if ref is not None:
             # same bits as the device output: its recorded statistics hold, skip a pass
-            stats = _stats_of(rec.outputs[i]) if i in exact and i < len(rec.outputs) else None
+            src = rec.outputs[i] if i in exact and i < len(rec.outputs) else None
+            stats = _stats_of(src) if src is not None else None
+            linked = links.get(src.first) if src is not None and src.has_data else None
             entries.append(TensorEntry(
                 row=row, seq=rec.seq, io=schema.OUTPUT, idx=i, dtype=schema.dtype_name(ref.dtype),
                 shape=tuple(ref.shape), stride=tuple(ref.stride()), device=str(ref.device),
-                stats=stats or tensor_stats(ref), data=ref, first=row,
+                stats=stats or tensor_stats(ref), data=None if linked is not None else ref,
+                first=row if linked is None else linked,
                 nbytes=ref.numel() * ref.element_size()))
+            if src is not None and src.has_data and linked is None:
+                links[src.first] = row
         else:
             t = rec.outputs[i]
             entries.append(TensorEntry(row=row, seq=rec.seq, io=schema.OUTPUT, idx=i,
@@ -118,8 +130,8 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome) -> None:
                           n_in=len(rec.inputs), n_out=n_out, extra=extra), entries)
 
 
-def _copy_finished(writer: DumpWriter, prev: Dump, wanted: set[int], result: ReplayResult
-                   ) -> set[int]:
+def _copy_finished(writer: DumpWriter, prev: Dump, wanted: set[int], result: ReplayResult,
+                   links: dict[int, int]) -> set[int]:
     """Carry finished ops over from an interrupted replay, reading their stored outputs."""
     done: set[int] = set()
     for rec in prev.records:
@@ -135,7 +147,7 @@ def _copy_finished(writer: DumpWriter, prev: Dump, wanted: set[int], result: Rep
         extra = {k: v for k, v in rec.extra.items() if k != "replay"}
         shell = OpRecord(rec.seq, rec.op, rec.phase, rec.module, rec.source, rec.stack,
                          rec.args_json, rec.step, extra, rec.inputs, rec.outputs)
-        _write(writer, shell, outcome)
+        _write(writer, shell, outcome, links)
         _tally(result, outcome.status, outcome.reason)
         done.add(rec.seq)
     return done
@@ -148,20 +160,23 @@ _WORKER: dict[str, Any] = {}
 
 def _init_worker(path: str, on: str, upcast: str, threads: int) -> None:
     torch.set_num_threads(threads)
-    _WORKER.update(dump=load_dump(path), device=reference_device(on), upcast=upcast)
+    _WORKER.update(dump=load_dump(path), device=reference_device(on), upcast=upcast,
+                   cache=TensorCache())
 
 
 def _work(seqs: list[int]) -> list[OpOutcome]:
     d: Dump = _WORKER["dump"]
-    return [replay_op(d.record(s), _WORKER["device"], _WORKER["upcast"]) for s in seqs]
+    with caching(_WORKER["cache"]):
+        return [replay_op(d.record(s), _WORKER["device"], _WORKER["upcast"]) for s in seqs]
 
 
 def _outcomes(d: Dump, recs: list[OpRecord], on: str, upcast: str, jobs: int
               ) -> Iterator[OpOutcome]:
     if jobs <= 1:
         device = reference_device(on)
-        for rec in recs:
-            yield replay_op(rec, device, upcast)
+        with caching(TensorCache()):
+            for rec in recs:
+                yield replay_op(rec, device, upcast)
         return
     import multiprocessing as mp
 
@@ -255,11 +270,12 @@ def replay(
         complete = False
         try:
             done: set[int] = set()
+            links: dict[int, int] = {}
             wanted = {r.seq for r in recs}
             for src in sources:
                 try:
                     with load_dump(src) as prev:
-                        done |= _copy_finished(writer, prev, wanted - done, result)
+                        done |= _copy_finished(writer, prev, wanted - done, result, links)
                 except DumpError as e:
                     log.warning("cannot resume from %s: %s", src, e)
             result.resumed = len(done)
@@ -270,7 +286,7 @@ def replay(
             with bar:
                 for outcome in _outcomes(d, todo, on, upcast, jobs):
                     rec = by_seq[outcome.seq]
-                    _write(writer, rec, outcome)
+                    _write(writer, rec, outcome, links)
                     _tally(result, outcome.status, outcome.reason)
                     result.bytes_read += sum(t.nbytes for t in rec.inputs + rec.outputs
                                              if t.has_data)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,8 +13,9 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from accuracy.dumpfile.reader import DumpError, OpRecord
+from accuracy.replay.cache import TensorCache
 from accuracy.replay.metrics import exact_metrics, output_metrics
-from accuracy.replay.rebuild import Unreplayable, build_call, check_inputs, load_input, resolve_op
+from accuracy.replay.rebuild import Unreplayable, build_call, check_inputs, resolve_op
 from accuracy.replay.registry import lookup_reference
 
 log = logging.getLogger(__name__)
@@ -118,10 +121,31 @@ def _needs_upcast(inputs: list[torch.Tensor], rec: OpRecord, upcast: str) -> boo
     return '"__dtype__"' in rec.args_json
 
 
-def replay_op(rec: OpRecord, device: torch.device, upcast: str) -> OpOutcome:
-    """Replay one record; never raises for a bad op, it reports it (skipped/failed + reason)."""
+_active_cache: TensorCache | None = None
+
+
+@contextmanager
+def caching(cache: TensorCache) -> Iterator[TensorCache]:
+    """Within the block, `replay_op` calls without a cache use `cache`."""
+    global _active_cache
+    prev, _active_cache = _active_cache, cache
     try:
-        return _replay(rec, device, upcast)
+        yield cache
+    finally:
+        _active_cache = prev
+
+
+def replay_op(rec: OpRecord, device: torch.device, upcast: str,
+              cache: TensorCache | None = None) -> OpOutcome:
+    """Replay one record; never raises for a bad op, it reports it (skipped/failed + reason).
+
+    `cache` keeps tensors read from the dump across calls (pass the same one for every op of
+    a replay, or set one with `caching`); without either every tensor is read afresh.
+    """
+    if cache is None:
+        cache = _active_cache if _active_cache is not None else TensorCache(0)
+    try:
+        return _replay(rec, device, upcast, cache)
     except Unreplayable as e:
         return OpOutcome(rec.seq, SKIPPED, str(e))
     except (DumpError, ValueError, TypeError, RuntimeError, IndexError, KeyError) as e:
@@ -129,28 +153,33 @@ def replay_op(rec: OpRecord, device: torch.device, upcast: str) -> OpOutcome:
         return OpOutcome(rec.seq, FAILED, f"{type(e).__name__}: {str(e)[:300]}")
 
 
-def _replay(rec: OpRecord, device: torch.device, upcast: str) -> OpOutcome:
+def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache) -> OpOutcome:
     check_inputs(rec)
     fn, note = _kernel(rec)
-    inputs = [load_input(t, device) for t in rec.inputs]
-    mutable = bool(rec.extra.get("inplace")) or _mutable(rec.op)
+    inputs = [cache.input(t, device) for t in rec.inputs]
+    # cached inputs are shared: anything that may write to them gets private copies
+    mutable = bool(note) or bool(rec.extra.get("inplace")) or _mutable(rec.op)
     same = _run(fn, *build_call(rec, inputs, device, "none", mutable), str(device))
     reasons = [note] if note else []
     high = same
     movement = _is_movement(rec.op)
     if not movement and _needs_upcast(inputs, rec, upcast):
+        def convert(i: int, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            return cache.upcast(rec.inputs[i], t, dtype)
         try:
-            high = _run(fn, *build_call(rec, inputs, device, upcast, mutable), str(device))
+            high = _run(fn, *build_call(rec, inputs, device, upcast, mutable, convert),
+                        str(device))
         except (Unreplayable, RuntimeError, TypeError, ValueError) as e:
             reasons.append(f"upcast run failed ({str(e)[:120]}); errors are against the "
                            "same-dtype reference")
     if len(high) != len(same):
         high = same
     del inputs
+    tensors = [_host(t) for t in same]
     if not rec.outputs:
         reasons.append("device outputs not in the dump: reference computed, nothing compared"
                        if same else "no tensor outputs: nothing to compare")
-        return OpOutcome(rec.seq, OK, "; ".join(reasons), [], [_host(t) for t in same])
+        return OpOutcome(rec.seq, OK, "; ".join(reasons), [], tensors)
     status, metrics = OK, []
     for t in rec.outputs:
         if t.idx >= len(same):
@@ -160,7 +189,7 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str) -> OpOutcome:
         if not t.has_data:
             reasons.append(f"output {t.idx} has no data in the dump: not compared")
             continue
-        dev, ref, hi = t.load(), same[t.idx], high[t.idx]
+        dev, ref, hi = cache.load(t), tensors[t.idx], high[t.idx]
         if tuple(dev.shape) != tuple(ref.shape):
             status = FAILED
             reasons.append(f"output {t.idx}: device shape {list(dev.shape)} vs reference "
@@ -171,10 +200,11 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str) -> OpOutcome:
             reasons.append(f"output {t.idx}: reference dtype {ref.dtype} cast to {dev.dtype}")
             ref = ref.to(dev.dtype)
         if movement:
-            metrics.append(exact_metrics(t.idx, dev, ref.cpu()))
+            metrics.append(exact_metrics(t.idx, dev, ref))
         else:
-            metrics.append(output_metrics(t.idx, dev, ref.cpu(), hi.cpu()))
-    tensors = [_host(t) for t in same]
+            # `high is same` (no upcast run) tells output_metrics there is one reference
+            hi = tensors[t.idx] if hi is same[t.idx] else hi.cpu()
+            metrics.append(output_metrics(t.idx, dev, ref, hi))
     return OpOutcome(rec.seq, status, "; ".join(reasons), metrics, tensors)
 
 

@@ -3,6 +3,7 @@ optionally upcast. Kept apart from the engine so load mode and tests can reuse i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -46,14 +47,18 @@ def upcast_dtype(dtype: torch.dtype, upcast: str) -> torch.dtype:
 
 def load_input(t: TensorRecord, device: torch.device) -> torch.Tensor:
     """A private copy of a recorded input, with its recorded strides where they are plain."""
-    value = t.load()
+    return restore_strides(t.load(), t, device)  # the reader's tensor is a private copy
+
+
+def restore_strides(value: torch.Tensor, t: TensorRecord, device: torch.device) -> torch.Tensor:
+    """`value` (the contiguous recorded tensor) on `device` with `t`'s strides where plain."""
     stride = tuple(t.stride)
     if stride and len(stride) == value.dim() and stride != tuple(value.stride()) \
             and _non_overlapping(t.shape, stride):
         out = torch.empty_strided(t.shape, stride, dtype=value.dtype, device=device)
         out.copy_(value)
         return out
-    return value.to(device)  # the reader's tensor is already a private copy
+    return value.to(device)
 
 
 def _non_overlapping(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
@@ -95,13 +100,19 @@ def _map(obj: Any, device: torch.device, dtype_map: Any) -> Any:
 
 
 def build_call(rec: OpRecord, inputs: list[torch.Tensor], device: torch.device,
-               upcast: str, mutable: bool = True) -> tuple[list[Any], dict[str, Any]]:
+               upcast: str, mutable: bool = True,
+               convert: Callable[[int, torch.Tensor, torch.dtype], torch.Tensor] | None = None,
+               ) -> tuple[list[Any], dict[str, Any]]:
     """(args, kwargs) for one run, upcast when `upcast` != "none".
 
     A `mutable` op gets fresh copies, so the two runs start from the same inputs (strides are
-    preserved); other ops share `inputs` where the dtype does not change.
+    preserved); other ops share `inputs` where the dtype does not change, and get their upcast
+    copies from `convert(i, tensor, dtype)` when given (a cache; never for mutable ops).
     """
-    tensors = [t.to(upcast_dtype(t.dtype, upcast), copy=mutable) for t in inputs]
+    if convert is None or mutable:
+        tensors = [t.to(upcast_dtype(t.dtype, upcast), copy=mutable) for t in inputs]
+    else:
+        tensors = [convert(i, t, upcast_dtype(t.dtype, upcast)) for i, t in enumerate(inputs)]
     args, kwargs = rec.call(tensors)
 
     def dt(d: torch.dtype) -> torch.dtype:
