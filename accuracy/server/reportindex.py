@@ -273,7 +273,8 @@ class RowIndex:
         return [found[i] for i in ids if i in found]
 
     def row(self, report_id: str, idx: int) -> dict[str, Any]:
-        rows = self._raw(report_id, [idx])
+        # an idx beyond SQLite's 64-bit INTEGER cannot be stored, and binding it would raise
+        rows = self._raw(report_id, [idx]) if -2**63 <= idx < 2**63 else []
         if not rows:
             raise not_found(f"row {idx} of report {report_id!r}")
         return json.loads(rows[0])
