@@ -313,3 +313,41 @@ def test_jobs_give_the_same_results(cpu_dump, tmp_path):
         for x, y in zip(a["outputs"], b["outputs"], strict=True):
             assert x["bit_exact"] == y["bit_exact"]
             assert math.isclose(x["error_ratio"], y["error_ratio"])
+
+
+def test_exact_ops_still_flag_a_faulted_one(tmp_path):
+    # ops that only move values skip the upcast run; a device that gets them wrong is still
+    # flagged (not bit-exact, ratio far above 1), and only that op is
+    op = "aten.clone.default"
+    path = _dump_step(tmp_path / "exact.h5", profile="exact",
+                      faults=[sim.fault(op, kind="bias", value=0.1, occurrence=0)])
+    out = tmp_path / "replay.h5"
+    replay(path, out)
+    with load_dump(path) as d:
+        faulty = [r.seq for r in d.records if r.extra.get("faults")]
+    assert len(faulty) == 1
+    res = _results(out)
+    op_name, info = res[faulty[0]]
+    assert op_name == op and info["status"] == "ok"
+    o = info["outputs"][0]
+    assert not o["bit_exact"] and o["error_ratio"] > 1e4 and o["err_reference"] == 0.0
+    assert o["max_abs"] > 0 and o["err_device"] > 0 and o["cosine"] < 1
+    for seq, (_, other) in res.items():
+        if seq != faulty[0]:
+            assert all(x["error_ratio"] <= 1.0 + 1e-12 for x in other["outputs"]), (seq, other)
+
+
+def test_mapped_reads_match_and_stay_private(cpu_dump):
+    from accuracy.replay.cache import TensorCache
+
+    with load_dump(cpu_dump) as d:
+        rows = [t for t in d.tensors if t.has_data][:50]
+        cache = TensorCache()
+        for t in rows:
+            a, b = cache.load(t), t.load()
+            assert a.dtype == b.dtype and torch.equal(a.view(-1).view(torch.uint8),
+                                                      b.view(-1).view(torch.uint8))
+        a = d.read_tensor_mapped(rows[0])
+        before = rows[0].load().clone()
+        a.view(-1).view(torch.uint8).add_(1)  # copy-on-write: the file is unchanged
+        assert torch.equal(rows[0].load(), before)

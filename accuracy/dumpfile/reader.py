@@ -7,6 +7,7 @@ multi-GB dump opens in milliseconds.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -278,6 +279,66 @@ class Dump:
         raw = self._blob[t.offset: t.offset + t.nbytes]
         return torch.from_numpy(raw).view(dtype).reshape(t.shape)
 
+    def read_tensor_mapped(self, t: TensorRecord) -> torch.Tensor:
+        """Like `read_tensor`, but the bytes are mapped from the file instead of read.
+
+        The mapping is copy-on-write: writing to the tensor changes a private copy, never the
+        file. Falls back to `read_tensor` where the bytes can't be mapped (a file still being
+        written, compressed or scattered storage, unaligned offsets).
+        """
+        if not t.has_data or t.nbytes == 0:
+            return self.read_tensor(t)
+        dtype = schema.torch_dtype(t.dtype)
+        pos = self._file_offset(t.offset, t.nbytes)
+        if pos is None or pos % dtype.itemsize or t.offset + t.nbytes > self._blob.shape[0]:
+            return self.read_tensor(t)
+        mm, _, _ = self._mapping  # type: ignore[misc]
+        raw = np.frombuffer(mm, dtype=np.uint8, count=t.nbytes, offset=pos)
+        return torch.from_numpy(raw).view(dtype).reshape(t.shape)
+
+    @cached_property
+    def _mapping(self) -> tuple[mmap.mmap, int, np.ndarray] | None:
+        """(file mapping, chunk size, file offset of each chunk or -1), or None if unmappable."""
+        if not self.closed_cleanly or self._blob.compression is not None:
+            return None
+        try:
+            dcpl = self._blob.id.get_create_plist()
+            if dcpl.get_nfilters():
+                return None
+            if self._blob.chunks is None:
+                start = self._blob.id.get_offset()
+                if start is None:
+                    return None
+                size, offsets = max(1, self._blob.shape[0]), np.array([start], np.int64)
+            else:
+                size = self._blob.chunks[0]
+                offsets = np.full(-(-self._blob.shape[0] // size), -1, np.int64)
+
+                def note(info: Any) -> None:
+                    if info.filter_mask == 0 and info.size == size:
+                        offsets[info.chunk_offset[0] // size] = info.byte_offset
+
+                self._blob.id.chunk_iter(note)
+            with open(self.path, "rb") as fh:
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError, AttributeError, RuntimeError):
+            return None
+        return mm, size, offsets
+
+    def _file_offset(self, offset: int, nbytes: int) -> int | None:
+        """Where blob bytes [offset, offset + nbytes) lie in the file, if contiguously."""
+        m = self._mapping
+        if m is None:
+            return None
+        _, size, chunks = m
+        c0, c1 = offset // size, (offset + nbytes - 1) // size
+        if c1 >= len(chunks):
+            return None
+        run = chunks[c0:c1 + 1]
+        if (run < 0).any() or (c1 > c0 and (np.diff(run) != size).any()):
+            return None
+        return int(run[0]) + offset - c0 * size
+
     def select(
         self,
         op: str | None = None,
@@ -326,6 +387,12 @@ class Dump:
     # -- lifetime --------------------------------------------------------------------------
 
     def close(self) -> None:
+        m = self.__dict__.pop("_mapping", None)
+        if m is not None:
+            try:
+                m[0].close()
+            except BufferError:  # tensors still map it: it closes when they are freed
+                pass
         self._f.close()
 
     def __enter__(self) -> Dump:

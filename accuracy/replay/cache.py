@@ -67,7 +67,7 @@ class TensorCache:
         hit = self._get(key)
         if hit is not None:
             return hit
-        return self._put(key, t.load())
+        return self._put(key, t.dump.read_tensor_mapped(t))
 
     def input(self, t: TensorRecord, device: torch.device) -> torch.Tensor:
         """A recorded input on `device`, with its recorded strides where they are plain."""

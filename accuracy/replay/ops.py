@@ -28,6 +28,9 @@ _MOVEMENT = {
     "aten.index_select.default", "aten.gather.default", "aten.split.Tensor",
     "aten.split_with_sizes.default", "aten.unbind.int", "aten.expand_copy.default",
     "aten.t_copy.default", "aten.permute_copy.default", "aten.view_copy.default",
+    # zeros plus the input's values, or a choice between existing values: also exact
+    "aten.select_backward.default", "aten.slice_backward.default",
+    "aten.threshold_backward.default", "aten.relu.default",
 }
 _NO_KERNEL_HINTS = ("could not run", "not implemented for", "no kernel", "notimplemented")
 
