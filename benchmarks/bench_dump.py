@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-
 from _common import msprobe_available, run_msprobe, timed
+
 from accuracy import dumper, load_dump
 from accuracy.examples import bench_setup, bench_step
 
