@@ -376,3 +376,21 @@ def test_tensor_written_without_version_bump_is_recorded_again(tmp_path):
         before, _, after = d.records
         assert before.inputs[0].load().item() == 0.0
         assert after.inputs[0].load().item() == 1.0
+
+
+def test_view_output_with_its_own_memory_is_recorded_as_is(tmp_path):
+    from accuracy.device_backend import sim
+
+    x = torch.arange(6.0).reshape(2, 3)
+    with sim(faults=[sim.fault("aten.view.default", kind="bias", value=0.5)]):
+        with dumper(dump_path=tmp_path / "d.h5"):
+            y = x.view(6)
+    assert torch.equal(x, torch.arange(6.0).reshape(2, 3))  # the fault left the input alone
+    with load_dump(tmp_path / "d.h5") as d:
+        (rec,) = d.records
+        assert torch.equal(rec.inputs[0].load(), x)
+        assert torch.equal(rec.outputs[0].load(), y) and not torch.equal(y, x.view(6))
+    with dumper(dump_path=tmp_path / "plain.h5"):
+        x.view(6)
+    with load_dump(tmp_path / "plain.h5") as d:
+        assert d.records[0].outputs[0].is_link  # a true view shares the input's bytes

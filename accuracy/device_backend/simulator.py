@@ -57,6 +57,23 @@ def _module_matches(pattern: str, modules: Iterable[str]) -> bool:
     return False
 
 
+
+def _aliases_input(func: Any, position: int) -> bool:
+    """Whether output `position` of `func` is a view of an input (per its schema)."""
+    returns = func._schema.returns
+    if not returns:
+        return False
+    ret = returns[min(position, len(returns) - 1)]
+    return ret.alias_info is not None
+
+
+def _replace_output(out: Any, position: int, value: torch.Tensor) -> Any:
+    if isinstance(out, torch.Tensor):
+        return value
+    items = list(out)
+    items[position] = value
+    return type(out)(items) if isinstance(out, tuple) else items
+
 class SimMode(TorchDispatchMode):
     """Emulated accelerator: applies a numerics profile and faults to every ATen op on CPU.
 
@@ -185,7 +202,14 @@ class SimMode(TorchDispatchMode):
                                 fault.kind, name, fault.output)
                     continue
                 with torch._C._DisableTorchDispatch(), torch.no_grad():
-                    apply_output_fault(fault, target, record["occurrence"])
+                    if _aliases_input(func, fault.output):
+                        # A view's output shares the input's memory: fault a copy, so the
+                        # input (and every other view of it) keeps its values.
+                        copy = target.clone()
+                        apply_output_fault(fault, copy, record["occurrence"])
+                        out = _replace_output(out, fault.output, copy)
+                    else:
+                        apply_output_fault(fault, target, record["occurrence"])
                 self._record(record, name)
         return out
 

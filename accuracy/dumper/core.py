@@ -39,13 +39,15 @@ UNINITIALISED = {
 }
 
 
-# Outputs of these hold exactly the input's elements: same statistics, no new computation.
+# Views whose output, when it shares the input's memory from the same offset, holds exactly
+# the input's elements: same statistics, no new computation. (Memory is checked each time: a
+# device or a sim fault may return fresh data from a "view".)
 SAME_ELEMENTS = {
     "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
     "aten.detach.default", "aten.alias.default", "aten.t.default", "aten.transpose.int",
     "aten.permute.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default",
-    "aten.unsqueeze.default", "aten.clone.default", "aten.contiguous.default",
-    "aten.flatten.using_ints", "aten._reshape_alias.default", "aten.lift_fresh.default",
+    "aten.unsqueeze.default", "aten.flatten.using_ints", "aten._reshape_alias.default",
+    "aten.lift_fresh.default",
 }
 # ...and of these, a contiguous output also has the input's bytes in the same order.
 SAME_BYTES = {
@@ -81,6 +83,15 @@ def _active_sim():
         return None
     active = getattr(sim_mod, "active", None)
     return active() if active is not None else None
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` views the memory of `b` from the same element (strides may differ)."""
+    try:
+        return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+                and a.storage_offset() == b.storage_offset() and a.dtype == b.dtype)
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 def same_as_dtype(entry: TensorEntry) -> torch.dtype:
@@ -370,7 +381,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             for t in in_tensors:
                 self._seen.forget(t)
         same = None
-        if name in SAME_ELEMENTS and entries and len(out_tensors) == 1 and not mutable:
+        if (name in SAME_ELEMENTS and entries and len(out_tensors) == 1 and not mutable
+                and _same_memory(out_tensors[0], in_tensors[0])):
             same = entries[0]
         with torch._C._DisableTorchDispatch():
             if "output" in f.io:
