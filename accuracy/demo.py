@@ -97,15 +97,17 @@ def run_demo(
         return result
 
     def golden_run() -> None:
+        model = tiny_lm(layers=DEMO_LAYERS)
         with dumper(dump_path=golden, overwrite=True):
-            lm_step(tiny_lm(layers=DEMO_LAYERS), batch)
+            lm_step(model, batch)
 
     fault = sim.fault(fault_op, module=fault_module, kind=fault_kind, value=fault_value)
 
     def device_run() -> None:
+        model = tiny_lm(layers=DEMO_LAYERS)  # same seed: the same weights as the golden run
         with sim(profile=profile, faults=[fault]):
             with dumper(dump_path=device, overwrite=True):
-                lm_step(tiny_lm(layers=DEMO_LAYERS), batch)
+                lm_step(model, batch)
 
     timed("golden", "[1/5] golden run: CPU fp32, one training step, tensor dump", golden_run)
     timed("device", f"[2/5] device run: sim profile {profile}, fault {fault_kind} in "

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 COLOURS = {"pass": "#2e9d4f", "warning": "#e0a100", "error": "#d0342c", "unmatched": "#888888",
            "skipped": "#bbbbbb"}
+_DRAW_ORDER = {"pass": 0, "skipped": 0, "unmatched": 1, "warning": 2, "error": 3}
 PHASE_BG = {"forward": "#eef4fb", "backward": "#fbf1ea", "optimizer": "#f1f1f1"}
 TABLE_COLS = ("index", "kind", "op", "phase", "module", "io", "tensor_index", "dtype_my",
               "dtype_golden", "shape_my", "cosine", "rel_euc_dist", "max_abs_err",
@@ -24,6 +25,7 @@ _CSS = """
 body{font:14px system-ui,sans-serif;margin:20px;color:#222}
 h1{font-size:20px} .counts span{margin-right:14px;font-weight:600}
 table{border-collapse:collapse;font-size:12px} th,td{border:1px solid #ddd;padding:2px 5px}
+td{white-space:nowrap;max-width:32em;overflow:hidden;text-overflow:ellipsis}
 th{background:#f4f4f4;cursor:pointer;position:sticky;top:0} tr.error{background:#fbe3e1}
 tr.warning{background:#fdf4d8} tr.unmatched{background:#eee} .box{border:1px solid #ccc;
 padding:8px 12px;margin:10px 0;background:#fafafa} code{font-size:12px}
@@ -101,12 +103,17 @@ def chart(rows: list[dict[str, Any]], culprit: dict[str, Any] | None) -> str:
                        f'y2="{PAD_T + ph}" stroke="#d0342c" stroke-dasharray="4 3"/>'
                        f'<text x="{x(ci) + 4:.1f}" y="{PAD_T + 24}" font-size="11" '
                        f'fill="#d0342c">culprit</text>')
-    for i, r in enumerate(pts):
+    # Passing points first, errors last, so the few that matter are drawn on top.
+    order = sorted(range(len(pts)), key=lambda i: _DRAW_ORDER.get(pts[i]["verdict"], 0))
+    for i in order:
+        r = pts[i]
         tip = html.escape(f"#{r['index']} {r['op']} {r['module'] or ''} {r['phase']}: "
                           f"{r['verdict']} rel_euc_dist={_fmt(r.get('rel_euc_dist'))}")
+        big = r["verdict"] == "error" or (culprit is not None and r["index"] == culprit["index"])
         out.append(f'<a href="#row-{r["index"]}"><circle cx="{x(i):.1f}" cy="{y(_y(r)):.1f}" '
-                   f'r="2.5" fill="{COLOURS.get(r["verdict"], "#000")}"><title>{tip}</title>'
-                   f'</circle></a>')
+                   f'r="{5 if big else 2.5}" fill="{COLOURS.get(r["verdict"], "#000")}"'
+                   + (' stroke="#000" stroke-width="1"' if big else "")
+                   + f'><title>{tip}</title></circle></a>')
     out.append("</svg>")
     return "".join(out)
 

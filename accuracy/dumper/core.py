@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 import accuracy
 from accuracy.dumper.filters import Filter
+from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.scope import BACKWARD, FORWARD, Scope
 from accuracy.dumper.source import user_source
 from accuracy.dumper.stats import tensor_stats
@@ -335,9 +335,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         if phase == FORWARD:
             source, stack = user_source(self.stack)
             out = self._record(func, args, kwargs, seq, phase, module, source, stack, None)
-            flat, _ = tree_flatten(out)
-            scope.forward_outputs([o for o in flat if isinstance(o, torch.Tensor)],
-                                  (module, seq, source))
+            scope.forward_outputs(tensors_in(out), (module, seq, source))
             return out
         origin = scope.backward_origin() if phase == BACKWARD else None
         if origin is not None:
@@ -362,8 +360,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         if self._loader is not None:
             args, kwargs, loaded = self._loader.feed(name, seq, func, args, kwargs)
 
-        flat_in, _ = tree_flatten((args, kwargs))
-        in_tensors = [a for a in flat_in if isinstance(a, torch.Tensor)]
+        in_tensors = tensors_in(kwargs, tensors_in(args))
         entries: list[TensorEntry] = []
         with torch._C._DisableTorchDispatch():
             if "input" in f.io:
@@ -371,8 +368,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
                     entries.append(self._entry(writer, seq, schema.INPUT, i, t))
         n_faults = len(self._sim.applied) if self._sim is not None else 0
         out = func(*args, **kwargs)
-        flat_out, _ = tree_flatten(out)
-        out_tensors = [o for o in flat_out if isinstance(o, torch.Tensor)]
+        out_tensors = tensors_in(out)
         uninit = name in UNINITIALISED
         mutable = func._schema.is_mutable
         if mutable:
@@ -439,7 +435,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             shape=tuple(t.shape), stride=tuple(t.stride()) if t.layout == torch.strided else (),
             device=device, stats=None,
         )
-        if skip or t.layout != torch.strided:
+        if skip or t.layout != torch.strided or t.dim() > schema.MAX_DIMS:
             return entry
         seen = None if fresh else self._seen.lookup(t)
         if seen is not None:

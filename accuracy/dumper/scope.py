@@ -1,18 +1,28 @@
 """Where an op runs: module path (forward and backward) and phase.
 
-Forward module scope comes from PyTorch's own ModTracker; the optimizer phase from
-torch.optim's global step hooks. Backward ops are attributed exactly: each forward op's
-autograd node is tagged with the forward op's module, sequence number and source line, and a
-backward op reads the tag of the node the autograd engine is running. ModTracker's gradient
-hooks are the fallback for nodes created outside the block.
+Forward: PyTorch's global module hooks keep a stack of fully qualified module names, named
+the way ModTracker names them (`RootClass.encoder.layers.0`). We do not use ModTracker itself:
+it registers gradient hooks on every module call to follow modules into backward, which cost
+~15% of the benchmark step, and backward is attributed exactly another way.
+
+Backward: each forward op's autograd node is tagged with the forward op's module, sequence
+number and source line; a backward op reads the tag of the node the autograd engine is running
+(`torch._C._current_autograd_node()`). A parameter's AccumulateGrad node is attributed to the
+module owning the parameter.
+
+Optimizer: torch.optim's global step hooks.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
-from torch.distributed._tools.mod_tracker import ModTracker
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
@@ -25,20 +35,20 @@ class Scope:
     """Tracks the innermost module and the phase while active (`with Scope(): ...`)."""
 
     def __init__(self) -> None:
-        self._tracker = ModTracker()
+        self._stack: list[str] = []
+        self._names: weakref.WeakKeyDictionary[torch.nn.Module, str] = (
+            weakref.WeakKeyDictionary())
         self._in_optimizer = 0
         self._handles: list[Any] = []
-        self._cache_key: frozenset[str] | None = None
-        self._cache_val = ""
-        self._bw_stack: list[str] = []  # modules whose backward started, most recent last
-        self._tracker.register_user_hooks(pre_bw_hook=self._bw_enter, post_bw_hook=self._bw_exit)
         self._untagged: list[torch.Tensor] = []
+        self._tag: tuple[str, int, str] = ("", -1, "")
         self._owners: dict[int, str] = {}
         self._owners_built = -1
 
     def __enter__(self) -> Scope:
-        self._tracker.__enter__()
         self._handles = [
+            register_module_forward_pre_hook(self._fw_enter),
+            register_module_forward_hook(self._fw_exit, always_call=True),
             register_optimizer_step_pre_hook(self._opt_enter),
             register_optimizer_step_post_hook(self._opt_exit),
         ]
@@ -49,17 +59,32 @@ class Scope:
         for h in self._handles:
             h.remove()
         self._handles = []
-        self._tracker.__exit__(*exc)
 
-    def _bw_enter(self, mod: Any, _grads: Any) -> None:
-        name = self._tracker.get_known_fqn(mod) if mod is not None else None
-        if name:
-            self._bw_stack.append(name)
+    # -- forward module stack ------------------------------------------------------------
 
-    def _bw_exit(self, mod: Any, _grads: Any) -> None:
-        name = self._tracker.get_known_fqn(mod) if mod is not None else None
-        if name and name in self._bw_stack:
-            del self._bw_stack[len(self._bw_stack) - 1 - self._bw_stack[::-1].index(name)]
+    def _name(self, mod: torch.nn.Module) -> str:
+        name = self._names.get(mod)
+        if name is None:
+            # First sight of a module outside any known tree: it is a root. Name its whole
+            # tree now, as ModTracker does: RootClass.child.grandchild.
+            name = self._names[mod] = type(mod).__name__
+            for sub_name, sub in mod.named_modules():
+                if sub_name and sub not in self._names:
+                    self._names[sub] = f"{name}.{sub_name}"
+        return name
+
+    def _fw_enter(self, mod: torch.nn.Module, _args: Any) -> None:
+        if torch._C._current_graph_task_id() == -1:  # modules re-run in backward don't nest
+            self._stack.append(self._name(mod))
+
+    def _fw_exit(self, mod: torch.nn.Module, _args: Any, _out: Any) -> None:
+        if torch._C._current_graph_task_id() != -1 or not self._stack:
+            return
+        name = self._name(mod)
+        if self._stack[-1] == name:
+            self._stack.pop()
+        elif name in self._stack:  # an exception skipped inner exits
+            del self._stack[len(self._stack) - 1 - self._stack[::-1].index(name):]
 
     def _opt_enter(self, *_: Any) -> None:
         self._in_optimizer += 1
@@ -98,14 +123,15 @@ class Scope:
         return tag
 
     def _param_owner(self, param: torch.Tensor) -> str:
-        known = self._tracker._known_modules
-        if len(known) != self._owners_built:
+        if len(self._names) != self._owners_built:
             self._owners = {
-                id(p): name for mod, name in list(known.items())
+                id(p): name for mod, name in list(self._names.items())
                 for p in mod.parameters(recurse=False)
             }
-            self._owners_built = len(known)
+            self._owners_built = len(self._names)
         return self._owners.get(id(param), "")
+
+    # -- what the dumper asks -----------------------------------------------------------------
 
     @property
     def phase(self) -> str:
@@ -117,24 +143,8 @@ class Scope:
 
     @property
     def module(self) -> str:
-        """Fully qualified name of the innermost active module ('' outside any module).
-
-        Forward nesting is strict, so the deepest active name is the innermost. In backward a
-        module whose inputs need no gradient never reports its end, so the most recently
-        started module's backward is the one running.
-        """
+        """Fully qualified name of the innermost active module ('' outside any module)."""
         if torch._C._current_graph_task_id() != -1:
             origin = self.backward_origin()
-            if origin is not None:
-                return origin[0]
-            return self._bw_stack[-1] if self._bw_stack else ""
-        self._bw_stack.clear()
-        parents = self._tracker.parents
-        if len(parents) <= 1:
-            return ""
-        key = frozenset(parents)
-        if key != self._cache_key:
-            names = [p for p in parents if p != "Global"]
-            self._cache_val = max(names, key=lambda n: (n.count("."), n)) if names else ""
-            self._cache_key = key
-        return self._cache_val
+            return origin[0] if origin is not None else ""
+        return self._stack[-1] if self._stack else ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 _BITS_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -42,11 +43,63 @@ def _value_view(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+# Below this many elements a CPU tensor's statistics come from numpy: a numpy reduction on a
+# small array costs ~1 us, a torch one ~5 us plus an .item() each.
+_SMALL = 16384
+_NUMPY_BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+_NUMPY_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32,
+                 torch.int16, torch.int8, torch.uint8, torch.bool}
+
+
+def _small_cpu_stats(t: torch.Tensor):
+    """The same statistics as tensor_stats, for a small CPU tensor, via numpy."""
+    a = t.numpy()
+    if a.dtype == np.bool_:
+        a = a.view(np.uint8)
+    bits = a.view(_NUMPY_BITS[a.itemsize]).sum(
+        dtype=np.int64 if a.itemsize == 8 else np.int32)
+    if a.dtype.kind == "f":
+        w = a.astype(np.float64) if a.itemsize < 8 else a
+        total = float(w.sum())
+        mn, mx = float(w.min()), float(w.max())
+        l2 = math.sqrt(float(np.dot(w.ravel(), w.ravel())))
+        if math.isfinite(mn) and math.isfinite(mx):
+            nans = infs = 0
+        else:
+            nans, infs = int(np.isnan(w).sum()), int(np.isinf(w).sum())
+    else:
+        w = a.astype(np.float64)
+        total, mn, mx = float(w.sum()), float(w.min()), float(w.max())
+        l2 = math.sqrt(float(np.dot(w.ravel(), w.ravel())))
+        nans = infs = 0
+    # Same wrap-around as the torch path: int32 accumulation for <8-byte types.
+    return (mn, mx, total / a.size, l2, nans, infs), int(bits)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether `t`'s elements fill one block of memory, in some order of its dimensions."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True)
+                               if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def tensor_stats(t: torch.Tensor):
     """Statistics of `t`; call with python dispatch disabled so other modes don't see it."""
     t = t.detach()
-    if t.numel() == 0:
+    n = t.numel()
+    if n == 0:
         return EMPTY_STATS
+    if not t.is_contiguous() and _dense(t):
+        # Every statistic here ignores element order, and a dense tensor's elements fill one
+        # block of memory: reduce over that block as a flat vector, at contiguous speed
+        # (a transposed aminmax is ~25x slower).
+        t = t.as_strided((n,), (1,), t.storage_offset())
+    if n <= _SMALL and t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES:
+        return _small_cpu_stats(t)
     x = _value_view(t)
     mn, mx = torch.aminmax(x)
     if x.is_floating_point():
@@ -54,7 +107,11 @@ def tensor_stats(t: torch.Tensor):
         # enough for statistics; fp64 tensors keep fp64.
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         total = torch.sum(x, dtype=acc)
-        l2 = torch.linalg.vector_norm(x, dtype=acc)
+        if x.dtype == acc and x.is_contiguous():
+            flat = x.reshape(-1)
+            l2 = torch.dot(flat, flat).sqrt()  # BLAS dot: faster than vector_norm
+        else:
+            l2 = torch.linalg.vector_norm(x, dtype=acc)
     else:
         total = torch.sum(x, dtype=torch.float64)
         l2 = torch.linalg.vector_norm(x.double())

@@ -196,8 +196,9 @@ class Dump:
         if len(t) == 0:
             return []
         ops = self._op_names_by_seq
-        dtypes, shapes, strides, devices = (
-            _text(t["dtype"]), _text(t["shape"]), _text(t["stride"]), _text(t["device"]))
+        dtypes, devices = _text(t["dtype"]), _text(t["device"])
+        ndims = t["ndim"].tolist()
+        shapes, strides = t["shape"].tolist(), t["stride"].tolist()
         stats_cols = {k: t[k].tolist() for k in schema.STAT_FIELDS}
         out = []
         for i, (seq, io, idx, off, nb, first) in enumerate(
@@ -206,8 +207,9 @@ class Dump:
         ):
             out.append(TensorRecord(
                 dump=self, row=i, op=ops.get(seq, "?"), seq=seq, io=io, idx=idx,
-                dtype=dtypes[i], shape=tuple(json.loads(shapes[i])),
-                stride=tuple(json.loads(strides[i])), device=devices[i], offset=off,
+                dtype=dtypes[i], shape=tuple(shapes[i][:max(ndims[i], 0)]),
+                stride=tuple(strides[i][:max(ndims[i], 0)]), device=devices[i],
+                offset=off if ndims[i] >= 0 else -1,
                 nbytes=nb, first=first, stats={k: v[i] for k, v in stats_cols.items()},
             ))
         return out

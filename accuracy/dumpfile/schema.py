@@ -38,15 +38,18 @@ OP_ROW = np.dtype(
     ]
 )
 
+MAX_DIMS = 16  # shape and stride are fixed-size: no variable-length strings per tensor row
+
 TENSOR_ROW = np.dtype(
     [
         ("seq", np.int64),
         ("io", np.uint8),
         ("idx", np.int32),
-        ("dtype", _str),
-        ("shape", _str),  # JSON list
-        ("stride", _str),  # JSON list
-        ("device", _str),
+        ("dtype", "S24"),
+        ("ndim", np.int8),  # -1: more than MAX_DIMS dims (shape not recorded, no data)
+        ("shape", np.int64, (MAX_DIMS,)),
+        ("stride", np.int64, (MAX_DIMS,)),
+        ("device", "S24"),
         ("offset", np.int64),  # byte offset into BLOB, -1 when the bytes were not stored
         ("nbytes", np.int64),
         ("first", np.int64),  # row holding the bytes: itself, or an earlier row (deduplicated)

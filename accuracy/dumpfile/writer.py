@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 STATUS = "_status"  # int64[4]: committed op rows, committed tensor rows, complete flag, blob bytes
 _BLOB_CHUNK = 1 << 20
+_NO_DIMS = (0,) * schema.MAX_DIMS
 _TABLE_CHUNK = 1024
 
 
@@ -310,10 +311,15 @@ class DumpWriter:
                 self.bytes_linked += nbytes
             else:
                 offset, nbytes, first = -1, 0, -1
+            ndim = len(t.shape)
+            if ndim > schema.MAX_DIMS:
+                ndim, shape, stride = -1, _NO_DIMS, _NO_DIMS
+            else:
+                shape = t.shape + _NO_DIMS[ndim:]
+                stride = t.stride + _NO_DIMS[len(t.stride):]
             self._tensor_rows.append(
-                (t.seq, t.io, t.idx, t.dtype, json.dumps(list(t.shape)),
-                 json.dumps(list(t.stride)), t.device, offset, nbytes, first,
-                 *_stats_values(t.stats))
+                (t.seq, t.io, t.idx, t.dtype, ndim, shape, stride, t.device, offset, nbytes,
+                 first, *_stats_values(t.stats))
             )
         self._op_rows.append(
             (op.seq, op.op, op.phase, op.module, op.source, op.stack, op.args, op.step,

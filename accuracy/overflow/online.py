@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from accuracy.dumper.flatten import tensors_in
 from accuracy.dumpfile import schema
 from accuracy.dumpfile.argcodec import encode_call
 from accuracy.dumpfile.writer import DumpWriteError, OpEntry
@@ -120,15 +121,7 @@ class _States:
 
 def _tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
     """Tensors in args/kwargs/outputs, in pytree order; faster than tree_flatten per op."""
-    if isinstance(obj, torch.Tensor):
-        out.append(obj)
-    elif isinstance(obj, list | tuple):
-        for x in obj:
-            _tensors(x, out)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            _tensors(x, out)
-    return out
+    return tensors_in(obj, out)
 
 
 def _warn_at_user_line(msg: str, source: str) -> None:
