@@ -29,12 +29,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--profile", default=None,
+                    help="dump on sim with this profile (e.g. fp16-cube) instead of plain CPU, "
+                         "so device outputs differ from the reference and every op runs twice")
     args = ap.parse_args()
     model, batch = bench_setup()
     tmp = Path(tempfile.mkdtemp(prefix="bench_replay_"))
     dump = tmp / "tensor.h5"
-    with dumper(dump_path=dump, mode="tensor"):
-        bench_step(model, batch)
+    if args.profile:
+        from accuracy.device_backend import sim
+
+        with sim(profile=args.profile), dumper(dump_path=dump, mode="tensor"):
+            bench_step(model, batch)
+    else:
+        with dumper(dump_path=dump, mode="tensor"):
+            bench_step(model, batch)
+    print(f"device dump: {'sim ' + args.profile if args.profile else 'plain CPU'}")
 
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, jobs {args.jobs}; "
           f"dump {dump.stat().st_size / 1e6:.1f} MB. Each replay is paired with a bare step "

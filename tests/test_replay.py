@@ -153,7 +153,19 @@ def test_device_error_is_measured_in_low_precision(tmp_path):
     res = _results(replay(path, tmp_path / "r.h5").path)
     (op, info), = [v for v in res.values() if v[0] == "aten.mm.default"]
     o = info["outputs"][0]
-    assert o["bit_exact"] and o["error_ratio"] == 1.0 and 0 < o["err_reference"] < 1e-2
+    # bit-identical to the bf16 reference: ratio 1 by definition, no fp64 run needed
+    assert o["bit_exact"] and o["error_ratio"] == 1.0 and o["err_reference"] is None
+    from accuracy.device_backend import sim
+
+    off = tmp_path / "off.h5"
+    with sim(faults=[sim.fault("aten.mm.default", kind="bias", value=0.01)]):
+        with dumper(off):
+            x @ w
+    res = _results(replay(off, tmp_path / "r2.h5").path)
+    (op, info), = [v for v in res.values() if v[0] == "aten.mm.default"]
+    o = info["outputs"][0]
+    assert not o["bit_exact"] and 0 < o["err_reference"] < 1e-2 < o["err_device"]
+    assert o["error_ratio"] > 2
 
 
 def _fake_fused_dump(path):
