@@ -1,5 +1,6 @@
 """The dumper records what a user relies on: every op, exact bytes, module paths, safe files."""
 
+import json
 import subprocess
 import sys
 
@@ -394,3 +395,17 @@ def test_view_output_with_its_own_memory_is_recorded_as_is(tmp_path):
         x.view(6)
     with load_dump(tmp_path / "plain.h5") as d:
         assert d.records[0].outputs[0].is_link  # a true view shares the input's bytes
+
+
+def test_full_stack_is_recorded_when_asked(tmp_path):
+    def inner(x):
+        return x.exp()  # innermost user frame
+
+    x = torch.ones(2)
+    with dumper(dump_path=tmp_path / "d.h5", stack=True):
+        inner(x)
+    with load_dump(tmp_path / "d.h5") as d:
+        (rec,) = d.records
+    frames = json.loads(rec.stack)
+    assert frames[0].endswith("in inner") and "test_full_stack_is_recorded_when_asked" in frames[1]
+    assert rec.source in frames[0]

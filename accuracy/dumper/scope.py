@@ -1,12 +1,13 @@
 """Where an op runs: module path (forward and backward) and phase.
 
-Forward: PyTorch's global module hooks keep a stack of fully qualified module names, named
-the way ModTracker names them (`RootClass.encoder.layers.0`). We do not use ModTracker itself:
-it registers gradient hooks on every module call to follow modules into backward, which cost
-~15% of the benchmark step, and backward is attributed exactly another way.
+Forward: PyTorch's ModTracker names modules (`RootClass.encoder.layers.0`) and calls our
+hooks around each module's forward, from which we keep the stack of active modules (its own
+`parents` set has no order).
 
-Backward: each forward op's autograd node is tagged with the forward op's module, sequence
-number and source line; a backward op reads the tag of the node the autograd engine is running
+Backward: ModTracker's gradient hooks cannot tell which module's backward is running when
+several are pending, so backward ops are attributed exactly another way: each forward op's
+autograd node is tagged with the forward op's module, sequence number and source line, and a
+backward op reads the tag of the node the autograd engine is running
 (`torch._C._current_autograd_node()`). A parameter's AccumulateGrad node is attributed to the
 module owning the parameter.
 
@@ -19,10 +20,7 @@ import weakref
 from typing import Any
 
 import torch
-from torch.nn.modules.module import (
-    register_module_forward_hook,
-    register_module_forward_pre_hook,
-)
+from torch.distributed._tools.mod_tracker import ModTracker
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
@@ -35,20 +33,20 @@ class Scope:
     """Tracks the innermost module and the phase while active (`with Scope(): ...`)."""
 
     def __init__(self) -> None:
+        self._tracker = ModTracker()
+        self._tracker.register_user_hooks(pre_fw_hook=self._fw_enter,
+                                          post_fw_hook=self._fw_exit)
         self._stack: list[str] = []
-        self._names: weakref.WeakKeyDictionary[torch.nn.Module, str] = (
-            weakref.WeakKeyDictionary())
+        self._owned: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self._owners: dict[int, str] = {}  # id(parameter) -> owning module's name
         self._in_optimizer = 0
         self._handles: list[Any] = []
         self._untagged: list[torch.Tensor] = []
         self._tag: tuple[str, int, str] = ("", -1, "")
-        self._owners: dict[int, str] = {}
-        self._owners_built = -1
 
     def __enter__(self) -> Scope:
+        self._tracker.__enter__()
         self._handles = [
-            register_module_forward_pre_hook(self._fw_enter),
-            register_module_forward_hook(self._fw_exit, always_call=True),
             register_optimizer_step_pre_hook(self._opt_enter),
             register_optimizer_step_post_hook(self._opt_exit),
         ]
@@ -59,28 +57,27 @@ class Scope:
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._tracker.__exit__(*exc)
 
     # -- forward module stack ------------------------------------------------------------
 
-    def _name(self, mod: torch.nn.Module) -> str:
-        name = self._names.get(mod)
-        if name is None:
-            # First sight of a module outside any known tree: it is a root. Name its whole
-            # tree now, as ModTracker does: RootClass.child.grandchild.
-            name = self._names[mod] = type(mod).__name__
-            for sub_name, sub in mod.named_modules():
-                if sub_name and sub not in self._names:
-                    self._names[sub] = f"{name}.{sub_name}"
-        return name
-
     def _fw_enter(self, mod: torch.nn.Module, _args: Any) -> None:
-        if torch._C._current_graph_task_id() == -1:  # modules re-run in backward don't nest
-            self._stack.append(self._name(mod))
+        if torch._C._current_graph_task_id() != -1:  # modules re-run in backward don't nest
+            return
+        name = self._tracker.get_known_fqn(mod) or type(mod).__name__
+        self._stack.append(name)
+        if mod not in self._owned:
+            # Owner of each parameter: the submodule holding it, named under this module
+            # (some are used without their module's forward running, e.g. out_proj).
+            self._owned.add(mod)
+            for pname, p in mod.named_parameters():
+                sub, _, _ = pname.rpartition(".")
+                self._owners.setdefault(id(p), f"{name}.{sub}" if sub else name)
 
     def _fw_exit(self, mod: torch.nn.Module, _args: Any, _out: Any) -> None:
         if torch._C._current_graph_task_id() != -1 or not self._stack:
             return
-        name = self._name(mod)
+        name = self._tracker.get_known_fqn(mod) or type(mod).__name__
         if self._stack[-1] == name:
             self._stack.pop()
         elif name in self._stack:  # an exception skipped inner exits
@@ -123,12 +120,6 @@ class Scope:
         return tag
 
     def _param_owner(self, param: torch.Tensor) -> str:
-        if len(self._names) != self._owners_built:
-            self._owners = {
-                id(p): name for mod, name in list(self._names.items())
-                for p in mod.parameters(recurse=False)
-            }
-            self._owners_built = len(self._names)
         return self._owners.get(id(param), "")
 
     # -- what the dumper asks -----------------------------------------------------------------

@@ -53,7 +53,11 @@ _NUMPY_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int64, torch
 
 def _small_cpu_stats(t: torch.Tensor):
     """The same statistics as tensor_stats, for a small CPU tensor, via numpy."""
-    a = t.numpy()
+    with np.errstate(all="ignore"):  # signalling NaNs and overflow in garbage memory are data
+        return _numpy_stats(t.numpy())
+
+
+def _numpy_stats(a: np.ndarray):
     if a.dtype == np.bool_:
         a = a.view(np.uint8)
     bits = a.view(_NUMPY_BITS[a.itemsize]).sum(
