@@ -1,9 +1,9 @@
 """A dump survives a killed job and a full disk; the reader survives any file thrown at it."""
 
+import itertools
 import json
 import logging
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +20,7 @@ from accuracy.examples import lm_batch, lm_step, tiny_lm
 KILLS = int(os.environ.get("ACCURACY_KILLS", "50"))
 BASE = torch.arange(64, dtype=torch.float32)
 RUNNER = Path(__file__).with_name("_kill_runner.py")
+_CASE = itertools.count()
 
 
 def _kill_children(out: Path, kills: int, seed: int, max_seconds: float = 150) -> list[Path]:
@@ -105,7 +106,11 @@ def _read_everything(path: Path) -> None:
                     t.load()
 
 
+# Derandomized by default: HDF5 2.0 itself can loop forever on some damaged attribute
+# metadata (found by this fuzz, reported in the closing note), which no Python timeout can
+# interrupt, so CI runs a fixed set of cases. ACCURACY_SLOW=1 explores new random cases.
 @settings(max_examples=int(os.environ.get("ACCURACY_FUZZ_CASES", "150")), deadline=None,
+          derandomize=not os.environ.get("ACCURACY_SLOW"),
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_reader_fuzz_mutated_and_truncated_files(tmp_path, good_dump_bytes, data):
@@ -125,14 +130,12 @@ def test_reader_fuzz_mutated_and_truncated_files(tmp_path, good_dump_bytes, data
         i = data.draw(st.integers(0, len(raw) - 1))
         n = data.draw(st.integers(1, 4096))
         raw[i: i + n] = bytes(min(n, len(raw) - i))
-    path = tmp_path / f"m{random.getrandbits(32)}.h5"
+    path = tmp_path / f"m{next(_CASE)}.h5"  # a new name each case: no HDF5 handle reuse
     path.write_bytes(bytes(raw))
     try:
         _read_everything(path)
-    except DumpError as e:
+    except DumpError as e:  # the only way a damaged file may fail: a reason naming the file
         assert str(path) in str(e)
-    except (KeyError, ValueError) as e:  # clean errors for a damaged record, never a crash
-        assert str(e)
     # The CLI answers with exit code 0 or a clean error (2), never a traceback.
     assert cli_main(["info", str(path)]) in (0, 2)
 

@@ -136,9 +136,13 @@ class Dump:
         except DumpError:
             self._f.close()
             raise
-        except (OSError, KeyError, ValueError, TypeError, IndexError) as e:
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+            # h5py reports damaged metadata as OSError, RuntimeError or KeyError
             self._f.close()
             raise DumpError(f"{self.path}: damaged dump ({type(e).__name__}: {e})") from None
+        except BaseException:
+            self._f.close()
+            raise
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -192,6 +196,13 @@ class Dump:
     @cached_property
     def tensors(self) -> list[TensorRecord]:
         """Every tensor row, in file order."""
+        try:
+            return self._parse_tensors()
+        except (ValueError, TypeError, KeyError, IndexError, UnicodeError) as e:
+            raise DumpError(f"{self.path}: damaged tensor index ({type(e).__name__}: {e})"
+                            ) from None
+
+    def _parse_tensors(self) -> list[TensorRecord]:
         t = self._tensors
         if len(t) == 0:
             return []
@@ -221,6 +232,15 @@ class Dump:
     @cached_property
     def records(self) -> list[OpRecord]:
         """Every op, in execution order."""
+        try:
+            return self._parse_records()
+        except DumpError:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, UnicodeError) as e:
+            raise DumpError(f"{self.path}: damaged op index ({type(e).__name__}: {e})"
+                            ) from None
+
+    def _parse_records(self) -> list[OpRecord]:
         o = self._ops
         by_seq: dict[int, tuple[list[TensorRecord], list[TensorRecord]]] = {
             s: ([], []) for s in o["seq"].tolist()
@@ -268,6 +288,15 @@ class Dump:
         return self.tensor_record(addr).load()
 
     def read_tensor(self, t: TensorRecord) -> torch.Tensor:
+        try:
+            return self._read_tensor(t)
+        except DumpError:
+            raise
+        except (OSError, RuntimeError, ValueError, TypeError) as e:
+            raise DumpError(f"{self.path}: cannot read {t.address}: damaged data "
+                            f"({type(e).__name__}: {e})") from None
+
+    def _read_tensor(self, t: TensorRecord) -> torch.Tensor:
         dtype = schema.torch_dtype(t.dtype)
         if not t.has_data:
             raise DumpError(

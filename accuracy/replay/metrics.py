@@ -41,6 +41,8 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     # numpy's byte comparison is several times faster than torch.equal here
     ua = a.contiguous().reshape(-1).view(torch.uint8).numpy()
     ub = b.contiguous().reshape(-1).view(torch.uint8).numpy()
+    if ua.size % 8 == 0:  # compare 8 bytes at a time: half the time of a byte compare
+        ua, ub = ua.view(np.int64), ub.view(np.int64)
     return bool(np.array_equal(ua, ub))
 
 
