@@ -330,32 +330,37 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self._seq += 1
         scope = self._scope
         scope.tag_pending()
-        phase = scope.phase
-        module = scope.module
+        if torch._C._current_graph_task_id() != -1:  # backward: the node tells everything
+            origin = scope.backward_origin()
+            module = origin[0] if origin is not None else ""
+            if origin is not None:
+                source, stack = origin[2], ""
+            else:
+                source, stack = user_source(self.stack)
+            return self._record(func, args, kwargs, seq, BACKWARD, module, source, stack,
+                                origin)[0]
+        phase, module = scope.phase, scope.module
+        source, stack = user_source(self.stack)
+        out, out_tensors = self._record(func, args, kwargs, seq, phase, module, source, stack,
+                                        None)
         if phase == FORWARD:
-            source, stack = user_source(self.stack)
-            out = self._record(func, args, kwargs, seq, phase, module, source, stack, None)
-            scope.forward_outputs(tensors_in(out), (module, seq, source))
-            return out
-        origin = scope.backward_origin() if phase == BACKWARD else None
-        if origin is not None:
-            source, stack = origin[2], ""
-        else:
-            source, stack = user_source(self.stack)
-        return self._record(func, args, kwargs, seq, phase, module, source, stack, origin)
+            scope.forward_outputs(tensors_in(out) if out_tensors is None else out_tensors,
+                                  (module, seq, source))
+        return out
 
     def _record(self, func, args, kwargs, seq, phase, module, source, stack, origin):
+        """Run the op, recording it unless filtered; returns (output, its tensors or None)."""
         writer = self._writer
         if writer is None or self._failed:
-            return func(*args, **kwargs)
+            return func(*args, **kwargs), None
         f = self.filter
         name = self._op_name(func)
         if not (f.wants_step(self.current_step) and phase in f.phases and f.wants_op(name)
                 and f.wants_module(module)):
-            return func(*args, **kwargs)
+            return func(*args, **kwargs), None
         if self._overflow is not None:
             return self._overflow.on_op(self, writer, func, name, args, kwargs, seq, phase,
-                                        module, source, stack)
+                                        module, source, stack), None
         loaded = False
         if self._loader is not None:
             args, kwargs, loaded = self._loader.feed(name, seq, func, args, kwargs)
@@ -415,7 +420,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             log.error("%s; dumping stops here, training goes on", e)
         self.ops_recorded += 1
         self._steps_seen.add(self.current_step)
-        return out
+        return out, out_tensors
 
     def _entry(self, writer: DumpWriter, seq: int, io: int, idx: int, t: torch.Tensor,
                skip: bool = False, fresh: bool = False, same_as: TensorEntry | None = None,
