@@ -259,3 +259,17 @@ def test_replay_local_error_drives_verdict(tmp_path):
     c = rep.summary["culprit"]
     assert c["op"] == "aten.relu.default" and c["module"].endswith("blk1")
     assert c["local_verdict"] == "error"
+
+
+def test_empty_dumps_fail_a_pipeline_and_reports_are_not_overwritten(tmp_path, capsys):
+    empty = tmp_path / "empty.h5"
+    with dumper(str(empty)):
+        pass
+    out = tmp_path / "rep"
+    assert main(["compare", "-m", str(empty), "-g", str(empty), "-o", str(out),
+                 "--fail-on", "error"]) == 1
+    assert "nothing was compared" in capsys.readouterr().out
+    assert main(["compare", "-m", str(empty), "-g", str(empty), "-o", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["compare", "-m", str(empty), "-g", str(empty), "-o", str(out),
+                 "--overwrite"]) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from accuracy.compare.metrics import ALL_ALGORITHMS
@@ -47,6 +48,9 @@ def print_summary(s: dict[str, Any], top: int = 5) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     from accuracy.compare import compare
 
+    if args.output and (Path(args.output) / "summary.json").exists() and not args.overwrite:
+        raise FileExistsError(f"{args.output} already holds a report; pass --overwrite or "
+                              "choose another -o folder")
     report = compare(args.my, args.golden, args.replay, config=args.config,
                      algorithms=args.alg, mapping=args.mapping, jobs=args.jobs,
                      progress=not args.no_progress and sys.stderr.isatty())
@@ -63,6 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("-g", "--golden", required=True, help="golden dump (the reference run)")
     s.add_argument("-r", "--replay", help="replay dump of my run (adds the local error)")
     s.add_argument("-o", "--output", help="report directory")
+    s.add_argument("--overwrite", action="store_true", help="replace a report already in -o")
     s.add_argument("--formats", default=",".join(FORMATS),
                    help=f"report files to write (default {','.join(FORMATS)})")
     s.add_argument("--fail-on", choices=["error", "warning"],

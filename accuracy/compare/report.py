@@ -92,7 +92,12 @@ def analyse(rows: list[dict[str, Any]], cfg: dict[str, Any], meta: dict[str, Any
         **meta,
     }
     matched = sum(1 for r in rows if r["verdict"] != V.UNMATCHED)
-    if rows and matched / len(rows) < 0.5:
+    judged = sum(1 for r in rows if r["verdict"] in (V.PASS, V.WARNING, V.ERROR))
+    if not judged:
+        summary["warning"] = (f"nothing was compared ({meta.get('ops_my', 0)} ops in my dump, "
+                              f"{meta.get('ops_golden', 0)} in golden): did the dumped block run "
+                              "the step, or did filters exclude everything?")
+    elif rows and matched / len(rows) < 0.5:
         summary["warning"] = (f"only {matched} of {len(rows)} rows matched: are these dumps of "
                               "the same model and step?")
     return summary
@@ -120,8 +125,11 @@ class Report:
         return self.summary.get("suspects", [])
 
     def exit_code(self, fail_on: str | None) -> int:
-        """Non-zero for CI when a row reaches `fail_on` ('error' or 'warning')."""
+        """Non-zero for CI when a row reaches `fail_on` ('error' or 'warning'), or when
+        nothing at all was compared (an empty dump must not pass a pipeline)."""
         c = self.summary["counts"]
+        if fail_on and not (c.get(V.PASS) or c.get(V.WARNING) or c.get(V.ERROR)):
+            return 1
         if fail_on == "error" and c.get(V.ERROR):
             return 1
         if fail_on == "warning" and (c.get(V.ERROR) or c.get(V.WARNING)):
