@@ -35,7 +35,7 @@ class DemoResult:
     replay: Path
     report_dir: Path
     overflow_dump: Path
-    fault: dict[str, Any]
+    fault: Any  # the injected sim.fault(...)
     summary: dict[str, Any]
     overflow: Any
     seconds: dict[str, float] = field(default_factory=dict)
@@ -120,9 +120,8 @@ def run_demo(
     timed("overflow", "[5/5] overflow check of an fp16 step", lambda: overflow_step(ovf))
     overflow = scan(ovf)
     return DemoResult(golden=golden, device=device, replay=rep, report_dir=report_dir,
-                      overflow_dump=ovf, fault=fault.__dict__ if hasattr(fault, "__dict__")
-                      else {"op": fault_op}, summary=report.summary, overflow=overflow,
-                      seconds=seconds)
+                      overflow_dump=ovf, fault=fault, summary=report.summary,
+                      overflow=overflow, seconds=seconds)
 
 
 def _where(row: dict[str, Any]) -> str:

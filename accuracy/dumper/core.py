@@ -94,7 +94,7 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
 
 
-def same_as_dtype(entry: TensorEntry) -> torch.dtype:
+def _entry_dtype(entry: TensorEntry) -> torch.dtype:
     return getattr(torch, entry.dtype)
 
 
@@ -446,7 +446,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         if seen is not None:
             entry.first, entry.stats = seen
             return entry
-        if same_as is not None and same_as.stats is not None and t.dtype == same_as_dtype(
+        if same_as is not None and same_as.stats is not None and t.dtype == _entry_dtype(
                 same_as) and t.numel() == _numel(same_as.shape):
             entry.stats = same_as.stats
             if (self.mode == "tensor" and same_bytes and same_as.first >= 0
