@@ -1,8 +1,57 @@
-"""accuracy: find which op broke the numbers when a PyTorch model moves to another backend."""
+"""accuracy: find which op broke the numbers when a PyTorch model moves to another backend.
+
+Names load on first use, so `import accuracy` and `accuracy --help` stay fast and import no
+torch; `from accuracy import dumper` imports the dumper (and torch) at that point.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from accuracy.dumper import dumper  # noqa: E402
-from accuracy.dumpfile import Dump, DumpError, load_dump  # noqa: E402
+if TYPE_CHECKING:
+    from accuracy.dumper import dumper
+    from accuracy.dumpfile import Dump, DumpError, load_dump
+
+_LAZY = {"load_dump": "accuracy.dumpfile", "Dump": "accuracy.dumpfile",
+         "DumpError": "accuracy.dumpfile"}
 
 __all__ = ["dumper", "load_dump", "Dump", "DumpError", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accuracy' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | {"dumper"})
+
+
+class _Package(types.ModuleType):
+    """`accuracy.dumper` is the context manager, also once its subpackage is imported.
+
+    Importing the subpackage `accuracy.dumper` binds the module to this name; the setter keeps
+    the name meaning the class, as it did when this package imported it eagerly.
+    """
+
+    @property
+    def dumper(self) -> Any:
+        from accuracy.dumper.core import dumper
+
+        return dumper
+
+    @dumper.setter
+    def dumper(self, _value: Any) -> None:
+        pass
+
+
+sys.modules[__name__].__class__ = _Package

@@ -1,7 +1,9 @@
 """The `accuracy` command line: argument parsing only; each command calls one library function.
 
 Parts of the package add their own subcommands through a `register(subparsers)` function in
-their `cli` module, so this file stays a thin dispatcher.
+their `cli` module, so this file stays a thin dispatcher. Only the part that owns the command
+being run is imported (the others are listed from `_PART_COMMANDS`), so `accuracy --help` and
+argument errors answer without importing torch.
 """
 
 from __future__ import annotations
@@ -10,10 +12,9 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
-
-from accuracy.dumpfile import DumpError, load_dump
 
 _PART_CLIS = (
     "accuracy.replay.cli",
@@ -22,6 +23,20 @@ _PART_CLIS = (
     "accuracy.server.cli",
     "accuracy.demo",
 )
+
+# command -> (module that registers it, its one-line help) for the parts' commands, so the
+# command list needs no part imported. A module in _PART_CLIS missing here is imported eagerly
+# (correct, only slower); tests/test_cli_startup.py checks this table against the parts.
+_PART_COMMANDS: dict[str, tuple[str, str]] = {
+    "replay": ("accuracy.replay.cli",
+               "re-run each recorded op on a reference with the device's own inputs"),
+    "compare": ("accuracy.compare.cli",
+                "compare two dumps: metrics per tensor, verdicts, culprit"),
+    "overflow": ("accuracy.overflow.cli",
+                 "ops where inf/nan was born, separated from those that inherited it"),
+    "serve": ("accuracy.server.cli", "REST API and web UI to browse runs and reports"),
+    "demo": ("accuracy.demo", "run the end-to-end demo on the emulated accelerator"),
+}
 
 
 def _human(n: float) -> str:
@@ -33,6 +48,8 @@ def _human(n: float) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from accuracy.dumpfile import load_dump
+
     with load_dump(args.dump) as d:
         s = d.summary()
     if args.json:
@@ -62,6 +79,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    from accuracy.dumpfile import load_dump
+
     with load_dump(args.dump) as d:
         rows = list(d.select(op=args.op, module=args.module, phase=args.phase))
         for r in rows[: args.limit] if args.limit else rows:
@@ -79,12 +98,26 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
+    from accuracy.dumpfile import load_dump
     from accuracy.dumpfile.extract import extract
 
     with load_dump(args.dump) as d:
         n = extract(d, args.output, op=args.op, seq=args.seq, module=args.module,
                     overwrite=args.overwrite)
     print(f"wrote {n} ops to {args.output}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from accuracy.dumpfile import load_dump
+    from accuracy.dumpfile.convert import convert
+
+    with load_dump(args.dump) as d:
+        r = convert(d, args.output, op=args.op, seq=args.seq, module=args.module,
+                    overwrite=args.overwrite)
+    print(f"wrote {r.written} .npy files to {args.output} (index: {r.index})"
+          + (f"; {r.skipped} tensors have statistics only (no values to write)"
+             if r.skipped else ""))
     return 0
 
 
@@ -103,7 +136,17 @@ def cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand named in argv: its first word that is not an option (global options
+    take no value)."""
+    for a in argv:
+        if not a.startswith("-"):
+            return a
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The full parser; given argv, only the part owning the command in it is imported."""
     p = argparse.ArgumentParser(prog="accuracy", description=__doc__.splitlines()[0])
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = p.add_subparsers(dest="command", required=True)
@@ -133,11 +176,29 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--overwrite", action="store_true")
     s.set_defaults(func=cmd_extract)
 
+    s = sub.add_parser("convert", help="write each tensor of a dump as a .npy file named by "
+                                       "its address (like msaccucmp convert)")
+    s.add_argument("dump")
+    s.add_argument("--op", help="op name or glob")
+    s.add_argument("--seq", type=int, help="sequence number of one op")
+    s.add_argument("--module", help="module path glob")
+    s.add_argument("-o", "-out", "--output", required=True,
+                   help="folder for the .npy files and index.json")
+    s.add_argument("--overwrite", action="store_true",
+                   help="write into a folder that already holds files")
+    s.set_defaults(func=cmd_convert)
+
     s = sub.add_parser("backends", help="device backends present on this machine")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_backends)
 
+    wanted = _command_in(argv) if argv is not None else None
     for name in _PART_CLIS:
+        listed = [c for c, (m, _) in _PART_COMMANDS.items() if m == name]
+        if argv is not None and listed and wanted not in listed:
+            for c in listed:  # not the command being run: listed, not imported
+                sub.add_parser(c, help=_PART_COMMANDS[c][1], add_help=False)
+            continue
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -148,19 +209,44 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _quiet_closed_pipe() -> int:
+    """stdout's reader went away (`accuracy info x.h5 | head`): stop without a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush stays quiet
+    except (OSError, ValueError):
+        pass
+    return 141  # 128 + SIGPIPE, as a shell reports a command that a closed pipe stopped
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.func(args) or 0)
-    except (DumpError, FileExistsError, FileNotFoundError, PermissionError, LookupError,
-            ValueError) as e:
-        print(f"accuracy {args.command}: error: {e}", file=sys.stderr)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _quiet_closed_pipe()
+    except (OSError, LookupError, ValueError) as e:  # DumpError is a ValueError
+        print(f"accuracy {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _one_line(e: BaseException) -> str:
+    """The message of an error, on one line ("[Errno 17] File exists: 'x'" made plain)."""
+    if isinstance(e, OSError) and e.strerror and e.filename is not None:
+        text = f"{e.filename}: {e.strerror}"
+    elif isinstance(e, KeyError) and e.args:
+        text = str(e.args[0])
+    else:
+        text = str(e) or type(e).__name__
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

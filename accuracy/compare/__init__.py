@@ -4,8 +4,32 @@
     report.summary["culprit"]; report.write("report/")
 """
 
-from accuracy.compare.api import compare
-from accuracy.compare.metrics import register_metric
-from accuracy.compare.report import Report, Row, load_report
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from accuracy.compare.api import compare
+    from accuracy.compare.metrics import register_metric
+    from accuracy.compare.report import Report, Row, load_report
+
+_LAZY = {
+    "compare": "accuracy.compare.api",
+    "register_metric": "accuracy.compare.metrics",
+    "Report": "accuracy.compare.report",
+    "Row": "accuracy.compare.report",
+    "load_report": "accuracy.compare.report",
+}
 
 __all__ = ["Report", "Row", "compare", "load_report", "register_metric"]
+
+
+def __getattr__(name: str) -> Any:
+    """Load the public names on first use: `accuracy <command> --help` imports no torch."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

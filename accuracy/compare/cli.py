@@ -48,6 +48,9 @@ def print_summary(s: dict[str, Any], top: int = 5) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     from accuracy.compare import compare
 
+    if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
+        raise FileExistsError(f"-o {args.output} is a file, not a report folder; name a folder "
+                              "(--overwrite replaces a report there, never another file)")
     if args.output and (Path(args.output) / "summary.json").exists() and not args.overwrite:
         raise FileExistsError(f"{args.output} already holds a report; pass --overwrite or "
                               "choose another -o folder")
@@ -66,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("-m", "--my", required=True, help="my dump (the device under test)")
     s.add_argument("-g", "--golden", required=True, help="golden dump (the reference run)")
     s.add_argument("-r", "--replay", help="replay dump of my run (adds the local error)")
-    s.add_argument("-o", "--output", help="report directory")
+    s.add_argument("-o", "-out", "--output", help="report directory (-out as msaccucmp)")
     s.add_argument("--overwrite", action="store_true", help="replace a report already in -o")
     s.add_argument("--formats", default=",".join(FORMATS),
                    help=f"report files to write (default {','.join(FORMATS)})")

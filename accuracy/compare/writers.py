@@ -34,7 +34,16 @@ CSV_COLUMNS: dict[str, str] = {
     "local_error_ratio": "Local Error Ratio", "amplification": "Amplification",
     "accumulated_verdict": "Accumulated Result", "verdict": "Result",
     "message": "Err_message", "source": "Source",
+    "accuracy_reached": "Accuracy Reached or Not", "stack": "NPU_Stack_Info",
 }
+
+
+def with_msprobe_cells(r: dict[str, Any]) -> dict[str, Any]:
+    """The row plus msprobe's derived columns: `Accuracy Reached or Not` (Yes unless the
+    verdict is error; empty when not judged) and `NPU_Stack_Info` (the dumped stack when
+    the row carries one, else the source line)."""
+    reached = {"pass": "Yes", "warning": "Yes", "error": "No"}.get(r.get("verdict"), "")
+    return {**r, "accuracy_reached": reached, "stack": r.get("stack") or r.get("source")}
 
 
 def plain(v: Any) -> Any:
@@ -71,7 +80,7 @@ def write_csv(report: Report, out: Path) -> Path:
     with p.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow([CSV_COLUMNS.get(k, k) for k in cols])
-        for r in report.rows:
+        for r in map(with_msprobe_cells, report.rows):
             w.writerow([_cell(r.get(k)) for k in cols])
     return p
 
@@ -94,7 +103,7 @@ def write_xlsx(report: Report, out: Path) -> Path | None:
         cols = list(CSV_COLUMNS)
         ws.write_row(0, 0, [CSV_COLUMNS[k] for k in cols], bold)
         ws.freeze_panes(1, 0)
-        for i, r in enumerate(report.rows, start=1):
+        for i, r in enumerate(map(with_msprobe_cells, report.rows), start=1):
             ws.write_row(i, 0, [_cell(r.get(k)) for k in cols], fmts.get(r["verdict"]))
         ws.autofilter(0, 0, len(report.rows), len(cols) - 1)
         s = wb.add_worksheet("summary")

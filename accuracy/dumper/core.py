@@ -20,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import accuracy
+from accuracy.dumper import guide_args
 from accuracy.dumper.filters import Filter
 from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.scope import BACKWARD, FORWARD, Scope
@@ -170,13 +171,17 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     check_overflow: record only ops that turn finite inputs into inf/nan (see docs/overflow.md);
     overflow_nums: stop after that many (-1: all); overflow_raise: raise OverflowDetected at
     the first; saturation: also flag values near the float16/bfloat16 limit.
-    load_file_path: a golden tensor dump; each op with the same name and seq computes on its
-    recorded inputs (load mode, see docs/replay.md).
+    load_file_path: a golden tensor dump (or an `accuracy extract` file of some of its ops);
+    each op with the same name and seq computes on its recorded inputs (load mode, see
+    docs/replay.md); '' or None: no load.
+    Ascend's guide keywords (accuracy/dumper/guide_args.py): use_dump=False records nothing;
+    use_load=True asks for load mode on load_file_path; a folder dump_path gets
+    `dump_{rank}.h5` inside; load_with_acl_dump=True is refused (Ascend ACL only).
     """
 
     def __init__(
         self,
-        dump_path: str | os.PathLike[str],
+        dump_path: str | os.PathLike[str] | None = None,
         mode: str = "tensor",
         *,
         ops: str | Iterable[str] | None = None,
@@ -195,11 +200,20 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         overflow_raise: bool = False,
         saturation: Any = None,
         load_file_path: str | os.PathLike[str] | None = None,
+        use_dump: bool = True,
+        use_load: bool | None = None,
+        load_with_acl_dump: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         self.rank, self.world_size = _rank()
-        self.path = str(dump_path).replace("{rank}", str(self.rank))
+        plan = guide_args.resolve(dump_path, self.rank, use_dump=use_dump, use_load=use_load,
+                                  load_file_path=load_file_path,
+                                  load_with_acl_dump=load_with_acl_dump,
+                                  check_overflow=check_overflow)
+        self.active = plan.active  # False: use_dump=False with nothing to load or check
+        self.path = plan.path
+        load_file_path = plan.load_file_path
         self.mode = mode
         self.filter = Filter.build(ops, exclude_ops, modules, data_mode, steps)
         self.stack = stack
@@ -230,6 +244,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self.current_step += 1
 
     def __enter__(self) -> dumper:
+        if not self.active:
+            return self
         self._sim = _active_sim()
         if self.load_file_path is not None:  # load mode: feed golden inputs (accuracy.replay)
             from accuracy.replay.load_mode import GoldenFeeder
@@ -250,6 +266,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if not self.active:
+            return False
         try:
             self._mode.__exit__(exc_type, exc, tb)
         finally:

@@ -20,7 +20,6 @@ import weakref
 from typing import Any
 
 import torch
-from torch.distributed._tools.mod_tracker import ModTracker
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
@@ -33,6 +32,10 @@ class Scope:
     """Tracks the innermost module and the phase while active (`with Scope(): ...`)."""
 
     def __init__(self) -> None:
+        # Imported here, when a dumper starts: its package pulls in DTensor, the FSDP memory
+        # tracker and inductor (about 1 s), which `import accuracy` must not pay.
+        from torch.distributed._tools.mod_tracker import ModTracker
+
         self._tracker = ModTracker()
         self._tracker.register_user_hooks(pre_fw_hook=self._fw_enter,
                                           post_fw_hook=self._fw_exit)

@@ -4,9 +4,27 @@ This separates an op's local error (its own kernel) from the error it inherited 
 ops. See docs/replay.md.
 """
 
-from accuracy.replay.engine import ReplayError, ReplayResult, reference_device, replay
-from accuracy.replay.ops import OpOutcome, replay_op
-from accuracy.replay.registry import lookup_reference, register_reference, unregister_reference
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from accuracy.replay.engine import ReplayError, ReplayResult, reference_device, replay
+    from accuracy.replay.ops import OpOutcome, replay_op
+    from accuracy.replay.registry import lookup_reference, register_reference, unregister_reference
+
+_LAZY = {
+    "ReplayError": "accuracy.replay.engine",
+    "ReplayResult": "accuracy.replay.engine",
+    "reference_device": "accuracy.replay.engine",
+    "replay": "accuracy.replay.engine",
+    "OpOutcome": "accuracy.replay.ops",
+    "replay_op": "accuracy.replay.ops",
+    "lookup_reference": "accuracy.replay.registry",
+    "register_reference": "accuracy.replay.registry",
+    "unregister_reference": "accuracy.replay.registry",
+}
 
 __all__ = [
     "OpOutcome",
@@ -19,3 +37,13 @@ __all__ = [
     "replay_op",
     "unregister_reference",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Load the public names on first use: `accuracy <command> --help` imports no torch."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

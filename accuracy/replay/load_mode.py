@@ -3,6 +3,8 @@
 Ascend's dumper had it as `load_file_path=`: the model runs on the device, but every matching
 op computes on the golden run's inputs, so its recorded output measures the device kernel's
 local error on real hardware. `dumper(load_file_path=...)` calls `GoldenFeeder.feed` per op.
+The golden file is a whole dump, or an `accuracy extract` file of just the ops to load (also
+after h5copy, as in Ascend's guide): ops it lacks run on their live inputs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from accuracy.dumpfile.extract import ExtractedOp, ExtractedOps, is_extract_file
 from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, load_dump
 
 log = logging.getLogger(__name__)
@@ -37,11 +40,18 @@ def _is_view(func: Any) -> bool:
                for r in func._schema.returns)
 
 
+def open_golden(path: str | os.PathLike[str]) -> Dump | ExtractedOps:
+    """A dump, or an extract file (which `load_dump` refuses: it is not a whole run)."""
+    if os.path.isfile(path) and is_extract_file(path):
+        return ExtractedOps(path)
+    return load_dump(path)
+
+
 class GoldenFeeder:
     """Replaces an op's input tensors with the golden dump's, when op and seq match."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.dump: Dump = load_dump(path)
+        self.dump: Dump | ExtractedOps = open_golden(path)
         if self.dump.attrs.get("mode") == "statistics":
             self.dump.close()
             raise DumpError(f"{path}: load mode needs a tensor-mode golden dump, this one holds "
@@ -49,7 +59,7 @@ class GoldenFeeder:
         self.fed = 0
         self.unmatched = 0
 
-    def _golden(self, name: str, seq: int) -> OpRecord | None:
+    def _golden(self, name: str, seq: int) -> OpRecord | ExtractedOp | None:
         try:
             rec = self.dump.record(seq)
         except KeyError:

@@ -28,6 +28,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "(--token or ACCURACY_TOKEN); only loopback addresses may run without one",
               file=sys.stderr)
         return 2
+    for path in args.run or []:  # the operator's own paths: name them, no placeholder
+        if not os.path.isfile(path):
+            print(f"accuracy serve: --run {path}: "
+                  + ("is a directory, not a dump file" if os.path.isdir(path)
+                     else "no such file"), file=sys.stderr)
+            return 2
     import uvicorn
 
     from accuracy.server.app import create_app

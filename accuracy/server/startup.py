@@ -29,7 +29,7 @@ def import_paths(storage: Storage, *, runs: Iterable[str] = (), reports: Iterabl
             by_path[p] = run.id
             lines.append(f"run {run.id}: {p.name} ({run.ops} ops)")
         except ApiError as e:
-            lines.append(f"run {p.name}: skipped ({e.message})")
+            lines.append(f"run {p.name}: skipped ({e.message.replace('<file>', str(p))})")
     for raw in reports:
         from accuracy.compare import load_report
 
