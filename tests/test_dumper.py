@@ -262,8 +262,9 @@ def test_dump_path_rules(tmp_path):
         one.exp()
     with load_dump(nested) as d:
         assert [r.op for r in d.records] == ["aten.exp.default"]
-    with pytest.raises(IsADirectoryError):
-        dumper(dump_path=tmp_path).__enter__()
+    with dumper(dump_path=tmp_path / "a") as d:  # a folder: the dump goes inside (#17)
+        one.exp()
+    assert d.path == str(tmp_path / "a" / "dump_0.h5")
 
 
 def test_unwritable_folder_is_refused_before_the_block(tmp_path):

@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed._tools.mod_tracker import ModTracker
 from torch.utils._python_dispatch import TorchDispatchMode
+
+if TYPE_CHECKING:
+    from torch.distributed._tools.mod_tracker import ModTracker
 
 from .faults import (
     _REPLACEMENTS,
@@ -129,6 +131,9 @@ class SimMode(TorchDispatchMode):
         self.applied = []
         self.calls = 0
         self._occurrences = [0] * len(self.faults)
+        # imported when a sim starts: its package pulls in DTensor and inductor (~1 s)
+        from torch.distributed._tools.mod_tracker import ModTracker
+
         self._tracker = ModTracker()
         self._tracker.__enter__()
         try:

@@ -1,10 +1,12 @@
 """Where an op runs: module path (forward and backward) and phase.
 
-Forward: PyTorch's ModTracker names modules (`RootClass.encoder.layers.0`) and calls our
-hooks around each module's forward, from which we keep the stack of active modules (its own
-`parents` set has no order).
+Forward: PyTorch's ModuleTracker names modules (`RootClass.encoder.layers.0`, its fully
+qualified names) and our hooks around each module's forward keep the stack of active modules
+(its own `parents` set has no order). `torch.utils.module_tracker` is the light one: the
+distributed ModTracker's package imports DTensor, the FSDP memory tracker and inductor (about
+1 s at every dumper start).
 
-Backward: ModTracker's gradient hooks cannot tell which module's backward is running when
+Backward: module trackers' gradient hooks cannot tell which module's backward is running when
 several are pending, so backward ops are attributed exactly another way: each forward op's
 autograd node is tagged with the forward op's module, sequence number and source line, and a
 backward op reads the tag of the node the autograd engine is running
@@ -20,25 +22,49 @@ import weakref
 from typing import Any
 
 import torch
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
+from torch.utils.module_tracker import ModuleTracker
 
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
+
+
+class _ForwardTracker(ModuleTracker):
+    """ModuleTracker's module names, with `enter`/`exit` called around each forward instead of
+    its unordered `parents` set and gradient hooks (backward is attributed by node tags).
+    The exit hook runs even when the forward raises (`always_call`)."""
+
+    def __init__(self, enter: Any, exit: Any) -> None:
+        super().__init__()
+        self._enter, self._exit = enter, exit
+
+    def name(self, mod: torch.nn.Module) -> str:
+        return self._get_mod_name(mod)
+
+    def _fw_pre_hook(self, mod: torch.nn.Module, input: Any) -> None:
+        self._enter(mod, input)
+
+    def _fw_post_hook(self, mod: torch.nn.Module, input: Any, output: Any) -> None:
+        self._exit(mod, input, output)
+
+    def __enter__(self) -> _ForwardTracker:
+        self._fw_pre_handle = register_module_forward_pre_hook(self._fw_pre_hook)
+        self._fw_post_handle = register_module_forward_hook(self._fw_post_hook,
+                                                            always_call=True)
+        return self
 
 
 class Scope:
     """Tracks the innermost module and the phase while active (`with Scope(): ...`)."""
 
     def __init__(self) -> None:
-        # Imported here, when a dumper starts: its package pulls in DTensor, the FSDP memory
-        # tracker and inductor (about 1 s), which `import accuracy` must not pay.
-        from torch.distributed._tools.mod_tracker import ModTracker
-
-        self._tracker = ModTracker()
-        self._tracker.register_user_hooks(pre_fw_hook=self._fw_enter,
-                                          post_fw_hook=self._fw_exit)
+        self._tracker = _ForwardTracker(self._fw_enter, self._fw_exit)
         self._stack: list[str] = []
         self._owned: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self._owners: dict[int, str] = {}  # id(parameter) -> owning module's name
@@ -67,7 +93,7 @@ class Scope:
     def _fw_enter(self, mod: torch.nn.Module, _args: Any) -> None:
         if torch._C._current_graph_task_id() != -1:  # modules re-run in backward don't nest
             return
-        name = self._tracker.get_known_fqn(mod) or type(mod).__name__
+        name = self._tracker.name(mod)
         self._stack.append(name)
         if mod not in self._owned:
             # Owner of each parameter: the submodule holding it, named under this module
@@ -80,7 +106,7 @@ class Scope:
     def _fw_exit(self, mod: torch.nn.Module, _args: Any, _out: Any) -> None:
         if torch._C._current_graph_task_id() != -1 or not self._stack:
             return
-        name = self._tracker.get_known_fqn(mod) or type(mod).__name__
+        name = self._tracker.name(mod)
         if self._stack[-1] == name:
             self._stack.pop()
         elif name in self._stack:  # an exception skipped inner exits
