@@ -15,6 +15,7 @@ import sys
 import time
 
 import torch
+import torch._dynamo  # noqa: F401 - a dumper imports it at its start: once here, not per child
 
 from accuracy import dumper
 

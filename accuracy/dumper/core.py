@@ -151,6 +151,9 @@ class _Seen:
 class _DumpMode(TorchDispatchMode):
     def __init__(self, owner: dumper) -> None:
         super().__init__()
+        # torch wraps __torch_dispatch__ with _disable_dynamo, which imports torch._dynamo
+        # (about 2 s) at the first op: pay it here, at the dumper's start, not inside the step.
+        import torch._dynamo  # noqa: F401
         self.owner = owner
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
