@@ -97,6 +97,9 @@ def test_part_help_table_matches_the_parts():
     for name, (module, text) in cli._PART_COMMANDS.items():
         assert module in cli._PART_CLIS
         assert registered[name] == text, name
+    builtin = {"info", "ls", "extract", "convert", "backends"}
+    unlisted = set(registered) - builtin - set(cli._PART_COMMANDS)
+    assert not unlisted, f"add {sorted(unlisted)} to accuracy/cli.py _PART_COMMANDS"
 
 
 def test_dumper_name_stays_the_context_manager():
