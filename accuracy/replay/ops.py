@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,13 +162,18 @@ def replay_op(rec: OpRecord, device: torch.device, upcast: str,
     """
     if cache is None:
         cache = _active_cache if _active_cache is not None else TensorCache(0)
+    return guarded(rec.seq, rec.op, lambda: _replay(rec, device, upcast, cache))
+
+
+def guarded(seq: int, op: str, run: Callable[[], OpOutcome]) -> OpOutcome:
+    """`run()`, with an op that cannot be re-run reported (skipped/failed + reason), not raised."""
     try:
-        return _replay(rec, device, upcast, cache)
+        return run()
     except Unreplayable as e:
-        return OpOutcome(rec.seq, SKIPPED, str(e))
+        return OpOutcome(seq, SKIPPED, str(e))
     except (DumpError, ValueError, TypeError, RuntimeError, IndexError, KeyError) as e:
-        log.debug("replay of %s (seq %d) failed", rec.op, rec.seq, exc_info=True)
-        return OpOutcome(rec.seq, FAILED, f"{type(e).__name__}: {str(e)[:300]}")
+        log.debug("re-run of %s (seq %d) failed", op, seq, exc_info=True)
+        return OpOutcome(seq, FAILED, f"{type(e).__name__}: {str(e)[:300]}")
 
 
 def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache) -> OpOutcome:
@@ -273,6 +278,11 @@ def _all_bit_exact(device_outputs: list[tuple[int, torch.Tensor | None]],
 
 def schema_dtype(t: Any) -> torch.dtype:
     return getattr(torch, t.dtype)
+
+
+def is_movement(op: str) -> bool:
+    """Whether `op` only moves or picks existing values (its reference is exact)."""
+    return _is_movement(op)
 
 
 def _is_movement(op: str) -> bool:
