@@ -20,6 +20,7 @@ _PART_CLIS = (
     "accuracy.compare.cli",
     "accuracy.overflow.cli",
     "accuracy.server.cli",
+    "accuracy.live.cli",
     "accuracy.demo",
 )
 
