@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from accuracy.compare import verdict as V
 from accuracy.compare.precision import ComputePrecision
 from accuracy.dumper.flatten import tensors_in
-from accuracy.live.select import Selection, Site, unrunnable
+from accuracy.live.select import UNINITIALISED_REASON, Selection, Site, unrunnable
 from accuracy.replay.engine import reference_device
 from accuracy.replay.ops import (
     FAILED,
@@ -45,6 +45,7 @@ from accuracy.replay.registry import lookup_reference
 
 log = logging.getLogger(__name__)
 STOP_ON = (None, "error", "warning")
+_UNINIT_WINDOW = 16
 _RANK = {None: 0, V.PASS: 1, V.WARNING: 2, V.ERROR: 3}
 
 
@@ -178,6 +179,7 @@ class LiveCheck:
         self._site: Site | None = None
         self._names: dict[Any, str] = {}
         self._warned_stack = False
+        self._uninit: dict[int, int] = {}  # storage address of an empty* output -> its call
 
     # -- context ------------------------------------------------------------------------
 
@@ -186,6 +188,7 @@ class LiveCheck:
         attrs = {"sim": self._sim.describe()} if self._sim is not None else {}
         self.precision = ComputePrecision.from_sources(self.cfg, attrs)
         self.results, self.calls, self.notes = [], 0, []
+        self._uninit = {}
         self._site = Site().__enter__()
         self._mode = _LiveMode(self)
         self._mode.__enter__()
@@ -223,13 +226,15 @@ class LiveCheck:
             return out
         self._check_stacking()
         result = OpResult(seq, name, phase, module, source, SKIPPED)
-        reason = unrunnable(func, name, args, kwargs)
+        reason = unrunnable(func, name, args, kwargs) or self._uninitialised(func, seq, args)
         snapshot = None
         if reason is None:
             snapshot = self._snapshot(func, args, kwargs, result)
         out = func(*args, **kwargs)
         outs = tensors_in(out)
         site.after(phase, module, seq, source, outs)
+        if reason == UNINITIALISED_REASON and outs and _storage(outs[0]) > 0:
+            self._uninit[_storage(outs[0])] = seq
         if reason is not None:
             result.reason = reason
         elif snapshot is not None:
@@ -238,6 +243,20 @@ class LiveCheck:
         if self.stop_on and _RANK.get(result.verdict, 0) >= _RANK[self.stop_on]:
             raise LiveCheckError(result)
         return out
+
+    def _uninitialised(self, func: Any, seq: int, args: tuple) -> str | None:
+        """Views of an empty* output hold uninitialised memory until an op writes it; not
+        judged (as compare leaves them), followed for at most _UNINIT_WINDOW calls."""
+        if not self._uninit:
+            return None
+        self._uninit = {k: v for k, v in self._uninit.items() if seq - v <= _UNINIT_WINDOW}
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if first is None or _storage(first) not in self._uninit:
+            return None
+        if func._schema.is_mutable:  # written: initialised from here on
+            del self._uninit[_storage(first)]
+            return None
+        return "uninitialised memory (empty*, before its first write): not judged"
 
     def _snapshot(self, func: Any, args: tuple, kwargs: dict, result: OpResult
                   ) -> list[torch.Tensor] | None:
@@ -361,6 +380,13 @@ class LiveCheck:
 def _worst_ratio(r: OpResult) -> float:
     vals = [o.get("error_ratio") for o in r.outputs if o.get("error_ratio") is not None]
     return max(vals, default=0.0)
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return -1
 
 
 def _finite_or_none(v: Any) -> Any:

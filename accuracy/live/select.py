@@ -23,9 +23,6 @@ from accuracy.replay.registry import lookup_reference
 PHASES = (FORWARD, BACKWARD, OPTIMIZER)
 _COLLECTIVE_NAMESPACES = {"c10d", "_c10d_functional", "_c10d_functional_autograd",
                           "c10d_functional", "_dtensor"}
-_COLLECTIVE_PREFIXES = ("all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter",
-                        "broadcast", "all_to_all", "alltoall", "barrier", "send", "recv",
-                        "wait_tensor", "reduce_", "gather_", "scatter_")
 COLLECTIVE_REASON = "collective: its result depends on the other ranks' data"
 UNINITIALISED_REASON = "uninitialised factory: its output is whatever memory held"
 
@@ -37,8 +34,8 @@ def _patterns(value: str | Iterable[str] | None) -> tuple[str, ...]:
 
 
 def is_collective(name: str) -> bool:
-    ns, _, rest = name.partition(".")
-    return ns in _COLLECTIVE_NAMESPACES and rest.startswith(_COLLECTIVE_PREFIXES)
+    """c10d and functional-collective ops (and their wait/wrap helpers)."""
+    return name.partition(".")[0] in _COLLECTIVE_NAMESPACES
 
 
 def unrunnable(func: Any, name: str, args: tuple, kwargs: dict) -> str | None:
