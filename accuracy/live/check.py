@@ -238,7 +238,12 @@ class LiveCheck:
         if reason is not None:
             result.reason = reason
         elif snapshot is not None:
-            self._measure(func, name, args, kwargs, snapshot, outs, result)
+            try:
+                self._measure(func, name, args, kwargs, snapshot, outs, result)
+            except Exception as e:  # noqa: BLE001 - the user's step never fails because of us
+                log.debug("live check of %s (call %d) failed", name, seq, exc_info=True)
+                result.status, result.reason = FAILED, f"{type(e).__name__}: {str(e)[:300]}"
+                result.outputs, result.verdict = [], None
         self.results.append(result)
         if self.stop_on and _RANK.get(result.verdict, 0) >= _RANK[self.stop_on]:
             raise LiveCheckError(result)

@@ -39,7 +39,7 @@ class Call:
     phase: str
     module: str
     substituted: bool
-    reason: str = ""  # why a selected call was not substituted
+    reason: str = ""  # why it was not (or, recorded and not selected, could not be) moved
     floating: bool = False  # has a floating-point tensor output
 
 
@@ -156,9 +156,10 @@ class Substitute:
         wanted = self.selection.wants(seq, name, module, phase)
         reason = ""
         out = None
-        if wanted:
+        if wanted or self.record:  # recorded calls say whether they could be moved
             reason = unrunnable(func, name, args, kwargs) or (VIEW_REASON if _is_view(func)
                                                                else "")
+        if wanted:
             if not reason:
                 try:
                     out = self._run_elsewhere(func, args, kwargs)
