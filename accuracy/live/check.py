@@ -152,7 +152,8 @@ class LiveCheck:
     in replay. ops / exclude_ops / modules / phases: which calls to check (patterns as in the
     dumper). stop_on: None, "error" or "warning": raise LiveCheckError at the first op judged
     at that level. config: verdict thresholds (TOML path or dict), as `accuracy compare
-    --config`. After the block: `results` (one OpResult per checked call), `report()`.
+    --config`. keep: "all" OpResults, or only "flagged" ones (warning, error, failed) for
+    long runs; counts cover every call either way. After the block: `results`, `report()`.
     """
 
     def __init__(self, on: str = "cpu", *, ops: str | Iterable[str] | None = None,
@@ -160,9 +161,12 @@ class LiveCheck:
                  exclude_ops: str | Iterable[str] | None = None,
                  phases: str | Iterable[str] | None = None, upcast: str = "fp64",
                  stop_on: str | None = None,
-                 config: str | os.PathLike[str] | dict | None = None) -> None:
+                 config: str | os.PathLike[str] | dict | None = None,
+                 keep: str = "all") -> None:
         if upcast not in UPCASTS:
             raise ValueError(f"upcast must be one of {UPCASTS}, not {upcast!r}")
+        if keep not in ("all", "flagged"):
+            raise ValueError(f"keep must be 'all' or 'flagged', not {keep!r}")
         if stop_on not in STOP_ON:
             raise ValueError(f"stop_on must be one of {STOP_ON}, not {stop_on!r}")
         self.on = on
@@ -171,7 +175,11 @@ class LiveCheck:
         self.stop_on = stop_on
         self.selection = Selection.build(ops, modules, exclude_ops, phases)
         self.cfg = V.load_config(config)
+        self.keep = keep
         self.results: list[OpResult] = []
+        self.checked = 0
+        self._counts: Counter[str] = Counter()
+        self._reasons: Counter[str] = Counter()
         self.calls = 0
         self.notes: list[str] = []
         self._sim: Any = None
@@ -187,7 +195,8 @@ class LiveCheck:
         self._sim = _active_sim()
         attrs = {"sim": self._sim.describe()} if self._sim is not None else {}
         self.precision = ComputePrecision.from_sources(self.cfg, attrs)
-        self.results, self.calls, self.notes = [], 0, []
+        self.results, self.calls, self.notes, self.checked = [], 0, [], 0
+        self._counts, self._reasons = Counter(), Counter()
         self._uninit = {}
         self._site = Site().__enter__()
         self._mode = _LiveMode(self)
@@ -244,7 +253,7 @@ class LiveCheck:
                 log.debug("live check of %s (call %d) failed", name, seq, exc_info=True)
                 result.status, result.reason = FAILED, f"{type(e).__name__}: {str(e)[:300]}"
                 result.outputs, result.verdict = [], None
-        self.results.append(result)
+        self._tally(result)
         if self.stop_on and _RANK.get(result.verdict, 0) >= _RANK[self.stop_on]:
             raise LiveCheckError(result)
         return out
@@ -342,26 +351,31 @@ class LiveCheck:
 
     # -- results ------------------------------------------------------------------------
 
+    def _tally(self, r: OpResult) -> None:
+        self.checked += 1
+        self._counts[r.verdict if r.verdict else (
+            r.status if r.status != OK else "not judged")] += 1
+        if r.status != OK:
+            self._reasons[r.reason.split(":")[0]] += 1
+        if self.keep == "all" or r.status == FAILED or r.verdict in (V.WARNING, V.ERROR):
+            self.results.append(r)
+
     def counts(self) -> dict[str, int]:
         """How many checked calls got each verdict, and how many were skipped or failed."""
-        c: Counter[str] = Counter()
-        for r in self.results:
-            c[r.verdict if r.verdict else (r.status if r.status != OK else "not judged")] += 1
-        return dict(c)
+        return dict(self._counts)
 
     def errors(self, level: str = V.ERROR) -> list[OpResult]:
         return [r for r in self.results if _RANK.get(r.verdict, 0) >= _RANK[level]]
 
     def report(self) -> dict[str, Any]:
         """Per-op figures and verdicts with module and source line, JSON-serialisable."""
-        skipped = Counter(r.reason.split(":")[0] for r in self.results if r.status != OK)
         return {
             "reference": str(self.device), "upcast": self.upcast,
             "backend": "sim" if self._sim is not None else "",
             "profile": self._sim.profile_name if self._sim is not None else "",
             "faults_applied": list(self._sim.applied) if self._sim is not None else [],
-            "calls": self.calls, "checked": len(self.results), "counts": self.counts(),
-            "not_checked_reasons": dict(skipped), "notes": list(self.notes),
+            "calls": self.calls, "checked": self.checked, "counts": self.counts(),
+            "not_checked_reasons": dict(self._reasons), "notes": list(self.notes),
             "errors": [asdict(r) for r in self.errors()],
             "ops": [asdict(r) for r in self.results],
         }
@@ -374,7 +388,7 @@ class LiveCheck:
     def text(self, top: int = 10) -> str:
         """A short human summary: counts, then the worst ops."""
         lines = [f"live check on {self.device} (upcast {self.upcast}): {self.calls} calls, "
-                 f"{len(self.results)} checked; " + ", ".join(
+                 f"{self.checked} checked; " + ", ".join(
                      f"{k} {v}" for k, v in sorted(self.counts().items()))]
         worst = sorted((r for r in self.results if r.verdict in (V.ERROR, V.WARNING)),
                        key=lambda r: -_worst_ratio(r))[:top]

@@ -238,7 +238,10 @@ def prove(step: Callable[[], StepResult], *, culprits: Iterable[str | Mapping[st
 
 
 def _pct(v: float | None) -> str:
-    return "n/a" if v is None else f"{100 * v:.0f}%"
+    if v is None:
+        return "n/a"
+    pct = 100 * v
+    return f"{0.0 if abs(pct) < 0.5 else pct:.0f}%"  # no "-0%"
 
 
 def _sentence(p: Proof, specs: list[Culprit], n: int) -> str:
