@@ -305,3 +305,19 @@ def test_top_level_names_resolve_lazily():
     assert accuracy.live_check is live_check and accuracy.substitute is substitute
     with pytest.raises(AttributeError):
         accuracy.no_such_name  # noqa: B018
+
+
+def test_proof_page_escapes_names():
+    from accuracy.live.html import render_proof
+
+    arm = {"name": "culprit", "loss": 1.0, "loss_gap": 0.0, "grad_gap": None,
+           "loss_closed": 1.0, "grad_closed": None,
+           "calls": [{"seq": 1, "op": "aten.x", "module": "<script>alert(1)</script>",
+                      "phase": "forward", "substituted": True}]}
+    page = render_proof({"culprits": ["<img src=x onerror=alert(1)>"], "golden_loss": 1.0,
+                         "device": dict(arm, name="device"), "culprit": arm,
+                         "control": dict(arm, name="control"), "seed": 0, "on": "cpu",
+                         "dtype": None, "sentence": "<b>s</b>", "convincing": True,
+                         "notes": []})
+    assert "<script>" not in page and "<img" not in page and "<b>s</b>" not in page
+    assert "&lt;script&gt;" in page
