@@ -16,11 +16,13 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from accuracy.dumper import dumper
     from accuracy.dumpfile import Dump, DumpError, load_dump
+    from accuracy.live import live_check, substitute
 
 _LAZY = {"load_dump": "accuracy.dumpfile", "Dump": "accuracy.dumpfile",
-         "DumpError": "accuracy.dumpfile"}
+         "DumpError": "accuracy.dumpfile",
+         "live_check": "accuracy.live", "substitute": "accuracy.live"}
 
-__all__ = ["dumper", "load_dump", "Dump", "DumpError", "__version__"]
+__all__ = ["dumper", "load_dump", "Dump", "DumpError", "live_check", "substitute", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -21,6 +21,7 @@ _PART_CLIS = (
     "accuracy.compare.cli",
     "accuracy.overflow.cli",
     "accuracy.server.cli",
+    "accuracy.live.cli",
     "accuracy.demo",
 )
 
@@ -35,6 +36,8 @@ _PART_COMMANDS: dict[str, tuple[str, str]] = {
     "overflow": ("accuracy.overflow.cli",
                  "ops where inf/nan was born, separated from those that inherited it"),
     "serve": ("accuracy.server.cli", "REST API and web UI to browse runs and reports"),
+    "prove": ("accuracy.live.cli", "prove a culprit: substitute it by the reference and "
+                                   "measure how much of the loss/gradient gap closes"),
     "demo": ("accuracy.demo", "run the end-to-end demo on the emulated accelerator"),
 }
 

@@ -137,3 +137,17 @@ def ratio_verdict(ratio: float | None, cfg: dict[str, Any], scale: float = 1.0) 
     if ratio > sec["error_ratio_warning"] * scale:
         return WARNING
     return PASS
+
+
+def judge_local(op: str, dtype: str, ratio: float | None, cfg: dict[str, Any],
+                precision: Any) -> tuple[str | None, str | None]:
+    """(verdict or None, compute precision or None) of one op output from its local error ratio.
+
+    The rule compare applies to a replayed output row (`api._row`): the op's compute precision
+    where coarser than its dtype widens the ratio thresholds. The live check (`accuracy.live`)
+    judges through this one function; `precision` is a `precision.ComputePrecision`.
+    """
+    from accuracy.compare.precision import ComputePrecision
+
+    compute = precision.coarser(op, dtype)
+    return ratio_verdict(ratio, cfg, ComputePrecision.ratio_scale(compute, dtype)), compute

@@ -18,7 +18,8 @@ _ACCURACY = os.path.dirname(accuracy.__file__)
 _INTERNAL_PREFIXES = (
     os.path.dirname(torch.__file__) + os.sep,
     *(os.path.join(_ACCURACY, part) + os.sep for part in (
-        "dumper", "dumpfile", "device_backend", "overflow", "replay", "compare", "server")),
+        "dumper", "dumpfile", "device_backend", "overflow", "replay", "compare", "server",
+        "live")),
     os.path.join(_ACCURACY, "cli.py"),
     os.path.join(_ACCURACY, "__init__.py"),
     sysconfig.get_paths()["stdlib"] + os.sep,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +53,11 @@ def _dropout_reference(rec: OpRecord) -> Any:
     """native_dropout is checkable from its recorded mask: output = input * mask / (1 - p)."""
     if len(rec.outputs) < 2 or not rec.outputs[1].has_data:
         raise Unreplayable("rng op (dropout) whose mask is not in the dump")
-    mask = rec.outputs[1].load()
+    return dropout_reference(rec.outputs[1].load())
+
+
+def dropout_reference(mask: torch.Tensor) -> Any:
+    """A native_dropout reference that applies the device's own `mask`."""
 
     def ref(x: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
         m = mask.to(x.device)
@@ -66,7 +70,6 @@ def _dropout_reference(rec: OpRecord) -> Any:
 
 
 def _rng_disabled(rec: OpRecord) -> bool:
-    """An rng-tagged op whose randomness is off (attention with dropout_p=0, train=False)."""
     fn = resolve_op(rec.op)
     if fn is None:
         return False
@@ -74,6 +77,11 @@ def _rng_disabled(rec: OpRecord) -> bool:
         args, kwargs = rec.call([None] * len(rec.inputs))
     except ValueError:
         return False
+    return rng_disabled(fn, args, kwargs)
+
+
+def rng_disabled(fn: Any, args: Any, kwargs: dict[str, Any]) -> bool:
+    """An rng-tagged op whose randomness is off (attention with dropout_p=0, train=False)."""
     for pos, a in enumerate(fn._schema.arguments):
         value = args[pos] if pos < len(args) else kwargs.get(a.name, a.default_value)
         if a.name == "dropout_p" and value == 0:
@@ -83,6 +91,9 @@ def _rng_disabled(rec: OpRecord) -> bool:
     return False
 
 
+RNG_REASON = "rng op: its random draws cannot be reproduced on the reference"
+
+
 def _kernel(rec: OpRecord) -> tuple[Any, str]:
     fn = lookup_reference(rec.op)
     if fn is not None:
@@ -90,7 +101,7 @@ def _kernel(rec: OpRecord) -> tuple[Any, str]:
     if rec.op == "aten.native_dropout.default":
         return _dropout_reference(rec), "rng op checked against its recorded mask"
     if rec.extra.get("rng") and not _rng_disabled(rec):
-        raise Unreplayable("rng op: its random draws cannot be reproduced on the reference")
+        raise Unreplayable(RNG_REASON)
     fn = resolve_op(rec.op)
     if fn is None:
         raise Unreplayable(f"no kernel on the reference: {rec.op} is unknown to torch "
@@ -111,17 +122,21 @@ def _run(fn: Any, args: list[Any], kwargs: dict[str, Any], on: str) -> list[torc
     return [o for o in flat if isinstance(o, torch.Tensor)]
 
 
-def _needs_upcast(inputs: list[torch.Tensor], rec: OpRecord, upcast: str) -> bool:
+def _needs_upcast(inputs: list[torch.Tensor], output_dtypes: list[Any], dtype_arg: bool,
+                  upcast: str) -> bool:
+    """Whether an upcast run can change anything: low-precision floats in or out, or a dtype
+    argument (factories and casts produce low-precision values from nothing)."""
     if upcast == "none":
         return False
     low = (torch.float64, torch.complex128) if upcast == "fp64" else (
         torch.float32, torch.float64, torch.complex64, torch.complex128)
     if any((t.is_floating_point() or t.is_complex()) and t.dtype not in low for t in inputs):
         return True
-    if any((t.dtype.startswith(("float", "bfloat", "complex"))) and
-           t.dtype not in {"float64", "complex128"} for t in rec.outputs):
-        return True  # e.g. factories and casts that produce low-precision values
-    return '"__dtype__"' in rec.args_json
+    names = [str(d).removeprefix("torch.") for d in output_dtypes]
+    if any(n.startswith(("float", "bfloat", "complex")) and n not in {"float64", "complex128"}
+           for n in names):
+        return True
+    return dtype_arg
 
 
 _active_cache: TensorCache | None = None
@@ -147,13 +162,18 @@ def replay_op(rec: OpRecord, device: torch.device, upcast: str,
     """
     if cache is None:
         cache = _active_cache if _active_cache is not None else TensorCache(0)
+    return guarded(rec.seq, rec.op, lambda: _replay(rec, device, upcast, cache))
+
+
+def guarded(seq: int, op: str, run: Callable[[], OpOutcome]) -> OpOutcome:
+    """`run()`, with an op that cannot be re-run reported (skipped/failed + reason), not raised."""
     try:
-        return _replay(rec, device, upcast, cache)
+        return run()
     except Unreplayable as e:
-        return OpOutcome(rec.seq, SKIPPED, str(e))
+        return OpOutcome(seq, SKIPPED, str(e))
     except (DumpError, ValueError, TypeError, RuntimeError, IndexError, KeyError) as e:
-        log.debug("replay of %s (seq %d) failed", rec.op, rec.seq, exc_info=True)
-        return OpOutcome(rec.seq, FAILED, f"{type(e).__name__}: {str(e)[:300]}")
+        log.debug("re-run of %s (seq %d) failed", op, seq, exc_info=True)
+        return OpOutcome(seq, FAILED, f"{type(e).__name__}: {str(e)[:300]}")
 
 
 def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache) -> OpOutcome:
@@ -162,77 +182,107 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache
     inputs = [cache.input(t, device) for t in rec.inputs]
     # cached inputs are shared: anything that may write to them gets private copies
     mutable = bool(note) or bool(rec.extra.get("inplace")) or _mutable(rec.op)
-    same = _run(fn, *build_call(rec, inputs, device, "none", mutable), str(device))
-    reasons = [note] if note else []
-    high = same
-    movement = _is_movement(rec.op)
-    # A device output bit-identical to the same-dtype reference has, by definition, the
-    # reference's own error: its ratio is exactly 1 and the fp64 run can't change that.
-    agree = not movement and _all_bit_exact(rec, same, cache)
-    if not movement and not agree and _needs_upcast(inputs, rec, upcast):
+
+    def build(up: str) -> tuple[list[Any], dict[str, Any]]:
+        if up == "none":
+            return build_call(rec, inputs, device, "none", mutable)
+
         def convert(i: int, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
             return cache.upcast(rec.inputs[i], t, dtype)
+        return build_call(rec, inputs, device, up, mutable, convert)
+
+    device_outputs = [(t.idx, cache.load(t) if t.has_data else None) for t in rec.outputs]
+    want_upcast = _needs_upcast(inputs, [t.dtype for t in rec.outputs],
+                                '"__dtype__"' in rec.args_json, upcast)
+    return rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
+                 note=note)
+
+
+def rerun(seq: int, op: str, fn: Any, build: Any,
+          device_outputs: list[tuple[int, torch.Tensor | None]], device: torch.device,
+          upcast: str, want_upcast: bool, note: str = "") -> OpOutcome:
+    """Re-run one op call on the reference and measure the device's outputs against it.
+
+    The part of a replay that replay and the live check (`accuracy.live`) share: `build(up)`
+    gives (args, kwargs) on the reference for `up` in ("none", upcast); `device_outputs` are
+    (output index, device value on the host or None when not available). Runs the same-dtype
+    call, and the upcast one unless the op only moves values or the device is bit-exact.
+    Raises Unreplayable (and the kernel's errors) like `_run`.
+    """
+    same = _run(fn, *build("none"), str(device))
+    reasons = [note] if note else []
+    high = same
+    movement = _is_movement(op)
+    # A device output bit-identical to the same-dtype reference has, by definition, the
+    # reference's own error: its ratio is exactly 1 and the fp64 run can't change that.
+    agree = not movement and _all_bit_exact(device_outputs, same)
+    if not movement and not agree and want_upcast:
         try:
-            high = _run(fn, *build_call(rec, inputs, device, upcast, mutable, convert),
-                        str(device))
+            high = _run(fn, *build(upcast), str(device))
         except (Unreplayable, RuntimeError, TypeError, ValueError) as e:
             reasons.append(f"upcast run failed ({str(e)[:120]}); errors are against the "
                            "same-dtype reference")
     if len(high) != len(same):
         high = same
-    del inputs
     tensors = [_host(t) for t in same]
-    if not rec.outputs:
+    if not device_outputs:
         reasons.append("device outputs not in the dump: reference computed, nothing compared"
                        if same else "no tensor outputs: nothing to compare")
-        return OpOutcome(rec.seq, OK, "; ".join(reasons), [], tensors)
+        return OpOutcome(seq, OK, "; ".join(reasons), [], tensors)
     status, metrics = OK, []
-    for t in rec.outputs:
-        if t.idx >= len(same):
+    for idx, dev in device_outputs:
+        if idx >= len(same):
             status = FAILED
-            reasons.append(f"reference gave {len(same)} outputs, the device {len(rec.outputs)}")
+            reasons.append(f"reference gave {len(same)} outputs, the device "
+                           f"{len(device_outputs)}")
             break
-        if not t.has_data:
-            reasons.append(f"output {t.idx} has no data in the dump: not compared")
+        if dev is None:
+            reasons.append(f"output {idx} has no data in the dump: not compared")
             continue
-        dev, ref, hi = cache.load(t), tensors[t.idx], high[t.idx]
+        ref, hi = tensors[idx], high[idx]
         if tuple(dev.shape) != tuple(ref.shape):
             status = FAILED
-            reasons.append(f"output {t.idx}: device shape {list(dev.shape)} vs reference "
+            reasons.append(f"output {idx}: device shape {list(dev.shape)} vs reference "
                            f"{list(ref.shape)}")
-            metrics.append(_mismatch(t.idx))
+            metrics.append(_mismatch(idx))
             continue
         if ref.dtype != dev.dtype:
-            reasons.append(f"output {t.idx}: reference dtype {ref.dtype} cast to {dev.dtype}")
+            reasons.append(f"output {idx}: reference dtype {ref.dtype} cast to {dev.dtype}")
             ref = ref.to(dev.dtype)
         if movement:
-            metrics.append(exact_metrics(t.idx, dev, ref))
+            metrics.append(exact_metrics(idx, dev, ref))
         elif agree:
-            metrics.append(agreeing_metrics(t.idx))
+            metrics.append(agreeing_metrics(idx))
         else:
             # `high is same` (no upcast run) tells output_metrics there is one reference
-            hi = tensors[t.idx] if hi is same[t.idx] else hi.cpu()
-            metrics.append(output_metrics(t.idx, dev, ref, hi))
-    return OpOutcome(rec.seq, status, "; ".join(reasons), metrics, tensors)
+            hi = tensors[idx] if hi is same[idx] else hi.cpu()
+            metrics.append(output_metrics(idx, dev, ref, hi))
+    return OpOutcome(seq, status, "; ".join(reasons), metrics, tensors)
 
 
-def _all_bit_exact(rec: OpRecord, same: list[torch.Tensor], cache: TensorCache) -> bool:
-    """Whether every recorded output equals the same-dtype reference bit for bit."""
-    if not rec.outputs or len(same) < len(rec.outputs):
+def _all_bit_exact(device_outputs: list[tuple[int, torch.Tensor | None]],
+                   same: list[torch.Tensor]) -> bool:
+    """Whether every device output equals the same-dtype reference bit for bit."""
+    if not device_outputs or len(same) < len(device_outputs):
         return False
-    for t in rec.outputs:
-        if not t.has_data or t.idx >= len(same):
+    for idx, dev in device_outputs:
+        if dev is None or idx >= len(same):
             return False
-        ref = same[t.idx]
-        if not isinstance(ref, torch.Tensor) or ref.dtype != schema_dtype(t):
+        ref = same[idx]
+        if not isinstance(ref, torch.Tensor) or ref.dtype != dev.dtype:
             return False
-        if not bit_equal(cache.load(t), _host(ref)):
+        if not bit_equal(dev, _host(ref)):
             return False
     return True
 
 
 def schema_dtype(t: Any) -> torch.dtype:
     return getattr(torch, t.dtype)
+
+
+def is_movement(op: str) -> bool:
+    """Whether `op` only moves or picks existing values (its reference is exact)."""
+    return _is_movement(op)
 
 
 def _is_movement(op: str) -> bool:

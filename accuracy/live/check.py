@@ -1,0 +1,435 @@
+"""`live_check(...)`: re-run every op on a reference while the device step runs; keep figures.
+
+Each op call inside the block is run on the device as usual, then re-run on the reference
+(CPU by default) with a copy of the device's own inputs, in the same dtype and upcast, exactly
+as `accuracy replay` does from a dump: the same code (`accuracy.replay.ops.rerun`) computes
+the same local error figures, and the same rule as `accuracy compare` judges them
+(`accuracy.compare.verdict.judge_local`). Only the figures are kept: no tensor is stored, and
+inputs are copied to the reference one op at a time, so memory stays bounded.
+
+Under `sim`, enter `live_check` inside `sim(...)` (like the dumper): it then sees each op's
+real arguments and the sim's faulty result, as on hardware.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from accuracy.compare import verdict as V
+from accuracy.compare.precision import ComputePrecision
+from accuracy.dumper.flatten import tensors_in
+from accuracy.live.select import UNINITIALISED_REASON, Selection, Site, unrunnable
+from accuracy.replay.engine import reference_device
+from accuracy.replay.ops import (
+    FAILED,
+    OK,
+    SKIPPED,
+    OpOutcome,
+    _needs_upcast,
+    dropout_reference,
+    guarded,
+    rerun,
+)
+from accuracy.replay.rebuild import UPCASTS, Unreplayable, build_call
+from accuracy.replay.registry import lookup_reference
+
+log = logging.getLogger(__name__)
+STOP_ON = (None, "error", "warning")
+_UNINIT_WINDOW = 16
+_RANK = {None: 0, V.PASS: 1, V.WARNING: 2, V.ERROR: 3}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _fill(obj: Any, tensors: Iterable[Any]) -> Any:
+    """`obj` with its tensors replaced, in `tensors_in` order, by the next of `tensors`."""
+    it = iter(tensors)
+
+    def walk(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            return next(it)
+        if isinstance(o, list | tuple):
+            return type(o)(walk(x) for x in o)
+        if isinstance(o, dict):
+            return {k: walk(v) for k, v in o.items()}
+        return o
+
+    return walk(obj)
+
+
+def _has_dtype(obj: Any) -> bool:
+    if isinstance(obj, torch.dtype):
+        return True
+    if isinstance(obj, list | tuple):
+        return any(_has_dtype(x) for x in obj)
+    if isinstance(obj, dict):
+        return any(_has_dtype(x) for x in obj.values())
+    return False
+
+
+class _LiveCall:
+    """The `rec.call(tensors)` of a dump record, for a live call (what `build_call` needs)."""
+
+    def __init__(self, args: tuple, kwargs: dict) -> None:
+        self.args, self.kwargs = args, kwargs
+
+    def call(self, tensors: list[Any]) -> tuple[list[Any], dict[str, Any]]:
+        args, kwargs = _fill((list(self.args), self.kwargs), tensors)
+        return args, kwargs
+
+
+@dataclass
+class OpResult:
+    """One op call's live-check figures: where it ran, and per output its local error."""
+
+    seq: int
+    op: str
+    phase: str
+    module: str
+    source: str
+    status: str  # ok | skipped | failed
+    reason: str = ""
+    verdict: str | None = None  # worst output verdict; None when nothing was judged
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """One line: op, where, verdict and the worst output's figures."""
+        where = f"{self.op} (call {self.seq}, {self.phase}) in {self.module or '-'}"
+        where += f" at {self.source or '?'}"
+        worst = max(self.outputs, key=lambda o: _RANK.get(o.get("verdict"), 0), default=None)
+        figs = ""
+        if worst is not None:
+            figs = (f": output {worst['idx']} error ratio {_fmt(worst.get('error_ratio'))} "
+                    f"(device err {_fmt(worst.get('err_device'))}, reference err "
+                    f"{_fmt(worst.get('err_reference'))}, max abs {_fmt(worst.get('max_abs'))}, "
+                    f"cosine {_fmt(worst.get('cosine'))})")
+            if worst.get("compute_precision"):
+                figs += f", judged at compute precision {worst['compute_precision']}"
+        return f"{where} judged {self.verdict or self.status}{figs}"
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+class LiveCheckError(RuntimeError):
+    """Raised by `live_check(stop_on=...)` at the first op judged at or above that level."""
+
+    def __init__(self, result: OpResult) -> None:
+        self.result = result
+        super().__init__(f"live check stopped: {result.describe()}")
+
+
+class _LiveMode(TorchDispatchMode):
+    def __init__(self, owner: LiveCheck) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.owner._on_op(func, args, kwargs or {})
+
+
+class LiveCheck:
+    """Context manager: re-run each selected op on `on` and judge its local error.
+
+    on: reference backend ("cpu", "cuda"...). upcast: "fp64" (default), "fp32" or "none", as
+    in replay. ops / exclude_ops / modules / phases: which calls to check (patterns as in the
+    dumper). stop_on: None, "error" or "warning": raise LiveCheckError at the first op judged
+    at that level. config: verdict thresholds (TOML path or dict), as `accuracy compare
+    --config`. keep: "all" OpResults, or only "flagged" ones (warning, error, failed) for
+    long runs; counts cover every call either way. After the block: `results`, `report()`.
+    """
+
+    def __init__(self, on: str = "cpu", *, ops: str | Iterable[str] | None = None,
+                 modules: str | Iterable[str] | None = None,
+                 exclude_ops: str | Iterable[str] | None = None,
+                 phases: str | Iterable[str] | None = None, upcast: str = "fp64",
+                 stop_on: str | None = None,
+                 config: str | os.PathLike[str] | dict | None = None,
+                 keep: str = "all") -> None:
+        if upcast not in UPCASTS:
+            raise ValueError(f"upcast must be one of {UPCASTS}, not {upcast!r}")
+        if keep not in ("all", "flagged"):
+            raise ValueError(f"keep must be 'all' or 'flagged', not {keep!r}")
+        if stop_on not in STOP_ON:
+            raise ValueError(f"stop_on must be one of {STOP_ON}, not {stop_on!r}")
+        self.on = on
+        self.device = reference_device(on)
+        self.upcast = upcast
+        self.stop_on = stop_on
+        self.selection = Selection.build(ops, modules, exclude_ops, phases)
+        self.cfg = V.load_config(config)
+        self.keep = keep
+        self.results: list[OpResult] = []
+        self.checked = 0
+        self._counts: Counter[str] = Counter()
+        self._reasons: Counter[str] = Counter()
+        self.calls = 0
+        self.notes: list[str] = []
+        self._sim: Any = None
+        self._mode: _LiveMode | None = None
+        self._site: Site | None = None
+        self._names: dict[Any, str] = {}
+        self._warned_stack = False
+        self._uninit: dict[int, int] = {}  # storage address of an empty* output -> its call
+
+    # -- context ------------------------------------------------------------------------
+
+    def __enter__(self) -> LiveCheck:
+        self._sim = _active_sim()
+        attrs = {"sim": self._sim.describe()} if self._sim is not None else {}
+        self.precision = ComputePrecision.from_sources(self.cfg, attrs)
+        self.results, self.calls, self.notes, self.checked = [], 0, [], 0
+        self._counts, self._reasons = Counter(), Counter()
+        self._uninit = {}
+        self._site = Site().__enter__()
+        self._mode = _LiveMode(self)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if self._mode is not None:
+                self._mode.__exit__(exc_type, exc, tb)
+        finally:
+            if self._site is not None:
+                self._site.__exit__(exc_type, exc, tb)
+            self._mode = self._site = None
+        log.info("live check: %s", self.counts())
+        return False
+
+    # -- per op -------------------------------------------------------------------------
+
+    def _op_name(self, func: Any) -> str:
+        name = self._names.get(func)
+        if name is None:
+            name = self._names[func] = str(func)
+        return name
+
+    def _on_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        seq = self.calls
+        self.calls += 1
+        site = self._site
+        assert site is not None
+        phase, module, source = site.locate()
+        name = self._op_name(func)
+        if not self.selection.wants(seq, name, module, phase):
+            out = func(*args, **kwargs)
+            site.after(phase, module, seq, source, tensors_in(out))
+            return out
+        self._check_stacking()
+        result = OpResult(seq, name, phase, module, source, SKIPPED)
+        reason = unrunnable(func, name, args, kwargs) or self._uninitialised(func, seq, args)
+        snapshot = None
+        if reason is None:
+            snapshot = self._snapshot(func, args, kwargs, result)
+        out = func(*args, **kwargs)
+        outs = tensors_in(out)
+        site.after(phase, module, seq, source, outs)
+        if reason == UNINITIALISED_REASON and outs and _storage(outs[0]) > 0:
+            self._uninit[_storage(outs[0])] = seq
+        if reason is not None:
+            result.reason = reason
+        elif snapshot is not None:
+            try:
+                self._measure(func, name, args, kwargs, snapshot, outs, result)
+            except Exception as e:  # noqa: BLE001 - the user's step never fails because of us
+                log.debug("live check of %s (call %d) failed", name, seq, exc_info=True)
+                result.status, result.reason = FAILED, f"{type(e).__name__}: {str(e)[:300]}"
+                result.outputs, result.verdict = [], None
+        self._tally(result)
+        if self.stop_on and _RANK.get(result.verdict, 0) >= _RANK[self.stop_on]:
+            raise LiveCheckError(result)
+        return out
+
+    def _uninitialised(self, func: Any, seq: int, args: tuple) -> str | None:
+        """Views of an empty* output hold uninitialised memory until an op writes it; not
+        judged (as compare leaves them), followed for at most _UNINIT_WINDOW calls."""
+        if not self._uninit:
+            return None
+        self._uninit = {k: v for k, v in self._uninit.items() if seq - v <= _UNINIT_WINDOW}
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if first is None or _storage(first) not in self._uninit:
+            return None
+        if func._schema.is_mutable:  # written: initialised from here on
+            del self._uninit[_storage(first)]
+            return None
+        return "uninitialised memory (empty*, before its first write): not judged"
+
+    def _snapshot(self, func: Any, args: tuple, kwargs: dict, result: OpResult
+                  ) -> list[torch.Tensor] | None:
+        """The device's inputs on the reference, copied before the op may write to them."""
+        inputs = tensors_in(kwargs, tensors_in(args))
+        for t in inputs:
+            if t.layout != torch.strided or type(t) not in (torch.Tensor, torch.nn.Parameter) \
+                    or t.device.type == "meta":
+                result.reason = f"input is not a plain strided tensor ({type(t).__name__}, " \
+                                f"{t.layout}, {t.device})"
+                return None
+        copy = func._schema.is_mutable
+        try:
+            with torch._C._DisableTorchDispatch(), torch.no_grad():
+                return [t.detach().to(self.device, copy=copy) for t in inputs]
+        except RuntimeError as e:
+            result.status, result.reason = FAILED, f"copy to {self.device}: {str(e)[:200]}"
+            return None
+
+    def _measure(self, func: Any, name: str, args: tuple, kwargs: dict,
+                 inputs: list[torch.Tensor], outs: list[torch.Tensor], result: OpResult) -> None:
+        try:
+            with torch._C._DisableTorchDispatch(), torch.no_grad():
+                host = [(i, t.detach().to("cpu")) for i, t in enumerate(outs)]
+        except RuntimeError as e:
+            result.status, result.reason = FAILED, f"device output to host: {str(e)[:200]}"
+            return
+        outcome = guarded(result.seq, name,
+                          lambda: self._rerun(func, name, args, kwargs, inputs, host, result))
+        result.status, result.reason = outcome.status, outcome.reason
+        if outcome.status != OK:
+            return
+        for m in outcome.outputs:
+            dev = host[m["idx"]][1]
+            entry = dict(m, dtype=_dtype_name(dev.dtype), shape=list(dev.shape),
+                         verdict=None, compute_precision=None)
+            if dev.numel() > 0:  # compare leaves empty tensors unjudged too
+                entry["verdict"], entry["compute_precision"] = V.judge_local(
+                    name, entry["dtype"], _finite_or_none(m.get("error_ratio")), self.cfg,
+                    self.precision)
+            result.outputs.append(entry)
+            if _RANK.get(entry["verdict"], 0) > _RANK.get(result.verdict, 0):
+                result.verdict = entry["verdict"]
+
+    def _rerun(self, func: Any, name: str, args: tuple, kwargs: dict,
+               inputs: list[torch.Tensor], host: list[tuple[int, torch.Tensor]],
+               result: OpResult) -> OpOutcome:
+        fn, note = func, ""
+        registered = lookup_reference(name)
+        if registered is not None:
+            fn, note = registered, "registered reference"
+        elif name == "aten.native_dropout.default":
+            if len(host) < 2:
+                raise Unreplayable("rng op (dropout) without its mask output")
+            fn, note = dropout_reference(host[1][1]), "rng op checked against its own mask"
+        mutable = bool(note) or func._schema.is_mutable
+        call = _LiveCall(args, kwargs)
+
+        def build(up: str) -> tuple[list[Any], dict[str, Any]]:
+            return build_call(call, inputs, self.device, up, mutable)  # type: ignore[arg-type]
+
+        want = _needs_upcast(inputs, [t.dtype for _, t in host],
+                             _has_dtype((args, kwargs)), self.upcast)
+        with torch._C._DisableTorchDispatch():  # the reference runs below no mode (sim...)
+            return rerun(result.seq, name, fn, build, host, self.device, self.upcast, want,
+                         note=note)
+
+    def _check_stacking(self) -> None:
+        if self._warned_stack:
+            return
+        now = _active_sim()
+        if now is not None and now is not self._sim:
+            self._warned_stack = True
+            note = ("a sim(...) was entered inside live_check: the check sees its ops before "
+                    "the sim's rounding and faults; enter live_check inside sim(...)")
+            self.notes.append(note)
+            log.warning(note)
+
+    # -- results ------------------------------------------------------------------------
+
+    def _tally(self, r: OpResult) -> None:
+        self.checked += 1
+        self._counts[r.verdict if r.verdict else (
+            r.status if r.status != OK else "not judged")] += 1
+        if r.status != OK:
+            self._reasons[r.reason.split(":")[0]] += 1
+        if self.keep == "all" or r.status == FAILED or r.verdict in (V.WARNING, V.ERROR):
+            self.results.append(r)
+
+    def counts(self) -> dict[str, int]:
+        """How many checked calls got each verdict, and how many were skipped or failed."""
+        return dict(self._counts)
+
+    def errors(self, level: str = V.ERROR) -> list[OpResult]:
+        return [r for r in self.results if _RANK.get(r.verdict, 0) >= _RANK[level]]
+
+    def report(self) -> dict[str, Any]:
+        """Per-op figures and verdicts with module and source line, JSON-serialisable."""
+        return {
+            "reference": str(self.device), "upcast": self.upcast,
+            "backend": "sim" if self._sim is not None else "",
+            "profile": self._sim.profile_name if self._sim is not None else "",
+            "faults_applied": list(self._sim.applied) if self._sim is not None else [],
+            "calls": self.calls, "checked": self.checked, "counts": self.counts(),
+            "not_checked_reasons": dict(self._reasons), "notes": list(self.notes),
+            "errors": [asdict(r) for r in self.errors()],
+            "ops": [asdict(r) for r in self.results],
+        }
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        """The report as JSON (figures only; non-finite numbers as strings)."""
+        with open(path, "w") as f:
+            json.dump(_jsonable(self.report()), f, indent=1)
+
+    def text(self, top: int = 10) -> str:
+        """A short human summary: counts, then the worst ops."""
+        lines = [f"live check on {self.device} (upcast {self.upcast}): {self.calls} calls, "
+                 f"{self.checked} checked; " + ", ".join(
+                     f"{k} {v}" for k, v in sorted(self.counts().items()))]
+        worst = sorted((r for r in self.results if r.verdict in (V.ERROR, V.WARNING)),
+                       key=lambda r: -_worst_ratio(r))[:top]
+        lines += ["  " + r.describe() for r in worst]
+        return "\n".join(lines)
+
+
+def _worst_ratio(r: OpResult) -> float:
+    vals = [o.get("error_ratio") for o in r.outputs if o.get("error_ratio") is not None]
+    return max(vals, default=0.0)
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return -1
+
+
+def _finite_or_none(v: Any) -> Any:
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def _active_sim() -> Any:
+    try:
+        from accuracy.device_backend.simulator import active
+    except ImportError:
+        return None
+    return active()
+
+
+def live_check(on: str = "cpu", **kwargs: Any) -> LiveCheck:
+    """`with accuracy.live_check(on="cpu", stop_on="error") as chk: step()`; see LiveCheck."""
+    return LiveCheck(on, **kwargs)

@@ -1,0 +1,121 @@
+"""Which op calls the live tools act on, and where each runs (phase, module, source line).
+
+Shared by the live check and substitution: one op/module/phase filter (the patterns of
+`accuracy.patterns`), the ops no reference can re-run (collectives, rng draws, uninitialised
+factories) with the reason shown to the user, and the dumper's module scope and source lookup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from accuracy.dumper.core import UNINITIALISED
+from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
+from accuracy.dumper.source import user_source
+from accuracy.patterns import module_matches, op_matches
+from accuracy.replay.ops import RNG_REASON, rng_disabled
+from accuracy.replay.registry import lookup_reference
+
+PHASES = (FORWARD, BACKWARD, OPTIMIZER)
+_COLLECTIVE_NAMESPACES = {"c10d", "_c10d_functional", "_c10d_functional_autograd",
+                          "c10d_functional", "_dtensor"}
+COLLECTIVE_REASON = "collective: its result depends on the other ranks' data"
+UNINITIALISED_REASON = "uninitialised factory: its output is whatever memory held"
+
+
+def _patterns(value: str | Iterable[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def is_collective(name: str) -> bool:
+    """c10d and functional-collective ops (and their wait/wrap helpers)."""
+    return name.partition(".")[0] in _COLLECTIVE_NAMESPACES
+
+
+def unrunnable(func: Any, name: str, args: tuple, kwargs: dict) -> str | None:
+    """Why this call cannot be re-run on a reference with the same result, or None."""
+    if is_collective(name):
+        return COLLECTIVE_REASON
+    if name in UNINITIALISED:
+        return UNINITIALISED_REASON
+    if (torch.Tag.nondeterministic_seeded in func.tags and name != "aten.native_dropout.default"
+            and lookup_reference(name) is None and not rng_disabled(func, args, kwargs)):
+        return RNG_REASON
+    return None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Op calls to act on: op patterns, module patterns, phases, or exact call indices."""
+
+    ops: tuple[str, ...] = ()
+    exclude_ops: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    phases: tuple[str, ...] = PHASES
+    calls: frozenset[int] | None = None
+
+    @classmethod
+    def build(cls, ops: str | Iterable[str] | None = None,
+              modules: str | Iterable[str] | None = None,
+              exclude_ops: str | Iterable[str] | None = None,
+              phases: str | Iterable[str] | None = None,
+              calls: Iterable[int] | None = None) -> Selection:
+        ph = _patterns(phases) or PHASES
+        bad = [p for p in ph if p not in PHASES]
+        if bad:
+            raise ValueError(f"phases must be among {PHASES}, not {bad}")
+        return cls(_patterns(ops), _patterns(exclude_ops), _patterns(modules), ph,
+                   None if calls is None else frozenset(int(c) for c in calls))
+
+    @property
+    def empty(self) -> bool:
+        """Selects nothing by name (an explicit empty call set)."""
+        return self.calls is not None and not self.calls
+
+    def wants(self, seq: int, name: str, module: str, phase: str) -> bool:
+        if self.calls is not None and seq not in self.calls:
+            return False
+        if phase not in self.phases:
+            return False
+        if self.ops and not any(op_matches(p, name) for p in self.ops):
+            return False
+        if any(op_matches(p, name) for p in self.exclude_ops):
+            return False
+        return not self.modules or any(module_matches(p, module) for p in self.modules)
+
+
+class Site:
+    """The dumper's module scope, for a dispatch mode that is not the dumper."""
+
+    def __init__(self) -> None:
+        self.scope = Scope()
+
+    def __enter__(self) -> Site:
+        self.scope.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.scope.__exit__(*exc)
+
+    def locate(self, with_source: bool = True) -> tuple[str, str, str]:
+        """(phase, module, source line) of the op being dispatched."""
+        scope = self.scope
+        scope.tag_pending()
+        if torch._C._current_graph_task_id() != -1:
+            origin = scope.backward_origin()
+            if origin is not None:
+                return BACKWARD, origin[0], origin[2]
+            return BACKWARD, "", user_source()[0] if with_source else ""
+        return scope.phase, scope.module, user_source()[0] if with_source else ""
+
+    def after(self, phase: str, module: str, seq: int, source: str,
+              outputs: list[torch.Tensor]) -> None:
+        """Tag a forward op's outputs, so its backward ops know their module and source."""
+        if phase == FORWARD:
+            self.scope.forward_outputs(outputs, (module, seq, source))

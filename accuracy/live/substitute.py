@@ -1,0 +1,245 @@
+"""`substitute(...)`: run chosen ops on another device and/or at another dtype, mid-step.
+
+One mechanism for the CPU fallback users know from device stacks (run an op the device gets
+wrong on the CPU) and for per-op dtype casts (run an op in float32 inside a float16 model):
+matching op calls run on `on` with their floating inputs cast to `dtype`, and their results
+come back on the original device, in the original dtype and strides, so the step goes on.
+In-place and `out=` ops write their results back into the original tensors.
+
+Not substituted (they run on the device, and `skipped` says why): views (their result must
+alias the device tensor), collectives, rng draws and uninitialised factories.
+Under `sim`, enter `substitute` inside `sim(...)`: substituted calls then bypass the sim.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from accuracy.dumper.flatten import tensors_in
+from accuracy.live.check import _fill
+from accuracy.live.select import Selection, Site, unrunnable
+from accuracy.replay.engine import reference_device
+
+log = logging.getLogger(__name__)
+VIEW_REASON = "view: its result must alias the device tensor"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One op call seen inside a `substitute` block."""
+
+    seq: int
+    op: str
+    phase: str
+    module: str
+    substituted: bool
+    reason: str = ""  # why it was not (or, recorded and not selected, could not be) moved
+    floating: bool = False  # has a floating-point tensor output
+
+
+def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise ValueError(f"dtype must name a floating dtype (float32, bfloat16...), not {dtype!r}")
+    return value
+
+
+def _is_view(func: Any) -> bool:
+    return any(r.alias_info is not None and not r.alias_info.is_write
+               for r in func._schema.returns)
+
+
+def _written(func: Any, args: tuple, kwargs: dict) -> list[int]:
+    """Positions, in `tensors_in(kwargs, tensors_in(args))` order, of tensors the op writes."""
+    ids = set()
+    for pos, a in enumerate(func._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        value = args[pos] if not a.kwarg_only and pos < len(args) else kwargs.get(a.name)
+        for v in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(v, torch.Tensor):
+                ids.add(id(v))
+    return [i for i, t in enumerate(tensors_in(kwargs, tensors_in(args))) if id(t) in ids]
+
+
+def _map_devices(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.device):
+        return device
+    if isinstance(obj, list | tuple):
+        return type(obj)(_map_devices(x, device) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _map_devices(v, device) for k, v in obj.items()}
+    return obj
+
+
+def _device_arg(obj: Any) -> torch.device | None:
+    if isinstance(obj, torch.device):
+        return obj
+    if isinstance(obj, list | tuple):
+        return next((d for d in map(_device_arg, obj) if d is not None), None)
+    if isinstance(obj, dict):
+        return next((d for d in map(_device_arg, obj.values()) if d is not None), None)
+    return None
+
+
+class _SubMode(TorchDispatchMode):
+    def __init__(self, owner: Substitute) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.owner._on_op(func, args, kwargs or {})
+
+
+class Substitute:
+    """Context manager running selected op calls on `on`, optionally at `dtype`.
+
+    ops / exclude_ops / modules / phases: patterns as in the dumper (no ops and no modules:
+    every op). calls: exact call indices within the block (0-based, every op counts), as
+    `accuracy.live.prove` uses. record: keep one `Call` per op seen (`calls_seen`).
+    After the block: `substituted` (Calls run elsewhere), `skipped` (selected, not moved).
+    """
+
+    def __init__(self, ops: str | Iterable[str] | None = None,
+                 modules: str | Iterable[str] | None = None, *, on: str = "cpu",
+                 dtype: str | torch.dtype | None = None,
+                 exclude_ops: str | Iterable[str] | None = None,
+                 phases: str | Iterable[str] | None = None, calls: Iterable[int] | None = None,
+                 record: bool = False) -> None:
+        self.on = on
+        self.device = reference_device(on)
+        self.dtype = _parse_dtype(dtype)
+        self.selection = Selection.build(ops, modules, exclude_ops, phases, calls)
+        self.record = record
+        self.calls = 0
+        self.calls_seen: list[Call] = []
+        self.substituted: list[Call] = []
+        self.skipped: list[Call] = []
+        self._site: Site | None = None
+        self._mode: _SubMode | None = None
+
+    def __enter__(self) -> Substitute:
+        self.calls, self.calls_seen, self.substituted, self.skipped = 0, [], [], []
+        self._site = Site().__enter__()
+        self._mode = _SubMode(self)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if self._mode is not None:
+                self._mode.__exit__(exc_type, exc, tb)
+        finally:
+            if self._site is not None:
+                self._site.__exit__(exc_type, exc, tb)
+            self._mode = self._site = None
+        log.info("substitute: %d calls run on %s%s, %d selected but kept on the device",
+                 len(self.substituted), self.device,
+                 f" at {self.dtype}" if self.dtype else "", len(self.skipped))
+        return False
+
+    def _on_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        seq = self.calls
+        self.calls += 1
+        site = self._site
+        assert site is not None
+        phase, module, source = site.locate(with_source=False)
+        name = str(func)
+        wanted = self.selection.wants(seq, name, module, phase)
+        reason = ""
+        out = None
+        if wanted or self.record:  # recorded calls say whether they could be moved
+            reason = unrunnable(func, name, args, kwargs) or (VIEW_REASON if _is_view(func)
+                                                               else "")
+        if wanted:
+            if not reason:
+                try:
+                    out = self._run_elsewhere(func, args, kwargs)
+                except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+                    reason = f"failed on {self.device}: {str(e).splitlines()[0][:200]}" \
+                        if str(e) else type(e).__name__
+                    log.warning("substitute: %s (call %d) %s; it runs on the device", name,
+                                seq, reason)
+        done = wanted and not reason
+        if not done:
+            out = func(*args, **kwargs)
+        outs = tensors_in(out)
+        site.after(phase, module, seq, source, outs)
+        if self.record or wanted:
+            call = Call(seq, name, phase, module, done, reason,
+                        any(t.is_floating_point() for t in outs))
+            if self.record:
+                self.calls_seen.append(call)
+            if wanted:
+                (self.substituted if done else self.skipped).append(call)
+        return out
+
+    def _cast(self, t: torch.Tensor, copy: bool) -> torch.Tensor:
+        dtype = self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
+        return t.detach().to(self.device, dtype=dtype, copy=copy)
+
+    def _run_elsewhere(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        inputs = tensors_in(kwargs, tensors_in(args))
+        written = _written(func, args, kwargs)
+        with torch._C._DisableTorchDispatch(), torch.no_grad():
+            ref = [self._cast(t, copy=i in written) for i, t in enumerate(inputs)]
+            r_args, r_kwargs = _fill((list(args), kwargs), ref)
+            r_args, r_kwargs = _map_devices((r_args, r_kwargs), self.device)
+            meta = _meta_outputs(func, args, kwargs, inputs)
+            out = func(*r_args, **r_kwargs)
+            # in-place / out=: the results go back into the device's own tensors
+            back = {id(ref[i]): inputs[i] for i in written}
+            for i in written:
+                inputs[i].copy_(ref[i])
+            target = _device_arg((args, kwargs)) or next(
+                (t.device for t in inputs), torch.device("cpu"))
+            outs = tensors_in(out)
+            first_float = next((t.dtype for t in inputs if t.is_floating_point()), None)
+            converted = []
+            for k, t in enumerate(outs):
+                if id(t) in back:
+                    converted.append(back[id(t)])
+                    continue
+                m = meta[k] if meta is not None and k < len(meta) else None
+                converted.append(_return(t, m, target, self.dtype, first_float))
+            return _fill(out, converted)
+
+
+def _meta_outputs(func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor]
+                  ) -> list[torch.Tensor] | None:
+    """The op's outputs on the meta device (dtype, shape, strides as the device would give)."""
+    try:
+        metas = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+                 for t in inputs]
+        m_args, m_kwargs = _fill((list(args), kwargs), metas)
+        m_args, m_kwargs = _map_devices((m_args, m_kwargs), torch.device("meta"))
+        return tensors_in(func(*m_args, **m_kwargs))
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        return None
+
+
+def _return(t: torch.Tensor, meta: torch.Tensor | None, device: torch.device,
+            cast: torch.dtype | None, first_float: torch.dtype | None) -> torch.Tensor:
+    """A reference output back on the device in the dtype and strides the device would give."""
+    if meta is not None and tuple(meta.shape) == tuple(t.shape):
+        out = torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype, device=device)
+        out.copy_(t)
+        return out
+    dtype = t.dtype
+    if cast is not None and t.dtype == cast and first_float is not None:
+        dtype = first_float  # no meta kernel: a cast op's output takes its inputs' dtype
+    return t.to(device=device, dtype=dtype)
+
+
+def substitute(ops: str | Iterable[str] | None = None,
+               modules: str | Iterable[str] | None = None, **kwargs: Any) -> Substitute:
+    """`with accuracy.substitute(ops="aten.gelu", on="cpu", dtype="float32"): step()`."""
+    return Substitute(ops, modules, **kwargs)
