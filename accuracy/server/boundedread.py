@@ -46,7 +46,7 @@ class ViewLimits:
 
     @property
     def window_elements(self) -> int:
-        return max(1024, self.budget_bytes // (2 * WORK_BYTES_PER_ELEMENT))
+        return max(1024, self.budget_bytes // 2048)
 
     @contextmanager
     def slot(self) -> Iterator[None]:
@@ -96,18 +96,24 @@ class TensorSource:
         except DumpError as e:
             raise ApiError(410, scrub(str(e), self.d.path)) from None
 
-    def pieces(self) -> Iterator[torch.Tensor]:
-        """Consecutive windows of the flattened tensor as float64 (|x| for complex)."""
+    def pieces(self, align: int = 1) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first element, values) windows of the flattened tensor as float64 (|x| for
+        complex). No window crosses a multiple of `align` unless it holds whole multiples."""
         if self.whole:
-            yield _as_f64(self.tensor())
+            yield 0, _as_f64(self.tensor())
             return
-        blob = self.d._blob
-        step = self.limits.window_elements * self.itemsize
-        start, end = self.t.offset, self.t.offset + self.t.nbytes
+        w, n = self.limits.window_elements, self.numel
+        if align <= w:
+            size = (w // align) * align
+            spans = ((s, min(s + size, n)) for s in range(0, n, size))
+        else:  # a bucket larger than a window: windows inside one bucket at a time
+            spans = ((s, min(s + w, b + align, n)) for b in range(0, n, align)
+                     for s in range(b, min(b + align, n), w))
+        blob, item, base = self.d._blob, self.itemsize, self.t.offset
         try:
-            for pos in range(start, end, step):
-                raw = blob[pos:min(pos + step, end)]
-                yield _as_f64(torch.from_numpy(raw).view(self.dtype))
+            for s, e in spans:
+                raw = blob[base + s * item: base + e * item]
+                yield s, _as_f64(torch.from_numpy(raw).view(self.dtype))
         except (OSError, RuntimeError, ValueError, TypeError) as e:
             raise ApiError(410, f"{self.t.address}: damaged data ({type(e).__name__})") from None
 
@@ -124,12 +130,15 @@ def stream_histogram(sources: list[TensorSource], bins: int) -> dict:
     lo, hi = math.inf, -math.inf
     nans, infs = [0] * len(sources), [0] * len(sources)
     for i, s in enumerate(sources):
-        for x in s.pieces():
-            fin = x[torch.isfinite(x)]
-            nans[i] += int(torch.isnan(x).sum())
-            infs[i] += int(torch.isinf(x).sum())
-            if fin.numel():
-                lo, hi = min(lo, float(fin.min())), max(hi, float(fin.max()))
+        for _, x in s.pieces():
+            fin = torch.isfinite(x)
+            if not bool(fin.all()):
+                nans[i] += int(torch.isnan(x).sum())
+                infs[i] += int(torch.isinf(x).sum())
+                x = x[fin]
+            if x.numel():
+                a, b = torch.aminmax(x)
+                lo, hi = min(lo, float(a)), max(hi, float(b))
     if lo > hi:
         lo, hi = 0.0, 1.0
     if hi <= lo:
@@ -137,17 +146,20 @@ def stream_histogram(sources: list[TensorSource], bins: int) -> dict:
     counts = []
     for s in sources:
         acc = torch.zeros(bins, dtype=torch.int64)
-        for x in s.pieces():
-            fin = x[torch.isfinite(x)]
-            if fin.numel():
-                acc += torch.histc(fin, bins=bins, min=lo, max=hi).to(torch.int64)
+        for _, x in s.pieces():
+            fin = torch.isfinite(x)
+            if not bool(fin.all()):
+                x = x[fin]
+            if x.numel():
+                acc += torch.histc(x, bins=bins, min=lo, max=hi).to(torch.int64)
         counts.append(acc.tolist())
     return {"edges": torch.linspace(lo, hi, bins + 1, dtype=torch.float64).tolist(),
             "counts": counts, "nan": nans, "inf": infs, "numel": [s.numel for s in sources]}
 
 
 def stream_downsample(s: TensorSource, max_points: int) -> dict:
-    """`tensorview.downsample` computed window by window: per-bucket min, max and mean."""
+    """`tensorview.downsample` computed window by window: per-bucket min, max and mean of the
+    finite values, windows aligned on bucket boundaries."""
     n = s.numel
     max_points = max(1, min(int(max_points), 100_000))
     if n == 0:
@@ -159,16 +171,31 @@ def stream_downsample(s: TensorSource, max_points: int) -> dict:
     maxs = torch.full((m,), -big, dtype=torch.float64)
     sums = torch.zeros(m, dtype=torch.float64)
     cnt = torch.zeros(m, dtype=torch.int64)
-    start = 0
-    for x in s.pieces():
-        fin = torch.isfinite(x)
-        idx = (torch.arange(start, start + x.numel(), dtype=torch.int64) // step)[fin]
-        v = x[fin]
-        mins.index_reduce_(0, idx, v, "amin")
-        maxs.index_reduce_(0, idx, v, "amax")
-        sums.index_add_(0, idx, v)
-        cnt.index_add_(0, idx, torch.ones_like(idx))
-        start += x.numel()
+    per_bucket = not s.whole and step > s.limits.window_elements
+    for start, x in s.pieces(align=step):
+        b0 = start // step
+        if not per_bucket:  # whole buckets (the tensor's last one may be short)
+            k = math.ceil(x.numel() / step)
+            if x.numel() != k * step:
+                x = torch.cat([x, torch.full((k * step - x.numel(),), torch.nan,
+                                             dtype=torch.float64)])
+            x = x.view(k, step)
+        else:  # part of one bucket
+            k = 1
+            x = x.view(1, -1)
+        valid = torch.isfinite(x)
+        if bool(valid.all()):
+            lo, hi = torch.aminmax(x, dim=1)
+            sm, c = x.sum(dim=1), torch.full((k,), x.shape[1], dtype=torch.int64)
+        else:
+            lo = torch.where(valid, x, big).amin(dim=1)
+            hi = torch.where(valid, x, -big).amax(dim=1)
+            sm, c = torch.where(valid, x, 0.0).sum(dim=1), valid.sum(dim=1)
+        sl = slice(b0, b0 + k)
+        mins[sl] = torch.minimum(mins[sl], lo)
+        maxs[sl] = torch.maximum(maxs[sl], hi)
+        sums[sl] += sm
+        cnt[sl] += c
     empty = (cnt == 0).tolist()
     means = sums / cnt.clamp(min=1)
 

@@ -93,13 +93,13 @@ def _is_json(headers: Headers) -> bool:
 class BodyTooLarge(HTTPException):
     def __init__(self, cap: int) -> None:
         super().__init__(413, f"request body is larger than this server's limit of {cap} bytes "
-                              "for this endpoint")
+                              "for this endpoint", headers={"Connection": "close"})
 
 
 class BodyStalled(HTTPException):
     def __init__(self, timeout: float) -> None:
         super().__init__(408, f"the request body stopped arriving (nothing for {timeout:g} s); "
-                              "request dropped")
+                              "request dropped", headers={"Connection": "close"})
 
 
 class RequestGuard:
