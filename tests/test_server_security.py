@@ -438,57 +438,70 @@ def _job_child(server_pid: int) -> psutil.Process:
     return _wait(find, "the compare child")
 
 
-def _start_job(s: Served) -> tuple[httpx.Client, str]:
-    c = s.client()
+def _start_job(c: httpx.Client) -> str:
     runs = {r["name"]: r["id"] for r in c.get("/api/runs").json()}
     r = c.post("/api/jobs", json={"my_run_id": runs["my.h5"], "golden_run_id": runs["golden.h5"],
                                   "replay": True})
     assert r.status_code == 202, r.text
-    return c, r.json()["id"]
+    return r.json()["id"]
 
 
-def test_killed_servers_job_child_dies(job_files, tmp_path):
-    s = Served(tmp_path / "data", tmp_path / "serve.log", "--run", str(job_files["my"]),
+@pytest.fixture(scope="module")
+def job_server(job_files, tmp_path_factory):
+    """One `accuracy serve` for both job tests; the last of them SIGKILLs it."""
+    root = tmp_path_factory.mktemp("jobserver")
+    s = Served(root / "data", root / "serve.log", "--run", str(job_files["my"]),
                "--run", str(job_files["golden"]))
+    try:
+        yield s, root / "data"
+    finally:
+        s.stop()
+
+
+def _step_until(child: psutil.Process, done, what: str) -> None:
+    """Let the child run in short steps until done() holds; it is left suspended."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        child.suspend()
+        if done():
+            return
+        assert child.is_running() and time.monotonic() < deadline, f"timed out: {what}"
+        child.resume()
+        time.sleep(0.02)
+
+
+def test_sigkilled_job_child_leaves_no_partial_files(job_server):
+    s, data = job_server
+    with s.client() as c:
+        jid = _start_job(c)
+        child = _job_child(s.proc.pid)
+        _step_until(child, lambda: list((data / "runs").glob("*.partial")),
+                    "the replay to write its .partial file")
+        child.kill()
+        j = _wait(lambda: (lambda j: j if j["status"] not in ("queued", "running") else None)(
+            c.get(f"/api/jobs/{jid}").json()), "the job to end")
+        assert j["status"] == "failed" and "exited with code" in j["error"], j
+        assert list((data / "runs").iterdir()) == []  # no replay dump, no .partial
+        assert list((data / "reports").iterdir()) == []
+        time.sleep(0.5)
+        assert c.get(f"/api/jobs/{jid}").json()["status"] == "failed"
+
+
+def test_killed_servers_job_child_dies(job_server):
+    s, _ = job_server
     child = None
     try:
-        c, _ = _start_job(s)
-        c.close()
-        child = _job_child(s.proc.pid)
-        child.suspend()  # it cannot finish on its own while we look
+        with s.client() as c:
+            jid = _start_job(c)
+            child = _job_child(s.proc.pid)
+            # past its start-up (where it arms PR_SET_PDEATHSIG), then held still
+            _step_until(child, lambda: c.get(f"/api/jobs/{jid}").json()["stage"] not in (
+                "queued", "starting"), "the compare child to report its first stage")
         os.kill(s.proc.pid, signal.SIGKILL)  # the server only, not its process group
         s.proc.wait(30)
-        gone = _wait(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE,
-                     "the compare child to die with its server", 20)
-        assert gone
+        _wait(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE,
+              "the compare child to die with its server", 20)
     finally:
         if child is not None:
             with contextlib.suppress(psutil.Error):
                 child.kill()
-        s.stop()
-
-
-def test_sigkilled_job_child_leaves_no_partial_files(job_files, tmp_path):
-    data = tmp_path / "data"
-    with serving(data, tmp_path / "serve.log", "--run", str(job_files["my"]),
-                 "--run", str(job_files["golden"])) as s:
-        c, jid = _start_job(s)
-        with c:
-            child = _job_child(s.proc.pid)
-            deadline = time.monotonic() + WAIT_S
-            while not list((data / "runs").glob("*.partial")):  # step it until it writes
-                assert child.is_running() and time.monotonic() < deadline, "no .partial seen"
-                child.suspend()
-                if list((data / "runs").glob("*.partial")):
-                    break
-                child.resume()
-                time.sleep(0.02)
-            child.kill()
-            j = _wait(lambda: (lambda j: j if j["status"] not in ("queued", "running")
-                               else None)(c.get(f"/api/jobs/{jid}").json()), "the job to end")
-            assert j["status"] == "failed" and "exited with code" in j["error"], j
-            assert not list((data / "runs").glob("*.partial*"))
-            assert [p.name for p in (data / "runs").iterdir()] == []
-            assert list((data / "reports").iterdir()) == []
-            time.sleep(0.5)
-            assert c.get(f"/api/jobs/{jid}").json()["status"] == "failed"
