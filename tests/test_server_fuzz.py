@@ -71,7 +71,7 @@ def served(tmp_path_factory):
 
     data = tmp_path_factory.mktemp("fuzzdata")
     files = make_runs(data / "src")  # inside the data dir: the default allowed root
-    app = create_app(data)
+    app = create_app(data, allowed_hosts=["127.0.0.1", "testserver"])  # schemathesis' ASGI host
     c = TestClient(**LOCAL, app=app)  # no lifespan: schemathesis' ASGI transport runs it
     ids: dict[str, str] = {}
     for k in ("my", "golden"):
