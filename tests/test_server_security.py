@@ -488,7 +488,7 @@ def test_sigkilled_job_child_leaves_no_partial_files(job_server):
 
 
 def test_killed_servers_job_child_dies(job_server):
-    s, _ = job_server
+    s, data = job_server
     child = None
     try:
         with s.client() as c:
@@ -505,3 +505,10 @@ def test_killed_servers_job_child_dies(job_server):
         if child is not None:
             with contextlib.suppress(psutil.Error):
                 child.kill()
+    # the next server on this data: the job failed, nothing half-written is left
+    with TestClient(**LOCAL, app=create_app(data)) as c:
+        j = c.get(f"/api/jobs/{jid}").json()
+        assert j["status"] == "failed" and "restarted" in j["error"], j
+        indexed = {r["id"] for r in c.get("/api/runs").json()}
+        assert [p.name for p in (data / "runs").iterdir() if p.stem not in indexed] == []
+        assert list((data / "reports").iterdir()) == []

@@ -29,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from accuracy.server.db import Job, Report, utcnow
+from accuracy.server.db import Job, Report, Run, utcnow
 from accuracy.server.errors import ApiError, scrub
 from accuracy.server.storage import Storage, new_id
 
@@ -116,11 +116,23 @@ class JobManager:
             ).rowcount
         if n:
             log.warning("marked %d interrupted job(s) failed", n)
+        self._remove_leftovers()
+
+    def _remove_leftovers(self) -> None:
+        """Report directories and replay dumps of jobs whose server died before indexing them
+        (the data lock guarantees no live server is still writing them)."""
         with self.storage.Session() as ses:
-            indexed = set(ses.scalars(select(Report.id)))
+            reports = set(ses.scalars(select(Report.id)))
+            reports |= {Path(d).name for d in ses.scalars(select(Report.dir)) if d}
+            runs = {Path(p).name for p in ses.scalars(select(Run.path))}
         for p in (self.storage.data_dir / "reports").iterdir():
-            if _ID.match(p.name) and p.name not in indexed:  # written by a job that never ended
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            if _ID.match(p.name) and p.name not in reports and p.is_dir():
+                log.warning("removing the report directory of an interrupted job: %s", p.name)
+                shutil.rmtree(p, ignore_errors=True)
+        for p in (self.storage.data_dir / "runs").glob("*.h5"):
+            if _ID.match(p.stem) and p.name not in runs and p.is_file():
+                log.warning("removing the replay dump of an interrupted job: %s", p.name)
+                p.unlink(missing_ok=True)
 
     def _set(self, job_id: str, *, only_if: tuple[str, ...] = ACTIVE, **values: Any) -> bool:
         """Update a job still in one of `only_if`; a finished job is never rewritten (so a job
@@ -155,7 +167,7 @@ class JobManager:
         else:
             ev.set()
             if job.status == "queued":
-                self._set(job_id, status="cancelled", stage="cancelled")
+                self._set(job_id, only_if=("queued",), status="cancelled", stage="cancelled")
         return self.storage.job(job_id)
 
     def _run(self, job_id: str) -> None:
