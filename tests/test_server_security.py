@@ -295,6 +295,45 @@ def test_second_server_on_held_data_is_refused(tmp_path, capsys):
         pass
 
 
+def test_streamed_views_equal_whole_views(tmp_path):
+    """The windowed histogram and values give what the in-memory ones give (nan, inf, a
+    short last bucket, buckets larger and smaller than a window)."""
+    import torch
+
+    from accuracy import dumper
+    from accuracy.dumpfile import load_dump
+    from accuracy.server import tensorview
+    from accuracy.server.boundedread import (
+        TensorSource,
+        ViewLimits,
+        stream_downsample,
+        stream_histogram,
+    )
+
+    x = torch.randn(100_003)
+    x[5], x[77_777], x[1000:3000] = float("nan"), float("inf"), float("nan")
+    with dumper(dump_path=tmp_path / "x.h5", overwrite=True):
+        (x * 2).sum()
+    with load_dump(tmp_path / "x.h5") as d:
+        t = next(r for r in d.tensors if r.op == "aten.mul.Tensor" and r.io == 1)
+        whole = t.load()
+        limits = ViewLimits()
+        limits.budget_bytes = 4 << 20  # windows of 8192 elements; whole up to 65536
+        src = TensorSource(d, t, limits)
+        assert not src.whole
+        for points in (1, 7, 100, 2048, 100_000):
+            a, b = stream_downsample(src, points), tensorview.downsample(whole, points)
+            assert (a["bucket"], a["index"]) == (b["bucket"], b["index"])
+            for k in ("min", "max", "mean"):
+                assert [v is None for v in a[k]] == [v is None for v in b[k]], (points, k)
+                assert [v for v in a[k] if v is not None] == pytest.approx(
+                    [v for v in b[k] if v is not None], rel=1e-9), (points, k)
+            assert None in stream_downsample(src, 100)["min"]  # the all-nan stretch
+        a, b = stream_histogram([src, src], 33), tensorview.histogram([whole, whole], 33)
+        assert (a["counts"], a["nan"], a["inf"]) == (b["counts"], b["nan"], b["inf"])
+        assert a["edges"] == pytest.approx(b["edges"])
+
+
 # -- memory, bodies, disconnects (a real server) -------------------------------------------------
 
 @contextlib.contextmanager

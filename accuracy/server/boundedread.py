@@ -6,8 +6,8 @@ Viewing it whole costs about 40 bytes per element in float64 copies and masks. S
 computed from the index row before anything is read: a tensor whose view fits the budget is
 loaded whole (through the reader, with its checks); a larger one is streamed in windows that
 fit it, and the views (histogram, downsampled values) are computed window by window, with the
-same results. A blob stored in chunks larger than the budget is refused: reading any part of a
-chunk decompresses all of it.
+same results. A blob stored in chunks larger than a quarter of the budget is refused: reading any
+part of a chunk decompresses all of it.
 
 A semaphore bounds how many views run at once, so the server's total is a few budgets.
 """
@@ -29,7 +29,7 @@ from accuracy.server.errors import ApiError, scrub
 DEFAULT_VIEW_MEMORY = 256 * 1024 * 1024
 DEFAULT_CONCURRENT_VIEWS = 2
 WORK_BYTES_PER_ELEMENT = 64  # float64 copies, masks and indices the views make per element
-MAX_VIEW_ELEMENTS = 256 * 1024 * 1024  # beyond this a view would take too long, whatever memory
+MAX_VIEW_ELEMENTS = 64 * 1024 * 1024  # beyond this a view takes too long, whatever its memory
 
 
 @dataclass
