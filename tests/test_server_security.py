@@ -109,15 +109,19 @@ class Served:
              "127.0.0.1", "--port", str(self.port), *args],
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONPATH": str(HERE.parent)})
-        deadline = time.monotonic() + WAIT_S
-        with self.client() as c:
-            while True:
-                assert self.proc.poll() is None, self.log()
-                with contextlib.suppress(httpx.TransportError):
-                    if c.get("/api/health").status_code == 200:
-                        break
-                assert time.monotonic() < deadline, "accuracy serve did not come up"
-                time.sleep(0.1)
+        try:
+            deadline = time.monotonic() + WAIT_S
+            with self.client() as c:
+                while True:
+                    assert self.proc.poll() is None, self.log()
+                    with contextlib.suppress(httpx.TransportError):
+                        if c.get("/api/health").status_code == 200:
+                            break
+                    assert time.monotonic() < deadline, "accuracy serve did not come up"
+                    time.sleep(0.1)
+        except BaseException:
+            self.stop()  # never leave a server behind
+            raise
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.base, timeout=WAIT_S, trust_env=False,
