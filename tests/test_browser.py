@@ -47,7 +47,8 @@ def served(tmp_path_factory):
 
     files = make_runs(tmp_path_factory.mktemp("runs"))
     data = tmp_path_factory.mktemp("data")
-    with TestClient(create_app(data, allowed_roots=[files["my"].parent])) as c:
+    local = {"base_url": "http://127.0.0.1", "headers": {"X-Accuracy-Request": "1"}}
+    with TestClient(**local, app=create_app(data, allowed_roots=[files["my"].parent])) as c:
         ids = {k: c.post("/api/runs/register", json={"path": str(files[k])}).json()["id"]
                for k in ("my", "golden")}
         rep = c.post("/api/reports/register", json={

@@ -25,6 +25,9 @@ try:
 except ImportError:
     HAVE_COMPARE = False
 
+# what a legitimate client sends: a loopback Host, and the header that marks a non-browser call
+LOCAL = {"base_url": "http://127.0.0.1", "headers": {"X-Accuracy-Request": "1"}}
+
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
@@ -43,7 +46,7 @@ def data_dir(tmp_path_factory, files):
 @pytest.fixture(scope="module")
 def client(data_dir, files):
     app = create_app(data_dir, allowed_roots=[files["golden"].parent, data_dir])
-    with TestClient(app) as c:
+    with TestClient(**LOCAL, app=app) as c:
         yield c
 
 
@@ -131,7 +134,7 @@ def test_upload_non_hdf5_and_foreign_hdf5_are_refused(client, data_dir, tmp_path
 
 def test_upload_over_cap_is_refused_and_leaves_nothing(files, tmp_path):
     d = tmp_path / "capped"
-    with TestClient(create_app(d, max_upload_bytes=4096)) as c:
+    with TestClient(**LOCAL, app=create_app(d, max_upload_bytes=4096)) as c:
         raw = files["golden"].read_bytes()
         r = c.post("/api/runs?name=big.h5", content=raw)
         assert r.status_code == 413 and "limit" in r.json()["error"]
@@ -174,7 +177,7 @@ def test_register_outside_allowed_roots_is_refused(client, files, data_dir, tmp_
 def test_token_rules(files, tmp_path):
     d = tmp_path / "tok"
     raw = files["golden"].read_bytes()
-    with TestClient(create_app(d, token="s3cret")) as c:
+    with TestClient(**LOCAL, app=create_app(d, token="s3cret")) as c:
         assert c.get("/api/health").json()["auth"] is True
         assert c.post("/api/runs?name=a.h5", content=raw).status_code == 401
         r = c.post("/api/runs?name=a.h5", content=raw, headers={"Authorization": "Bearer no"})
@@ -190,7 +193,8 @@ def test_token_rules(files, tmp_path):
                       ).status_code == 401
         assert c.delete(f"/api/runs/{rid}", headers={"X-Accuracy-Token": "s3cret"}
                         ).status_code == 204
-    with TestClient(create_app(tmp_path / "tok2", token="s3cret", protect_reads=True)) as c:
+    with TestClient(**LOCAL, app=create_app(tmp_path / "tok2", token="s3cret",
+                                            protect_reads=True)) as c:
         assert c.get("/api/runs").status_code == 401
         assert c.get("/api/runs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert c.get("/").status_code == 401
@@ -432,13 +436,14 @@ def test_running_job_is_cancelled_for_real(client, runs):
     assert j["status"] == "cancelled" and j["report_id"] is None
 
 
-def test_restart_marks_interrupted_jobs_failed(data_dir, runs, client):
+def test_restart_marks_interrupted_jobs_failed(runs, tmp_path):
     from accuracy.server.db import Job
 
-    storage = client.app.state.services.storage
-    with storage.Session.begin() as ses:
-        ses.add(Job(id="a" * 32, status="running", my_run_id=runs["my"],
-                    golden_run_id=runs["golden"]))
-    with TestClient(create_app(data_dir)) as c2:  # the server comes back on the same data
+    d = tmp_path / "restart"
+    with TestClient(**LOCAL, app=create_app(d)) as c1:
+        with c1.app.state.services.storage.Session.begin() as ses:
+            ses.add(Job(id="a" * 32, status="running", my_run_id=runs["my"],
+                        golden_run_id=runs["golden"]))
+    with TestClient(**LOCAL, app=create_app(d)) as c2:  # the server comes back on the same data
         j = c2.get(f"/api/jobs/{'a' * 32}").json()
     assert j["status"] == "failed" and "restarted" in j["error"]

@@ -52,6 +52,9 @@ STATS: Counter = Counter()
 OK_OPS: set[str] = set()  # operations that answered 2xx at least once
 
 
+# what a legitimate client sends: a loopback Host, and the header that marks a non-browser call
+LOCAL = {"base_url": "http://127.0.0.1", "headers": {"X-Accuracy-Request": "1"}}
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """An app over a data dir holding real dumps (one uploaded, two registered), a real report
@@ -68,8 +71,8 @@ def served(tmp_path_factory):
 
     data = tmp_path_factory.mktemp("fuzzdata")
     files = make_runs(data / "src")  # inside the data dir: the default allowed root
-    app = create_app(data)
-    c = TestClient(app)  # no lifespan here: schemathesis' ASGI transport runs the app's
+    app = create_app(data, allowed_hosts=["127.0.0.1", "testserver"])  # schemathesis' ASGI host
+    c = TestClient(**LOCAL, app=app)  # no lifespan: schemathesis' ASGI transport runs it
     ids: dict[str, str] = {}
     for k in ("my", "golden"):
         r = c.post("/api/runs/register", json={"path": str(files[k]), "name": f"{k}.h5"})
@@ -150,7 +153,7 @@ def _fuzz(op, served, mode: GenerationMode, fixed: dict) -> None:
     @given(op.as_strategy(generation_mode=mode, **kw))
     def run(case) -> None:
         STATS["cases"] += 1
-        resp = case.call(timeout=REQUEST_TIMEOUT_S)
+        resp = case.call(timeout=REQUEST_TIMEOUT_S, headers=LOCAL["headers"])
         STATS["requests"] += 1
         if resp.status_code < 300:
             OK_OPS.add(f"{op.method.upper()} {op.path}")
@@ -195,7 +198,7 @@ def test_api_fuzzed_against_its_openapi_schema(served):
     # the real things are still there: nothing the fuzzer sent removed them
     from fastapi.testclient import TestClient
 
-    c = TestClient(served["app"])
+    c = TestClient(**LOCAL, app=served["app"])
     assert c.get(f"/api/runs/{real['run_id']}/ops?limit=1").status_code == 200
     assert c.get(f"/api/reports/{real['report_id']}/rows?limit=1").status_code == 200
     took = time.monotonic() - t0
@@ -212,7 +215,7 @@ def test_boundary_integers(served):
     found this one; kept as explicit cases since a short derandomized run may not)."""
     from fastapi.testclient import TestClient
 
-    c = TestClient(served["app"], raise_server_exceptions=False)
+    c = TestClient(**LOCAL, app=served["app"], raise_server_exceptions=False)
     run, rep = served["real"]["run_id"], served["real"]["report_id"]
     n = 0
     for big in (2**63, -2**63 - 1, 10**30):
@@ -233,7 +236,7 @@ def test_ui_pages_fuzzed(served):
     a clean 404, never a 500 or a trace."""
     from fastapi.testclient import TestClient
 
-    c = TestClient(served["app"], raise_server_exceptions=False)
+    c = TestClient(**LOCAL, app=served["app"], raise_server_exceptions=False)
     real = served["real"]
     n = Counter()
     ids = st.one_of(st.just(real["report_id"]), st.text(min_size=1, max_size=40))

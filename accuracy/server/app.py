@@ -12,8 +12,16 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from accuracy import __version__
+from accuracy.server.boundedread import DEFAULT_VIEW_MEMORY, ViewLimits
+from accuracy.server.datalock import DataDirLock
 from accuracy.server.deps import Services
 from accuracy.server.errors import install_handlers
+from accuracy.server.guard import (
+    DEFAULT_MAX_JSON_BYTES,
+    DEFAULT_READ_TIMEOUT_S,
+    LOOPBACK_HOSTS,
+    RequestGuard,
+)
 from accuracy.server.jobs import JobManager
 from accuracy.server.reportindex import RowIndex
 from accuracy.server.routers import health, jobs, ops, reports, runs, ui
@@ -31,30 +39,55 @@ def create_app(
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD,
     allowed_roots: Iterable[str | os.PathLike[str]] | None = None,
     protect_reads: bool = False,
+    allowed_hosts: Iterable[str] = LOOPBACK_HOSTS,
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+    view_memory_bytes: int = DEFAULT_VIEW_MEMORY,
 ) -> FastAPI:
     """Build the service over a data directory.
 
     token: when set, every write endpoint needs it (and reads too with protect_reads, which
     the CLI turns on for non-loopback hosts). allowed_roots: directories under which paths may
-    be registered (default: the data directory only).
+    be registered (default: the data directory only). allowed_hosts: Host names the server
+    answers to ('*' for any). max_json_bytes: cap on every request body but uploads.
+    read_timeout_s: a request body that stops arriving for this long is dropped (408).
+    view_memory_bytes: the memory one tensor view (histogram, values, heat map) may use.
+    Raises DataDirBusy when another live server holds the data directory.
     """
-    storage = Storage(data_dir, db_url=db_url, allowed_roots=allowed_roots,
-                      max_upload_bytes=max_upload_bytes)
-    rows = RowIndex(storage)
-    svc = Services(storage=storage, rows=rows, jobs=JobManager(storage, rows),
-                   token=token or None, protect_reads=protect_reads and bool(token))
+    lock = DataDirLock(_prepared(data_dir))
+    lock.acquire()
+    try:
+        storage = Storage(data_dir, db_url=db_url, allowed_roots=allowed_roots,
+                          max_upload_bytes=max_upload_bytes)
+        rows = RowIndex(storage)
+        svc = Services(storage=storage, rows=rows, jobs=JobManager(storage, rows),
+                       token=token or None, protect_reads=protect_reads and bool(token),
+                       views=ViewLimits(view_memory_bytes))
+    except BaseException:
+        lock.release()
+        raise
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
         svc.jobs.shutdown()
         storage.close()
+        lock.release()
 
     app = FastAPI(title="accuracy report service", version=__version__, lifespan=lifespan,
                   description="Runs, ops, tensors, compare jobs and reports of `accuracy`.")
     app.state.services = svc
+    app.state.data_lock = lock
     install_handlers(app)
+    app.add_middleware(RequestGuard, allowed_hosts=list(allowed_hosts),
+                       max_json_bytes=max_json_bytes, read_timeout_s=read_timeout_s)
     for r in (health.router, runs.router, ops.router, jobs.router, reports.router, ui.router):
         app.include_router(r)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     return app
+
+
+def _prepared(data_dir: str | os.PathLike[str]) -> Path:
+    p = Path(data_dir).resolve()
+    p.mkdir(parents=True, exist_ok=True)
+    return p

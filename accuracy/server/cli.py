@@ -37,12 +37,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from accuracy.server.app import create_app
+    from accuracy.server.datalock import DataDirBusy
+    from accuracy.server.guard import WILDCARD_BINDS, allowed_hosts_for
     from accuracy.server.startup import import_paths
 
-    app = create_app(args.data, token=token, db_url=args.db_url,
-                     max_upload_bytes=args.max_upload_mb * 1024 * 1024,
-                     allowed_roots=args.allow_root or None,
-                     protect_reads=not is_loopback(args.host))
+    hosts = allowed_hosts_for(args.host, args.allowed_hosts or ())
+    if args.host.strip() in WILDCARD_BINDS and not args.allowed_hosts:
+        print(f"accuracy serve: listening on {args.host} but answering only to "
+              f"{', '.join(hosts)}; add the names clients use with --allowed-hosts",
+              file=sys.stderr)
+    try:
+        app = create_app(args.data, token=token, db_url=args.db_url,
+                         max_upload_bytes=args.max_upload_mb * 1024 * 1024,
+                         allowed_roots=args.allow_root or None,
+                         protect_reads=not is_loopback(args.host), allowed_hosts=hosts,
+                         max_json_bytes=args.max_json_kb * 1024,
+                         read_timeout_s=args.read_timeout,
+                         view_memory_bytes=args.view_memory_mb * 1024 * 1024)
+    except DataDirBusy as e:
+        print(f"accuracy serve: {e}", file=sys.stderr)
+        return 2
     for line in import_paths(app.state.services.storage, runs=args.run or [],
                              reports=args.report or []):
         print(line)
@@ -63,7 +77,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--allow-root", action="append", metavar="DIR",
                    help="directory under which paths may be registered (repeatable; "
                         "default: the data directory)")
+    s.add_argument("--allowed-hosts", action="append", metavar="NAMES",
+                   help="Host names clients may use, comma-separated, repeatable ('*.example.org'"
+                        ", '*' for any); loopback names and a non-wildcard --host always work")
     s.add_argument("--max-upload-mb", type=int, default=4096)
+    s.add_argument("--max-json-kb", type=int, default=1024,
+                   help="size cap of every request body but uploads (default 1024 KiB)")
+    s.add_argument("--read-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="drop a request whose body stops arriving for this long (default 60)")
+    s.add_argument("--view-memory-mb", type=int, default=256,
+                   help="memory one tensor view (histogram, values, heat map) may use; larger "
+                        "tensors are streamed (default 256; 2 views run at once)")
     s.add_argument("--run", action="append", metavar="DUMP",
                    help="index this dump at startup (repeatable)")
     s.add_argument("--report", action="append", metavar="DIR",

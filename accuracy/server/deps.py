@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from accuracy.server.boundedread import ViewLimits
 from accuracy.server.errors import ApiError
 from accuracy.server.jobs import JobManager
 from accuracy.server.reportindex import RowIndex
@@ -25,6 +26,7 @@ class Services:
     jobs: JobManager
     token: str | None
     protect_reads: bool
+    views: ViewLimits
 
 
 async def services(request: Request) -> Services:
@@ -37,6 +39,10 @@ async def get_storage(request: Request) -> Storage:
 
 async def get_rows(request: Request) -> RowIndex:
     return request.app.state.services.rows
+
+
+async def get_view_limits(request: Request) -> ViewLimits:
+    return request.app.state.services.views
 
 
 async def get_jobs(request: Request) -> JobManager:

@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,13 @@ def install_handlers(app: FastAPI) -> None:
     async def _http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"error": scrub(str(exc.detail))}, status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(req: Request, _exc: ClientDisconnect) -> JSONResponse:
+        # a client that goes away mid-upload is routine: one line, no traceback
+        log.warning("client %s disconnected during %s %s; request dropped",
+                    req.client.host if req.client else "?", req.method, req.url.path)
+        return JSONResponse({"error": "client disconnected"}, status_code=400)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:

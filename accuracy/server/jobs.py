@@ -1,24 +1,35 @@
 """Compare jobs: each runs `accuracy.compare` (and optionally `accuracy.replay`) in a child
 process, so a job can be cancelled for real and a crash in it cannot take the server down.
 
-One job runs at a time (comparisons are CPU-bound); the others wait in order. A server that
-restarts marks the jobs it was running as failed: their child processes died with it.
+One job runs at a time (comparisons are CPU-bound); the others wait in order. A child runs in
+its own process group and dies with its server (PR_SET_PDEATHSIG, and a watchdog on the parent
+pid where prctl is missing); whatever it leaves half-written (the replay's `runs/<id>.h5.partial`,
+the report directory) is removed by the server whenever the child ends without success, SIGKILL
+included. A server that restarts marks the jobs it was running as failed and removes their
+leftovers; the data directory's lock (datalock.py) guarantees those jobs' server is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import multiprocessing as mp
+import os
 import queue
+import re
 import shutil
+import signal
 import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
-from accuracy.server.db import Job, utcnow
+from accuracy.server.db import Job, Report, Run, utcnow
 from accuracy.server.errors import ApiError, scrub
 from accuracy.server.storage import Storage, new_id
 
@@ -26,6 +37,29 @@ log = logging.getLogger(__name__)
 
 ACTIVE = ("queued", "running")
 FORMATS = ("json", "csv", "html", "xlsx")
+PR_SET_PDEATHSIG = 1
+_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """In the child: own process group, and exit as soon as the server is gone."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the watchdog below does it, within a second
+        pass
+    if os.getppid() != parent_pid:  # the server died before prctl took effect
+        os._exit(1)
+
+    def watchdog() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watchdog, daemon=True, name="parent-watchdog").start()
 
 
 def compare_available() -> bool:
@@ -37,8 +71,9 @@ def compare_available() -> bool:
 
 
 def _child(my: str, golden: str, out_dir: str, replay_out: str | None,
-           events: Any) -> None:
+           events: Any, parent_pid: int) -> None:
     """Runs in the child process: replay, compare, write the report; reports stages."""
+    _die_with_parent(parent_pid)
     try:
         from accuracy.compare import compare
 
@@ -81,11 +116,32 @@ class JobManager:
             ).rowcount
         if n:
             log.warning("marked %d interrupted job(s) failed", n)
+        self._remove_leftovers()
 
-    def _set(self, job_id: str, **values: Any) -> None:
+    def _remove_leftovers(self) -> None:
+        """Report directories and replay dumps of jobs whose server died before indexing them
+        (the data lock guarantees no live server is still writing them)."""
+        with self.storage.Session() as ses:
+            reports = set(ses.scalars(select(Report.id)))
+            reports |= {Path(d).name for d in ses.scalars(select(Report.dir)) if d}
+            runs = {Path(p).name for p in ses.scalars(select(Run.path))}
+        for p in (self.storage.data_dir / "reports").iterdir():
+            if _ID.match(p.name) and p.name not in reports and p.is_dir():
+                log.warning("removing the report directory of an interrupted job: %s", p.name)
+                shutil.rmtree(p, ignore_errors=True)
+        for p in (self.storage.data_dir / "runs").glob("*.h5"):
+            if _ID.match(p.stem) and p.name not in runs and p.is_file():
+                log.warning("removing the replay dump of an interrupted job: %s", p.name)
+                p.unlink(missing_ok=True)
+
+    def _set(self, job_id: str, *, only_if: tuple[str, ...] = ACTIVE, **values: Any) -> bool:
+        """Update a job still in one of `only_if`; a finished job is never rewritten (so a job
+        marked failed can never later read done). False when nothing was updated."""
         values["updated"] = utcnow()
         with self.storage.Session.begin() as ses:
-            ses.execute(update(Job).where(Job.id == job_id).values(**values))
+            n = ses.execute(update(Job).where(Job.id == job_id, Job.status.in_(only_if))
+                            .values(**values)).rowcount
+        return bool(n)
 
     def start(self, my_run_id: str, golden_run_id: str, *, replay: bool = False) -> Job:
         if not compare_available():
@@ -111,7 +167,7 @@ class JobManager:
         else:
             ev.set()
             if job.status == "queued":
-                self._set(job_id, status="cancelled", stage="cancelled")
+                self._set(job_id, only_if=("queued",), status="cancelled", stage="cancelled")
         return self.storage.job(job_id)
 
     def _run(self, job_id: str) -> None:
@@ -131,30 +187,38 @@ class JobManager:
             self._cancel.pop(job_id, None)
 
     def _execute(self, job: Job, ev: threading.Event) -> None:
-        from accuracy.compare import load_report
-        from accuracy.server.reportindex import index_report
-
         my, golden = self.storage.run(job.my_run_id), self.storage.run(job.golden_run_id)
         rid = new_id()
         out_dir = self.storage.data_dir / "reports" / rid
         replay_out = (self.storage.data_dir / "runs" / f"{new_id()}.h5") if job.replay else None
-        self._set(job.id, status="running", progress=0.02, stage="starting")
+        if not self._set(job.id, only_if=("queued",), status="running", progress=0.02,
+                         stage="starting"):
+            return  # cancelled meanwhile
+        finished = False
+        try:
+            finished = self._supervise(job, ev, my, golden, rid, out_dir, replay_out)
+        finally:
+            if not finished:  # failed, cancelled, killed, or the server is stopping
+                _remove_outputs(out_dir, replay_out)
+
+    def _supervise(self, job: Job, ev: threading.Event, my: Any, golden: Any, rid: str,
+                   out_dir: Path, replay_out: Path | None) -> bool:
+        """Run the child to its end; True once its report is indexed."""
+        from accuracy.compare import load_report
+        from accuracy.server.reportindex import index_report
+
         events = self._ctx.Queue()
         proc = self._ctx.Process(
             target=_child, daemon=True,
             args=(my.path, golden.path, str(out_dir), str(replay_out) if replay_out else None,
-                  events))
+                  events, os.getpid()))
         proc.start()
         result: tuple[str, float, str] | None = None
         while True:
             if ev.is_set():
-                proc.terminate()
-                proc.join(10)
+                _stop(proc)
                 self._set(job.id, status="cancelled", stage="cancelled")
-                shutil.rmtree(out_dir, ignore_errors=True)
-                if replay_out:
-                    replay_out.unlink(missing_ok=True)
-                return
+                return False
             try:
                 kind, progress, msg = events.get(timeout=0.2)
             except queue.Empty:
@@ -166,17 +230,18 @@ class JobManager:
                 else:
                     continue
             if kind == "stage":
-                self._set(job.id, progress=progress, stage=msg)
+                self._set(job.id, only_if=("running",), progress=progress, stage=msg)
             else:
                 result = (kind, progress, msg)
                 break
         proc.join(30)
+        if proc.is_alive():
+            _stop(proc)
         if result is None or result[0] != "done":
             why = result[2] if result else f"the compare process exited with code {proc.exitcode}"
             self._set(job.id, status="failed", stage="failed", error=why)
-            shutil.rmtree(out_dir, ignore_errors=True)
-            return
-        self._set(job.id, progress=0.9, stage="indexing the report")
+            return False
+        self._set(job.id, only_if=("running",), progress=0.9, stage="indexing the report")
         replay_run_id = None
         if replay_out and replay_out.exists():
             replay_run_id = self.storage.adopt_file(replay_out, f"replay of {my.name}").id
@@ -185,9 +250,34 @@ class JobManager:
             self.storage, data.get("summary", {}), list(data.get("rows", [])),
             name=f"{my.name} vs {golden.name}", report_dir=str(out_dir), my_run_id=my.id,
             golden_run_id=golden.id, replay_run_id=replay_run_id, report_id=rid)
-        self._set(job.id, status="done", progress=1.0, stage="done", report_id=rep.id)
+        self._set(job.id, only_if=("running",), status="done", progress=1.0, stage="done",
+                  report_id=rep.id, error=None)
+        return True
 
     def shutdown(self) -> None:
         for ev in self._cancel.values():
             ev.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _stop(proc: Any) -> None:
+    """Terminate the child and its process group (anything it started), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        proc.terminate()
+    proc.join(10)
+    if proc.is_alive():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()
+        proc.join(10)
+
+
+def _remove_outputs(out_dir: Path, replay_out: Path | None) -> None:
+    """A job's half-written files: its report directory, its replay dump and that dump's
+    `.partial` siblings."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    if replay_out is not None:
+        for p in replay_out.parent.glob(f"{replay_out.name}*"):
+            p.unlink(missing_ok=True)

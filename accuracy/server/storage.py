@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_UPLOAD = 4 * 1024**3
 _OPEN_DUMPS = 8
+MAX_PATH_CHARS = 4096
 
 
 def new_id() -> str:
@@ -80,7 +81,11 @@ class Storage:
         self._clear_tmp()
 
     def _clear_tmp(self) -> None:
+        """Remove what a server that died left half-written (the data lock says none runs)."""
         for p in (self.data_dir / "tmp").iterdir():
+            if p.is_file():
+                p.unlink(missing_ok=True)
+        for p in (self.data_dir / "runs").glob("*.partial*"):  # a replay cut short
             if p.is_file():
                 p.unlink(missing_ok=True)
 
@@ -93,16 +98,21 @@ class Storage:
         """Resolve a client path; refuse it unless it lies inside an allowed root."""
         if not raw or "\x00" in raw:
             raise ApiError(400, "path is empty or invalid")
+        if len(raw) > MAX_PATH_CHARS:
+            raise ApiError(400, f"path is longer than {MAX_PATH_CHARS} characters")
         try:
             p = Path(raw).expanduser().resolve(strict=False)
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError, ValueError):
             raise ApiError(400, "path cannot be resolved") from None
         if not any(p == r or p.is_relative_to(r) for r in self.allowed_roots):
             raise ApiError(403, "path is outside the allowed roots of this server")
-        if kind == "file" and not p.is_file():
-            raise ApiError(404, "no such file under the allowed roots")
-        if kind == "dir" and not p.is_dir():
-            raise ApiError(404, "no such directory under the allowed roots")
+        try:
+            missing = not (p.is_file() if kind == "file" else p.is_dir())
+        except OSError:  # a name too long for the file system, a loop, no permission...
+            raise ApiError(400, "path cannot be resolved") from None
+        if missing:
+            raise ApiError(404, f"no such {'file' if kind == 'file' else 'directory'} under "
+                                "the allowed roots")
         return p
 
     # -- runs ------------------------------------------------------------------------------

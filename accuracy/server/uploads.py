@@ -8,6 +8,8 @@ from pathlib import Path
 
 from fastapi import Request
 from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from accuracy.server.errors import ApiError
 
@@ -112,7 +114,7 @@ async def receive_multipart(request: Request, dest: Path, cap: int
         async for chunk in request.stream():
             parser.write(chunk)
         parser.finalize()
-    except ApiError:
+    except (ApiError, HTTPException, ClientDisconnect):  # too large, stalled, or gone
         raise
     except Exception:  # noqa: BLE001 - any parser failure is the client's malformed body
         raise ApiError(400, "malformed multipart body") from None

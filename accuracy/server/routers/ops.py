@@ -5,19 +5,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query
 
-from accuracy.dumpfile import DumpError
 from accuracy.dumpfile.reader import Dump, TensorRecord
 from accuracy.patterns import module_matches, op_matches
-from accuracy.server import tensorview
-from accuracy.server.deps import get_storage, require_read
-from accuracy.server.errors import ApiError, scrub
+from accuracy.server.boundedread import TensorSource, ViewLimits, downsample_of, histogram_of
+from accuracy.server.deps import get_storage, get_view_limits, require_read
+from accuracy.server.errors import ApiError
 from accuracy.server.schemas import HistogramOut, OpOut, Page, TensorOut, ValuesOut
 from accuracy.server.storage import Storage
 
 router = APIRouter(prefix="/api/runs/{run_id}", tags=["ops"],
                    dependencies=[Depends(require_read)])
-
-MAX_VIEW_ELEMENTS = 64 * 1024 * 1024
 
 
 def tensor_at(d: Dump, address: str) -> TensorRecord:
@@ -25,20 +22,6 @@ def tensor_at(d: Dump, address: str) -> TensorRecord:
         return d.tensor_record(address)
     except (KeyError, ValueError):
         raise ApiError(404, f"no tensor at {address!r} in this run") from None
-
-
-def load_tensor(d: Dump, t: TensorRecord):  # noqa: ANN201 - torch.Tensor
-    """The tensor's values, or a 4xx saying why they are not there."""
-    if not t.has_data:
-        raise ApiError(409, f"{t.address} has statistics only (dumped in statistics mode or "
-                            "filtered); dump in tensor mode to view its values")
-    if t.numel > MAX_VIEW_ELEMENTS:
-        raise ApiError(413, f"{t.address} has {t.numel} elements; views are limited to "
-                            f"{MAX_VIEW_ELEMENTS}")
-    try:
-        return t.load()
-    except DumpError as e:
-        raise ApiError(410, scrub(str(e), d.path)) from None
 
 
 @router.get("/ops", response_model=Page[OpOut])
@@ -78,16 +61,20 @@ def get_tensor(run_id: str, address: str = Query(..., examples=["/aten.mm.defaul
 
 @router.get("/tensor/histogram", response_model=HistogramOut)
 def tensor_histogram(run_id: str, address: str, bins: int = Query(64, ge=1, le=1024),
-                     storage: Storage = Depends(get_storage)) -> HistogramOut:
+                     storage: Storage = Depends(get_storage),
+                     limits: ViewLimits = Depends(get_view_limits)) -> HistogramOut:
+    """Computed under the server's view memory budget (large tensors are streamed)."""
     d = storage.dump(run_id)
-    t = load_tensor(d, tensor_at(d, address))
-    return HistogramOut(**tensorview.histogram([t], bins), labels=[address])
+    src = TensorSource(d, tensor_at(d, address), limits)
+    return HistogramOut(**histogram_of([src], bins), labels=[address])
 
 
 @router.get("/tensor/values", response_model=ValuesOut)
 def tensor_values(run_id: str, address: str,
                   max_points: int = Query(2048, ge=1, le=100_000),
-                  storage: Storage = Depends(get_storage)) -> ValuesOut:
+                  storage: Storage = Depends(get_storage),
+                  limits: ViewLimits = Depends(get_view_limits)) -> ValuesOut:
+    """Computed under the server's view memory budget (large tensors are streamed)."""
     d = storage.dump(run_id)
-    t = load_tensor(d, tensor_at(d, address))
-    return ValuesOut(address=address, **tensorview.downsample(t, max_points))
+    src = TensorSource(d, tensor_at(d, address), limits)
+    return ValuesOut(address=address, **downsample_of(src, max_points))

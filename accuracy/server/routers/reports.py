@@ -11,12 +11,19 @@ from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from accuracy.server import exports, tensorview
+from accuracy.server import exports
+from accuracy.server.boundedread import TensorSource, ViewLimits, heatmap_of, histogram_of
 from accuracy.server.db import Report
-from accuracy.server.deps import get_rows, get_storage, require_read, require_write
+from accuracy.server.deps import (
+    get_rows,
+    get_storage,
+    get_view_limits,
+    require_read,
+    require_write,
+)
 from accuracy.server.errors import ApiError
 from accuracy.server.reportindex import RowIndex, RowQuery, index_report
-from accuracy.server.routers.ops import load_tensor, tensor_at
+from accuracy.server.routers.ops import tensor_at
 from accuracy.server.schemas import (
     HeatmapOut,
     HistogramOut,
@@ -128,40 +135,38 @@ def get_row(report_id: str, idx: int, storage: Storage = Depends(get_storage),
     )
 
 
-def _pair(storage: Storage, rep: Report, row: dict[str, Any]) -> tuple[Any, Any]:
+def _pair(storage: Storage, rep: Report, row: dict[str, Any], limits: ViewLimits
+          ) -> tuple[TensorSource, TensorSource]:
     if not rep.my_run_id or not rep.golden_run_id:
         raise ApiError(409, "this report is not linked to its runs, so tensors are unavailable")
     if not row.get("my_address") or not row.get("golden_address"):
         raise ApiError(409, "this row has no matched pair of tensors")
     dm, dg = storage.dump(rep.my_run_id), storage.dump(rep.golden_run_id)
-    return (load_tensor(dm, tensor_at(dm, str(row["my_address"]))),
-            load_tensor(dg, tensor_at(dg, str(row["golden_address"]))))
+    return (TensorSource(dm, tensor_at(dm, str(row["my_address"])), limits),
+            TensorSource(dg, tensor_at(dg, str(row["golden_address"])), limits))
 
 
 @router.get("/{report_id}/rows/{idx}/histogram", response_model=HistogramOut,
             dependencies=[Depends(require_read)])
 def row_histogram(report_id: str, idx: int, bins: int = Query(64, ge=1, le=1024),
-                  storage: Storage = Depends(get_storage), rows: RowIndex = Depends(get_rows)
-                  ) -> HistogramOut:
+                  storage: Storage = Depends(get_storage), rows: RowIndex = Depends(get_rows),
+                  limits: ViewLimits = Depends(get_view_limits)) -> HistogramOut:
     """Both tensors over the same bin edges, to overlay them."""
     rep = storage.report(report_id)
     row = rows.row(report_id, idx)
-    my, golden = _pair(storage, rep, row)
-    return HistogramOut(**tensorview.histogram([my, golden], bins), labels=["my", "golden"])
+    my, golden = _pair(storage, rep, row, limits)
+    return HistogramOut(**histogram_of([my, golden], bins), labels=["my", "golden"])
 
 
 @router.get("/{report_id}/rows/{idx}/heatmap", response_model=HeatmapOut,
             dependencies=[Depends(require_read)])
 def row_heatmap(report_id: str, idx: int, max_cells: int = Query(64, ge=2, le=256),
-                storage: Storage = Depends(get_storage), rows: RowIndex = Depends(get_rows)
-                ) -> HeatmapOut:
+                storage: Storage = Depends(get_storage), rows: RowIndex = Depends(get_rows),
+                limits: ViewLimits = Depends(get_view_limits)) -> HeatmapOut:
     """|my - golden| on a grid, for tensors of 2 or more dimensions."""
     rep = storage.report(report_id)
-    my, golden = _pair(storage, rep, rows.row(report_id, idx))
-    try:
-        return HeatmapOut(**tensorview.error_heatmap(my, golden, max_cells))
-    except ValueError as e:
-        raise ApiError(409, str(e)) from None
+    my, golden = _pair(storage, rep, rows.row(report_id, idx), limits)
+    return HeatmapOut(**heatmap_of(my, golden, max_cells))
 
 
 @router.get("/{report_id}/series", response_model=SeriesOut,

@@ -33,10 +33,14 @@ def _authorized(request: Request, svc: Services) -> bool:
     return bool(given) and hmac.compare_digest(given.encode(), svc.token.encode())
 
 
+def _login(request: Request) -> Response:
+    return templates.TemplateResponse(request, "login.html", {"title": "token needed"},
+                                      status_code=401)
+
+
 def _page(request: Request, svc: Services, name: str, ctx: dict[str, Any]) -> Response:
     if not _authorized(request, svc):
-        return templates.TemplateResponse(request, "login.html", {"title": "token needed"},
-                                          status_code=401)
+        return _login(request)
     resp = templates.TemplateResponse(request, name, ctx)
     given = request.query_params.get("token")
     if given and svc.token and hmac.compare_digest(given.encode(), svc.token.encode()):
@@ -47,6 +51,8 @@ def _page(request: Request, svc: Services, name: str, ctx: dict[str, Any]) -> Re
 @router.get("/", response_class=HTMLResponse)
 def home(request: Request, svc: Services = Depends(services)) -> Response:
     """Runs, reports and jobs."""
+    if not _authorized(request, svc):  # before any lookup: nothing is read for a stranger
+        return _login(request)
     with svc.storage.Session() as ses:
         jobs = list(ses.scalars(select(Job).order_by(Job.created.desc()).limit(50)))
     return _page(request, svc, "runs.html", {
@@ -64,6 +70,8 @@ def runs_redirect() -> RedirectResponse:
 def report_page(request: Request, report_id: str, svc: Services = Depends(services)
                 ) -> Response:
     """Divergence chart, culprit card and the first page of the table."""
+    if not _authorized(request, svc):  # before the lookup: a stranger learns no report ids
+        return _login(request)
     try:
         rep = svc.storage.report(report_id)
     except ApiError:
@@ -85,6 +93,8 @@ def report_page(request: Request, report_id: str, svc: Services = Depends(servic
 def op_page(request: Request, report_id: str, idx: int, svc: Services = Depends(services)
             ) -> Response:
     """One op: metrics, both tensors' statistics, overlaid histograms and the error heat map."""
+    if not _authorized(request, svc):
+        return _login(request)
     try:
         rep = svc.storage.report(report_id)
         row = svc.rows.row(report_id, idx)

@@ -9,7 +9,7 @@
       const f = new FormData(form);
       const msg = document.getElementById("jobmsg");
       const resp = await fetch("/api/jobs", {
-        method: "POST", headers: { "content-type": "application/json" },
+        method: "POST", headers: { "content-type": "application/json", "x-accuracy-request": "1" },
         body: JSON.stringify({ my_run_id: f.get("my_run_id"), golden_run_id: f.get("golden_run_id"),
                                replay: f.get("replay") === "on" }),
       });
