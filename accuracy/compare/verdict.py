@@ -121,19 +121,3 @@ def stats_verdict(row: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str]:
     if worst > sec["stat_rel_warning"]:
         return WARNING, f"statistics only: {which} differs by {worst:.3g} (relative)"
     return PASS, "statistics only"
-
-
-def ratio_verdict(ratio: float | None, cfg: dict[str, Any], scale: float = 1.0) -> str | None:
-    """Verdict from a replay's local error ratio; None when there is no usable ratio.
-
-    `scale` widens the thresholds for ops whose expected compute precision is coarser than
-    their dtype (the reference runs in the dtype; see precision.py).
-    """
-    if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)):
-        return None
-    sec = cfg["replay"]
-    if ratio > sec["error_ratio_error"] * scale:
-        return ERROR
-    if ratio > sec["error_ratio_warning"] * scale:
-        return WARNING
-    return PASS
