@@ -14,6 +14,7 @@ from typing import Any
 
 from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
+from accuracy.compare.checks import check_replay, incomplete, swapped
 from accuracy.compare.engine import BlobReader, TensorRef, compare_refs, worker_run
 from accuracy.compare.judge import judge
 from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statistics_metrics
@@ -261,9 +262,12 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
         row["message"] = "uninitialised memory (empty*, before its first write): not compared"
         return row
     if m.numel != g.numel:
-        row["verdict"], row["accumulated_verdict"] = V.ERROR, V.ERROR
+        # Not the same computation (another batch, or ops paired across a fused/inserted
+        # block): nothing to judge a kernel by, so the pair counts as unmatched.
+        row["verdict"], row["accumulated_verdict"] = V.UNMATCHED, V.UNMATCHED
         row["message"] = "; ".join(msgs + [f"shape differs ({list(m.shape)} vs "
-                                             f"{list(g.shape)}): not compared"])
+                                             f"{list(g.shape)}): element counts differ, not "
+                                             "compared"])
         return row
     if m.shape != g.shape:
         msgs.append(f"shape differs ({list(m.shape)} vs {list(g.shape)}), compared flattened")
@@ -330,10 +334,8 @@ def _producers(specs: list[_Spec]) -> dict[int, int | None]:
         if s.io == "input":
             if t.first >= 0 and t.first != t.row:
                 out[i] = row_of.get(t.first)
-            elif t.first < 0:
+            else:  # statistics dump, or a copy of an earlier output (AccumulateGrad...)
                 out[i] = by_stats.get(sig)
-            else:
-                out[i] = None
         row_of.setdefault(t.row, i)
         if s.io == "output":
             by_stats[sig] = i
@@ -358,6 +360,12 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
         dm, dg = _open(my, owned), _open(golden, owned)
         dr = _open(replay, owned)
         assert dm is not None and dg is not None
+        if dr is not None:
+            check_replay(dm, dr)
+        refusals = [m for m in (incomplete(dm, "my"), incomplete(dg, "golden"),
+                                swapped(dm, dg)) if m]
+        for m in refusals:
+            log.warning("%s", m)
         specs = _specs(dm, dg, mp)
         dumps = {str(dm.path): dm, str(dg.path): dg}
         results, nbytes = _run_metrics(specs, dumps, algs, max(1, int(jobs)), progress)
@@ -379,6 +387,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             "ops_my": len(dm.records), "ops_golden": len(dg.records),
             "algorithms": list(algs), "bytes_compared": nbytes, "seconds": seconds,
             "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None, "jobs": jobs,
+            "refusals": refusals,
         }
         log.info("compared %d rows, %.1f MB in %.2f s", len(rows), nbytes / 1e6, seconds)
         return Report(rows, analyse(rows, cfg, meta))

@@ -229,6 +229,12 @@ def judge(rows: list[dict[str, Any]], producers: dict[int, int | None],
                                      + [f"judged where produced: {p['my_address']}"])
             continue
         acc = r.get("accumulated_verdict") or V.PASS
+        if r["phase"] != "forward":  # a gradient or optimizer state made outside the dump
+            r["verdict"] = V.PASS
+            if acc != V.PASS:
+                r["message"] = "; ".join([m for m in [r["message"]] if m] + [
+                    "made by no recorded op (autograd or optimizer internals): not judged"])
+            continue
         r["verdict"] = V.WARNING if acc == V.ERROR else acc
         if acc != V.PASS:
             r["message"] = "; ".join([m for m in [r["message"]] if m] + [

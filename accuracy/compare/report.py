@@ -98,6 +98,9 @@ def analyse(rows: list[dict[str, Any]], cfg: dict[str, Any], meta: dict[str, Any
     elif rows and matched / len(rows) < 0.5:
         summary["warning"] = (f"only {matched} of {len(rows)} rows matched: are these dumps of "
                               "the same model and step?")
+    first = [m for m in meta.get("refusals") or [] if "incomplete" in m]
+    if first:  # the reason for missing rows comes before any count of them
+        summary["warning"] = " ".join(first + [summary.get("warning", "")]).strip()
     return summary
 
 
