@@ -226,3 +226,18 @@ def test_replay_skips_profiler_markers_with_a_reason():
     rec = SimpleNamespace(op="profiler._record_function_exit._RecordFunction", extra={})
     with pytest.raises(Unreplayable, match="profiler marker"):
         _kernel(rec)
+
+
+def test_optimizer_rows_carry_the_parameter_name(tmp_path):
+    from accuracy.dumpfile import load_dump
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with dumper(str(tmp_path / "d.h5")):
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+    with load_dump(tmp_path / "d.h5") as d:
+        names = {r.module for r in d.records if r.phase == "optimizer"}
+    assert {"Sequential.0.weight", "Sequential.0.bias", "Sequential.2.weight",
+            "Sequential.2.bias"} <= names

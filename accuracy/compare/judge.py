@@ -82,17 +82,43 @@ def _groups(rows: list[dict[str, Any]]) -> list[tuple[list[dict], list[dict]]]:
     return list(groups.values())
 
 
-def _with_outlier_scores(rows: list[dict], key: str, floor: float) -> dict[int, float]:
+def _with_outlier_scores(rows: list[dict], key: str, floor: float, pool: bool = True
+                         ) -> dict[int, float]:
+    """Robust score of each row's log `key` among the same op type in this run; an op type
+    with fewer than MIN_GROUP calls is scored against every row of its compute precision
+    (the key is already normalised by the op's own bound, so they are comparable)."""
     by_type: dict[str, dict[int, float]] = defaultdict(dict)
+    by_precision: dict[str, dict[int, float]] = defaultdict(dict)
     for r in rows:
         v = r.get(key)
         if v is not None:
             by_type[_base(r["op"])][r["index"]] = _log(v)
+            by_precision[r.get("compute_precision") or ""][r["index"]] = _log(v)
     z: dict[int, float] = {}
     for vals in by_type.values():
         if len(vals) >= MIN_GROUP:
             z.update(_robust_z(vals, floor))
+    for vals in by_precision.values() if pool else ():
+        if len(vals) >= MIN_GROUP:
+            for k, v in _robust_z(vals, floor).items():
+                z.setdefault(k, v)
     return z
+
+
+def _centres(rows: list[dict], key: str) -> dict[int, float]:
+    """Median log `key` of the group each row is scored in (as _with_outlier_scores)."""
+    by_type: dict[str, list[dict]] = defaultdict(list)
+    by_precision: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        by_type[_base(r["op"])].append(r)
+        by_precision[r.get("compute_precision") or ""].append(_log(r[key]))
+    out: dict[int, float] = {}
+    for grp in by_type.values():
+        for r in grp:
+            vals = ([_log(x[key]) for x in grp] if len(grp) >= MIN_GROUP
+                    else by_precision[r.get("compute_precision") or ""])
+            out[r["index"]] = sorted(vals)[len(vals) // 2]
+    return out
 
 
 def _level(x: float, z: float, rel: float, sec: dict[str, Any], prefix: str) -> str:
@@ -119,14 +145,11 @@ def _judge_local(outs: list[dict], sec: dict[str, Any]) -> None:
         o["local_excess"] = ratio / bound if math.isfinite(ratio) else math.inf
         with_local.append(o)
     z = _with_outlier_scores(with_local, "local_excess", sec["spread_floor"])
-    med: dict[str, list[float]] = defaultdict(list)
-    for o in with_local:
-        med[_base(o["op"])].append(_log(o["local_excess"]))
-    centre = {k: sorted(v)[len(v) // 2] for k, v in med.items()}
+    centre = _centres(with_local, "local_excess")
     for o in with_local:
         x = o["local_excess"]
         o["local_z"] = z.get(o["index"])
-        rel = math.exp(min(_log(x) - centre[_base(o["op"])], 700.0))
+        rel = math.exp(min(_log(x) - centre[o["index"]], 700.0))
         lv = _level(x, o["local_z"] or 0.0, rel, sec, "excess")
         o["local_verdict"] = lv
         o["verdict"] = lv
@@ -151,7 +174,7 @@ def _judge_amplification(groups: list[tuple[list[dict], list[dict]]], sec: dict[
             own = own_error(o.get("compute_precision"), o.get("dtype_my"))
             o["amplification"] = d / (red_in + own) if math.isfinite(d) else math.inf
             todo.append(o)
-    z = _with_outlier_scores(todo, "amplification", sec["spread_floor"])
+    z = _with_outlier_scores(todo, "amplification", sec["spread_floor"], pool=False)
     for o in todo:
         o["amplification_z"] = z.get(o["index"])
     for o in todo:
