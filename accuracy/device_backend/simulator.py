@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 from typing import Any
@@ -125,7 +126,7 @@ class SimMode(TorchDispatchMode):
         self._plans: dict[Any, tuple[Rule | None, tuple[int, ...]]] = {}
         self._tracker: ModTracker | None = None
         self._by_module = any(f.module is not None for f in self.faults)
-        self._untagged: list[torch.Tensor] = []
+        self._untagged: list[weakref.ref] = []
         self._pending_modules: tuple[str, ...] = ()
 
     @property
@@ -195,10 +196,15 @@ class SimMode(TorchDispatchMode):
         return [m for m in self._tracker.parents if m != "Global"]
 
     def _tag_pending(self) -> None:
-        for t in self._untagged:
-            node = t.grad_fn
-            if node is not None and _TAG not in node.metadata:
-                node.metadata[_TAG] = self._pending_modules
+        if not self._untagged:
+            return
+        # Reading grad_fn of a view may run ops (its node is rebuilt): invisible to modes below.
+        with torch._C._DisableTorchDispatch():
+            for ref in self._untagged:
+                t = ref()
+                node = t.grad_fn if t is not None else None
+                if node is not None and _TAG not in node.metadata:
+                    node.metadata[_TAG] = self._pending_modules
         self._untagged = []
 
     def _remember_forward(self, out: Any) -> None:
@@ -207,7 +213,9 @@ class SimMode(TorchDispatchMode):
         self._tag_pending()
         if torch._C._current_graph_task_id() != -1:
             return
-        self._untagged = [t for t in torch.utils._pytree.tree_leaves(out)
+        # weak references: holding a tensor changes what autograd does with it (a gradient
+        # it cannot steal is detached and copied), and sim must not change the op stream
+        self._untagged = [weakref.ref(t) for t in torch.utils._pytree.tree_leaves(out)
                           if isinstance(t, torch.Tensor)]
         self._pending_modules = tuple(self._modules())
 
