@@ -133,6 +133,9 @@ def _print_result(res: DemoResult) -> None:
     s = res.summary
     counts = s["counts"]
     print("\nverdicts: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    judged = s.get("judged_counts") or {}
+    print("tensors judged where produced: "
+          + ", ".join(f"{k} {judged.get(k, 0)}" for k in ("pass", "warning", "error")))
     first = s.get("first_divergence")
     if first:
         print(f"first divergence: {_where(first)}")

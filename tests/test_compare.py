@@ -148,7 +148,8 @@ def test_mismatched_dtypes_and_shapes_reported_per_row(dumps):
     assert all(r["cosine"] is not None for r in rows if r["dtype_golden"] == "float32")
     rep = compare(dumps["batch3"], dumps["base"])
     shaped = [r for r in rep.rows if "shape differs" in r["message"]]
-    assert shaped and all(r["verdict"] == "error" for r in shaped)
+    # element counts differ: not the same computation, so nothing to judge a kernel by
+    assert shaped and all(r["verdict"] == "unmatched" for r in shaped)
 
 
 def test_different_models_and_empty_dumps(dumps, lm_dumps, tmp_path):

@@ -15,9 +15,15 @@ def test_demo_names_the_injected_culprit_and_the_overflow_birth(tmp_path, capsys
     assert culprit.group(1) == "aten.gelu.default" and culprit.group(2) == "forward"
     assert culprit.group(3).endswith("encoder.layers.2")
     assert culprit.group(4).endswith(".py:31") or ".py:" in culprit.group(4)
+    # One verdict per tensor, judged where produced: the GELU output is the only error, and
+    # the fp16-cube matmuls (a documented precision choice) raise no warning either. (The
+    # row counts also hold the rows that read the GELU output and the modules around it.)
+    judged = dict(re.findall(r"(pass|warning|error) (\d+)",
+                             out.split("tensors judged where produced:")[1].splitlines()[0]))
+    assert judged["error"] == "1" and judged["warning"] == "0", judged
     counts = dict(re.findall(r"(pass|warning|error|unmatched|skipped) (\d+)",
                              out.split("verdicts:")[1].splitlines()[0]))
-    assert counts["error"] == "1", counts  # fp16-cube rounding elsewhere: pass or warning
+    assert counts["warning"] == "0", counts
     birth = re.search(r"overflow: inf/nan born in (\S+)\s+\[(\w+)\]\s+(\S+)", out)
     assert birth, out
     assert birth.groups() == ("aten.addmm.default", "forward", "OverflowingMLP.down")

@@ -13,8 +13,11 @@ from typing import Any
 
 from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
+from accuracy.compare.checks import check_replay, incomplete, swapped
 from accuracy.compare.engine import BlobReader, TensorRef, compare_refs, worker_run
+from accuracy.compare.judge import judge
 from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statistics_metrics
+from accuracy.compare.numerics import expected_ratio, input_rms, reduction_length
 from accuracy.compare.precision import ComputePrecision
 from accuracy.compare.report import Report, analyse
 from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, load_dump
@@ -242,7 +245,9 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
         row[f"{name}_rel_diff"] = sm.get(f"{k}_rel_diff")
     row.update({"local_error_ratio": None, "local_verdict": None, "replay_status": None,
                 "amplification": None, "accumulated_verdict": None, "verdict": V.PASS,
-                "message": "", "compute_precision": None})
+                "message": "", "compute_precision": None, "local_error": None,
+                "local_bound": None, "local_excess": None, "local_z": None,
+                "reduction_length": None, "amplification_z": None, "produced_by": None})
     msgs: list[str] = []
     if m is None or g is None:
         row["verdict"] = V.UNMATCHED
@@ -256,9 +261,12 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
         row["message"] = "uninitialised memory (empty*, before its first write): not compared"
         return row
     if m.numel != g.numel:
-        row["verdict"], row["accumulated_verdict"] = V.ERROR, V.ERROR
+        # Not the same computation (another batch, or ops paired across a fused/inserted
+        # block): nothing to judge a kernel by, so the pair counts as unmatched.
+        row["verdict"], row["accumulated_verdict"] = V.UNMATCHED, V.UNMATCHED
         row["message"] = "; ".join(msgs + [f"shape differs ({list(m.shape)} vs "
-                                             f"{list(g.shape)}): not compared"])
+                                             f"{list(g.shape)}): element counts differ, not "
+                                             "compared"])
         return row
     if m.shape != g.shape:
         msgs.append(f"shape differs ({list(m.shape)} vs {list(g.shape)}), compared flattened")
@@ -288,17 +296,39 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
             out = next((o for o in rp.get("outputs", []) if o.get("idx") == s.idx), None)
             if out is not None:
                 row["local_error_ratio"] = out.get("error_ratio")
-                lv = V.ratio_verdict(row["local_error_ratio"], cfg,
-                                     ComputePrecision.ratio_scale(compute, m.dtype))
-                row["local_verdict"] = lv
-                if lv is not None:
-                    verdict = lv
-                    msgs.append(f"local error ratio {row['local_error_ratio']:.3g} (replay)")
+                row["local_error"] = out.get("err_device")
+                k = reduction_length(s.my_op, s.idx)
+                row["reduction_length"] = k
+                row["local_bound"] = expected_ratio(compute, m.dtype, k, input_rms(s.my_op))
         elif rp.get("reason"):
             msgs.append(f"replay {rp.get('status')}: {rp.get('reason')}")
     row["verdict"] = verdict
     row["message"] = "; ".join(msgs)
     return row
+
+
+def _producers(specs: list[_Spec]) -> dict[int, int | None]:
+    """Input row index -> the row index where the same tensor was first seen (None: never
+    before, so no recorded op produced it). Tensor dumps link a reused tensor to the row
+    that first wrote its bytes; statistics dumps have no bytes, so an input is matched to
+    the latest earlier op output with the same dtype, shape and statistics."""
+    row_of: dict[int, int] = {}
+    by_stats: dict[tuple, int] = {}
+    out: dict[int, int | None] = {}
+    for i, s in enumerate(specs):
+        if s.kind != "op" or s.my is None:
+            continue
+        t = s.my
+        sig = (t.dtype, tuple(t.shape), tuple(sorted(t.stats.items())))
+        if s.io == "input":
+            if t.first >= 0 and t.first != t.row:
+                out[i] = row_of.get(t.first)
+            else:  # statistics dump, or a copy of an earlier output (AccumulateGrad...)
+                out[i] = by_stats.get(sig)
+        row_of.setdefault(t.row, i)
+        if s.io == "output":
+            by_stats[sig] = i
+    return out
 
 
 def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
@@ -319,6 +349,12 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
         dm, dg = _open(my, owned), _open(golden, owned)
         dr = _open(replay, owned)
         assert dm is not None and dg is not None
+        if dr is not None:
+            check_replay(dm, dr)
+        refusals = [m for m in (incomplete(dm, "my"), incomplete(dg, "golden"),
+                                swapped(dm, dg)) if m]
+        for m in refusals:
+            log.warning("%s", m)
         specs = _specs(dm, dg, mp)
         dumps = {str(dm.path): dm, str(dg.path): dg}
         results, nbytes = _run_metrics(specs, dumps, algs, max(1, int(jobs)), progress)
@@ -328,6 +364,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
         for i, s in enumerate(specs):
             res = results.get((_key(s.my), _key(s.golden))) if _needs_data(s) else None
             rows.append(_row(i, s, res, cfg, rp, precision))
+        judge(rows, _producers(specs), cfg)
         seconds = time.perf_counter() - t0
         meta = {
             "my": str(dm.path), "golden": str(dg.path),
@@ -339,6 +376,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             "ops_my": len(dm.records), "ops_golden": len(dg.records),
             "algorithms": list(algs), "bytes_compared": nbytes, "seconds": seconds,
             "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None, "jobs": jobs,
+            "refusals": refusals,
         }
         log.info("compared %d rows, %.1f MB in %.2f s", len(rows), nbytes / 1e6, seconds)
         return Report(rows, analyse(rows, cfg, meta))

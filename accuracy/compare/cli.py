@@ -16,7 +16,7 @@ def _fmt(v: Any) -> str:
 
 
 def _where(r: dict[str, Any]) -> str:
-    return (f"#{r['index']} {r['op']} [{r['phase']}] in {r['module'] or '-'} "
+    return (f"seq {r['seq_my']} {r['op']} [{r['phase']}] in {r['module'] or '-'} "
             f"at {r['source'] or '?'}\n      {r['my_address']}  vs  {r['golden_address']}")
 
 
@@ -24,8 +24,14 @@ def print_summary(s: dict[str, Any], top: int = 5) -> None:
     c = s["counts"]
     print(f"compared {s['my']} (my) with {s['golden']} (golden)"
           + (f", replay {s['replay']}" if s.get("replay") else ""))
+    for w in s.get("refusals") or []:
+        print(f"  WARNING: {w}")
     print(f"  rows {s['rows']}: " + ", ".join(f"{k} {v}" for k, v in c.items())
           + f"  ->  {s['verdict'].upper()}")
+    j = s.get("judged_counts")
+    if j:
+        print("  tensors judged where produced: "
+              + ", ".join(f"{k} {j[k]}" for k in ("pass", "warning", "error")))
     gbps = s.get("gb_per_s")
     print(f"  {s['bytes_compared'] / 1e6:.1f} MB of tensor data in {s['seconds']:.2f} s"
           + (f" ({gbps:.2f} GB/s)" if gbps else ""))
@@ -36,13 +42,16 @@ def print_summary(s: dict[str, Any], top: int = 5) -> None:
         print(f"  culprit: {_where(cul)}")
         print(f"      {cul['verdict']}: {cul['message']}")
     else:
-        print("  culprit: none (no op output diverges)")
+        print("  culprit: none (no op output is judged an error)")
     sus = s.get("suspects") or []
     if sus:
-        print("  top suspects (score = local error ratio with replay, else amplification):")
+        print(f"  top suspects (score = {s.get('ranking') or 'local error or amplification'}, "
+              "x what an honest kernel explains):")
         for r in sus[:top]:
-            print(f"    {_fmt(r['score']):>10}  {r['verdict']:7s} #{r['index']} {r['op']} "
+            print(f"    {_fmt(r['score']):>10}  {r['verdict']:7s} seq {r['seq_my']} {r['op']} "
                   f"[{r['phase']}] {r['module'] or '-'}")
+    for n in s.get("notes") or []:
+        print(f"  note: {n}")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from accuracy.compare import verdict as V
-from accuracy.compare.engine import eps_of
 
 FORMATS = ("json", "csv", "html", "xlsx")
 
@@ -22,75 +21,74 @@ class Row(dict):
         return dict(self)
 
 
-def _ops(rows: list[dict[str, Any]]) -> list[tuple[list[dict], list[dict]]]:
-    """Op-level rows grouped per matched op, in execution order: (input rows, output rows)."""
-    groups: dict[tuple, tuple[list[dict], list[dict]]] = {}
-    for r in rows:
-        if r["kind"] != "op" or r["seq_my"] is None or r["seq_golden"] is None:
-            continue
-        g = groups.setdefault((r["seq_my"], r["seq_golden"]), ([], []))
-        g[0 if r["io"] == "input" else 1].append(r)
-    return list(groups.values())
-
-
-def _amplification(ins: list[dict], out: dict) -> float | None:
-    red = out.get("rel_euc_dist")
-    if red is None:
-        return None
-    floor = eps_of(out.get("dtype_my") or "float32")
-    red_in = max([r["rel_euc_dist"] for r in ins if r.get("rel_euc_dist") is not None]
-                 + [0.0])
-    if math.isinf(red):
-        return math.inf
-    return red / max(red_in, floor)
+def _score(row: dict[str, Any]) -> float | None:
+    """How much an op output exceeds what an honest kernel given its inputs explains: the
+    local excess (replay) or else the amplification."""
+    for k in ("local_excess", "amplification"):
+        v = row.get(k)
+        if v is not None and not (isinstance(v, float) and math.isnan(v)):
+            return float(v)
+    return None
 
 
 def _compact(row: dict[str, Any] | None) -> dict[str, Any] | None:
     return dict(row) if row is not None else None
 
 
+_JUDGED = (V.PASS, V.WARNING, V.ERROR)
+
+
 def analyse(rows: list[dict[str, Any]], cfg: dict[str, Any], meta: dict[str, Any]
             ) -> dict[str, Any]:
-    """Fill amplification; build counts, first divergence, culprit and ranked suspects."""
+    """Counts, first divergence, culprit and ranked suspects from judged rows (judge.py).
+
+    The culprit is the op output judged an error (its own kernel is wrong) that stands out
+    most; the first divergence is the earliest op output whose accumulated error against
+    golden is an error (where the loss starts to see it), whoever caused it.
+    """
     first_div = culprit = None
     candidates = []
-    for ins, outs in _ops(rows):
-        in_bad = any(r["verdict"] == V.ERROR for r in ins)
-        for o in outs:
-            o["amplification"] = _amplification(ins, o)
-            if o["verdict"] not in (V.WARNING, V.ERROR):
-                continue
-            local_bad = o.get("local_verdict") == V.ERROR
-            if o["verdict"] == V.ERROR and first_div is None:
-                first_div = o
-            # The culprit's output is visibly wrong against golden (accumulated error), and
-            # either its inputs were still fine or its own kernel is bad (local error). A
-            # local-only error that stays within tolerance downstream is a suspect, not it.
-            acc_bad = o.get("accumulated_verdict") == V.ERROR
-            if culprit is None and acc_bad and (local_bad or not in_bad):
-                culprit = o
-            score = o["local_error_ratio"] if o.get("local_error_ratio") is not None \
-                else o["amplification"]
-            if score is not None:
-                candidates.append((score, o))
-    if culprit is None:
-        culprit = first_div
-    # errors before warnings, then by local error ratio (replay) or amplification
-    candidates.sort(key=lambda c: (c[1]["verdict"] != V.ERROR, -_sort_num(c[0]),
+    for r in rows:
+        if r["kind"] != "op" or r["io"] != "output" or r["verdict"] not in _JUDGED:
+            continue
+        if first_div is None and r.get("accumulated_verdict") == V.ERROR:
+            first_div = r
+        score = _score(r)
+        if score is None:
+            continue
+        if r["verdict"] != V.PASS or score > 1.0:
+            candidates.append((score, r))
+    severity = {V.ERROR: 0, V.WARNING: 1}
+    candidates.sort(key=lambda c: (severity.get(c[1]["verdict"], 2), -_sort_num(c[0]),
                                    c[1]["index"]))
+    if candidates and candidates[0][1]["verdict"] == V.ERROR:
+        culprit = candidates[0][1]
     n = int(cfg.get("suspects", {}).get("count", 10))
     suspects = [{**_compact(o), "score": s} for s, o in candidates[:n]]  # type: ignore[dict-item]
     counts = Counter(r["verdict"] for r in rows)
+    own = Counter(r["verdict"] for r in rows if r["kind"] == "op" and not r.get("produced_by"))
+    replayed = any(r.get("local_excess") is not None for r in rows)
+    stats_only = bool(rows) and not any(r.get("rel_euc_dist") is not None for r in rows)
     summary: dict[str, Any] = {
         "counts": {v: counts.get(v, 0) for v in V.VERDICTS},
+        "judged_counts": {v: own.get(v, 0) for v in V.VERDICTS},
         "rows": len(rows),
         "verdict": (V.ERROR if counts.get(V.ERROR) else V.WARNING if counts.get(V.WARNING)
                     else V.PASS),
         "culprit": _compact(culprit),
         "first_divergence": _compact(first_div),
         "suspects": suspects,
+        "ranking": "local error (replay)" if replayed else (
+            "amplification of statistics" if stats_only else "amplification"),
         **meta,
     }
+    notes = list(meta.get("notes") or [])
+    if not replayed and candidates:
+        notes.append("no replay: suspects are ranked by amplification (output deviation beyond "
+                     "what the inputs' deviation and the op's rounding explain); replay the "
+                     "device dump (`accuracy replay`) and compare with -r to confirm which "
+                     "kernel is wrong")
+    summary["notes"] = notes
     matched = sum(1 for r in rows if r["verdict"] != V.UNMATCHED)
     judged = sum(1 for r in rows if r["verdict"] in (V.PASS, V.WARNING, V.ERROR))
     if not judged:
@@ -100,6 +98,9 @@ def analyse(rows: list[dict[str, Any]], cfg: dict[str, Any], meta: dict[str, Any
     elif rows and matched / len(rows) < 0.5:
         summary["warning"] = (f"only {matched} of {len(rows)} rows matched: are these dumps of "
                               "the same model and step?")
+    first = [m for m in meta.get("refusals") or [] if "incomplete" in m]
+    if first:  # the reason for missing rows comes before any count of them
+        summary["warning"] = " ".join(first + [summary.get("warning", "")]).strip()
     return summary
 
 

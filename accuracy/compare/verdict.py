@@ -123,31 +123,27 @@ def stats_verdict(row: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str]:
     return PASS, "statistics only"
 
 
-def ratio_verdict(ratio: float | None, cfg: dict[str, Any], scale: float = 1.0) -> str | None:
-    """Verdict from a replay's local error ratio; None when there is no usable ratio.
+def judge_local(op: Any, idx: int, dtype: str, ratio: float | None, cfg: dict[str, Any],
+                precision: Any) -> tuple[str | None, dict[str, Any]]:
+    """Verdict of one op output from its local error ratio alone, and the figures behind it.
 
-    `scale` widens the thresholds for ops whose expected compute precision is coarser than
-    their dtype (the reference runs in the dtype; see precision.py).
+    The rule compare applies to a replayed output (judge.py): the ratio over what an honest
+    kernel gives at the op's compute precision, dtype and reduction length (the excess),
+    against `[replay]`'s thresholds. The outlier score needs the whole run's population of
+    the op type, so a single op (the live check, `accuracy.live`) is judged on the excess
+    alone. `op` is an OpRecord-like object (op name, input and output shapes);
+    `precision` a `precision.ComputePrecision`.
     """
+    from accuracy.compare.judge import level
+    from accuracy.compare.numerics import expected_ratio, input_rms, reduction_length
+
+    compute = precision.coarser(op.op, dtype)
+    k = reduction_length(op, idx)
+    bound = expected_ratio(compute, dtype, k, input_rms(op))
+    figures = {"compute_precision": compute, "reduction_length": k, "local_bound": bound,
+               "local_excess": None}
     if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)):
-        return None
-    sec = cfg["replay"]
-    if ratio > sec["error_ratio_error"] * scale:
-        return ERROR
-    if ratio > sec["error_ratio_warning"] * scale:
-        return WARNING
-    return PASS
-
-
-def judge_local(op: str, dtype: str, ratio: float | None, cfg: dict[str, Any],
-                precision: Any) -> tuple[str | None, str | None]:
-    """(verdict or None, compute precision or None) of one op output from its local error ratio.
-
-    The rule compare applies to a replayed output row (`api._row`): the op's compute precision
-    where coarser than its dtype widens the ratio thresholds. The live check (`accuracy.live`)
-    judges through this one function; `precision` is a `precision.ComputePrecision`.
-    """
-    from accuracy.compare.precision import ComputePrecision
-
-    compute = precision.coarser(op, dtype)
-    return ratio_verdict(ratio, cfg, ComputePrecision.ratio_scale(compute, dtype)), compute
+        return None, figures
+    excess = ratio / bound if math.isfinite(ratio) else math.inf
+    figures["local_excess"] = excess
+    return level(excess, 0.0, math.inf, cfg["replay"], "excess"), figures

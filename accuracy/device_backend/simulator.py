@@ -15,6 +15,8 @@ disabled, so no other mode ever records it.
 from __future__ import annotations
 
 import logging
+import warnings
+import weakref
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
@@ -58,6 +60,22 @@ def _module_matches(pattern: str, modules: Iterable[str]) -> bool:
             return True
     return False
 
+
+
+_TAG = "accuracy_sim_modules"
+
+
+def _warn_if_inside_dumper() -> None:
+    """`sim` entered inside `dumper(...)`: the dump has already recorded its backend (cpu)
+    and will not say sim, its profile or its faults. Say so now, where the mistake is."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    if any(type(m).__module__.startswith("accuracy.dumper") for m in
+           _get_current_dispatch_mode_stack()):
+        msg = ("sim(...) entered inside dumper(...): the dump records backend 'cpu' without the "
+               "sim profile or faults; enter sim first: `with sim(...), dumper(...):`")
+        log.warning(msg)
+        warnings.warn(msg, UserWarning, stacklevel=3)
 
 
 def _aliases_input(func: Any, position: int) -> bool:
@@ -109,6 +127,9 @@ class SimMode(TorchDispatchMode):
         self._occurrences = [0] * len(self.faults)
         self._plans: dict[Any, tuple[Rule | None, tuple[int, ...]]] = {}
         self._tracker: ModTracker | None = None
+        self._by_module = any(f.module is not None for f in self.faults)
+        self._untagged: list[weakref.ref] = []
+        self._pending_modules: tuple[str, ...] = ()
 
     @property
     def profile_name(self) -> str:
@@ -128,6 +149,7 @@ class SimMode(TorchDispatchMode):
     def __enter__(self) -> SimMode:
         if self in _ACTIVE:
             raise RuntimeError("this sim(...) is already active; create a new one to nest")
+        _warn_if_inside_dumper()
         self.applied = []
         self.calls = 0
         self._occurrences = [0] * len(self.faults)
@@ -145,6 +167,7 @@ class SimMode(TorchDispatchMode):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        self._untagged = []
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         try:
@@ -166,15 +189,54 @@ class SimMode(TorchDispatchMode):
         return plan
 
     def _modules(self) -> list[str]:
+        """Active modules. In backward, those of the forward op whose autograd node is
+        running (ModTracker's backward state follows gradient hooks, which fire for the wrong
+        module when a module returns its input unchanged, e.g. Dropout(p=0))."""
         if self._tracker is None:
             return []
+        if torch._C._current_graph_task_id() != -1:
+            node = torch._C._current_autograd_node()
+            tag = node.metadata.get(_TAG) if node is not None else None
+            return list(tag) if tag is not None else []
         return [m for m in self._tracker.parents if m != "Global"]
+
+    def _tag_pending(self) -> None:
+        if not self._untagged:
+            return
+        # Reading grad_fn of a view may run ops (its node is rebuilt): invisible to modes below.
+        with torch._C._DisableTorchDispatch():
+            for ref in self._untagged:
+                t = ref()
+                node = t.grad_fn if t is not None else None
+                if node is not None and _TAG not in node.metadata:
+                    node.metadata[_TAG] = self._pending_modules
+        self._untagged = []
+
+    def _remember_forward(self, out: Any) -> None:
+        """Tag this forward op's autograd nodes (attached after dispatch returns, so on the
+        next op) with the active modules, for backward fault selection by module."""
+        self._tag_pending()
+        if torch._C._current_graph_task_id() != -1:
+            return
+        # weak references: holding a tensor changes what autograd does with it (a gradient
+        # it cannot steal is detached and copied), and sim must not change the op stream
+        self._untagged = [weakref.ref(t) for t in torch.utils._pytree.tree_leaves(out)
+                          if isinstance(t, torch.Tensor)]
+        self._pending_modules = tuple(self._modules())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         call = self.calls
         self.calls += 1
         rule, fault_ids = self._plan(func)
+        if self._by_module:
+            out = self._dispatch(func, args, kwargs, call, rule, fault_ids)
+            self._remember_forward(out)
+            return out
+        return self._dispatch(func, args, kwargs, call, rule, fault_ids)
+
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict, call: int, rule: Rule | None,
+                  fault_ids: tuple[int, ...]) -> Any:
         if rule is None and not fault_ids:
             return func(*args, **kwargs)
 

@@ -23,7 +23,7 @@ import accuracy
 from accuracy.dumper import guide_args
 from accuracy.dumper.filters import Filter
 from accuracy.dumper.flatten import tensors_in
-from accuracy.dumper.scope import BACKWARD, FORWARD, Scope
+from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
 from accuracy.dumper.source import user_source
 from accuracy.dumper.stats import tensor_stats
 from accuracy.dumpfile import schema
@@ -361,6 +361,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             return self._record(func, args, kwargs, seq, BACKWARD, module, source, stack,
                                 origin)[0]
         phase, module = scope.phase, scope.module
+        if phase == OPTIMIZER:  # optimizer rows name the parameter they update
+            module = scope.optimizer_param(args, kwargs) or module
         source, stack = user_source(self.stack)
         out, out_tensors = self._record(func, args, kwargs, seq, phase, module, source, stack,
                                         None)

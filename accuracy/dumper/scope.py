@@ -68,6 +68,8 @@ class Scope:
         self._stack: list[str] = []
         self._owned: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self._owners: dict[int, str] = {}  # id(parameter) -> owning module's name
+        self._param_names: dict[int, str] = {}  # id(parameter) -> its full name
+        self._opt_names: dict[int, str] = {}  # id(param, grad or state) -> parameter name
         self._in_optimizer = 0
         self._handles: list[Any] = []
         self._untagged: list[torch.Tensor] = []
@@ -102,6 +104,7 @@ class Scope:
             for pname, p in mod.named_parameters():
                 sub, _, _ = pname.rpartition(".")
                 self._owners.setdefault(id(p), f"{name}.{sub}" if sub else name)
+                self._param_names.setdefault(id(p), f"{name}.{pname}")
 
     def _fw_exit(self, mod: torch.nn.Module, _args: Any, _out: Any) -> None:
         if torch._C._current_graph_task_id() != -1 or not self._stack:
@@ -112,11 +115,38 @@ class Scope:
         elif name in self._stack:  # an exception skipped inner exits
             del self._stack[len(self._stack) - 1 - self._stack[::-1].index(name):]
 
-    def _opt_enter(self, *_: Any) -> None:
+    def _opt_enter(self, opt: Any = None, *_: Any) -> None:
         self._in_optimizer += 1
+        names: dict[int, str] = {}
+        for group in getattr(opt, "param_groups", ()):
+            for p in group.get("params", ()):
+                name = self._param_names.get(id(p))
+                if not name:
+                    continue
+                names[id(p)] = name
+                if p.grad is not None:
+                    names[id(p.grad)] = name
+                for v in getattr(opt, "state", {}).get(p, {}).values():
+                    if isinstance(v, torch.Tensor):
+                        names[id(v)] = name
+        self._opt_names = names
+
+    def optimizer_param(self, args: Any, kwargs: Any) -> str:
+        """The name of the parameter an optimizer op works on (its first input that is a
+        parameter, its gradient or its optimizer state), '' when none is known."""
+        if not self._opt_names:
+            return ""
+        for t in torch.utils._pytree.tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor):
+                name = self._opt_names.get(id(t))
+                if name:
+                    return name
+        return ""
 
     def _opt_exit(self, *_: Any) -> None:
         self._in_optimizer = max(0, self._in_optimizer - 1)
+        if not self._in_optimizer:
+            self._opt_names = {}
 
     # -- forward -> backward attribution ------------------------------------------------------
 

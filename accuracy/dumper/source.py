@@ -25,6 +25,9 @@ _INTERNAL_PREFIXES = (
     sysconfig.get_paths()["stdlib"] + os.sep,
     "<",
 )
+# torch itself installed elsewhere (another venv): its package folder exactly, so torchvision,
+# torchaudio and other torch* packages count as user code (their layers are what a user calls).
+_TORCH_SITE = os.sep + "site-packages" + os.sep + "torch" + os.sep
 _cache: dict[str, bool] = {}
 
 
@@ -32,7 +35,7 @@ def _internal(filename: str) -> bool:
     hit = _cache.get(filename)
     if hit is None:
         hit = _cache[filename] = filename.startswith(_INTERNAL_PREFIXES) or (
-            "site-packages" + os.sep + "torch" in filename)
+            _TORCH_SITE in filename)
     return hit
 
 

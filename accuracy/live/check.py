@@ -90,6 +90,29 @@ class _LiveCall:
         return args, kwargs
 
 
+class _TensorShape:
+    """What compare's numerics read of a recorded tensor (shape, dtype, L2), for a live one."""
+
+    def __init__(self, idx: int, t: torch.Tensor) -> None:
+        self.idx, self.shape, self.numel = idx, tuple(t.shape), t.numel()
+        self.dtype = _dtype_name(t.dtype)
+        l2 = None
+        if t.is_floating_point() and self.numel > 1:
+            with torch._C._DisableTorchDispatch(), torch.no_grad():
+                l2 = float(torch.linalg.vector_norm(t.detach(), dtype=torch.float64))
+        self.stats = {"l2": l2}
+
+
+class _CallShapes:
+    """An OpRecord-like view of a live call: op name, input and output shapes."""
+
+    def __init__(self, op: str, inputs: list[torch.Tensor],
+                 outputs: list[tuple[int, torch.Tensor]]) -> None:
+        self.op = op
+        self.inputs = [_TensorShape(i, t) for i, t in enumerate(inputs)]
+        self.outputs = [_TensorShape(i, t) for i, t in outputs]
+
+
 @dataclass
 class OpResult:
     """One op call's live-check figures: where it ran, and per output its local error."""
@@ -308,9 +331,10 @@ class LiveCheck:
             entry = dict(m, dtype=_dtype_name(dev.dtype), shape=list(dev.shape),
                          verdict=None, compute_precision=None)
             if dev.numel() > 0:  # compare leaves empty tensors unjudged too
-                entry["verdict"], entry["compute_precision"] = V.judge_local(
-                    name, entry["dtype"], _finite_or_none(m.get("error_ratio")), self.cfg,
-                    self.precision)
+                entry["verdict"], figures = V.judge_local(
+                    _CallShapes(name, inputs, host), m["idx"], entry["dtype"],
+                    _finite_or_none(m.get("error_ratio")), self.cfg, self.precision)
+                entry.update(figures)
             result.outputs.append(entry)
             if _RANK.get(entry["verdict"], 0) > _RANK.get(result.verdict, 0):
                 result.verdict = entry["verdict"]

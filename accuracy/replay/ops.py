@@ -100,6 +100,9 @@ def _kernel(rec: OpRecord) -> tuple[Any, str]:
         return fn, "registered reference"
     if rec.op == "aten.native_dropout.default":
         return _dropout_reference(rec), "rng op checked against its recorded mask"
+    if rec.op.startswith("profiler."):  # optimizer.step()'s record_function markers
+        raise Unreplayable("profiler marker (record_function enter/exit): no numerics to "
+                           "replay")
     if rec.extra.get("rng") and not _rng_disabled(rec):
         raise Unreplayable(RNG_REASON)
     fn = resolve_op(rec.op)

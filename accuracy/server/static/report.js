@@ -41,7 +41,8 @@
     const opts = {
       width: Math.max(400, chartEl.clientWidth || 900), height: 300,
       scales: { x: { time: false }, y: { distr: log ? 3 : 1 } },
-      axes: [{ label: "op index (execution order)" }, { label: metric }],
+      axes: [{ label: "op index (execution order)" },
+             { label: metric, size: 70, values: (u, splits) => distinctLabels(splits) }],
       legend: { show: true },
       cursor: { points: { size: 8 }, dataIdx: (u, sidx, idx) => idx },
       series: [{ label: "#" }].concat(VERDICTS.map(v => ({
@@ -72,6 +73,16 @@
     });
   }
 
+  // Tick labels with just enough significant digits to tell every tick apart
+  // (cosine ticks 0.99995 and 0.9999 must not both read "1").
+  function distinctLabels(splits) {
+    for (let d = 2; d <= 12; d++) {
+      const out = splits.map(v => (v === null ? "" : String(+Number(v).toPrecision(d))));
+      if (new Set(out).size === out.length) return out;
+    }
+    return splits.map(v => String(v));
+  }
+
   // ---- table ----
   const table = document.getElementById("rows");
   const tbody = table.querySelector("tbody");
@@ -98,7 +109,7 @@
       tr.className = "v-" + r.verdict;
       const a = document.createElement("a");
       a.href = `/ui/reports/${rid}/rows/${r.index}`; a.textContent = r.index;
-      const cells = [a, r.op, r.phase, r.module, r.verdict, r.cosine, r.max_abs_err,
+      const cells = [a, r.op, `${r.io} ${r.tensor_index}`, r.phase, r.module, r.verdict, r.cosine, r.max_abs_err,
                      r.max_rel_err, r.local_error_ratio, r.message];
       for (const c of cells) {
         const td = document.createElement("td");

@@ -1,0 +1,121 @@
+"""What an honest kernel can produce: reduction lengths and expected local error ratios.
+
+A replay's error ratio is the device kernel's error against fp64 divided by a same-dtype
+reference kernel's error against fp64. An honest device kernel that computes at a coarser
+precision than the tensors' dtype (an fp16 cube unit on fp32 tensors) has an error of about
+c1 * u_compute (its inputs' rounding), whatever the reduction length; the fp32 reference's
+error grows with the reduction length K (about c2 * sqrt(K) * u_dtype, never below u_dtype).
+Their ratio is therefore
+
+    expected = max(1, (u_compute / u_dtype) * c1 / max(1, c2 * sqrt(K)))
+
+with c1 = 0.8 and c2 = 1/3 fitted on clean runs of the detection benchmark (matmuls and
+convolutions with K from 4 to 600, fp16, bf16 and tf32 cube profiles: the measured ratios
+sit within a factor 2 of this). An op that computes at its own dtype has expected 1.
+See docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from accuracy.compare.precision import UNIT_ROUNDOFF
+
+C_INPUT = 0.8
+C_REDUCTION = 1.0 / 3.0
+C_SUBNORMAL = 0.3
+# Spacing of the subnormal numbers of narrow compute formats: inputs whose magnitude is near
+# it lose relative precision (fp16 gradients of 1e-6 keep 4 bits, not 11).
+SUBNORMAL_SPACING = {"float16": 2.0 ** -24, "float8_e4m3fn": 2.0 ** -9,
+                     "float8_e4m3fnuz": 2.0 ** -10, "float8_e5m2": 2.0 ** -16,
+                     "float8_e5m2fnuz": 2.0 ** -17}
+
+
+def _numel(shape: tuple[int, ...] | list[int]) -> int:
+    return int(math.prod(shape)) if shape else 1
+
+
+def reduction_length(record: Any, out_idx: int = 0) -> int:
+    """How many products or terms one output element sums (K of a matmul, C*kh*kw of a
+    convolution, the normalised size of a norm, the length of a softmax); 1 for elementwise
+    ops. `record` is an OpRecord (op name, input and output shapes)."""
+    op = record.op.rsplit(".", 1)[0] if record.op.count(".") > 1 else record.op
+    ins = [tuple(t.shape) for t in sorted(record.inputs, key=lambda t: t.idx)]
+    outs = {t.idx: tuple(t.shape) for t in record.outputs}
+    try:
+        if op in ("aten.mm", "aten.bmm", "aten.matmul", "aten.linear", "aten.dot"):
+            return max(1, ins[0][-1])
+        if op in ("aten.addmm", "aten.addmm_", "aten.baddbmm", "aten.baddbmm_",
+                  "aten.addbmm", "aten.addmv"):
+            return max(1, ins[1][-1])
+        if op in ("aten.convolution", "aten._convolution"):
+            w = ins[1]
+            return max(1, _numel(w[1:]))
+        if op == "aten.convolution_backward":
+            go, _x, w = ins[0], ins[1], ins[2]
+            if out_idx == 0:  # grad_input sums over output channels and the kernel window
+                return max(1, w[0] * _numel(w[2:]))
+            return max(1, go[0] * _numel(go[2:]))  # grad_weight / grad_bias: batch x space
+        if "softmax" in op:
+            return max(1, ins[0][-1]) if ins and ins[0] else 1
+        if op in ("aten.native_batch_norm", "aten._native_batch_norm_legit",
+                  "aten._native_batch_norm_legit_functional", "aten.native_batch_norm_backward",
+                  "aten.cudnn_batch_norm", "aten.batch_norm"):
+            x = ins[0] if "backward" not in op else ins[1]
+            return max(1, _numel(x) // max(1, x[1] if len(x) > 1 else 1))
+        # layer/group/rms norms and their backward (mean/rstd outputs or inputs), sums, means:
+        # one output element per reduced group of input elements.
+        if ins and outs:
+            big = max(_numel(s) for s in ins)
+            small = [s for s in (list(outs.values()) + ins) if 0 < _numel(s) < big]
+            out = outs.get(out_idx, ())
+            if _numel(out) < big:
+                return max(1, big // max(1, _numel(out)))
+            if "norm" in op and small:
+                return max(1, big // max(1, min(_numel(s) for s in small)))
+    except (IndexError, TypeError, ZeroDivisionError):
+        pass
+    return 1
+
+
+def input_rms(record: Any) -> float | None:
+    """Smallest root-mean-square among the op's floating inputs (from their statistics)."""
+    vals = []
+    for t in record.inputs:
+        l2 = t.stats.get("l2")
+        if l2 is not None and t.numel > 1 and t.dtype.startswith(("float", "bfloat")):
+            vals.append(float(l2) / math.sqrt(t.numel))
+    return min(vals) if vals else None
+
+
+def input_rounding(compute: str, rms: float | None) -> float:
+    """Relative error of rounding values of root-mean-square `rms` to `compute`: the unit
+    roundoff, more where the values reach the format's subnormal range."""
+    err = UNIT_ROUNDOFF[compute] * C_INPUT
+    sub = SUBNORMAL_SPACING.get(compute)
+    if sub and rms is not None and rms > 0:
+        err += C_SUBNORMAL * sub / rms
+    return err
+
+
+def expected_ratio(compute: str | None, dtype: str | None, k: int,
+                   input_rms: float | None = None) -> float:
+    """The local error ratio an honest kernel gives at this compute precision, dtype and
+    reduction length (see the module docstring). `input_rms`: the smallest root-mean-square
+    of the inputs the kernel rounds (subnormal range)."""
+    if compute is None or dtype not in UNIT_ROUNDOFF or compute not in UNIT_ROUNDOFF:
+        return 1.0
+    if UNIT_ROUNDOFF[compute] <= UNIT_ROUNDOFF[dtype]:
+        return 1.0
+    dev = input_rounding(compute, input_rms)
+    ref = UNIT_ROUNDOFF[dtype] * max(1.0, C_REDUCTION * math.sqrt(max(k, 1)))
+    return max(1.0, dev / ref)
+
+
+def own_error(compute: str | None, dtype: str | None) -> float:
+    """Relative error an honest kernel adds by itself (used without a replay): its inputs'
+    rounding at the compute precision plus its output's rounding in its dtype."""
+    u_out = UNIT_ROUNDOFF.get(dtype or "", 2.0 ** -24)
+    u_in = UNIT_ROUNDOFF.get(compute or "", 0.0) * C_INPUT
+    return u_in + u_out

@@ -1,0 +1,459 @@
+"""Detection quality: false alarms on clean runs, culprit hits on faulty runs.
+
+A matrix of runs on small models (a transformer LM, a CNN with BatchNorm in train mode, an MLP
+with dropout and AdamW inside the dump, and tiny random-init `transformers` models when that
+package is installed). Each case dumps a golden CPU fp32 step and a device step (`sim` with a
+numerics profile, or CPU autocast bf16), with or without one injected fault, replays the device
+dump, and compares twice: with the replay and without it.
+
+Figures: errors and warnings on clean runs (per row), and for faulty runs whether the injected
+op is the culprit (top-1) or among the first three suspects (top-3), per fault size, with and
+without replay.
+
+    python benchmarks/bench_detection.py            # the full matrix
+    python benchmarks/bench_detection.py --quick    # a small subset (the test suite runs it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from accuracy.compare import compare  # noqa: E402
+from accuracy.device_backend import sim  # noqa: E402
+from accuracy.dumper import dumper  # noqa: E402
+from accuracy.examples import lm_batch, lm_step, tiny_lm  # noqa: E402
+from accuracy.replay import replay  # noqa: E402
+
+# -- models -------------------------------------------------------------------------------
+
+
+class ConvBlock(nn.Module):
+    """conv-bn-relu-conv-bn + identity, then relu (a ResNet basic block)."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.act = nn.ReLU()
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.bn2(self.conv2(self.act(self.bn1(self.conv1(x))))))
+
+
+class SmallResNet(nn.Module):
+    """A ResNet-style CNN with BatchNorm, trained in train mode."""
+
+    def __init__(self, width: int = 8, blocks: int = 2, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(width)
+        self.blocks = nn.Sequential(*(ConvBlock(width) for _ in range(blocks)))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.bn(self.stem(x)))
+        h = self.blocks(h)
+        return self.head(h.mean((2, 3)))
+
+
+class DropoutMLP(nn.Module):
+    def __init__(self, d: int = 32, hidden: int = 64, layers: int = 3, p: float = 0.1) -> None:
+        super().__init__()
+        mods: list[nn.Module] = []
+        for i in range(layers):
+            mods += [nn.Linear(d if i == 0 else hidden, hidden), nn.GELU(), nn.Dropout(p)]
+        self.body = nn.Sequential(*mods)
+        self.out = nn.Linear(hidden, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.body(x))
+
+
+def _cnn_step() -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = SmallResNet()
+    model.train()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 3, 12, 12, generator=g), torch.randint(0, 10, (4,), generator=g)
+
+    def step() -> None:
+        nn.functional.cross_entropy(model(x), y).backward()
+    return step
+
+
+def _mlp_step() -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = DropoutMLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+
+    def step() -> None:
+        torch.manual_seed(5)  # the same dropout masks on both sides
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def _lm_step() -> Callable[[], None]:
+    model, batch = tiny_lm(layers=2), lm_batch(batch=2, seq=16)
+    return lambda: lm_step(model, batch) and None
+
+
+def _hf_step(kind: str) -> Callable[[], None] | None:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=128,
+                                      n_positions=32, attn_implementation="eager")
+        model = transformers.GPT2LMHeadModel(cfg)
+    else:
+        cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32,
+                                       intermediate_size=64, num_attention_heads=4,
+                                       num_key_value_heads=2, vocab_size=128,
+                                       max_position_embeddings=32, attn_implementation="eager")
+        model = transformers.LlamaForCausalLM(cfg)
+    model.train()
+    tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+
+    def step() -> None:
+        model(input_ids=tokens, labels=tokens).loss.backward()
+    return step
+
+
+MODELS: dict[str, Callable[[], Callable[[], None] | None]] = {
+    "lm": _lm_step,
+    "cnn": _cnn_step,
+    "mlp": _mlp_step,
+    "gpt2": lambda: _hf_step("gpt2"),
+    "llama": lambda: _hf_step("llama"),
+}
+
+# -- faults -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """Where a fault goes (op pattern, module pattern, occurrence) and what it does."""
+
+    target: str  # matmul / conv / norm / softmax / activation
+    phase: str  # forward / backward
+    op: str
+    module: str | None
+    kind: str
+    value: float
+    occurrence: int | None = 0
+
+    def fault(self) -> Any:
+        return sim.fault(self.op, self.module, kind=self.kind, value=self.value,
+                         occurrence=self.occurrence)
+
+
+# Per model: (target, phase) -> (op pattern, module pattern); depth picks the layer.
+SITES: dict[str, dict[tuple[str, str], tuple[str, str | None]]] = {
+    "lm": {
+        ("matmul", "forward"): ("aten.addmm.default", "*encoder.layers.{d}.linear1"),
+        ("matmul", "backward"): ("aten.mm.default", "*encoder.layers.{d}.linear2"),
+        ("norm", "forward"): ("aten.native_layer_norm.default", "*encoder.layers.{d}.norm1"),
+        ("norm", "backward"): ("aten.native_layer_norm_backward.default",
+                               "*encoder.layers.{d}.norm2"),
+        # nn.TransformerEncoderLayer runs softmax inside CPU flash attention
+        ("softmax", "forward"): ("aten._scaled_dot_product_flash_attention_for_cpu.default",
+                                 "*encoder.layers.{d}.self_attn"),
+        ("activation", "forward"): ("aten.gelu.default", "*encoder.layers.{d}*"),
+        ("activation", "backward"): ("aten.gelu_backward.default", "*encoder.layers.{d}*"),
+    },
+    "cnn": {
+        ("conv", "forward"): ("aten.convolution.default", "*blocks.{d}.conv2"),
+        ("conv", "backward"): ("aten.convolution_backward.default", "*blocks.{d}.conv1"),
+        ("norm", "forward"): ("aten.native_batch_norm.default", "*blocks.{d}.bn1"),
+        ("norm", "backward"): ("aten.native_batch_norm_backward.default", "*blocks.{d}.bn2"),
+        ("activation", "forward"): ("aten.relu.default", "*blocks.{d}.act"),
+        ("matmul", "forward"): ("aten.addmm.default", "*head"),
+    },
+    "mlp": {
+        ("matmul", "forward"): ("aten.addmm.default", "*body.{l}"),
+        ("matmul", "backward"): ("aten.mm.default", "*body.{l}"),
+        ("activation", "forward"): ("aten.gelu.default", "*body.{a}"),
+    },
+    "gpt2": {
+        ("matmul", "forward"): ("aten.addmm.default", "*h.{d}.mlp.c_proj"),
+        ("matmul", "backward"): ("aten.mm.default", "*h.{d}.mlp.c_fc"),
+        ("norm", "forward"): ("aten.native_layer_norm.default", "*h.{d}.ln_2"),
+        ("softmax", "forward"): ("aten._softmax.default", "*h.{d}.attn"),
+        ("softmax", "backward"): ("aten._softmax_backward_data.default", "*h.{d}.attn"),
+        ("activation", "forward"): ("aten.tanh.default", "*h.{d}.mlp*"),
+    },
+    "llama": {
+        ("matmul", "forward"): ("aten.mm.default", "*layers.{d}.mlp.down_proj"),
+        ("softmax", "forward"): ("aten._softmax.default", "*layers.{d}.self_attn"),
+        ("activation", "forward"): ("aten.silu.default", "*layers.{d}.mlp*"),
+    },
+}
+
+
+def _site(model: str, target: str, phase: str, depth: int) -> tuple[str, str | None] | None:
+    site = SITES[model].get((target, phase))
+    if site is None:
+        return None
+    op, mod = site
+    if mod is not None:
+        mod = mod.format(d=depth, l=3 * depth, a=3 * depth + 1)
+    return op, mod
+
+
+# -- one case -----------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    model: str
+    profile: str  # a sim profile, or "autocast-bf16"
+    fault: FaultSpec | None = None
+
+    @property
+    def name(self) -> str:
+        if self.fault is None:
+            return f"{self.model}/{self.profile}/clean"
+        f = self.fault
+        return (f"{self.model}/{self.profile}/{f.target}-{f.phase}-{f.kind}-{f.value:g}"
+                f"@{f.module}")
+
+
+@dataclass
+class Outcome:
+    case: Case
+    rows: int = 0
+    errors: dict[str, int] = field(default_factory=dict)  # "replay" / "no-replay" -> count
+    warnings: dict[str, int] = field(default_factory=dict)
+    top1: dict[str, bool] = field(default_factory=dict)
+    top3: dict[str, bool] = field(default_factory=dict)
+    fault_seq: int | None = None
+    note: str = ""
+
+
+@contextlib.contextmanager
+def _device(profile: str, fault: FaultSpec | None) -> Iterator[None]:
+    if profile == "autocast-bf16":
+        with sim(profile="exact", faults=[fault.fault()] if fault else []), \
+                torch.autocast("cpu", dtype=torch.bfloat16):
+            yield
+    else:
+        with sim(profile=profile, faults=[fault.fault()] if fault else []):
+            yield
+
+
+def _golden(model: str, work: Path) -> Path | None:
+    path = work / f"{model}-golden.h5"
+    if not path.exists():
+        step = MODELS[model]()
+        if step is None:
+            return None
+        with dumper(str(path)):
+            step()
+    return path
+
+
+def _fault_seq(dev: Path) -> int | None:
+    from accuracy.dumpfile import load_dump
+
+    with load_dump(dev) as d:
+        for r in d.records:
+            if r.extra.get("faults"):
+                return r.seq
+    return None
+
+
+def _hit(report: Any, seq: int | None, k: int) -> bool:
+    if seq is None:
+        return False
+    if k == 1:
+        c = report.summary.get("culprit")
+        return bool(c) and c.get("seq_my") == seq
+    return any(s.get("seq_my") == seq for s in report.suspects[:k])
+
+
+def run_case(case: Case, work: Path) -> Outcome:
+    out = Outcome(case)
+    golden = _golden(case.model, work)
+    if golden is None:
+        out.note = "skipped: transformers not installed"
+        return out
+    dev, rep = work / "device.h5", work / "replay.h5"
+    for p in (dev, rep):
+        p.unlink(missing_ok=True)
+    step = MODELS[case.model]()
+    assert step is not None
+    with _device(case.profile, case.fault), dumper(str(dev)):
+        step()
+    if case.fault is not None:
+        out.fault_seq = _fault_seq(dev)
+        if out.fault_seq is None:
+            out.note = "fault matched no op"
+    replay(dev, rep)
+    for label, r in (("replay", rep), ("no-replay", None)):
+        report = compare(dev, golden, replay=r)
+        judged = [x for x in report.rows if x["verdict"] in ("pass", "warning", "error")]
+        out.rows = len(judged)
+        out.errors[label] = report.summary["counts"]["error"]
+        out.warnings[label] = report.summary["counts"]["warning"]
+        out.top1[label] = _hit(report, out.fault_seq, 1)
+        out.top3[label] = _hit(report, out.fault_seq, 3)
+    return out
+
+
+# -- the matrix ---------------------------------------------------------------------------
+
+PROFILES = ("bf16", "fp16-cube", "tf32", "autocast-bf16")
+SIZES = (1e-3, 1e-2, 5e-2)
+
+
+def matrix(quick: bool, models: list[str] | None = None) -> list[Case]:
+    """Every case: each model x profile clean, then faults per size, kind, site and depth."""
+    names = models or list(MODELS)
+    cases: list[Case] = []
+    if quick:
+        return [
+            Case("cnn", "bf16"),
+            Case("lm", "fp16-cube", FaultSpec("matmul", "forward", "aten.addmm.default",
+                                              "*encoder.layers.1.linear1", "bias", 1e-2)),
+        ]
+    for m in names:
+        for p in PROFILES:
+            cases.append(Case(m, p))
+    # Faults: every site and size; kind, depth and profile rotate so that each kind, depth
+    # and profile meets every model and size (the full product would take hours here).
+    for m in names:
+        for i, (target, phase) in enumerate(SITES[m]):
+            kinds = ["bias", "noise"] + (["eps"] if (target, phase) == ("norm", "forward")
+                                         else [])
+            for j, size in enumerate(SIZES):
+                for k, kind in enumerate(kinds):
+                    if kind != "eps" and (i + j + k) % 2 and len(kinds) == 2:
+                        continue
+                    depth = (i + j) % 2
+                    site = _site(m, target, phase, depth)
+                    assert site is not None
+                    profile = PROFILES[(i + j + k) % len(PROFILES)]
+                    cases.append(Case(m, profile, FaultSpec(target, phase, site[0], site[1],
+                                                            kind, size)))
+    return cases
+
+
+def summarise(outs: list[Outcome]) -> str:
+    lines = []
+    clean = [o for o in outs if o.case.fault is None and not o.note]
+    lines.append("## Clean runs (false alarms)\n")
+    lines.append("| model | profile | rows | errors (replay) | warnings (replay) | "
+                 "errors (no replay) | warnings (no replay) |")
+    lines.append("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    tot = defaultdict(int)
+    for o in clean:
+        lines.append(f"| {o.case.model} | {o.case.profile} | {o.rows} | {o.errors['replay']} | "
+                     f"{o.warnings['replay']} | {o.errors['no-replay']} | "
+                     f"{o.warnings['no-replay']} |")
+        tot["rows"] += o.rows
+        for k in ("replay", "no-replay"):
+            tot["e" + k] += o.errors[k]
+            tot["w" + k] += o.warnings[k]
+    rows = max(tot["rows"], 1)
+    lines.append(f"| **total** | {len(clean)} runs | {tot['rows']} | {tot['ereplay']} | "
+                 f"{tot['wreplay']} ({100 * tot['wreplay'] / rows:.2f}%) | "
+                 f"{tot['eno-replay']} | {tot['wno-replay']} "
+                 f"({100 * tot['wno-replay'] / rows:.2f}%) |")
+    faulty = [o for o in outs if o.case.fault is not None and not o.note]
+    lines.append("\n## Faulty runs (culprit hits)\n")
+    lines.append("| fault size | runs | top-1 (replay) | top-3 (replay) | top-1 (no replay) | "
+                 "top-3 (no replay) |")
+    lines.append("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for size in SIZES:
+        grp = [o for o in faulty if o.case.fault and o.case.fault.value == size]
+        if not grp:
+            continue
+        n = len(grp)
+
+        def pct(key: str, label: str, grp: list[Outcome] = grp, n: int = n) -> str:
+            hits = sum(getattr(o, key)[label] for o in grp)
+            return f"{hits}/{n} ({100 * hits / n:.0f}%)"
+        lines.append(f"| {size:g} | {n} | {pct('top1', 'replay')} | {pct('top3', 'replay')} | "
+                     f"{pct('top1', 'no-replay')} | {pct('top3', 'no-replay')} |")
+    missed = [o for o in faulty if not o.top1["replay"]]
+    if missed:
+        lines.append("\nMissed with replay (top-1): " + ", ".join(o.case.name for o in missed))
+    skipped = [o for o in outs if o.note]
+    if skipped:
+        lines.append("\nNot run: " + ", ".join(f"{o.case.name} ({o.note})" for o in skipped))
+    return "\n".join(lines)
+
+
+def goals_met(outs: list[Outcome]) -> list[str]:
+    """The goals this benchmark measures, as sentences for each one missed."""
+    missed = []
+    clean = [o for o in outs if o.case.fault is None and not o.note]
+    faulty = [o for o in outs if o.case.fault is not None and not o.note]
+    if any(o.errors["replay"] or o.errors["no-replay"] for o in clean):
+        missed.append("an error on a clean run")
+    rows = sum(o.rows for o in clean)
+    if rows and sum(o.warnings["replay"] for o in clean) >= 0.01 * rows:
+        missed.append("warnings on clean runs reach 1% of rows")
+    big = [o for o in faulty if o.case.fault and o.case.fault.value >= 1e-2]
+    if any(not o.top1["replay"] for o in big):
+        missed.append("a fault >= 1e-2 not the culprit with replay")
+    small = [o for o in faulty if o.case.fault and o.case.fault.value < 1e-2]
+    if small and sum(o.top1["replay"] for o in small) < 0.9 * len(small):
+        missed.append("under 90% of 1e-3 faults the culprit with replay")
+    if big and sum(o.top3["no-replay"] for o in big) < 0.9 * len(big):
+        missed.append("under 90% of faults >= 1e-2 in the top 3 without replay")
+    return missed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a small subset (used by the tests)")
+    ap.add_argument("--models", nargs="*", help=f"subset of {list(MODELS)}")
+    ap.add_argument("-v", "--verbose", action="store_true", help="one line per case")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(1)
+    cases = matrix(args.quick, args.models)
+    outs = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench_detection_") as tmp:
+        for case in cases:
+            o = run_case(case, Path(tmp))
+            outs.append(o)
+            if args.verbose:
+                print(f"{case.name}: rows {o.rows} errors {o.errors} warnings {o.warnings} "
+                      f"top1 {o.top1} top3 {o.top3} {o.note}", flush=True)
+    print(summarise(outs))
+    print(f"\n{len(cases)} cases in {time.perf_counter() - t0:.0f} s")
+    missed = goals_met(outs)
+    print("goals: " + ("all met" if not missed else "missed: " + "; ".join(missed)))
+    return 1 if args.check and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
