@@ -20,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import accuracy
+from accuracy.dumper import collectives
 from accuracy.dumper.filters import Filter
 from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.scope import BACKWARD, FORWARD, Scope
@@ -172,6 +173,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     the first; saturation: also flag values near the float16/bfloat16 limit.
     load_file_path: a golden tensor dump; each op with the same name and seq computes on its
     recorded inputs (load mode, see docs/replay.md).
+    ranks: the ranks that record (e.g. [0, 3]); the others record nothing and write no file.
     """
 
     def __init__(
@@ -195,10 +197,14 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         overflow_raise: bool = False,
         saturation: Any = None,
         load_file_path: str | os.PathLike[str] | None = None,
+        ranks: int | Iterable[int] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         self.rank, self.world_size = _rank()
+        self.ranks = None if ranks is None else sorted({ranks} if isinstance(ranks, int)
+                                                       else {int(r) for r in ranks})
+        self.active = self.ranks is None or self.rank in self.ranks
         self.path = str(dump_path).replace("{rank}", str(self.rank))
         self.mode = mode
         self.filter = Filter.build(ops, exclude_ops, modules, data_mode, steps)
@@ -230,7 +236,11 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self.current_step += 1
 
     def __enter__(self) -> dumper:
+        if not self.active:  # a rank outside `ranks=`: no file, no interception
+            log.info("rank %d is not in ranks=%s: not recording", self.rank, self.ranks)
+            return self
         self._sim = _active_sim()
+        self._coll = collectives.Collectives()
         if self.load_file_path is not None:  # load mode: feed golden inputs (accuracy.replay)
             from accuracy.replay.load_mode import GoldenFeeder
             self._loader = GoldenFeeder(self.load_file_path)
@@ -250,6 +260,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if not self.active:
+            return False
         try:
             self._mode.__exit__(exc_type, exc, tb)
         finally:
@@ -269,6 +281,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             "python_version": platform.python_version(),
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "host": platform.node(),
+            **collectives.process_group_attrs(),
+            "ranks_recorded": self.ranks if self.ranks is not None else "all",
             "check_overflow": self._overflow is not None,
             "filter": {
                 "ops": list(self.filter.ops), "exclude_ops": list(self.filter.exclude_ops),
@@ -290,6 +304,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         attrs: dict[str, Any] = {"ops_recorded": self.ops_recorded, "ops_seen": self._seq,
                                  "steps": sorted(self._steps_seen)}
         attrs.update(self._backend_attrs())
+        attrs.update(self._coll.attrs())
         if self._overflow is not None:
             attrs.update(self._overflow.finish(self, writer))
         if self._sim is not None:
@@ -329,6 +344,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         seq = self._seq
         self._seq += 1
         scope = self._scope
+        self._coll.enter(func)  # the op's collective epoch
         scope.tag_pending()
         if torch._C._current_graph_task_id() != -1:  # backward: the node tells everything
             origin = scope.backward_origin()
@@ -357,7 +373,11 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         name = self._op_name(func)
         if not (f.wants_step(self.current_step) and phase in f.phases and f.wants_op(name)
                 and f.wants_module(module)):
-            return func(*args, **kwargs), None
+            out = func(*args, **kwargs)
+            if self._coll.kind(func) is not None:  # it wrote its tensors, version unchanged
+                for t in tensors_in(kwargs, tensors_in(args)):
+                    self._seen.forget(t)
+            return out, None
         if self._overflow is not None:
             return self._overflow.on_op(self, writer, func, name, args, kwargs, seq, phase,
                                         module, source, stack), None
@@ -373,9 +393,12 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
                     entries.append(self._entry(writer, seq, schema.INPUT, i, t))
         n_faults = len(self._sim.applied) if self._sim is not None else 0
         out = func(*args, **kwargs)
+        coll_kind = self._coll.kind(func)
+        coll = (self._coll.settle(coll_kind, func, args, kwargs, out) if coll_kind is not None
+                else None)  # waited: the outputs hold the collective's result
         out_tensors = tensors_in(out)
         uninit = name in UNINITIALISED
-        mutable = func._schema.is_mutable
+        mutable = func._schema.is_mutable or coll is not None
         if mutable:
             # Some kernels write an argument without bumping its version counter (GradScaler's
             # found_inf): never trust an earlier record of a tensor a mutable op received.
@@ -391,6 +414,10 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
                     entries.append(self._entry(writer, seq, schema.OUTPUT, i, t, skip=uninit,
                                                fresh=mutable, same_as=same,
                                                same_bytes=name in SAME_BYTES))
+                    if coll is not None and entries[-1].stats is not None:
+                        # no version bump will follow: later uses may share these bytes
+                        self._seen.remember(collectives.local_tensor(t), entries[-1].first,
+                                            entries[-1].stats)
 
         counter = iter(range(len(in_tensors)))
         extra: dict[str, Any] = {}
@@ -398,8 +425,14 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             extra["uninitialized"] = True
         if torch.Tag.nondeterministic_seeded in func.tags:
             extra["rng"] = True
-        if mutable:
+        if mutable and coll is None:
             extra["inplace"] = True
+        if coll is not None:
+            extra["collective"] = coll
+        meshes = [m for t in in_tensors if type(t) is not torch.Tensor
+                  and (m := self._coll.note_mesh(t)) is not None]
+        if meshes:  # an op on DTensors: recorded on the local shards
+            extra["dtensor"] = meshes
         if loaded:
             extra["loaded"] = True
         if self._sim is not None and len(self._sim.applied) > n_faults:
@@ -409,7 +442,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         op = OpEntry(
             seq=seq, op=name, phase=phase, module=module, source=source, stack=stack,
             args=encode_call(args, kwargs, lambda _t: next(counter)), step=self.current_step,
-            n_in=len(in_tensors), n_out=len(out_tensors), extra=extra,
+            n_in=len(in_tensors), n_out=len(out_tensors), extra=extra, epoch=self._coll.current,
         )
         try:
             writer.add_op(op, entries)
@@ -432,6 +465,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         holds the same elements: its statistics are reused, and with `same_bytes` and both
         tensors contiguous, its stored bytes too.
         """
+        if type(t) is not torch.Tensor:  # wrapper subclasses: DTensor, async collective results
+            t = collectives.local_tensor(t)
         device = str(t.device)
         self._devices.add(t.device.type)
         row = writer.new_row()

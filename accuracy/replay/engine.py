@@ -127,7 +127,8 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
     extra["replay"] = outcome.replay_extra()
     writer.add_op(OpEntry(seq=rec.seq, op=rec.op, phase=rec.phase, module=rec.module,
                           source=rec.source, stack=rec.stack, args=rec.args_json, step=rec.step,
-                          n_in=len(rec.inputs), n_out=n_out, extra=extra), entries)
+                          n_in=len(rec.inputs), n_out=n_out, extra=extra, epoch=rec.epoch),
+                   entries)
 
 
 def _copy_finished(writer: DumpWriter, prev: Dump, wanted: set[int], result: ReplayResult,
@@ -146,7 +147,7 @@ def _copy_finished(writer: DumpWriter, prev: Dump, wanted: set[int], result: Rep
                             info.get("outputs", []), tensors)
         extra = {k: v for k, v in rec.extra.items() if k != "replay"}
         shell = OpRecord(rec.seq, rec.op, rec.phase, rec.module, rec.source, rec.stack,
-                         rec.args_json, rec.step, extra, rec.inputs, rec.outputs)
+                         rec.args_json, rec.step, extra, rec.inputs, rec.outputs, rec.epoch)
         _write(writer, shell, outcome, links)
         _tally(result, outcome.status, outcome.reason)
         done.add(rec.seq)
