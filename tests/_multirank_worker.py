@@ -1,6 +1,6 @@
 """Worker for tests/test_multirank.py: one gloo rank running a scenario inside the dumper.
 
-Run as `python -m tests._multirank_worker SCENARIO OUT_DIR` under a launcher that sets
+Run as `python -m tests._multirank_worker SCENARIO[,SCENARIO...] OUT_DIR` under a launcher that sets
 RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (the test starts one process per rank).
 """
 
@@ -87,21 +87,26 @@ def ranks_filter(out: str) -> dict:
     return {"active": d.active, "t": t.tolist()}
 
 
+SCENARIOS = {
+    "functional": functional, "dtensor": dtensor, "ranks": ranks_filter,
+    "ddp-golden": lambda out: ddp(out, fault=False), "ddp-fault": lambda out: ddp(out, fault=True),
+}
+
+
 def main() -> None:
-    scenario, out = sys.argv[1], sys.argv[2]
+    """argv: comma-separated scenarios, output folder (each scenario gets a subfolder)."""
+    names, root = sys.argv[1].split(","), sys.argv[2]
     dist.init_process_group("gloo")
     try:
-        if scenario == "ddp-golden":
-            result = ddp(out, fault=False)
-        elif scenario == "ddp-fault":
-            result = ddp(out, fault=True)
-        else:
-            result = {"functional": functional, "dtensor": dtensor,
-                      "ranks": ranks_filter}[scenario](out)
+        for name in names:
+            out = os.path.join(root, name)
+            os.makedirs(out, exist_ok=True)
+            result = SCENARIOS[name](out)
+            with open(os.path.join(out, f"result_{os.environ['RANK']}.json"), "w") as f:
+                json.dump(result, f)
+            dist.barrier()
     finally:
         dist.destroy_process_group()
-    with open(os.path.join(out, f"result_{os.environ['RANK']}.json"), "w") as f:
-        json.dump(result, f)
 
 
 if __name__ == "__main__":
