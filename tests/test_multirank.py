@@ -218,3 +218,26 @@ def test_schema_1_dump_reads_with_epoch_unknown(tmp_path):
         f.attrs["schema_version"] = 1
     with load_dump(path) as d:
         assert d.records and all(r.epoch == schema.UNKNOWN_EPOCH for r in d.records)
+
+
+def test_server_shows_ranks(runs, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from accuracy.server import create_app
+
+    dev, gold = runs / "ddp-fault", runs / "ddp-golden"
+    compare_ranks(dev / "run_{rank}.h5", gold).write(tmp_path / "report", ("json", "csv"))
+    with TestClient(create_app(tmp_path / "data", allowed_roots=[runs, tmp_path])) as c:
+        for rank in range(WORLD):
+            r = c.post("/api/runs/register", json={"path": str(dev / f"run_{rank}.h5"),
+                                                   "name": f"dev rank {rank}"})
+            assert r.status_code == 201, r.text
+            assert (r.json()["rank"], r.json()["world_size"]) == (rank, WORLD)
+        listed = {x["name"]: x["rank"] for x in c.get("/api/runs").json()}
+        assert listed == {"dev rank 0": 0, "dev rank 1": 1}
+        assert ">1/2<" in c.get("/").text  # the runs list's rank column
+        r = c.post("/api/reports/register", json={"path": str(tmp_path / "report"),
+                                                  "name": "ddp"})
+        assert r.status_code == 201, r.text
+        page = c.get(f"/ui/reports/{r.json()['id']}").text
+        assert "diverged first: rank 1" in page and "inherited" in page
