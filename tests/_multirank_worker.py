@@ -80,6 +80,21 @@ def dtensor(out: str) -> dict:
     return {"y": y.full_tensor().tolist() if hasattr(y, "full_tensor") else y.tolist()}
 
 
+def fsdp(out: str) -> dict:
+    """FSDP2: all-gathers of parameters, reduce-scatters of gradients, storage freed by resize."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    m = _model()
+    for layer in (m[0], m[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    with dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
+        m(_batch(dist.get_rank())[0]).sum().backward()
+    return {"grad": m[0].weight.grad.to_local().flatten().tolist()}
+
+
 def ranks_filter(out: str) -> dict:
     with dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True, ranks=[1]) as d:
         t = torch.ones(3) * (dist.get_rank() + 1)
@@ -88,7 +103,7 @@ def ranks_filter(out: str) -> dict:
 
 
 SCENARIOS = {
-    "functional": functional, "dtensor": dtensor, "ranks": ranks_filter,
+    "functional": functional, "dtensor": dtensor, "ranks": ranks_filter, "fsdp": fsdp,
     "ddp-golden": lambda out: ddp(out, fault=False), "ddp-fault": lambda out: ddp(out, fault=True),
 }
 

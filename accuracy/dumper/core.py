@@ -116,17 +116,24 @@ def _contiguous(entry: TensorEntry) -> bool:
     return True
 
 
+def _storage_ptr(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
 class _Seen:
-    """Tensor states already recorded: id -> (weakref, _version, row, stats)."""
+    """Tensor states already recorded: id -> (weakref, _version, row, stats, storage)."""
 
     def __init__(self) -> None:
-        self._map: dict[int, tuple[weakref.ref, int, int, Any]] = {}
+        self._map: dict[int, tuple[weakref.ref, int, int, Any, int]] = {}
 
     def lookup(self, t: torch.Tensor) -> tuple[int, Any] | None:
         hit = self._map.get(id(t))
         if hit is None:
             return None
-        ref, version, row, stats = hit
+        ref, version, row, stats, _ = hit
         if ref() is not t:
             return None
         try:
@@ -139,13 +146,22 @@ class _Seen:
     def forget(self, t: torch.Tensor) -> None:
         self._map.pop(id(t), None)
 
+    def forget_aliases(self, t: torch.Tensor) -> None:
+        """Forget every recorded tensor sharing `t`'s memory: for writers that bump no version
+        counter (collectives, custom ops), views and bases of what they wrote are stale too."""
+        self.forget(t)
+        ptr = _storage_ptr(t)
+        if ptr:
+            for key in [k for k, v in self._map.items() if v[4] == ptr]:
+                del self._map[key]
+
     def remember(self, t: torch.Tensor, row: int, stats: Any) -> None:
         try:
             version = t._version
             ref = weakref.ref(t)
         except (RuntimeError, TypeError):
             return
-        self._map[id(t)] = (ref, version, row, stats)
+        self._map[id(t)] = (ref, version, row, stats, _storage_ptr(t))
 
 
 class _DumpMode(TorchDispatchMode):
@@ -376,7 +392,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             out = func(*args, **kwargs)
             if self._coll.kind(func) is not None:  # it wrote its tensors, version unchanged
                 for t in tensors_in(kwargs, tensors_in(args)):
-                    self._seen.forget(t)
+                    self._seen.forget_aliases(t)
             return out, None
         if self._overflow is not None:
             return self._overflow.on_op(self, writer, func, name, args, kwargs, seq, phase,
@@ -404,6 +420,9 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             # found_inf): never trust an earlier record of a tensor a mutable op received.
             for t in in_tensors:
                 self._seen.forget(t)
+            if coll is not None or func.namespace != "aten":  # no version bump to see
+                for t in in_tensors:
+                    self._seen.forget_aliases(t)
         same = None
         if (name in SAME_ELEMENTS and entries and len(out_tensors) == 1 and not mutable
                 and _same_memory(out_tensors[0], in_tensors[0])):
