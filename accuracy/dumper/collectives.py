@@ -66,22 +66,29 @@ def is_collective(name: str) -> bool:
     return name.split(".", 1)[0] in NAMESPACES
 
 
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor | None:
     """The plain tensor holding a wrapper subclass's data on this rank (DTensor's local
-    shard, an async collective result after its wait); `t` itself for a plain tensor.
+    shard, an async collective result after its wait); `t` itself for a plain tensor; None
+    when it can't be had (then only the wrapper's metadata is recorded).
 
     Reading a wrapper's bytes with dispatch disabled crashes the process (it has no storage),
     so the recorder always reads this instead.
     """
-    for _ in range(8):  # wrappers of wrappers, bounded
-        if not is_traceable_wrapper_subclass(t):
-            return t
-        if type(t).__name__ == "AsyncCollectiveTensor" and not getattr(t, "completed", True):
-            t.elem = torch.ops._c10d_functional.wait_tensor(t.elem)
-            t.completed = True
-        names, _ = t.__tensor_flatten__()
-        t = getattr(t, names[0])
-    return t
+    try:
+        for _ in range(8):  # wrappers of wrappers, bounded
+            if not is_traceable_wrapper_subclass(t):
+                return t
+            if type(t).__name__ == "AsyncCollectiveTensor" and not getattr(t, "completed", True):
+                with torch._C._DisableTorchDispatch():
+                    t.elem = torch.ops._c10d_functional.wait_tensor(t.elem)
+                t.completed = True
+            names, _ = t.__tensor_flatten__()
+            t = getattr(t, names[0])
+    except Exception as e:  # noqa: BLE001 - an unknown subclass must not fail the user's step
+        log.warning("cannot read the data of a %s: recording its metadata only (%s)",
+                    type(t).__name__, e)
+        return None
+    return t if not is_traceable_wrapper_subclass(t) else None
 
 
 def _script_kind(obj: Any) -> str:
@@ -142,17 +149,14 @@ def describe_group(pg: Any) -> dict[str, Any] | None:
         return None
 
 
-def describe_mesh(t: Any) -> dict[str, Any] | None:
-    """Device type, shape, dimension names and ranks of a DTensor's mesh, plus placements."""
-    mesh = getattr(t, "device_mesh", None)
-    if mesh is None:
-        return None
+def describe_mesh(mesh: Any) -> dict[str, Any] | None:
+    """Device type, shape, dimension names and global ranks of a DeviceMesh."""
     try:
+        with torch._C._DisableTorchDispatch():  # other modes (sim) must not see this
+            ranks = mesh.mesh.flatten().tolist()
         return {"device_type": mesh.device_type, "shape": list(mesh.mesh.shape),
-                "dim_names": list(mesh.mesh_dim_names or ()),
-                "ranks": mesh.mesh.flatten().tolist(),
-                "placements": [str(p) for p in t.placements]}
-    except (AttributeError, RuntimeError):
+                "dim_names": list(mesh.mesh_dim_names or ()), "ranks": ranks}
+    except Exception:  # noqa: BLE001 - description only
         return None
 
 
@@ -184,6 +188,7 @@ class Collectives:
         self._per_group: dict[str, int] = {}
         self.groups: dict[str, dict[str, Any]] = {}
         self.meshes: list[dict[str, Any]] = []
+        self._mesh_cache: dict[int, dict[str, Any]] = {}
 
     def kind(self, func: Any) -> str | None:
         k = self._kinds.get(func, 0)
@@ -215,10 +220,14 @@ class Collectives:
         note["wait_s"] = round(time.perf_counter() - t0, 6)
         if kind == "wait":
             return note
-        op = _reduce_op(args, kwargs)
+        try:
+            op = _reduce_op(args, kwargs)
+            group = describe_group(_group_of(args, kwargs))
+        except Exception as e:  # noqa: BLE001 - description only
+            log.debug("collective %s not described: %s", func, e)
+            op = group = None
         if op is not None:
             note["reduce_op"] = op
-        group = describe_group(_group_of(args, kwargs))
         if group is not None:
             name = group["name"]
             self.groups.setdefault(name, {**group, "collectives": 0})["collectives"] += 1
@@ -230,12 +239,19 @@ class Collectives:
 
     def note_mesh(self, t: torch.Tensor) -> dict[str, Any] | None:
         """Describe a DTensor argument's mesh and placements; keeps each distinct mesh once."""
-        d = describe_mesh(t)
-        if d is not None:
-            mesh = {k: v for k, v in d.items() if k != "placements"}
-            if mesh not in self.meshes:
-                self.meshes.append(mesh)
-        return d
+        mesh = getattr(t, "device_mesh", None)
+        if mesh is None:
+            return None
+        d = self._mesh_cache.get(id(mesh))
+        if d is None:
+            d = self._mesh_cache[id(mesh)] = describe_mesh(mesh) or {}
+            if d and d not in self.meshes:
+                self.meshes.append(d)
+        try:
+            placements = [str(p) for p in t.placements]
+        except Exception:  # noqa: BLE001 - description only
+            placements = []
+        return {**d, "placements": placements}
 
     def attrs(self) -> dict[str, Any]:
         """Root attributes written at close."""

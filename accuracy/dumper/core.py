@@ -435,7 +435,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
                                                same_bytes=name in SAME_BYTES))
                     if coll is not None and entries[-1].stats is not None:
                         # no version bump will follow: later uses may share these bytes
-                        self._seen.remember(collectives.local_tensor(t), entries[-1].first,
+                        local = collectives.local_tensor(t)
+                        self._seen.remember(t if local is None else local, entries[-1].first,
                                             entries[-1].stats)
 
         counter = iter(range(len(in_tensors)))
@@ -485,7 +486,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         tensors contiguous, its stored bytes too.
         """
         if type(t) is not torch.Tensor:  # wrapper subclasses: DTensor, async collective results
-            t = collectives.local_tensor(t)
+            local = collectives.local_tensor(t)
+            t, skip = (t, True) if local is None else (local, skip)
         device = str(t.device)
         self._devices.add(t.device.type)
         row = writer.new_row()

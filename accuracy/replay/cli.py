@@ -57,7 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--on", default="cpu", help="reference backend (default: cpu)")
     s.add_argument("--upcast", default="fp64", choices=["fp64", "fp32", "none"],
                    help="precision of the high-precision reference (default: fp64)")
-    s.add_argument("-o", "--output", required=True, help="replay dump to write (replay.h5)")
+    s.add_argument("-o", "--output", required=True,
+                   help="replay dump to write (replay.h5); for every rank's dumps a "
+                        "'replay_{rank}.h5' pattern or a folder")
     s.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default: 1)")
     s.add_argument("--op", action="append", help="only ops matching this name/glob (repeatable)")
     s.add_argument("--resume", action="store_true",
