@@ -36,8 +36,8 @@ class RankFiles:
 
 def _candidates(spec: str) -> list[Path]:
     if PLACEHOLDER in spec:
-        return sorted(Path(p) for p in glob.glob(glob.escape(spec).replace(
-            glob.escape(PLACEHOLDER), "*")) if Path(p).is_file())
+        pattern = glob.escape(spec).replace(PLACEHOLDER, "*")  # escape() leaves {} alone
+        return sorted(Path(p) for p in glob.glob(pattern) if Path(p).is_file())
     folder = Path(spec)
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".h5"
                   and not p.name.startswith("."))
