@@ -368,6 +368,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
         seconds = time.perf_counter() - t0
         meta = {
             "my": str(dm.path), "golden": str(dg.path),
+            "rank": dm.attrs.get("rank"), "world_size": dm.attrs.get("world_size"),
             "replay": str(dr.path) if dr is not None else None,
             "my_attrs": {k: dm.attrs.get(k) for k in ("backend", "profile", "mode",
                                                       "faults_applied", "complete")},

@@ -54,8 +54,45 @@ def print_summary(s: dict[str, Any], top: int = 5) -> None:
         print(f"  note: {n}")
 
 
+def print_ranks(s: dict[str, Any]) -> None:
+    """The merged summary of a multi-rank compare, one line per rank."""
+    print(f"compared {len(s['ranks'])} ranks (world size {s['world_size']}): {s['my']} (my) "
+          f"with {s['golden']} (golden)" + (f", replay {s['replay']}" if s.get("replay") else "")
+          + f"  ->  {s['verdict'].upper()}")
+    print(f"  {s['bytes_compared'] / 1e6:.1f} MB of tensor data in {s['seconds']:.2f} s")
+    if s.get("warning"):
+        print(f"  warning: {s['warning']}")
+    print("  diverged first: " + ("none" if s["first_rank"] is None else f"rank {s['first_rank']}"))
+    for e in s["ranks"]:
+        c, fd = e["culprit"], e["first_divergence"]
+        if e["label"] == "inherited":
+            i = e["inherited"]
+            what = f"inherited via {i['via']} (epoch {i['epoch']}) from rank {i['from_rank']}"
+        elif c is not None:
+            what = f"culprit #{c['rank_index']} {c['op']} [{c['phase']}] epoch {c['epoch']}: " \
+                   f"{c['message']}"
+        else:
+            what = e["label"]
+        print(f"  rank {e['rank']}: {e['verdict']:7s} {what}"
+              + (f" (first divergence epoch {fd['epoch']} seq {fd['seq_my']})" if fd else ""))
+
+
+def _compare_ranks(args: argparse.Namespace) -> int:
+    from accuracy.compare.multirank import compare_ranks
+
+    report = compare_ranks(args.my, args.golden, args.replay, config=args.config,
+                           algorithms=args.alg, mapping=args.mapping, jobs=args.jobs)
+    paths = report.write(args.output, tuple(args.formats.split(","))) if args.output else {}
+    print_ranks(report.summary)
+    for f, p in paths.items():
+        print(f"  wrote {f}: {p}")
+    return report.exit_code(args.fail_on)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from accuracy.compare import compare
+    from accuracy.compare.multirank import check_pair_ranks
+    from accuracy.ranks import is_multirank
 
     if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
         raise FileExistsError(f"-o {args.output} is a file, not a report folder; name a folder "
@@ -63,6 +100,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.output and (Path(args.output) / "summary.json").exists() and not args.overwrite:
         raise FileExistsError(f"{args.output} already holds a report; pass --overwrite or "
                               "choose another -o folder")
+    if is_multirank(args.my) or is_multirank(args.golden):
+        return _compare_ranks(args)
+    if not args.any_rank:
+        check_pair_ranks(args.my, args.golden)
     report = compare(args.my, args.golden, args.replay, config=args.config,
                      algorithms=args.alg, mapping=args.mapping, jobs=args.jobs,
                      progress=not args.no_progress and sys.stderr.isatty())
@@ -75,9 +116,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("compare", help="compare two dumps: metrics per tensor, verdicts, culprit")
-    s.add_argument("-m", "--my", required=True, help="my dump (the device under test)")
-    s.add_argument("-g", "--golden", required=True, help="golden dump (the reference run)")
-    s.add_argument("-r", "--replay", help="replay dump of my run (adds the local error)")
+    s.add_argument("-m", "--my", required=True,
+                   help="my dump (the device under test); every rank's: 'dev/run_{rank}.h5' "
+                        "or a folder")
+    s.add_argument("-g", "--golden", required=True,
+                   help="golden dump (the reference run), or every rank's, as for -m")
+    s.add_argument("-r", "--replay", help="replay dump of my run (adds the local error), or "
+                                          "every rank's, as for -m")
+    s.add_argument("--any-rank", action="store_true",
+                   help="compare two single dumps even if they hold different ranks")
     s.add_argument("-o", "-out", "--output", help="report directory (-out as msaccucmp)")
     s.add_argument("--overwrite", action="store_true", help="replace a report already in -o")
     s.add_argument("--formats", default=",".join(FORMATS),

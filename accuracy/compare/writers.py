@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 
 # Row key -> CSV header. msprobe's names where the meaning is the same, ours otherwise.
 CSV_COLUMNS: dict[str, str] = {
+    "rank": "Rank", "epoch": "Epoch",
     "index": "Index", "kind": "Kind", "my_address": "NPU Name", "golden_address": "Bench Name",
     "op": "Op", "phase": "Phase", "module": "Module", "io": "IO",
     "dtype_my": "NPU Dtype", "dtype_golden": "Bench Dtype",

@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import accuracy
-from accuracy.dumper import guide_args
+from accuracy.dumper import collectives, guide_args
 from accuracy.dumper.filters import Filter
 from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
@@ -116,17 +116,24 @@ def _contiguous(entry: TensorEntry) -> bool:
     return True
 
 
+def _storage_ptr(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
 class _Seen:
-    """Tensor states already recorded: id -> (weakref, _version, row, stats)."""
+    """Tensor states already recorded: id -> (weakref, _version, row, stats, storage)."""
 
     def __init__(self) -> None:
-        self._map: dict[int, tuple[weakref.ref, int, int, Any]] = {}
+        self._map: dict[int, tuple[weakref.ref, int, int, Any, int]] = {}
 
     def lookup(self, t: torch.Tensor) -> tuple[int, Any] | None:
         hit = self._map.get(id(t))
         if hit is None:
             return None
-        ref, version, row, stats = hit
+        ref, version, row, stats, _ = hit
         if ref() is not t:
             return None
         try:
@@ -139,13 +146,22 @@ class _Seen:
     def forget(self, t: torch.Tensor) -> None:
         self._map.pop(id(t), None)
 
+    def forget_aliases(self, t: torch.Tensor) -> None:
+        """Forget every recorded tensor sharing `t`'s memory: for writers that bump no version
+        counter (collectives, custom ops), views and bases of what they wrote are stale too."""
+        self.forget(t)
+        ptr = _storage_ptr(t)
+        if ptr:
+            for key in [k for k, v in self._map.items() if v[4] == ptr]:
+                del self._map[key]
+
     def remember(self, t: torch.Tensor, row: int, stats: Any) -> None:
         try:
             version = t._version
             ref = weakref.ref(t)
         except (RuntimeError, TypeError):
             return
-        self._map[id(t)] = (ref, version, row, stats)
+        self._map[id(t)] = (ref, version, row, stats, _storage_ptr(t))
 
 
 class _DumpMode(TorchDispatchMode):
@@ -180,6 +196,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     Ascend's guide keywords (accuracy/dumper/guide_args.py): use_dump=False records nothing;
     use_load=True asks for load mode on load_file_path; a folder dump_path gets
     `dump_{rank}.h5` inside; load_with_acl_dump=True is refused (Ascend ACL only).
+    ranks: the ranks that record (e.g. [0, 3]); the others record nothing and write no file.
     """
 
     def __init__(
@@ -206,6 +223,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         use_dump: bool = True,
         use_load: bool | None = None,
         load_with_acl_dump: bool = False,
+        ranks: int | Iterable[int] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -217,6 +235,10 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self.active = plan.active  # False: use_dump=False with nothing to load or check
         self.path = plan.path
         load_file_path = plan.load_file_path
+        self.ranks = None if ranks is None else sorted({ranks} if isinstance(ranks, int)
+                                                       else {int(r) for r in ranks})
+        if self.ranks is not None and self.rank not in self.ranks:
+            self.active = False  # a rank outside `ranks=`: no file, no interception
         self.mode = mode
         self.filter = Filter.build(ops, exclude_ops, modules, data_mode, steps)
         self.stack = stack
@@ -247,9 +269,12 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self.current_step += 1
 
     def __enter__(self) -> dumper:
-        if not self.active:
+        if not self.active:  # use_dump=False, or a rank outside `ranks=`: no file
+            if self.ranks is not None and self.rank not in self.ranks:
+                log.info("rank %d is not in ranks=%s: not recording", self.rank, self.ranks)
             return self
         self._sim = _active_sim()
+        self._coll = collectives.Collectives()
         if self.load_file_path is not None:  # load mode: feed golden inputs (accuracy.replay)
             from accuracy.replay.load_mode import GoldenFeeder
             self._loader = GoldenFeeder(self.load_file_path)
@@ -290,6 +315,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             "python_version": platform.python_version(),
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "host": platform.node(),
+            **collectives.process_group_attrs(),
+            "ranks_recorded": self.ranks if self.ranks is not None else "all",
             "check_overflow": self._overflow is not None,
             "filter": {
                 "ops": list(self.filter.ops), "exclude_ops": list(self.filter.exclude_ops),
@@ -311,6 +338,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         attrs: dict[str, Any] = {"ops_recorded": self.ops_recorded, "ops_seen": self._seq,
                                  "steps": sorted(self._steps_seen)}
         attrs.update(self._backend_attrs())
+        attrs.update(self._coll.attrs())
         if self._overflow is not None:
             attrs.update(self._overflow.finish(self, writer))
         if self._sim is not None:
@@ -350,6 +378,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         seq = self._seq
         self._seq += 1
         scope = self._scope
+        self._coll.enter(func)  # the op's collective epoch
         scope.tag_pending()
         if torch._C._current_graph_task_id() != -1:  # backward: the node tells everything
             origin = scope.backward_origin()
@@ -380,7 +409,11 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         name = self._op_name(func)
         if not (f.wants_step(self.current_step) and phase in f.phases and f.wants_op(name)
                 and f.wants_module(module)):
-            return func(*args, **kwargs), None
+            out = func(*args, **kwargs)
+            if self._coll.kind(func) is not None:  # it wrote its tensors, version unchanged
+                for t in tensors_in(kwargs, tensors_in(args)):
+                    self._seen.forget_aliases(t)
+            return out, None
         if self._overflow is not None:
             return self._overflow.on_op(self, writer, func, name, args, kwargs, seq, phase,
                                         module, source, stack), None
@@ -396,14 +429,20 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
                     entries.append(self._entry(writer, seq, schema.INPUT, i, t))
         n_faults = len(self._sim.applied) if self._sim is not None else 0
         out = func(*args, **kwargs)
+        coll_kind = self._coll.kind(func)
+        coll = (self._coll.settle(coll_kind, func, args, kwargs, out) if coll_kind is not None
+                else None)  # waited: the outputs hold the collective's result
         out_tensors = tensors_in(out)
         uninit = name in UNINITIALISED
-        mutable = func._schema.is_mutable
+        mutable = func._schema.is_mutable or coll is not None
         if mutable:
             # Some kernels write an argument without bumping its version counter (GradScaler's
             # found_inf): never trust an earlier record of a tensor a mutable op received.
             for t in in_tensors:
                 self._seen.forget(t)
+            if coll is not None or func.namespace != "aten":  # no version bump to see
+                for t in in_tensors:
+                    self._seen.forget_aliases(t)
         same = None
         if (name in SAME_ELEMENTS and entries and len(out_tensors) == 1 and not mutable
                 and _same_memory(out_tensors[0], in_tensors[0])):
@@ -414,6 +453,11 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
                     entries.append(self._entry(writer, seq, schema.OUTPUT, i, t, skip=uninit,
                                                fresh=mutable, same_as=same,
                                                same_bytes=name in SAME_BYTES))
+                    if coll is not None and entries[-1].stats is not None:
+                        # no version bump will follow: later uses may share these bytes
+                        local = collectives.local_tensor(t)
+                        self._seen.remember(t if local is None else local, entries[-1].first,
+                                            entries[-1].stats)
 
         counter = iter(range(len(in_tensors)))
         extra: dict[str, Any] = {}
@@ -421,8 +465,14 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             extra["uninitialized"] = True
         if torch.Tag.nondeterministic_seeded in func.tags:
             extra["rng"] = True
-        if mutable:
+        if mutable and coll is None:
             extra["inplace"] = True
+        if coll is not None:
+            extra["collective"] = coll
+        meshes = [m for t in in_tensors if type(t) is not torch.Tensor
+                  and (m := self._coll.note_mesh(t)) is not None]
+        if meshes:  # an op on DTensors: recorded on the local shards
+            extra["dtensor"] = meshes
         if loaded:
             extra["loaded"] = True
         if self._sim is not None and len(self._sim.applied) > n_faults:
@@ -432,7 +482,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         op = OpEntry(
             seq=seq, op=name, phase=phase, module=module, source=source, stack=stack,
             args=encode_call(args, kwargs, lambda _t: next(counter)), step=self.current_step,
-            n_in=len(in_tensors), n_out=len(out_tensors), extra=extra,
+            n_in=len(in_tensors), n_out=len(out_tensors), extra=extra, epoch=self._coll.current,
         )
         try:
             writer.add_op(op, entries)
@@ -455,6 +505,9 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         holds the same elements: its statistics are reused, and with `same_bytes` and both
         tensors contiguous, its stored bytes too.
         """
+        if type(t) is not torch.Tensor:  # wrapper subclasses: DTensor, async collective results
+            local = collectives.local_tensor(t)
+            t, skip = (t, True) if local is None else (local, skip)
         device = str(t.device)
         self._devices.add(t.device.type)
         row = writer.new_row()

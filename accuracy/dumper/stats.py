@@ -8,6 +8,7 @@ thread, so the training thread never waits for the device.
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
@@ -49,12 +50,28 @@ _SMALL = 16384
 _NUMPY_BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 _NUMPY_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32,
                  torch.int16, torch.int8, torch.uint8, torch.bool}
+_NUMPY_OF = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+             torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16,
+             torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.bool_}
 
 
 def _small_cpu_stats(t: torch.Tensor):
     """The same statistics as tensor_stats, for a small CPU tensor, via numpy."""
     with np.errstate(all="ignore"):  # signalling NaNs and overflow in garbage memory are data
-        return _numpy_stats(t.numpy())
+        return _numpy_stats(_numpy_view(t))
+
+
+def _numpy_view(t: torch.Tensor) -> np.ndarray:
+    """The elements of a CPU tensor as a flat numpy array (order not kept where it is dense).
+
+    Not `Tensor.numpy()`: that marks the tensor's storage non-resizable for good, and FSDP2
+    frees each unsharded parameter by resizing its storage to 0, which then fails.
+    """
+    if not t.is_contiguous():
+        return t.contiguous().numpy()  # a private copy: its storage is ours
+    n = t.numel() * t.element_size()
+    buf = (ctypes.c_char * n).from_address(t.data_ptr())
+    return np.frombuffer(buf, dtype=np.uint8).view(_NUMPY_OF[t.dtype])
 
 
 def _numpy_stats(a: np.ndarray):

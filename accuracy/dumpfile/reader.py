@@ -87,6 +87,7 @@ class OpRecord:
     extra: dict[str, Any]
     inputs: list[TensorRecord]
     outputs: list[TensorRecord]
+    epoch: int = schema.UNKNOWN_EPOCH  # collectives its rank issued before it; -1: unknown
 
     def call(self, tensors: list[Any]) -> tuple[list[Any], dict[str, Any]]:
         """Rebuild (args, kwargs) of the call with `tensors` in the input placeholders."""
@@ -161,7 +162,7 @@ class Dump:
                 f"{self.path}: written with dump schema {version}, newer than this accuracy "
                 f"reads ({schema.SCHEMA_VERSION}); upgrade accuracy"
             )
-        if version < 1:
+        if version < schema.OLDEST_READABLE:
             raise DumpError(f"{self.path}: invalid schema_version {version}")
         for name in (schema.BLOB, schema.OPS, schema.TENSORS, STATUS):
             if name not in self._f:
@@ -250,6 +251,8 @@ class Dump:
                 by_seq[t.seq][t.io].append(t)
         cols = {k: _text(o[k]) for k in ("op", "phase", "module", "source", "stack", "args",
                                          "extra")}
+        epochs = (o["epoch"].tolist() if "epoch" in (o.dtype.names or ())
+                  else [schema.UNKNOWN_EPOCH] * len(o))  # schema 1 rows have no epoch
         out = []
         for i, (seq, step) in enumerate(zip(o["seq"].tolist(), o["step"].tolist(), strict=True)):
             ins, outs = by_seq[seq]
@@ -259,6 +262,7 @@ class Dump:
                 source=cols["source"][i], stack=cols["stack"][i], args_json=cols["args"][i],
                 step=step, extra=json.loads(extra) if extra else {},
                 inputs=sorted(ins, key=lambda r: r.idx), outputs=sorted(outs, key=lambda r: r.idx),
+                epoch=epochs[i],
             ))
         return out
 

@@ -11,7 +11,9 @@ import numpy as np
 import torch
 
 FORMAT_NAME = "accuracy-dump"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: op rows gained `epoch`; version-1 files read with epoch unknown
+OLDEST_READABLE = 1
+UNKNOWN_EPOCH = -1  # an op row of a version-1 dump, or one written outside a dumper
 
 BLOB = "_data/blob"  # every tensor's bytes, appended (log-structured)
 OPS = "_index/ops"  # one row per recorded op
@@ -35,6 +37,7 @@ OP_ROW = np.dtype(
         ("n_in", np.int32),
         ("n_out", np.int32),
         ("extra", _str),  # JSON: per-op notes (mutated inputs, injected faults, replay hints)
+        ("epoch", np.int32),  # collectives this rank issued before the op (schema 2; -1 unknown)
     ]
 )
 

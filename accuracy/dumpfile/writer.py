@@ -70,6 +70,7 @@ class OpEntry:
     n_in: int
     n_out: int
     extra: dict[str, Any] = field(default_factory=dict)
+    epoch: int = schema.UNKNOWN_EPOCH  # collective epoch (see accuracy/dumper/collectives.py)
 
 
 class DumpWriteError(RuntimeError):
@@ -323,7 +324,7 @@ class DumpWriter:
             )
         self._op_rows.append(
             (op.seq, op.op, op.phase, op.module, op.source, op.stack, op.args, op.step,
-             op.n_in, op.n_out, json.dumps(op.extra) if op.extra else "")
+             op.n_in, op.n_out, json.dumps(op.extra) if op.extra else "", op.epoch)
         )
 
     @staticmethod

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from accuracy.ranks import is_multirank
     from accuracy.replay.engine import replay
 
+    if is_multirank(args.dump):
+        return _replay_ranks(args)
     progress = not args.quiet and (sys.stderr.isatty() or args.progress)
     r = replay(args.dump, args.output, on=args.on, upcast=args.upcast, jobs=args.jobs,
                resume=args.resume, progress=progress,
@@ -22,15 +26,40 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay_ranks(args: argparse.Namespace) -> int:
+    """`accuracy replay 'dev/run_{rank}.h5' -o 'dev/replay_{rank}.h5'`: every rank, and the
+    collectives checked against all ranks' inputs."""
+    from accuracy.ranks import PLACEHOLDER
+    from accuracy.replay.collectives import replay_ranks
+
+    if PLACEHOLDER not in args.output and not Path(args.output).is_dir():
+        raise ValueError(f"-o {args.output}: with many ranks' dumps, give a '{PLACEHOLDER}' "
+                         "pattern (e.g. 'dev/replay_{rank}.h5') or an existing folder")
+    results, counts = replay_ranks(args.dump, args.output, on=args.on, upcast=args.upcast,
+                                   jobs=args.jobs, resume=args.resume, overwrite=args.overwrite,
+                                   ops=args.op, progress=False)
+    for rank, r in sorted(results.items()):
+        print(f"rank {rank}: replayed {r.total} ops in {r.seconds:.2f}s: {r.ok} ok, "
+              f"{r.skipped} skipped, {r.failed} failed -> {r.path}")
+        for reason, n in sorted(r.reasons.items(), key=lambda kv: -kv[1]):
+            print(f"  {n:5d}  {reason}")
+    print(f"collectives checked against all ranks' inputs: {counts['checked']} "
+          f"({counts['mismatched']} mismatched), not checkable: {counts['unchecked']}")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `replay` subcommand to the `accuracy` CLI."""
     s = subparsers.add_parser(
         "replay", help="re-run each recorded op on a reference with the device's own inputs")
-    s.add_argument("dump", help="a tensor-mode dump (e.g. npu.h5)")
+    s.add_argument("dump", help="a tensor-mode dump (e.g. npu.h5), or every rank's: a "
+                                "'run_{rank}.h5' pattern or a folder")
     s.add_argument("--on", default="cpu", help="reference backend (default: cpu)")
     s.add_argument("--upcast", default="fp64", choices=["fp64", "fp32", "none"],
                    help="precision of the high-precision reference (default: fp64)")
-    s.add_argument("-o", "--output", required=True, help="replay dump to write (replay.h5)")
+    s.add_argument("-o", "--output", required=True,
+                   help="replay dump to write (replay.h5); for every rank's dumps a "
+                        "'replay_{rank}.h5' pattern or a folder")
     s.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default: 1)")
     s.add_argument("--op", action="append", help="only ops matching this name/glob (repeatable)")
     s.add_argument("--resume", action="store_true",

@@ -127,7 +127,8 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
     extra["replay"] = outcome.replay_extra()
     writer.add_op(OpEntry(seq=rec.seq, op=rec.op, phase=rec.phase, module=rec.module,
                           source=rec.source, stack=rec.stack, args=rec.args_json, step=rec.step,
-                          n_in=len(rec.inputs), n_out=n_out, extra=extra), entries)
+                          n_in=len(rec.inputs), n_out=n_out, extra=extra, epoch=rec.epoch),
+                   entries)
 
 
 def _copy_finished(writer: DumpWriter, prev: Dump, wanted: set[int], result: ReplayResult,
@@ -146,7 +147,7 @@ def _copy_finished(writer: DumpWriter, prev: Dump, wanted: set[int], result: Rep
                             info.get("outputs", []), tensors)
         extra = {k: v for k, v in rec.extra.items() if k != "replay"}
         shell = OpRecord(rec.seq, rec.op, rec.phase, rec.module, rec.source, rec.stack,
-                         rec.args_json, rec.step, extra, rec.inputs, rec.outputs)
+                         rec.args_json, rec.step, extra, rec.inputs, rec.outputs, rec.epoch)
         _write(writer, shell, outcome, links)
         _tally(result, outcome.status, outcome.reason)
         done.add(rec.seq)
@@ -234,12 +235,14 @@ def replay(
     progress: bool = False,
     overwrite: bool = False,
     ops: str | Iterable[str] | None = None,
+    checked: dict[int, OpOutcome] | None = None,
 ) -> ReplayResult:
     """Replay each recorded op on `on` with the device's own inputs; write `out_path`.
 
     Each op runs in its own dtype and, unless `upcast="none"`, upcast ("fp64" or "fp32");
     per output, the device's and the same-dtype reference's errors against the upcast one
-    and their ratio go in `extra["replay"]` (see docs/replay.md).
+    and their ratio go in `extra["replay"]` (see docs/replay.md). `checked`: outcomes that
+    replace the replay of some ops (seq -> outcome: collectives checked across ranks).
     """
     import time
 
@@ -262,7 +265,8 @@ def replay(
             "reference": str(reference_device(on)), "upcast": upcast,
             "torch_version": torch.__version__, "accuracy_version": accuracy.__version__,
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "rank": d.attrs.get("rank", 0), "source_backend": d.attrs.get("backend", ""),
+            "rank": d.attrs.get("rank", 0), "world_size": d.attrs.get("world_size", 1),
+            "source_backend": d.attrs.get("backend", ""),
             "source_profile": d.attrs.get("profile", ""), "backend": on,
         }
         writer = DumpWriter(partial, attrs, overwrite=True)
@@ -285,6 +289,7 @@ def replay(
                        desc="replay")
             with bar:
                 for outcome in _outcomes(d, todo, on, upcast, jobs):
+                    outcome = (checked or {}).get(outcome.seq, outcome)
                     rec = by_seq[outcome.seq]
                     _write(writer, rec, outcome, links)
                     _tally(result, outcome.status, outcome.reason)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from accuracy.dumper.collectives import is_collective
 from accuracy.dumpfile.reader import DumpError, OpRecord
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.metrics import agreeing_metrics, bit_equal, exact_metrics, output_metrics
@@ -95,6 +96,12 @@ RNG_REASON = "rng op: its random draws cannot be reproduced on the reference"
 
 
 def _kernel(rec: OpRecord) -> tuple[Any, str]:
+    if is_collective(rec.op) or "collective" in rec.extra:
+        raise Unreplayable("collective: it needs the other ranks; give all ranks' dumps to "
+                           "check it against their inputs (accuracy replay 'run_{rank}.h5')")
+    if "dtensor" in rec.extra:
+        raise Unreplayable("collective: op on DTensor shards (sharding may move data between "
+                           "ranks inside it)")
     fn = lookup_reference(rec.op)
     if fn is not None:
         return fn, "registered reference"

@@ -31,12 +31,26 @@ class RunOut(BaseModel):
     profile: str | None
     complete: bool
     file_bytes: int
+    rank: int | None = Field(None, description="the rank the dump was recorded on")
+    world_size: int | None = None
 
     @classmethod
     def of(cls, r: Run) -> RunOut:
+        rank, world = run_rank(r)
         return cls(id=r.id, name=r.name, source=r.source, created=r.created, ops=r.ops,
                    backend=r.backend, profile=r.profile, complete=r.complete,
-                   file_bytes=r.file_bytes)
+                   file_bytes=r.file_bytes, rank=rank, world_size=world)
+
+
+def run_rank(r: Run) -> tuple[int | None, int | None]:
+    """(rank, world size) from the run's indexed dump attributes; None where absent."""
+    try:
+        attrs = json.loads(r.summary or "{}").get("attrs") or {}
+        rank, world = attrs.get("rank"), attrs.get("world_size")
+        return (int(rank) if isinstance(rank, int) else None,
+                int(world) if isinstance(world, int) else None)
+    except (ValueError, AttributeError):
+        return None, None
 
 
 class RunDetail(RunOut):

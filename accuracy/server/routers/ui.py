@@ -18,11 +18,13 @@ from accuracy.server.deps import TOKEN_COOKIE, Services, presented_token, servic
 from accuracy.server.errors import ApiError
 from accuracy.server.reportindex import RowQuery
 from accuracy.server.routers.reports import _tensor
+from accuracy.server.schemas import run_rank
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent.parent / "templates")
 templates.env.filters["num"] = lambda v: (f"{v:.6g}" if isinstance(v, float) else
                                           ("" if v is None else str(v)))
+templates.env.globals["run_rank"] = run_rank  # the rank column of the runs list
 templates.env.filters["tojson_safe"] = lambda v: json.dumps(v).replace("</", "<\\/")
 
 

@@ -1,0 +1,319 @@
+"""Compare every rank at once: one compare() per rank pair, and a merged summary on top.
+
+Ranks pair by the rank recorded in each dump. Each pair is an ordinary single-pair compare
+(its own report in `rank<N>/`); the merged summary lines the ranks up by collective epoch and
+says which rank diverged first, each rank's culprit, and which ranks only inherited error
+through a collective (those get no culprit: their own kernels did nothing wrong).
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from accuracy.compare import verdict as V
+from accuracy.compare.api import compare
+from accuracy.compare.report import FORMATS, Report
+from accuracy.dumper.collectives import is_collective
+from accuracy.dumpfile.reader import Dump, load_dump
+from accuracy.ranks import RankFiles, find_rank_files
+
+log = logging.getLogger(__name__)
+
+CLEAN, CULPRIT, INHERITED, DIVERGED = "clean", "culprit", "inherited", "diverged"
+_ROW_REF_KEYS = ("culprit", "first_divergence")
+
+
+def check_pair_ranks(my: str | os.PathLike[str], golden: str | os.PathLike[str]) -> None:
+    """Refuse a single-file compare of two different ranks of multi-rank runs (the numbers
+    differ by design: each rank holds its own data shard)."""
+    with load_dump(my) as dm, load_dump(golden) as dg:
+        rm, rg = dm.attrs.get("rank", 0), dg.attrs.get("rank", 0)
+        wm, wg = dm.attrs.get("world_size", 1), dg.attrs.get("world_size", 1)
+    if rm != rg:
+        raise ValueError(f"{my} is rank {rm} (of {wm}) but {golden} is rank {rg} (of {wg}): "
+                         "ranks hold different data. Compare the same rank, or every rank at "
+                         "once with -m 'dev/run_{rank}.h5' -g 'gold/run_{rank}.h5' "
+                         "(--any-rank compares them anyway)")
+
+
+def _sides(my: str, golden: str, replay: str | None) -> tuple[RankFiles, RankFiles,
+                                                             RankFiles | None]:
+    fm, fg = find_rank_files(my), find_rank_files(golden)
+    if fm.world_size != fg.world_size:
+        raise ValueError(f"world sizes differ: {my} holds a run of {fm.world_size} ranks, "
+                         f"{golden} one of {fg.world_size}; compare runs with the same "
+                         "parallel layout")
+    fr = find_rank_files(replay) if replay else None
+    if fr is not None and fr.world_size != fm.world_size:
+        raise ValueError(f"{replay} holds replays of a {fr.world_size}-rank run, {my} a "
+                         f"{fm.world_size}-rank one")
+    return fm, fg, fr
+
+
+def _epoch(rows_by_seq: dict[int, int], row: dict[str, Any] | None) -> int | None:
+    if row is None or row.get("seq_my") is None:
+        return None
+    e = rows_by_seq.get(row["seq_my"], -1)
+    return None if e < 0 else e
+
+
+def _order(entry: dict[str, Any]) -> tuple[float, float]:
+    fd = entry.get("first_divergence")
+    if fd is None:
+        return (math.inf, math.inf)
+    e = fd.get("epoch")
+    return (math.inf if e is None else e, fd.get("seq_my") or 0)
+
+
+def _first_deviation(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first op output judged warning or error (divergence, even below error level)."""
+    return next((r for r in rows if r["kind"] == "op" and r["io"] == "output"
+                 and (r.get("accumulated_verdict") or r["verdict"]) in (V.WARNING, V.ERROR)),
+                None)
+
+
+def _collective_before(rows: list[dict[str, Any]], seq: int | None) -> dict[str, Any] | None:
+    """The last collective this rank ran at or before `seq` (the way error came in)."""
+    if seq is None:
+        return None
+    found = None
+    for r in rows:
+        if r["kind"] == "op" and r.get("seq_my") is not None and r["seq_my"] <= seq \
+                and is_collective(r.get("op") or ""):
+            found = r
+    return found
+
+
+def _inherited(entry: dict[str, Any], row: dict[str, Any], origin: dict[str, Any]
+               ) -> dict[str, Any]:
+    via = row if is_collective(row.get("op") or "") else _collective_before(
+        entry["_rows"], row.get("seq_my"))
+    return {"via": via["op"] if via else "a collective (not recorded)",
+            "epoch": via.get("epoch") if via else None, "seq": via.get("seq_my") if via else None,
+            "from_rank": origin["rank"]}
+
+
+def _label(entry: dict[str, Any], origin: dict[str, Any] | None, has_replay: bool) -> None:
+    """Decide whether this rank's culprit is its own, or error inherited via a collective."""
+    cul = entry["culprit"]
+    if cul is None:
+        dev = entry.get("first_deviation")
+        if dev is None:
+            entry["label"] = CLEAN
+        elif origin is not None and origin is not entry and (
+                is_collective(dev.get("op") or "") or _order({"first_divergence": dev})
+                > _order(origin)):
+            entry["label"] = INHERITED
+            entry["inherited"] = _inherited(entry, dev, origin)
+        else:
+            entry["label"] = DIVERGED
+        return
+    own_kernel = cul.get("local_verdict") == V.ERROR
+    through = cul["op"] if is_collective(cul.get("op") or "") else None
+    later = (origin is not None and origin is not entry
+             and _order(entry) > _order(origin) and (entry["first_divergence"] or {}).get(
+                 "epoch") not in (None, (origin["first_divergence"] or {}).get("epoch")))
+    if not own_kernel and (through or (later and not has_replay)):
+        entry["label"] = INHERITED
+        entry["inherited"] = _inherited(entry, cul, origin or entry)
+        entry["culprit"] = None
+        return
+    entry["label"] = CULPRIT
+
+
+def _brief(row: dict[str, Any] | None, rank: int, offset: int, epochs: dict[int, int]
+           ) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    out = dict(row)
+    out["rank"] = rank
+    out["epoch"] = _epoch(epochs, row)
+    out["rank_index"] = row["index"]
+    out["index"] = row["index"] + offset
+    return out
+
+
+def merge(reports: dict[int, Report], epochs: dict[int, dict[int, int]], meta: dict[str, Any]
+          ) -> Report:
+    """One Report over all ranks: rows tagged with their rank and epoch, and a summary with a
+    per-rank section and the merged verdicts."""
+    rows: list[dict[str, Any]] = []
+    entries: list[dict[str, Any]] = []
+    counts: dict[str, int] = {}
+    suspects: list[dict[str, Any]] = []
+    for rank in sorted(reports):
+        rep, offset, ep = reports[rank], len(rows), epochs[rank]
+        start = len(rows)
+        for r in rep.rows:
+            rows.append({**r, "rank": rank, "epoch": _epoch(ep, r), "rank_index": r["index"],
+                         "index": r["index"] + offset})
+        s = rep.summary
+        for k, v in s["counts"].items():
+            counts[k] = counts.get(k, 0) + v
+        entry = {"rank": rank, "my": s["my"], "golden": s["golden"], "replay": s.get("replay"),
+                 "verdict": s["verdict"], "counts": s["counts"], "rows": s["rows"],
+                 "warning": s.get("warning")}
+        for k in _ROW_REF_KEYS:
+            entry[k] = _brief(s.get(k), rank, offset, ep)
+        entry["first_deviation"] = _brief(_first_deviation(rep.rows), rank, offset, ep)
+        entry["_rows"] = rows[start:]
+        suspects += [b for x in s.get("suspects", []) if (b := _brief(x, rank, offset, ep))]
+        entries.append(entry)
+    diverged = [e for e in entries if e["first_divergence"] is not None] or [
+        e for e in entries if e["first_deviation"] is not None]
+    origin = min(diverged, key=_order) if diverged else None
+    has_replay = meta.get("replay") is not None
+    for e in entries:
+        _label(e, origin, has_replay)
+    for e in entries:
+        del e["_rows"]
+    culprits = [e for e in entries if e["culprit"] is not None]
+    first = min(culprits, key=lambda e: _order({"first_divergence": e["culprit"]})
+                ) if culprits else None
+    suspects.sort(key=lambda x: (x["verdict"] != V.ERROR, -_num(x.get("score")), x["index"]))
+    summary: dict[str, Any] = {
+        **meta,
+        "multirank": True,
+        "counts": counts,
+        "rows": len(rows),
+        "verdict": (V.ERROR if counts.get(V.ERROR) else V.WARNING if counts.get(V.WARNING)
+                    else V.PASS),
+        "first_rank": origin["rank"] if origin else None,
+        "culprit": first["culprit"] if first else None,
+        "first_divergence": origin["first_divergence"] if origin else None,
+        "suspects": suspects[:10],
+        "ranks": entries,
+    }
+    warnings = [f"rank {e['rank']}: {e['warning']}" for e in entries if e.get("warning")]
+    if meta.get("unpaired"):
+        warnings.append(f"ranks only on one side, not compared: {meta['unpaired']}")
+    if warnings:
+        summary["warning"] = "; ".join(warnings)
+    return Report(rows, summary)
+
+
+def _num(x: Any) -> float:
+    return -math.inf if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+class MultiRankReport:
+    """The merged Report plus each rank's own; `write()` puts the merged files at the top of
+    the folder and each rank's full report in `rank<N>/`."""
+
+    def __init__(self, merged: Report, per_rank: dict[int, Report]) -> None:
+        self.merged = merged
+        self.per_rank = per_rank
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.merged.summary
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self.merged.rows
+
+    def exit_code(self, fail_on: str | None) -> int:
+        return self.merged.exit_code(fail_on)
+
+    def write(self, out_dir: str | os.PathLike[str], formats: tuple[str, ...] = FORMATS
+              ) -> dict[str, Path]:
+        out = Path(out_dir)
+        paths: dict[str, Path] = {}
+        for rank, rep in self.per_rank.items():
+            rep.write(out / f"rank{rank}", formats)
+        top = tuple(f for f in formats if f in ("json", "csv"))
+        paths.update(self.merged.write(out, top))
+        if "html" in formats:
+            p = out / "index.html"
+            p.write_text(render_html(self.summary), encoding="utf-8")
+            paths["html"] = p
+        return paths
+
+
+def compare_ranks(my: str | os.PathLike[str], golden: str | os.PathLike[str],
+                  replay: str | os.PathLike[str] | None = None, **kw: Any) -> MultiRankReport:
+    """Compare each rank of `my` with the same rank of `golden` (patterns with `{rank}` or
+    folders), with that rank's replay if given; keywords go to compare()."""
+    t0 = time.perf_counter()
+    fm, fg, fr = _sides(str(my), str(golden), str(replay) if replay else None)
+    ranks = sorted(set(fm.files) & set(fg.files))
+    if not ranks:
+        raise ValueError(f"no rank is in both {my} (ranks {fm.ranks}) and {golden} "
+                         f"(ranks {fg.ranks})")
+    unpaired = sorted(set(fm.files) ^ set(fg.files))
+    reports: dict[int, Report] = {}
+    epochs: dict[int, dict[int, int]] = {}
+    nbytes = 0
+    for rank in ranks:
+        with load_dump(fm.files[rank]) as dm:
+            rp = fr.files.get(rank) if fr is not None else None
+            reports[rank] = compare(dm, fg.files[rank], rp, **kw)
+            epochs[rank] = _epochs(dm)
+        nbytes += reports[rank].summary.get("bytes_compared", 0)
+    seconds = time.perf_counter() - t0
+    meta = {"my": str(my), "golden": str(golden), "replay": str(replay) if replay else None,
+            "world_size": fm.world_size, "ranks_compared": ranks, "unpaired": unpaired,
+            "bytes_compared": nbytes, "seconds": seconds,
+            "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None}
+    log.info("compared %d ranks in %.2f s", len(ranks), seconds)
+    return MultiRankReport(merge(reports, epochs, meta), reports)
+
+
+def _epochs(d: Dump) -> dict[int, int]:
+    return {r.seq: r.epoch for r in d.records}
+
+
+# -- the merged page -------------------------------------------------------------------------
+
+def _op_line(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "none"
+    return (f"<code>{html.escape(str(r.get('op')))}</code> ({html.escape(str(r.get('phase')))}"
+            f") in <code>{html.escape(str(r.get('module') or '-'))}</code>, epoch "
+            f"{html.escape(str(r.get('epoch')))}, seq {html.escape(str(r.get('seq_my')))}: "
+            f"{html.escape(str(r.get('message') or ''))}")
+
+
+def render_html(s: dict[str, Any]) -> str:
+    """index.html of a multi-rank report: merged verdict, then one line per rank."""
+    lines = []
+    for e in s["ranks"]:
+        if e["label"] == INHERITED:
+            what = (f"inherited error via <code>{html.escape(str(e['inherited']['via']))}"
+                    f"</code> (epoch {html.escape(str(e['inherited']['epoch']))}) from rank "
+                    f"{html.escape(str(e['inherited']['from_rank']))}; no culprit of its own")
+        elif e["label"] == CULPRIT:
+            what = "culprit: " + _op_line(e["culprit"])
+        else:
+            what = html.escape(e["label"])
+        lines.append(
+            f"<tr class=\"{html.escape(e['verdict'])}\"><td>{e['rank']}</td>"
+            f"<td>{html.escape(e['verdict'])}</td><td>{html.escape(e['label'])}</td>"
+            f"<td>{what}</td><td>{_op_line(e['first_divergence'])}</td>"
+            f"<td><a href=\"rank{e['rank']}/index.html\">report</a></td></tr>")
+    warn = f"<p class=\"box\">{html.escape(s['warning'])}</p>" if s.get("warning") else ""
+    first = s.get("first_rank")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>accuracy multi-rank report</title>
+<style>body{{font:14px system-ui,sans-serif;margin:20px}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ddd;padding:3px 6px;font-size:13px}} tr.error{{background:#fbe3e1}}
+tr.warning{{background:#fdf4d8}} .box{{border:1px solid #ccc;padding:8px;background:#fafafa}}
+</style></head><body>
+<h1>accuracy compare, {len(s['ranks'])} ranks (world size {s.get('world_size')}):
+{html.escape(str(s.get('my')))} vs {html.escape(str(s.get('golden')))}</h1>{warn}
+<p>Verdict: <b>{html.escape(s['verdict'])}</b>. Rank that diverged first (by collective epoch,
+then seq): <b>{'none' if first is None else first}</b>.</p>
+<p class="box">Culprit: {('rank ' + str(s['culprit']['rank']) + ': ') if s.get('culprit') else ''}
+{_op_line(s.get('culprit'))}</p>
+<h2>Ranks</h2><table><thead><tr><th>rank</th><th>verdict</th><th>label</th><th>culprit</th>
+<th>first divergence</th><th>full report</th></tr></thead><tbody>{''.join(lines)}</tbody>
+</table><p>All ranks' rows: <a href="rows.csv">rows.csv</a> (Rank column),
+<a href="summary.json">summary.json</a>.</p></body></html>
+"""
+

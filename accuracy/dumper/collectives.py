@@ -1,0 +1,277 @@
+"""Collectives seen by the dumper: which ops communicate, waiting for them, and the epoch.
+
+Three facts make a naive recorder wrong on many ranks (measured with gloo, see issue #15):
+
+- c10d collectives return before the data has arrived (the `Work` finishes later), so their
+  outputs must be read only after waiting for that work;
+- they write their tensors without bumping `_version`, so every tensor a collective touches
+  must be recorded afresh rather than deduplicated against an earlier state;
+- functional collectives and DTensor hand the recorder wrapper tensors (no storage of their
+  own); their data is the wrapped local tensor, read after the pending collective is waited.
+
+Every op gets the *collective epoch* it runs in: how many collectives this rank had issued
+before it. Ranks running the same program agree on epochs, which is what lines them up.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+log = logging.getLogger(__name__)
+
+NAMESPACES = frozenset({"c10d", "_c10d_functional", "_c10d_functional_autograd",
+                        "c10d_functional"})
+# Ops of those namespaces that synchronise or re-wrap and start no communication of their own.
+WAITS = frozenset({"wait_tensor", "_wrap_tensor_autograd"})
+
+# Base op name (no namespace, no overload) -> what the collective computes, for the offline
+# cross-rank check (accuracy/replay/collectives.py).
+KINDS: dict[str, str] = {
+    **dict.fromkeys(("allreduce_", "allreduce_coalesced_", "all_reduce", "all_reduce_",
+                     "all_reduce_coalesced", "all_reduce_coalesced_"), "all_reduce"),
+    **dict.fromkeys(("allgather_", "_allgather_base_", "allgather_coalesced_",
+                     "allgather_into_tensor_coalesced_", "all_gather_into_tensor",
+                     "all_gather_into_tensor_out", "all_gather_into_tensor_coalesced"),
+                    "all_gather"),
+    **dict.fromkeys(("reduce_scatter_", "_reduce_scatter_base_", "reduce_scatter_tensor",
+                     "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_out"),
+                    "reduce_scatter"),
+    **dict.fromkeys(("broadcast_", "broadcast"), "broadcast"),
+    **dict.fromkeys(("barrier", "monitored_barrier_"), "barrier"),
+}
+
+_REDUCE_OPS = {0: "sum", 1: "avg", 2: "product", 3: "min", 4: "max", 5: "band", 6: "bor",
+               7: "bxor", 8: "premul_sum"}
+
+
+def op_kind(func: Any) -> str | None:
+    """"wait" for a synchronising op, the collective kind ("all_reduce", ..., "other") for
+    one that communicates, None for any other op."""
+    ns = getattr(func, "namespace", "")
+    if ns not in NAMESPACES:
+        return None
+    base = func._schema.name.split("::", 1)[-1]
+    if base in WAITS:
+        return "wait"
+    return KINDS.get(base, "other")
+
+
+def is_collective(name: str) -> bool:
+    """Whether a recorded op name (`c10d.allreduce_.default`) is a collective or a wait."""
+    return name.split(".", 1)[0] in NAMESPACES
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor | None:
+    """The plain tensor holding a wrapper subclass's data on this rank (DTensor's local
+    shard, an async collective result after its wait); `t` itself for a plain tensor; None
+    when it can't be had (then only the wrapper's metadata is recorded).
+
+    Reading a wrapper's bytes with dispatch disabled crashes the process (it has no storage),
+    so the recorder always reads this instead.
+    """
+    try:
+        for _ in range(8):  # wrappers of wrappers, bounded
+            if not is_traceable_wrapper_subclass(t):
+                return t
+            if type(t).__name__ == "AsyncCollectiveTensor" and not getattr(t, "completed", True):
+                with torch._C._DisableTorchDispatch():
+                    t.elem = torch.ops._c10d_functional.wait_tensor(t.elem)
+                t.completed = True
+            names, _ = t.__tensor_flatten__()
+            t = getattr(t, names[0])
+    except Exception as e:  # noqa: BLE001 - an unknown subclass must not fail the user's step
+        log.warning("cannot read the data of a %s: recording its metadata only (%s)",
+                    type(t).__name__, e)
+        return None
+    return t if not is_traceable_wrapper_subclass(t) else None
+
+
+def _script_kind(obj: Any) -> str:
+    try:
+        return obj._type().qualified_name().rsplit(".", 1)[-1]
+    except (AttributeError, RuntimeError):
+        return ""
+
+
+def _c10d() -> Any:
+    return torch._C._distributed_c10d
+
+
+def _group_of(args: tuple, kwargs: dict) -> Any:
+    """The ProcessGroup a collective call names (a boxed ScriptObject or a group name)."""
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.ScriptObject) and _script_kind(a) == "ProcessGroup":
+            try:
+                return _c10d().ProcessGroup.unbox(a)
+            except (RuntimeError, AttributeError):
+                return None
+    for a in args[1:]:
+        if isinstance(a, str):  # functional collectives pass the group's name
+            try:
+                from torch.distributed.distributed_c10d import _resolve_process_group
+                return _resolve_process_group(a)
+            except (ValueError, RuntimeError, KeyError, ImportError):
+                continue
+    return None
+
+
+def _reduce_op(args: tuple, kwargs: dict) -> str | None:
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.ScriptObject) and _script_kind(a) == "ReduceOp":
+            try:
+                return _REDUCE_OPS.get(int(a.op()), str(a.op()))
+            except (RuntimeError, AttributeError):
+                return None
+    for a in args[1:]:
+        if isinstance(a, str) and a.lower() in _REDUCE_OPS.values():
+            return a.lower()
+    return None
+
+
+def describe_group(pg: Any) -> dict[str, Any] | None:
+    """Name, size, global ranks and backend of a ProcessGroup (None if it can't be read)."""
+    if pg is None:
+        return None
+    try:
+        from torch.distributed import get_process_group_ranks
+        ranks = list(get_process_group_ranks(pg))
+    except (ValueError, RuntimeError, ImportError):
+        ranks = []
+    try:
+        return {"name": str(pg.group_name), "size": int(pg.size()), "ranks": ranks,
+                "backend": str(pg.name())}
+    except (RuntimeError, AttributeError):
+        return None
+
+
+def describe_mesh(mesh: Any) -> dict[str, Any] | None:
+    """Device type, shape, dimension names and global ranks of a DeviceMesh."""
+    try:
+        with torch._C._DisableTorchDispatch():  # other modes (sim) must not see this
+            ranks = mesh.mesh.flatten().tolist()
+        return {"device_type": mesh.device_type, "shape": list(mesh.mesh.shape),
+                "dim_names": list(mesh.mesh_dim_names or ()), "ranks": ranks}
+    except Exception:  # noqa: BLE001 - description only
+        return None
+
+
+def _wait_outputs(kind: str, func: Any, out: Any) -> None:
+    """Block until the collective's data is in its output tensors."""
+    items = out if isinstance(out, list | tuple) else (out,)
+    waited = False
+    for o in items:
+        if isinstance(o, torch.ScriptObject) and _script_kind(o) == "Work":
+            _c10d().Work.unbox(o).wait()
+            waited = True
+    if waited or func.namespace == "c10d":
+        return
+    # functional collectives: the result tensor has its work registered; waiting twice is fine
+    from accuracy.dumper.flatten import tensors_in
+
+    for t in tensors_in(out):
+        if not is_traceable_wrapper_subclass(t):
+            torch.ops._c10d_functional.wait_tensor(t)
+
+
+class Collectives:
+    """Per-dump collective state: the epoch, and what each collective was and waited for."""
+
+    def __init__(self) -> None:
+        self.epoch = 0  # collectives issued so far
+        self.current = 0  # epoch of the op being recorded
+        self._kinds: dict[Any, str | None] = {}
+        self._per_group: dict[str, int] = {}
+        self.groups: dict[str, dict[str, Any]] = {}
+        self.meshes: list[dict[str, Any]] = []
+        self._mesh_cache: dict[int, dict[str, Any]] = {}
+
+    def kind(self, func: Any) -> str | None:
+        k = self._kinds.get(func, 0)
+        if k == 0:
+            k = self._kinds[func] = op_kind(func)
+        return k  # type: ignore[return-value]
+
+    def enter(self, func: Any) -> str | None:
+        """Note one op: sets `current` to its epoch and counts it if it communicates."""
+        self.current = self.epoch
+        k = self.kind(func)
+        if k is not None and k != "wait":
+            self.epoch += 1
+        return k
+
+    def settle(self, kind: str, func: Any, args: tuple, kwargs: dict, out: Any
+               ) -> dict[str, Any]:
+        """Wait for the collective's data (never raises); returns what goes in the op's
+        `extra["collective"]`: kind, reduce op, group, its index in that group, times."""
+        issued = time.time()
+        t0 = time.perf_counter()
+        note: dict[str, Any] = {"kind": kind, "issued": issued}
+        try:
+            with torch._C._DisableTorchDispatch():
+                _wait_outputs(kind, func, out)
+        except Exception as e:  # noqa: BLE001 - the user's collective must not fail because of us
+            log.warning("could not wait for %s before recording it: %s", func, e)
+            note["wait_error"] = str(e)[:200]
+        note["wait_s"] = round(time.perf_counter() - t0, 6)
+        if kind == "wait":
+            return note
+        try:
+            op = _reduce_op(args, kwargs)
+            group = describe_group(_group_of(args, kwargs))
+        except Exception as e:  # noqa: BLE001 - description only
+            log.debug("collective %s not described: %s", func, e)
+            op = group = None
+        if op is not None:
+            note["reduce_op"] = op
+        if group is not None:
+            name = group["name"]
+            self.groups.setdefault(name, {**group, "collectives": 0})["collectives"] += 1
+            note["group"] = name
+            note["group_ranks"] = group["ranks"]
+            note["group_index"] = self._per_group.get(name, 0)
+            self._per_group[name] = note["group_index"] + 1
+        return note
+
+    def note_mesh(self, t: torch.Tensor) -> dict[str, Any] | None:
+        """Describe a DTensor argument's mesh and placements; keeps each distinct mesh once."""
+        mesh = getattr(t, "device_mesh", None)
+        if mesh is None:
+            return None
+        d = self._mesh_cache.get(id(mesh))
+        if d is None:
+            d = self._mesh_cache[id(mesh)] = describe_mesh(mesh) or {}
+            if d and d not in self.meshes:
+                self.meshes.append(d)
+        try:
+            placements = [str(p) for p in t.placements]
+        except Exception:  # noqa: BLE001 - description only
+            placements = []
+        return {**d, "placements": placements}
+
+    def attrs(self) -> dict[str, Any]:
+        """Root attributes written at close."""
+        return {"collectives": self.epoch, "process_groups": self.groups,
+                "device_meshes": self.meshes}
+
+
+def process_group_attrs() -> dict[str, Any]:
+    """`local_rank` and the default process group, for the dump's root attributes."""
+    import os
+
+    attrs: dict[str, Any] = {}
+    local = os.environ.get("LOCAL_RANK")
+    attrs["local_rank"] = int(local) if local is not None and local.isdigit() else -1
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        try:
+            attrs["process_group"] = {"backend": str(dist.get_backend()),
+                                      "world_size": dist.get_world_size(),
+                                      "group_name": str(dist.group.WORLD.group_name)}
+        except (RuntimeError, ValueError, AttributeError) as e:
+            log.debug("default process group not described: %s", e)
+    return attrs

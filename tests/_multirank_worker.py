@@ -1,0 +1,128 @@
+"""Worker for tests/test_multirank.py: one gloo rank running a scenario inside the dumper.
+
+Run as `python -m tests._multirank_worker SCENARIO[,SCENARIO...] OUT_DIR` under a launcher that sets
+RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (the test starts one process per rank).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from accuracy.dumper.core import dumper
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+
+
+def _batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own data shard
+    return torch.randn(4, 16, generator=g), torch.randint(0, 8, (4,), generator=g)
+
+
+def ddp(out: str, fault: bool) -> dict:
+    """One DDP step; with `fault`, rank 1 runs under `sim` with a bias in its first addmm."""
+    from contextlib import nullcontext
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from accuracy.device_backend import sim
+
+    rank = dist.get_rank()
+    model = DDP(_model())
+    x, y = _batch(rank)
+    ctx = sim(profile="exact", faults=[sim.fault("aten.addmm.default", kind="bias", value=0.05,
+                                                  occurrence=0)]) if fault and rank == 1 \
+        else nullcontext()
+    with ctx, dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+    return {"grad": model.module[0].weight.grad.flatten().tolist()}
+
+
+def functional(out: str) -> dict:
+    import torch.distributed._functional_collectives as fc
+
+    rank = dist.get_rank()
+    x = torch.arange(6, dtype=torch.float32) + 10 * rank
+    with dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
+        y = fc.all_reduce(x * 2, "sum", dist.group.WORLD)
+        z = (y + 1).sum()
+        buf = x.clone()
+        dist.all_reduce(buf)
+        gathered = [torch.empty(6) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, x)
+    return {"y": y.tolist(), "z": float(z), "buf": buf.tolist(),
+            "gathered": [g.tolist() for g in gathered]}
+
+
+def dtensor(out: str) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    with dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
+        m = _model()
+        parallelize_module(m, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        y = m(_batch(0)[0])
+        y.sum().backward()
+    return {"y": y.full_tensor().tolist() if hasattr(y, "full_tensor") else y.tolist()}
+
+
+def fsdp(out: str) -> dict:
+    """FSDP2: all-gathers of parameters, reduce-scatters of gradients, storage freed by resize."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    m = _model()
+    for layer in (m[0], m[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    with dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
+        m(_batch(dist.get_rank())[0]).sum().backward()
+    return {"grad": m[0].weight.grad.to_local().flatten().tolist()}
+
+
+def ranks_filter(out: str) -> dict:
+    with dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True, ranks=[1]) as d:
+        t = torch.ones(3) * (dist.get_rank() + 1)
+        dist.all_reduce(t)
+    return {"active": d.active, "t": t.tolist()}
+
+
+SCENARIOS = {
+    "functional": functional, "dtensor": dtensor, "ranks": ranks_filter, "fsdp": fsdp,
+    "ddp-golden": lambda out: ddp(out, fault=False), "ddp-fault": lambda out: ddp(out, fault=True),
+}
+
+
+def main() -> None:
+    """argv: comma-separated scenarios, output folder (each scenario gets a subfolder)."""
+    names, root = sys.argv[1].split(","), sys.argv[2]
+    dist.init_process_group("gloo")
+    try:
+        for name in names:
+            out = os.path.join(root, name)
+            os.makedirs(out, exist_ok=True)
+            result = SCENARIOS[name](out)
+            with open(os.path.join(out, f"result_{os.environ['RANK']}.json"), "w") as f:
+                json.dump(result, f)
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

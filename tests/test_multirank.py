@@ -1,0 +1,259 @@
+"""Many ranks: 2 CPU ranks with gloo record collectives truly, replay skips and checks them,
+and the merged compare names the faulty rank while the healthy one only inherits.
+
+One pair of rank processes (tests/_multirank_worker.py) runs every scenario, started once
+for the module: importing torch in a fresh process dominates the cost here.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from accuracy.cli import main
+from accuracy.compare.multirank import compare_ranks
+from accuracy.dumper.core import dumper
+from accuracy.dumpfile import schema
+from accuracy.dumpfile.reader import load_dump
+from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
+from accuracy.replay.collectives import check_collectives, replay_ranks
+
+WORLD = 2
+SCENARIOS = "functional,dtensor,fsdp,ranks,ddp-golden,ddp-fault"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Both ranks run every scenario once; each rank in its own process group, bounded."""
+    out = tmp_path_factory.mktemp("ranks")
+    port = _free_port()
+    procs = []
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    try:
+        for rank in range(WORLD):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tests._multirank_worker", SCENARIOS, str(out)],
+                env={**env, "RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank),
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True))
+        for p in procs:
+            text = p.communicate(timeout=240)[0].decode(errors="replace")
+            assert p.returncode == 0, text[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(30)
+    return out
+
+
+def _result(runs: Path, scenario: str, rank: int) -> dict:
+    return json.loads((runs / scenario / f"result_{rank}.json").read_text())
+
+
+def _one(d, name: str):
+    (rec,) = [r for r in d.records if r.op == name]
+    return rec
+
+
+def test_collective_outputs_are_the_reduced_tensors(runs):
+    inputs = []
+    for rank in range(WORLD):
+        res = _result(runs, "functional", rank)
+        with load_dump(runs / "functional" / f"run_{rank}.h5") as d:
+            ar = _one(d, "c10d.allreduce_.default")
+            inputs.append(ar.inputs[0].load())
+            # the recorded output is what all_reduce really left in the tensor, on every rank
+            assert ar.outputs[0].load().tolist() == res["buf"]
+            assert ar.outputs[0].first != ar.inputs[0].first  # not linked to pre-reduce bytes
+            ag = _one(d, "c10d.allgather_.default")
+            assert [t.load().tolist() for t in ag.outputs] == res["gathered"]
+            fr = _one(d, "_c10d_functional.all_reduce.default")
+            assert fr.outputs[0].load().tolist() == res["y"]
+            # a later op reading the reduced tensor sees the reduced values, not a stale record
+            assert _one(d, "aten.add.Tensor").inputs[0].load().tolist() == res["y"]
+            # epochs: 3 collectives in order, each op tagged with how many came before it
+            coll = [r for r in d.records if "collective" in r.extra
+                    and r.extra["collective"]["kind"] != "wait"]
+            assert [r.epoch for r in coll] == [0, 1, 2]
+            assert _one(d, "aten.add.Tensor").epoch == 1  # after the first collective
+            note = ar.extra["collective"]
+            assert note["kind"] == "all_reduce" and note["reduce_op"] == "sum"
+            assert note["group_ranks"] == [0, 1] and note["issued"] > 0
+            assert d.attrs["local_rank"] == rank and d.attrs["collectives"] == 3
+            assert d.attrs["process_group"]["backend"] == "gloo"
+    assert torch.equal(torch.stack(inputs).sum(0),
+                       torch.tensor(_result(runs, "functional", 0)["buf"]))
+
+
+def test_dtensor_and_functional_record_and_replay_skips_collectives(runs, tmp_path):
+    for scenario in ("functional", "dtensor"):
+        for rank in range(WORLD):
+            with load_dump(runs / scenario / f"run_{rank}.h5") as d:
+                assert d.attrs["complete"] and len(d.records) > 5
+        results, counts = replay_ranks(runs / scenario / "run_{rank}.h5",
+                                       tmp_path / (scenario + "_{rank}.h5"))
+        assert set(results) == {0, 1} and counts["checked"] >= 2 and counts["mismatched"] == 0
+        with load_dump(tmp_path / f"{scenario}_0.h5") as rp:
+            for r in rp.records:
+                if r.op.startswith(("c10d.", "_c10d_functional.")) or "dtensor" in r.extra:
+                    assert r.extra["replay"]["reason"].startswith("collective"), r.op
+    with load_dump(runs / "dtensor" / "run_0.h5") as d:
+        assert d.attrs["device_meshes"][0]["shape"] == [WORLD]
+        assert any("dtensor" in r.extra for r in d.records)
+
+
+def test_fsdp2_records_and_its_collectives_check_out(runs, tmp_path):
+    """fully_shard frees parameter storage by resizing it: recording must leave it resizable,
+    and the reduce-scatter input written by a custom op must not be a stale record."""
+    results, counts = replay_ranks(runs / "fsdp" / "run_{rank}.h5", tmp_path / "r_{rank}.h5")
+    assert counts == {"checked": 12, "unchecked": 0, "mismatched": 0}
+    with load_dump(runs / "fsdp" / "run_0.h5") as d:
+        kinds = [r.extra["collective"]["kind"] for r in d.records if "collective" in r.extra]
+        assert kinds.count("all_gather") == 4 and kinds.count("reduce_scatter") == 2
+
+
+def test_ranks_filter_records_only_the_chosen_ranks(runs):
+    assert not (runs / "ranks" / "run_0.h5").exists()
+    assert _result(runs, "ranks", 0) == {"active": False, "t": [3.0, 3.0, 3.0]}
+    with load_dump(runs / "ranks" / "run_1.h5") as d:
+        assert d.attrs["ranks_recorded"] == [1]
+        assert [r.op for r in d.records if r.op.startswith("c10d")] == ["c10d.allreduce_.default"]
+
+
+def test_ddp_fault_on_rank_1_names_rank_1_and_spares_rank_0(runs, tmp_path):
+    dev, gold = runs / "ddp-fault", runs / "ddp-golden"
+    replay_ranks(dev / "run_{rank}.h5", tmp_path / "replay_{rank}.h5")
+    report = compare_ranks(dev / "run_{rank}.h5", gold, tmp_path / "replay_{rank}.h5")
+    s = report.summary
+    assert s["first_rank"] == 1
+    assert s["culprit"]["rank"] == 1 and s["culprit"]["op"] == "aten.addmm.default"
+    r0, r1 = s["ranks"]
+    assert r0["culprit"] is None and r0["label"] == "inherited"
+    assert r0["inherited"]["via"] == "c10d.allreduce_.default"
+    assert r1["label"] == "culprit" and r1["culprit"]["op"] == "aten.addmm.default"
+    # the bucket all-reduce output is the sum of both ranks' recorded inputs (checked offline)
+    with load_dump(tmp_path / "replay_0.h5") as rp:
+        (ar,) = [r for r in rp.records if r.op == "c10d.allreduce_.default"]
+        assert ar.extra["replay"]["outputs"][0]["error_ratio"] <= 2
+    paths = report.write(tmp_path / "report", ("json", "csv", "html"))
+    rows = list(csv.DictReader(paths["csv"].open()))
+    assert {r["Rank"] for r in rows} == {"0", "1"}
+    assert (tmp_path / "report" / "rank1" / "index.html").exists()
+    assert "diverged first" in paths["html"].read_text()
+
+
+def test_cli_pairs_by_rank_and_refuses_mismatches(runs, tmp_path, capsys):
+    dev, gold = runs / "ddp-fault", runs / "ddp-golden"
+    assert main(["compare", "-m", str(dev / "run_0.h5"), "-g", str(gold / "run_1.h5")]) == 2
+    assert "rank 0" in capsys.readouterr().err
+    code = main(["compare", "-m", str(dev / "run_{rank}.h5"), "-g", str(gold), "-o",
+                 str(tmp_path / "rep"), "--formats", "json,csv"])
+    out = capsys.readouterr().out
+    assert code == 0 and "diverged first: rank 1" in out
+    assert "rank 0: error   inherited via c10d.allreduce_.default" in out
+    single = tmp_path / "single"
+    single.mkdir()
+    with dumper(single / "run.h5"):  # a one-rank run: world size 1
+        torch.ones(2).sum()
+    assert main(["compare", "-m", str(dev), "-g", str(single)]) == 2
+    assert "world sizes differ" in capsys.readouterr().err
+
+
+def _write_rank(path: Path, rank: int, x: torch.Tensor, y: torch.Tensor) -> None:
+    w = DumpWriter(path, {"mode": "tensor", "rank": rank, "world_size": 2})
+    entries = []
+    for io, t in ((schema.INPUT, x), (schema.OUTPUT, y)):
+        row = w.new_row()
+        entries.append(TensorEntry(row=row, seq=0, io=io, idx=0, dtype="float32",
+                                   shape=tuple(t.shape), stride=tuple(t.stride()), device="cpu",
+                                   stats=None, data=t.clone(), first=row,
+                                   nbytes=t.numel() * 4))
+    note = {"kind": "all_reduce", "reduce_op": "sum", "group": "0", "group_ranks": [0, 1],
+            "group_index": 0}
+    w.add_op(OpEntry(seq=0, op="c10d.allreduce_.default", phase="backward", module="",
+                     source="", stack="", args="{}", step=0, n_in=1, n_out=1,
+                     extra={"collective": note}, epoch=0), entries)
+    w.close({}, complete=True)
+
+
+def test_offline_check_catches_a_broken_all_reduce(tmp_path):
+    a, b = torch.randn(64), torch.randn(64)
+    good = a + b
+    _write_rank(tmp_path / "r0.h5", 0, a, good)
+    _write_rank(tmp_path / "r1.h5", 1, b, good * 1.01)  # a communication library gone wrong
+    dumps = {r: load_dump(tmp_path / f"r{r}.h5") for r in (0, 1)}
+    try:
+        out = check_collectives(dumps)
+    finally:
+        for d in dumps.values():
+            d.close()
+    assert out[0][0].outputs[0]["error_ratio"] <= 2
+    assert out[1][0].outputs[0]["error_ratio"] > 1000
+
+
+def test_schema_1_dump_reads_with_epoch_unknown(tmp_path):
+    path = tmp_path / "old.h5"
+    with dumper(path):
+        torch.ones(3).mul(2)
+    with h5py.File(path, "r+") as f:  # rewrite as a schema-1 file: op rows without epoch
+        ops = f[schema.OPS][:]
+        names = [n for n in schema.OP_ROW.names if n != "epoch"]
+        old_rows = np.zeros(len(ops), dtype=np.dtype(
+            [(n, schema.OP_ROW.fields[n][0]) for n in names]))
+        for n in names:
+            old_rows[n] = ops[n]
+        del f[schema.OPS]
+        f.create_dataset(schema.OPS, data=old_rows, maxshape=(None,), chunks=True)
+        f.attrs["schema_version"] = 1
+    with load_dump(path) as d:
+        assert d.records and all(r.epoch == schema.UNKNOWN_EPOCH for r in d.records)
+
+
+def test_server_shows_ranks(runs):
+    """Runs carry their rank (API model and runs list); a multi-rank report page its ranks.
+    Rendered in-process: a live server indexes files in a child process (slow here)."""
+    from types import SimpleNamespace
+
+    from accuracy.server.db import Run
+    from accuracy.server.routers.ui import templates
+    from accuracy.server.schemas import RunOut
+
+    dev, gold = runs / "ddp-fault", runs / "ddp-golden"
+    listed = []
+    for rank in range(WORLD):
+        with load_dump(dev / f"run_{rank}.h5") as d:
+            summary = d.summary()
+        listed.append(Run(id=f"{rank:032d}", name=f"dev {rank}", source="register", path="",
+                          created="now", ops=1, complete=True, file_bytes=1,
+                          summary=json.dumps(summary, default=str)))
+        assert (RunOut.of(listed[-1]).rank, RunOut.of(listed[-1]).world_size) == (rank, WORLD)
+    page = templates.env.get_template("runs.html").render(runs=listed, reports=[], jobs=[])
+    assert "<td>0/2</td>" in page and "<td>1/2</td>" in page
+    s = compare_ranks(dev / "run_{rank}.h5", gold).summary
+    page = templates.env.get_template("report.html").render(
+        report=SimpleNamespace(id="r", name="ddp"), summary=s, counts=s["counts"], rows=[],
+        total=s["rows"], culprit=s["culprit"], first_divergence=s["first_divergence"],
+        suspects=s["suspects"])
+    assert "diverged first: rank 1" in page
+    assert "rank 0 <span class=\"pill v-error\">error</span> inherited" in page
