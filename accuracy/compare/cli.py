@@ -51,9 +51,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.output and (Path(args.output) / "summary.json").exists() and not args.overwrite:
         raise FileExistsError(f"{args.output} already holds a report; pass --overwrite or "
                               "choose another -o folder")
-    report = compare(args.my, args.golden, args.replay, config=args.config,
-                     algorithms=args.alg, mapping=args.mapping, jobs=args.jobs,
-                     progress=not args.no_progress and sys.stderr.isatty())
+    kwargs = dict(config=args.config, algorithms=args.alg, mapping=args.mapping, jobs=args.jobs,
+                  progress=not args.no_progress and sys.stderr.isatty())
+    if getattr(args, "cluster", None):  # Dask is imported only on this path
+        from accuracy.compare.cluster import compare_on_cluster
+
+        report = compare_on_cluster(args.my, args.golden, args.replay, cluster=args.cluster,
+                                    **kwargs)
+    else:
+        report = compare(args.my, args.golden, args.replay, **kwargs)
     paths = report.write(args.output, tuple(args.formats.split(","))) if args.output else {}
     print_summary(report.summary, args.top)
     for f, p in paths.items():
@@ -78,6 +84,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--config", help="TOML thresholds merged over default_thresholds.toml")
     s.add_argument("--mapping", help="JSON/TOML pairing of op or module names (my -> golden)")
     s.add_argument("-j", "--jobs", type=int, default=1, help="worker processes")
+    s.add_argument("--cluster", metavar="local:N|tcp://HOST:PORT",
+                   help="run the pair batches on Dask: N local worker processes, or an existing "
+                        "scheduler (dumps must be on storage every worker reads at the same path)")
     s.add_argument("--top", type=int, default=5, help="suspects to print")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_compare)
