@@ -90,3 +90,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--top", type=int, default=5, help="suspects to print")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_compare)
+    register_suspects(sub)
+
+
+def cmd_suspects(args: argparse.Namespace) -> int:
+    from accuracy.compare.suspects import select_suspects, write_selection
+
+    sel = select_suspects(args.report, top=args.top, before=args.before, after=args.after)
+    path = write_selection(sel, args.output, args.overwrite)
+    print(f"{len(sel['my'])} ops around {len(sel['suspects'])} suspects of {args.report}; "
+          f"wrote {path}")
+    print(f'  second run: with dumper("device.h5", select="{path}"): step()  (and golden)')
+    return 0
+
+
+def register_suspects(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("suspects", help="turn a (statistics) report into a dump selection for "
+                                        "a second, tensor-mode run (two-tier flow)")
+    s.add_argument("report", help="report directory written by `accuracy compare -o`")
+    s.add_argument("-o", "--output", required=True, help="selection file to write (JSON)")
+    s.add_argument("--top", type=int, default=5, help="suspects to take (default 5)")
+    s.add_argument("--before", type=int, default=3,
+                   help="ops before each suspect to take too (default 3)")
+    s.add_argument("--after", type=int, default=1,
+                   help="ops after each suspect to take too (default 1)")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing -o file")
+    s.set_defaults(func=cmd_suspects)

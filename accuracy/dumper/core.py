@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import accuracy
-from accuracy.dumper.filters import Filter
+from accuracy.dumper.filters import Filter, Selection
 from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.scope import BACKWARD, FORWARD, Scope
 from accuracy.dumper.source import user_source
@@ -172,6 +172,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     the first; saturation: also flag values near the float16/bfloat16 limit.
     load_file_path: a golden tensor dump; each op with the same name and seq computes on its
     recorded inputs (load mode, see docs/replay.md).
+    select: a file from `accuracy suspects`: record only those ops, under their first-run seq
+    numbers (the two-tier flow, see docs/cluster.md).
     """
 
     def __init__(
@@ -195,6 +197,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         overflow_raise: bool = False,
         saturation: Any = None,
         load_file_path: str | os.PathLike[str] | None = None,
+        select: str | os.PathLike[str] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -202,6 +205,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self.path = str(dump_path).replace("{rank}", str(self.rank))
         self.mode = mode
         self.filter = Filter.build(ops, exclude_ops, modules, data_mode, steps)
+        self.select = Selection.load(select) if select is not None else None
         self.stack = stack
         self.overwrite = overwrite
         self.strict = strict
@@ -270,6 +274,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "host": platform.node(),
             "check_overflow": self._overflow is not None,
+            "select": self.select.source if self.select is not None else "",
             "filter": {
                 "ops": list(self.filter.ops), "exclude_ops": list(self.filter.exclude_ops),
                 "modules": list(self.filter.modules), "io": sorted(self.filter.io),
@@ -356,7 +361,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         f = self.filter
         name = self._op_name(func)
         if not (f.wants_step(self.current_step) and phase in f.phases and f.wants_op(name)
-                and f.wants_module(module)):
+                and f.wants_module(module)
+                and (self.select is None or self.select.wants(seq, name))):
             return func(*args, **kwargs), None
         if self._overflow is not None:
             return self._overflow.on_op(self, writer, func, name, args, kwargs, seq, phase,
