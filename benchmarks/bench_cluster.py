@@ -9,7 +9,7 @@ on one thread everywhere. The machine may be shared: the CPU-seconds rate (GB pe
 is what load does not change; wall-clock speed-ups need idle cores.
 
     .venv/bin/python benchmarks/bench_cluster.py [--batch 32] [--replay-batch 8]
-        [--workdir DIR] [--skip-replay] [--two-tier]
+        [--workdir DIR] [--skip-replay] [--two-tier] [--idle]
 """
 
 from __future__ import annotations
@@ -179,6 +179,19 @@ def two_tier(work: Path) -> None:
     print(f"same culprit as the full tensor dump: {culprit(second) == culprit(full)}")
 
 
+def idle_worker(seconds: float = 20.0) -> None:
+    """CPU an idle local:1 worker uses per second of wall time (its housekeeping)."""
+    from accuracy.cluster import dask_client
+
+    with dask_client("local:1") as client:
+        time.sleep(3)
+        a, t0 = _workers_cpu(client), time.perf_counter()
+        time.sleep(seconds)
+        b, wall = _workers_cpu(client), time.perf_counter() - t0
+    print(f"idle worker: {b - a:.3f} CPU s in {wall:.1f} s = {1000 * (b - a) / wall:.1f} ms "
+          f"per s ({_load()})")
+
+
 def print_table(title: str, runs: list[dict]) -> None:
     print(f"\n{title}: {runs[0]['bytes'] / 1e9:.2f} GB")
     print("| run | wall s | GB/s | speed-up vs local:1 | CPU s | GB per CPU s | identical | "
@@ -199,12 +212,16 @@ def main() -> int:
     p.add_argument("--replay-batch", type=int, default=8, help="batch of the replayed step")
     p.add_argument("--workdir", help="keep dumps here (default: a temporary directory)")
     p.add_argument("--skip-replay", action="store_true")
+    p.add_argument("--idle", action="store_true", help="only an idle worker's CPU per second")
     p.add_argument("--two-tier", action="store_true",
                    help="only the two-tier flow's disk figures (batch 8 step)")
     args = p.parse_args()
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench_cl_"))
     work.mkdir(parents=True, exist_ok=True)
     try:
+        if args.idle:
+            idle_worker()
+            return 0
         if args.two_tier:
             two_tier(work)
             return 0
