@@ -9,7 +9,7 @@ on one thread everywhere. The machine may be shared: the CPU-seconds rate (GB pe
 is what load does not change; wall-clock speed-ups need idle cores.
 
     .venv/bin/python benchmarks/bench_cluster.py [--batch 32] [--replay-batch 8]
-        [--workdir DIR] [--skip-replay] [--two-tier] [--idle]
+        [--workdir DIR] [--skip-replay] [--two-tier] [--idle] [--probe]
 """
 
 from __future__ import annotations
@@ -179,6 +179,69 @@ def two_tier(work: Path) -> None:
     print(f"same culprit as the full tensor dump: {culprit(second) == culprit(full)}")
 
 
+def _one_batch(device: Path, golden: Path) -> list:
+    """Every tensor pair of the compare as one batch (what the probe times)."""
+    from accuracy.compare import api
+    from accuracy.compare.align import Mapping
+    from accuracy.compare.engine import TensorRef
+    from accuracy.dumpfile import load_dump
+
+    with load_dump(device) as dm, load_dump(golden) as dg:
+        todo: dict = {}
+        for s in api._specs(dm, dg, Mapping()):  # noqa: SLF001 - the batch compare() builds
+            if api._needs_data(s):  # noqa: SLF001
+                k = (api._key(s.my), api._key(s.golden))  # noqa: SLF001
+                todo.setdefault(k, (TensorRef.of(s.my), TensorRef.of(s.golden)))
+    return list(todo.values())
+
+
+def _task_cost(batch: list, algs: tuple, tune: bool) -> tuple[float, int, str | None]:
+    """(thread CPU s, minor page faults) of comparing `batch` here, and MALLOC_TRIM_THRESHOLD_."""
+    from accuracy.cluster import tune_worker_malloc
+    from accuracy.compare.blas import single_threaded_blas
+    from accuracy.compare.engine import BlobReader, compare_refs
+
+    if tune:
+        tune_worker_malloc()
+    reader = BlobReader()
+    compare_refs(reader, batch[:1], algs)  # files open, first pages in
+    f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    t0 = time.thread_time()
+    with single_threaded_blas():
+        compare_refs(reader, batch, algs)
+    cpu = time.thread_time() - t0
+    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
+    reader.close()
+    return cpu, faults, os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+
+def probe(device: Path, golden: Path) -> None:
+    """The per-worker overhead: one batch's task CPU and page faults, in-process vs workers."""
+    import distributed
+
+    from accuracy.cluster import dask_client
+    from accuracy.compare.metrics import resolve_algorithms
+
+    batch, algs = _one_batch(device, golden), resolve_algorithms(None)
+    print(f"\nprobe: one batch of {sum(m.nbytes + g.nbytes for m, g in batch) / 1e9:.2f} GB "
+          f"({_load()})")
+    print("| where | task CPU s | minor page faults | MALLOC_TRIM_THRESHOLD_ |")
+    print("| --- | --- | --- | --- |")
+
+    def show(label: str, r: tuple) -> None:
+        print(f"| {label} | {r[0]:.2f} | {r[1]:,} | {r[2]} |")
+
+    show("in-process", _task_cost(batch, algs, False))
+    with distributed.LocalCluster(host="127.0.0.1", n_workers=1, threads_per_worker=1,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        show("Dask worker, Dask defaults", client.submit(_task_cost, batch, algs, False,
+                                                         pure=False).result())
+    with dask_client("local:1") as client:
+        show("Dask worker, --cluster local:1 (fixed)", client.submit(
+            _task_cost, batch, algs, True, pure=False).result())
+
+
 def idle_worker(seconds: float = 20.0) -> None:
     """CPU an idle local:1 worker uses per second of wall time (its housekeeping)."""
     from accuracy.cluster import dask_client
@@ -213,6 +276,8 @@ def main() -> int:
     p.add_argument("--workdir", help="keep dumps here (default: a temporary directory)")
     p.add_argument("--skip-replay", action="store_true")
     p.add_argument("--idle", action="store_true", help="only an idle worker's CPU per second")
+    p.add_argument("--probe", action="store_true",
+                   help="only one batch's task CPU and page faults, in-process vs workers")
     p.add_argument("--two-tier", action="store_true",
                    help="only the two-tier flow's disk figures (batch 8 step)")
     args = p.parse_args()
@@ -221,6 +286,9 @@ def main() -> int:
     try:
         if args.idle:
             idle_worker()
+            return 0
+        if args.probe:
+            probe(*make_dumps(work, args.replay_batch))
             return 0
         if args.two_tier:
             two_tier(work)
