@@ -16,7 +16,7 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
-	$(PIP) install -e ".[server,excel,test]"
+	$(PIP) install -e ".[server,excel,cluster,test]"
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -33,6 +33,8 @@ _PART_COMMANDS: dict[str, tuple[str, str]] = {
                "re-run each recorded op on a reference with the device's own inputs"),
     "compare": ("accuracy.compare.cli",
                 "compare two dumps: metrics per tensor, verdicts, culprit"),
+    "suspects": ("accuracy.compare.cli", "turn a (statistics) report into a dump selection for "
+                                         "a second, tensor dump of just those ops"),
     "overflow": ("accuracy.overflow.cli",
                  "ops where inf/nan was born, separated from those that inherited it"),
     "serve": ("accuracy.server.cli", "REST API and web UI to browse runs and reports"),

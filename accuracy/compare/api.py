@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -149,8 +149,15 @@ def _needs_data(s: _Spec) -> bool:
     return s.my.numel == s.golden.numel and s.my.numel > 0
 
 
+# Runs the pair batches somewhere else (a Dask cluster: accuracy.compare.cluster.DaskRunner):
+# gets the batches and the algorithms, yields each batch's metric dicts in batch order.
+BatchRunner = Callable[[list[list[tuple[TensorRef, TensorRef]]], tuple[str, ...]],
+                       Iterable[list[dict[str, Any]]]]
+
+
 def _run_metrics(specs: list[_Spec], dumps: dict[str, Dump], algs: tuple[str, ...], jobs: int,
-                 progress: bool) -> tuple[dict[tuple, dict[str, Any]], int]:
+                 progress: bool, runner: BatchRunner | None = None
+                 ) -> tuple[dict[tuple, dict[str, Any]], int]:
     todo: dict[tuple, tuple[TensorRef, TensorRef]] = {}
     for s in specs:
         if _needs_data(s):
@@ -177,7 +184,14 @@ def _run_metrics(specs: list[_Spec], dumps: dict[str, Dump], algs: tuple[str, ..
     with ExitStack() as stack:
         if bar:
             stack.callback(bar.close)
-        if jobs > 1 and len(batches) > 1:
+        if runner is not None and keys:
+            for b, res in zip(batches, runner([[todo[k] for k in b] for b in batches], algs),
+                              strict=True):
+                for k, r in zip(b, res, strict=True):
+                    results[k] = r
+                if bar:
+                    bar.update(sum(todo[k][0].nbytes + todo[k][1].nbytes for k in b))
+        elif jobs > 1 and len(batches) > 1:
             with ProcessPoolExecutor(max_workers=jobs) as ex:
                 futs = {ex.submit(worker_run, [todo[k] for k in b], algs): b for b in batches}
                 for f in as_completed(futs):
@@ -335,10 +349,11 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             config: str | os.PathLike[str] | dict | None = None,
             algorithms: list[str] | tuple[str, ...] | str | None = None,
             mapping: str | os.PathLike[str] | dict | Mapping | None = None, jobs: int = 1,
-            progress: bool = False) -> Report:
+            progress: bool = False, runner: BatchRunner | None = None) -> Report:
     """Align `my` with `golden`, compute metrics for every tensor pair, judge, find the culprit.
 
     my/golden/replay: dump paths or opened Dumps. Returns a Report (rows, summary).
+    runner: where the pair batches run (default: here, or `jobs` processes); see BatchRunner.
     """
     t0 = time.perf_counter()
     cfg = V.load_config(config)
@@ -357,7 +372,8 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             log.warning("%s", m)
         specs = _specs(dm, dg, mp)
         dumps = {str(dm.path): dm, str(dg.path): dg}
-        results, nbytes = _run_metrics(specs, dumps, algs, max(1, int(jobs)), progress)
+        results, nbytes = _run_metrics(specs, dumps, algs, max(1, int(jobs)), progress,
+                                       runner)
         rp = _replay_index(dr)
         precision = ComputePrecision.from_sources(cfg, dm.attrs)
         rows = []

@@ -104,9 +104,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return _compare_ranks(args)
     if not args.any_rank:
         check_pair_ranks(args.my, args.golden)
-    report = compare(args.my, args.golden, args.replay, config=args.config,
-                     algorithms=args.alg, mapping=args.mapping, jobs=args.jobs,
-                     progress=not args.no_progress and sys.stderr.isatty())
+    kwargs = dict(config=args.config, algorithms=args.alg, mapping=args.mapping, jobs=args.jobs,
+                  progress=not args.no_progress and sys.stderr.isatty())
+    if getattr(args, "cluster", None):  # Dask is imported only on this path
+        from accuracy.compare.cluster import compare_on_cluster
+
+        report = compare_on_cluster(args.my, args.golden, args.replay, cluster=args.cluster,
+                                    **kwargs)
+    else:
+        report = compare(args.my, args.golden, args.replay, **kwargs)
     paths = report.write(args.output, tuple(args.formats.split(","))) if args.output else {}
     print_summary(report.summary, args.top)
     for f, p in paths.items():
@@ -137,6 +143,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--config", help="TOML thresholds merged over default_thresholds.toml")
     s.add_argument("--mapping", help="JSON/TOML pairing of op or module names (my -> golden)")
     s.add_argument("-j", "--jobs", type=int, default=1, help="worker processes")
+    s.add_argument("--cluster", metavar="local:N|tcp://HOST:PORT",
+                   help="run the pair batches on Dask: N local worker processes, or an existing "
+                        "scheduler (dumps must be on storage every worker reads at the same path)")
     s.add_argument("--top", type=int, default=5, help="suspects to print")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_compare)
+    register_suspects(sub)
+
+
+def cmd_suspects(args: argparse.Namespace) -> int:
+    from accuracy.compare.suspects import select_suspects, write_selection
+
+    sel = select_suspects(args.report, top=args.top, before=args.before, after=args.after)
+    path = write_selection(sel, args.output, args.overwrite)
+    print(f"{len(sel['my'])} ops around {len(sel['suspects'])} suspects of {args.report}; "
+          f"wrote {path}")
+    print(f'  second run: with dumper("device.h5", select="{path}"): step()  (and golden)')
+    return 0
+
+
+def register_suspects(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("suspects", help="turn a (statistics) report into a dump selection for "
+                                        "a second, tensor-mode run (two-tier flow)")
+    s.add_argument("report", help="report directory written by `accuracy compare -o`")
+    s.add_argument("-o", "--output", required=True, help="selection file to write (JSON)")
+    s.add_argument("--top", type=int, default=5, help="suspects to take (default 5)")
+    s.add_argument("--before", type=int, default=3,
+                   help="ops before each suspect to take too (default 3)")
+    s.add_argument("--after", type=int, default=1,
+                   help="ops after each suspect to take too (default 1)")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing -o file")
+    s.set_defaults(func=cmd_suspects)

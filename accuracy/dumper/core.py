@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import accuracy
 from accuracy.dumper import collectives, guide_args
-from accuracy.dumper.filters import Filter
+from accuracy.dumper.filters import Filter, Selection
 from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
 from accuracy.dumper.source import user_source
@@ -197,6 +197,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     use_load=True asks for load mode on load_file_path; a folder dump_path gets
     `dump_{rank}.h5` inside; load_with_acl_dump=True is refused (Ascend ACL only).
     ranks: the ranks that record (e.g. [0, 3]); the others record nothing and write no file.
+    select: a file from `accuracy suspects`: record only those ops, under their first-run seq
+    numbers (the two-tier flow, see docs/cluster.md).
     """
 
     def __init__(
@@ -224,6 +226,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         use_load: bool | None = None,
         load_with_acl_dump: bool = False,
         ranks: int | Iterable[int] | None = None,
+        select: str | os.PathLike[str] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -241,6 +244,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             self.active = False  # a rank outside `ranks=`: no file, no interception
         self.mode = mode
         self.filter = Filter.build(ops, exclude_ops, modules, data_mode, steps)
+        self.select = Selection.load(select) if select is not None else None
         self.stack = stack
         self.overwrite = overwrite
         self.strict = strict
@@ -318,6 +322,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             **collectives.process_group_attrs(),
             "ranks_recorded": self.ranks if self.ranks is not None else "all",
             "check_overflow": self._overflow is not None,
+            "select": self.select.source if self.select is not None else "",
             "filter": {
                 "ops": list(self.filter.ops), "exclude_ops": list(self.filter.exclude_ops),
                 "modules": list(self.filter.modules), "io": sorted(self.filter.io),
@@ -408,7 +413,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         f = self.filter
         name = self._op_name(func)
         if not (f.wants_step(self.current_step) and phase in f.phases and f.wants_op(name)
-                and f.wants_module(module)):
+                and f.wants_module(module)
+                and (self.select is None or self.select.wants(seq, name))):
             out = func(*args, **kwargs)
             if self._coll.kind(func) is not None:  # it wrote its tensors, version unchanged
                 for t in tensors_in(kwargs, tensors_in(args)):

@@ -14,9 +14,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if is_multirank(args.dump):
         return _replay_ranks(args)
     progress = not args.quiet and (sys.stderr.isatty() or args.progress)
-    r = replay(args.dump, args.output, on=args.on, upcast=args.upcast, jobs=args.jobs,
-               resume=args.resume, progress=progress,
-               overwrite=args.overwrite, ops=args.op)
+    kwargs = dict(on=args.on, upcast=args.upcast, jobs=args.jobs, resume=args.resume,
+                  progress=progress, overwrite=args.overwrite, ops=args.op,
+                  metrics_only=args.metrics_only)
+    if args.cluster:  # Dask is imported only on this path
+        from accuracy.replay.cluster import replay_on_cluster
+
+        r = replay_on_cluster(args.dump, args.output, cluster=args.cluster, **kwargs)
+    else:
+        r = replay(args.dump, args.output, **kwargs)
     print(f"replayed {r.total} ops on {args.on} (upcast {args.upcast}) in {r.seconds:.2f}s: "
           f"{r.ok} ok, {r.skipped} skipped, {r.failed} failed"
           + (f", {r.resumed} carried over from the interrupted run" if r.resumed else ""))
@@ -61,6 +67,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="replay dump to write (replay.h5); for every rank's dumps a "
                         "'replay_{rank}.h5' pattern or a folder")
     s.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default: 1)")
+    s.add_argument("--metrics-only", action="store_true",
+                   help="store only each op's error figures (what compare reads), no tensors")
+    s.add_argument("--cluster", metavar="local:N|tcp://HOST:PORT",
+                   help="replay op batches on Dask: N local worker processes, or an existing "
+                        "scheduler (the dump must be at the same path on every worker)")
     s.add_argument("--op", action="append", help="only ops matching this name/glob (repeatable)")
     s.add_argument("--resume", action="store_true",
                    help="continue an interrupted replay without redoing finished ops")

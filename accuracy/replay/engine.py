@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,8 +171,20 @@ def _work(seqs: list[int]) -> list[OpOutcome]:
         return [replay_op(d.record(s), _WORKER["device"], _WORKER["upcast"]) for s in seqs]
 
 
-def _outcomes(d: Dump, recs: list[OpRecord], on: str, upcast: str, jobs: int
+# Runs op batches somewhere else (a Dask cluster: accuracy.replay.cluster.DaskReplayRunner):
+# gets the dump path, lists of seqs, on, upcast and metrics_only; yields each batch's outcomes
+# in batch order.
+ReplayRunner = Callable[[str, list[list[int]], str, str, bool], Iterable[list[OpOutcome]]]
+
+
+def _outcomes(d: Dump, recs: list[OpRecord], on: str, upcast: str, jobs: int,
+              runner: ReplayRunner | None = None, metrics_only: bool = False
               ) -> Iterator[OpOutcome]:
+    if runner is not None:
+        batches = [[r.seq for r in recs[i:i + _BATCH]] for i in range(0, len(recs), _BATCH)]
+        for batch in runner(str(d.path), batches, on, upcast, metrics_only):
+            yield from batch
+        return
     if jobs <= 1:
         device = reference_device(on)
         with caching(TensorCache()):
@@ -236,6 +248,8 @@ def replay(
     overwrite: bool = False,
     ops: str | Iterable[str] | None = None,
     checked: dict[int, OpOutcome] | None = None,
+    metrics_only: bool = False,
+    runner: ReplayRunner | None = None,
 ) -> ReplayResult:
     """Replay each recorded op on `on` with the device's own inputs; write `out_path`.
 
@@ -243,6 +257,8 @@ def replay(
     per output, the device's and the same-dtype reference's errors against the upcast one
     and their ratio go in `extra["replay"]` (see docs/replay.md). `checked`: outcomes that
     replace the replay of some ops (seq -> outcome: collectives checked across ranks).
+    metrics_only: store only those figures, no reference tensors (what compare reads; see
+    docs/cluster.md). runner: where op batches run (a Dask cluster); see ReplayRunner.
     """
     import time
 
@@ -261,7 +277,7 @@ def replay(
         sources = _prepare(out, resume, overwrite)
         partial, _ = _partial_paths(out)
         attrs = {
-            "mode": "tensor", "replayed_from": str(d.path.resolve()),
+            "mode": "metrics" if metrics_only else "tensor", "replayed_from": str(d.path.resolve()),
             "reference": str(reference_device(on)), "upcast": upcast,
             "torch_version": torch.__version__, "accuracy_version": accuracy.__version__,
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -288,9 +304,11 @@ def replay(
             bar = tqdm(total=len(recs), initial=len(done), disable=not progress, unit="op",
                        desc="replay")
             with bar:
-                for outcome in _outcomes(d, todo, on, upcast, jobs):
+                for outcome in _outcomes(d, todo, on, upcast, jobs, runner, metrics_only):
                     outcome = (checked or {}).get(outcome.seq, outcome)
                     rec = by_seq[outcome.seq]
+                    if metrics_only:
+                        outcome.tensors = []  # figures only: no reference tensor is written
                     _write(writer, rec, outcome, links)
                     _tally(result, outcome.status, outcome.reason)
                     result.bytes_read += sum(t.nbytes for t in rec.inputs + rec.outputs

@@ -1,0 +1,312 @@
+"""Compare and replay of the benchmark step in-process vs on Dask `local:1` and `local:2`.
+
+Dumps the benchmark step (accuracy/examples.py) golden on CPU and device on `sim` fp16-cube at
+`--batch` (32: about 4.3 GB of compared tensor bytes), compares them in this process and on a
+LocalCluster of 1 and 2 single-threaded workers, and prints wall time, GB/s, the CPU seconds
+the work used (this process, or the workers' own counters) and whether the rows are identical.
+Then replays the device dump of `--replay-batch` (metrics only) the same three ways, torch
+on one thread everywhere. The machine may be shared: the CPU-seconds rate (GB per CPU second)
+is what load does not change; wall-clock speed-ups need idle cores.
+
+    .venv/bin/python benchmarks/bench_cluster.py [--batch 32] [--replay-batch 8]
+        [--workdir DIR] [--skip-replay] [--two-tier] [--idle] [--probe]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+
+def make_dumps(work: Path, batch: int) -> tuple[Path, Path]:
+    from accuracy.device_backend import sim
+    from accuracy.dumper.core import dumper
+    from accuracy.examples import bench_setup, bench_step
+
+    golden, device = work / f"golden_b{batch}.h5", work / f"device_b{batch}.h5"
+    if not golden.exists():
+        model, data = bench_setup(batch=batch)
+        with dumper(str(golden)):
+            bench_step(model, data)
+    if not device.exists():
+        model, data = bench_setup(batch=batch)
+        with sim(profile="fp16-cube"), dumper(str(device)):
+            bench_step(model, data)
+    return device, golden
+
+
+def _cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _workers_cpu(client) -> float:
+    return sum(client.run(_cpu_seconds).values())
+
+
+def _load() -> str:
+    return "load {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
+
+
+def timed(fn, client=None) -> tuple[object, float, float]:
+    """(result, wall seconds, CPU seconds of whoever did the work)."""
+    c0 = _workers_cpu(client) if client else time.process_time()
+    t0 = time.perf_counter()
+    out = fn()
+    wall = time.perf_counter() - t0
+    cpu = (_workers_cpu(client) if client else time.process_time()) - c0
+    return out, wall, cpu
+
+
+def _rows_json(rep) -> str:
+    return json.dumps(rep.rows, default=str)
+
+
+def bench_compare(device: Path, golden: Path) -> list[dict]:
+    from accuracy.cluster import dask_client
+    from accuracy.compare import compare
+    from accuracy.compare.cluster import DaskRunner
+
+    runs = []
+    rep, wall, cpu = timed(lambda: compare(device, golden))
+    ref = _rows_json(rep)
+    nbytes = rep.summary["bytes_compared"]
+    runs.append({"how": "in-process", "wall": wall, "cpu": cpu, "same": True, "load": _load()})
+    for n in (1, 2):
+        t0 = time.perf_counter()
+        with dask_client(f"local:{n}") as client:
+            client.run(lambda: __import__("accuracy.compare.cluster"))
+            start = time.perf_counter() - t0
+            rep, wall, cpu = timed(lambda c=client: compare(device, golden,
+                                                            runner=DaskRunner(c)), client)
+        runs.append({"how": f"--cluster local:{n}", "wall": wall, "cpu": cpu, "start": start,
+                     "same": _rows_json(rep) == ref, "load": _load()})
+    for r in runs:
+        r["bytes"] = nbytes
+    return runs
+
+
+def _replay_json(path: Path) -> str:
+    from accuracy.dumpfile import load_dump
+
+    with load_dump(path) as d:
+        return json.dumps([(r.seq, r.extra.get("replay")) for r in d.records], default=str)
+
+
+def bench_replay(device: Path, work: Path) -> list[dict]:
+    import torch
+
+    from accuracy.cluster import dask_client
+    from accuracy.replay import replay
+    from accuracy.replay.cluster import DaskReplayRunner
+
+    torch.set_num_threads(1)  # as in a worker: per-core figures on both sides
+    nbytes = device.stat().st_size
+    out = work / "replay.h5"
+    runs = []
+    res, wall, cpu = timed(lambda: replay(device, out, metrics_only=True, overwrite=True))
+    ref = _replay_json(out)
+    runs.append({"how": "in-process", "wall": wall, "cpu": cpu, "same": True, "load": _load(),
+                 "ops": res.total})
+    for n in (1, 2):
+        t0 = time.perf_counter()
+        with dask_client(f"local:{n}") as client:
+            client.run(lambda: __import__("accuracy.replay.cluster"))
+            start = time.perf_counter() - t0
+            res, wall, cpu = timed(lambda c=client: replay(
+                device, out, metrics_only=True, overwrite=True,
+                runner=DaskReplayRunner(c)), client)
+        runs.append({"how": f"--cluster local:{n}", "wall": wall, "cpu": cpu, "start": start,
+                     "same": _replay_json(out) == ref, "load": _load(), "ops": res.total})
+    for r in runs:
+        r["bytes"] = nbytes
+    return runs
+
+
+def two_tier(work: Path) -> None:
+    """Disk and culprit of the two-tier flow vs a full tensor dump, on the benchmark step
+    (batch 8) with a bias fault in one layer norm."""
+    from accuracy.compare import compare
+    from accuracy.compare.suspects import select_suspects, write_selection
+    from accuracy.device_backend import sim
+    from accuracy.dumper.core import dumper
+    from accuracy.examples import bench_setup, bench_step
+
+    def run(name: str, mode: str, faulty: bool, **kw) -> tuple[Path, float]:
+        path = work / name
+        model, data = bench_setup()
+        fault = sim.fault("aten.native_layer_norm.default", module="encoder.layers.2.*",
+                          kind="bias", value=0.05)
+        t0 = time.perf_counter()
+        with (sim(profile="fp16-cube", faults=[fault]) if faulty else nullcontext()), \
+                dumper(str(path), mode, overwrite=True, **kw):
+            bench_step(model, data)
+        return path, time.perf_counter() - t0
+
+    def culprit(rep) -> str:
+        c = rep.summary["culprit"]
+        return f"{c['op']} seq {c['seq_my']} {c['io']} {c['tensor_index']} in {c['module']}" \
+            if c else "none"
+
+    (df, tf), (gf, _) = run("dev_full.h5", "tensor", True), run("gold_full.h5", "tensor", False)
+    full = compare(df, gf)
+    (ds, ts), (gs, _) = run("dev_stats.h5", "statistics", True), run(
+        "gold_stats.h5", "statistics", False)
+    stats = compare(ds, gs)
+    stats.write(work / "stats_report", ("json",))
+    sel = select_suspects(work / "stats_report")
+    sel_path = write_selection(sel, work / "suspects.json", overwrite=True)
+    (d2, t2), (g2, _) = run("dev_sel.h5", "tensor", True, select=sel_path), run(
+        "gold_sel.h5", "tensor", False, select=sel_path)
+    second = compare(d2, g2)
+    print(f"\ntwo-tier flow on the benchmark step ({full.summary['ops_my']} ops; "
+          f"{len(sel['my'])} selected around {len(sel['suspects'])} suspects)")
+    print("| dump (device side) | file size | dump time s | compared bytes | culprit |")
+    print("| --- | --- | --- | --- | --- |")
+    for label, path, t, rep in (("tensor, every op", df, tf, full),
+                                ("statistics, every op", ds, ts, stats),
+                                ("tensor, `select=suspects.json`", d2, t2, second)):
+        print(f"| {label} | {path.stat().st_size / 1e6:.2f} MB | {t:.2f} | "
+              f"{rep.summary['bytes_compared'] / 1e6:.1f} MB | {culprit(rep)} |")
+    print(f"same culprit as the full tensor dump: {culprit(second) == culprit(full)}")
+
+
+def _one_batch(device: Path, golden: Path) -> list:
+    """Every tensor pair of the compare as one batch (what the probe times)."""
+    from accuracy.compare import api
+    from accuracy.compare.align import Mapping
+    from accuracy.compare.engine import TensorRef
+    from accuracy.dumpfile import load_dump
+
+    with load_dump(device) as dm, load_dump(golden) as dg:
+        todo: dict = {}
+        for s in api._specs(dm, dg, Mapping()):  # noqa: SLF001 - the batch compare() builds
+            if api._needs_data(s):  # noqa: SLF001
+                k = (api._key(s.my), api._key(s.golden))  # noqa: SLF001
+                todo.setdefault(k, (TensorRef.of(s.my), TensorRef.of(s.golden)))
+    return list(todo.values())
+
+
+def _task_cost(batch: list, algs: tuple, tune: bool) -> tuple[float, int, str | None]:
+    """(thread CPU s, minor page faults) of comparing `batch` here, and MALLOC_TRIM_THRESHOLD_."""
+    from accuracy.cluster import tune_worker_malloc
+    from accuracy.compare.blas import single_threaded_blas
+    from accuracy.compare.engine import BlobReader, compare_refs
+
+    if tune:
+        tune_worker_malloc()
+    reader = BlobReader()
+    compare_refs(reader, batch[:1], algs)  # files open, first pages in
+    f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    t0 = time.thread_time()
+    with single_threaded_blas():
+        compare_refs(reader, batch, algs)
+    cpu = time.thread_time() - t0
+    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
+    reader.close()
+    return cpu, faults, os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+
+def probe(device: Path, golden: Path) -> None:
+    """The per-worker overhead: one batch's task CPU and page faults, in-process vs workers."""
+    import distributed
+
+    from accuracy.cluster import dask_client
+    from accuracy.compare.metrics import resolve_algorithms
+
+    batch, algs = _one_batch(device, golden), resolve_algorithms(None)
+    print(f"\nprobe: one batch of {sum(m.nbytes + g.nbytes for m, g in batch) / 1e9:.2f} GB "
+          f"({_load()})")
+    print("| where | task CPU s | minor page faults | MALLOC_TRIM_THRESHOLD_ |")
+    print("| --- | --- | --- | --- |")
+
+    def show(label: str, r: tuple) -> None:
+        print(f"| {label} | {r[0]:.2f} | {r[1]:,} | {r[2]} |")
+
+    show("in-process", _task_cost(batch, algs, False))
+    with distributed.LocalCluster(host="127.0.0.1", n_workers=1, threads_per_worker=1,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        show("Dask worker, Dask defaults", client.submit(_task_cost, batch, algs, False,
+                                                         pure=False).result())
+    with dask_client("local:1") as client:
+        show("Dask worker, --cluster local:1 (fixed)", client.submit(
+            _task_cost, batch, algs, True, pure=False).result())
+
+
+def idle_worker(seconds: float = 20.0) -> None:
+    """CPU an idle local:1 worker uses per second of wall time (its housekeeping)."""
+    from accuracy.cluster import dask_client
+
+    with dask_client("local:1") as client:
+        time.sleep(3)
+        a, t0 = _workers_cpu(client), time.perf_counter()
+        time.sleep(seconds)
+        b, wall = _workers_cpu(client), time.perf_counter() - t0
+    print(f"idle worker: {b - a:.3f} CPU s in {wall:.1f} s = {1000 * (b - a) / wall:.1f} ms "
+          f"per s ({_load()})")
+
+
+def print_table(title: str, runs: list[dict]) -> None:
+    print(f"\n{title}: {runs[0]['bytes'] / 1e9:.2f} GB")
+    print("| run | wall s | GB/s | speed-up vs local:1 | CPU s | GB per CPU s | identical | "
+          "cluster start s | load (1/5/15 min) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    one = next(r for r in runs if r["how"].endswith("local:1"))
+    for r in runs:
+        gbps = r["bytes"] / r["wall"] / 1e9
+        print(f"| {r['how']} | {r['wall']:.2f} | {gbps:.3f} | {one['wall'] / r['wall']:.2f}x | "
+              f"{r['cpu']:.2f} | {r['bytes'] / r['cpu'] / 1e9:.3f} | "
+              f"{'yes' if r['same'] else 'NO'} | {r.get('start', 0):.1f} | "
+              f"{r['load'].removeprefix('load ')} |")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=32, help="batch of the compared step")
+    p.add_argument("--replay-batch", type=int, default=8, help="batch of the replayed step")
+    p.add_argument("--workdir", help="keep dumps here (default: a temporary directory)")
+    p.add_argument("--skip-replay", action="store_true")
+    p.add_argument("--idle", action="store_true", help="only an idle worker's CPU per second")
+    p.add_argument("--probe", action="store_true",
+                   help="only one batch's task CPU and page faults, in-process vs workers")
+    p.add_argument("--two-tier", action="store_true",
+                   help="only the two-tier flow's disk figures (batch 8 step)")
+    args = p.parse_args()
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench_cl_"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        if args.idle:
+            idle_worker()
+            return 0
+        if args.probe:
+            probe(*make_dumps(work, args.replay_batch))
+            return 0
+        if args.two_tier:
+            two_tier(work)
+            return 0
+        t0 = time.perf_counter()
+        device, golden = make_dumps(work, args.batch)
+        print(f"dumps ready in {time.perf_counter() - t0:.0f} s: {device.stat().st_size / 1e9:.2f}"
+              f" + {golden.stat().st_size / 1e9:.2f} GB; {os.cpu_count()} cores, {_load()}")
+        print_table("compare", bench_compare(device, golden))
+        if not args.skip_replay:
+            rdev, _ = make_dumps(work, args.replay_batch)
+            print_table("replay --metrics-only (upcast fp64, torch on 1 thread)",
+                        bench_replay(rdev, work))
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Compare and replay on a Dask LocalCluster (loopback, 2 workers), and the two-tier flow."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from accuracy.compare import api, compare
+from accuracy.dumper import dumper
+from accuracy.examples import lm_batch, lm_step, tiny_lm
+from accuracy.replay import replay
+
+distributed = pytest.importorskip("distributed")
+sim = pytest.importorskip("accuracy.device_backend").sim
+
+FAULT = dict(op="aten.native_layer_norm.default", module="encoder.layers.1.*", kind="bias",
+             value=0.05)
+
+
+def _dump(path, mode="tensor", faulty=False, **kw):
+    if faulty:
+        fault = sim.fault(FAULT["op"], module=FAULT["module"], kind="bias", value=0.05)
+        with sim(profile="fp16-cube", faults=[fault]), dumper(str(path), mode, **kw):
+            lm_step(tiny_lm(), lm_batch())
+    else:
+        with dumper(str(path), mode, **kw):
+            lm_step(tiny_lm(), lm_batch())
+    return path
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cluster")
+    return {"golden": _dump(d / "golden.h5"), "device": _dump(d / "device.h5", faulty=True),
+            "dir": d}
+
+
+@pytest.fixture(scope="module")
+def client():
+    from accuracy.cluster import dask_client
+
+    with dask_client("local:2", timeout=60) as c:
+        yield c
+
+
+@pytest.fixture
+def small_batches(monkeypatch):
+    monkeypatch.setattr(api, "BATCH_BYTES", 256 << 10)  # many batches even on a tiny dump
+
+
+def _same_rows(a, b):
+    """Rows equal value for value (NaN equal to NaN, as the report files write them)."""
+    return json.dumps(a, default=str) == json.dumps(b, default=str)
+
+
+def _culprit(rep):
+    c = rep.summary["culprit"]
+    return c and (c["op"], c["seq_my"], c["io"], c["tensor_index"])
+
+
+def test_compare_on_cluster_gives_the_local_rows_and_culprit(dumps, client, small_batches):
+    from accuracy.compare.cluster import DaskRunner
+
+    local = compare(dumps["device"], dumps["golden"])
+    remote = compare(dumps["device"], dumps["golden"], runner=DaskRunner(client))
+    assert len(remote.rows) == len(local.rows) > 0 and _same_rows(remote.rows, local.rows)
+    assert _culprit(remote) == _culprit(local)
+    assert remote.summary["culprit"]["op"] == FAULT["op"]
+    assert remote.summary["bytes_compared"] == local.summary["bytes_compared"] > 0
+
+
+def test_killed_worker_batch_is_rerun_and_report_is_complete(dumps, client, small_batches,
+                                                            tmp_path):
+    from _cluster_tasks import die_once_then_compare, killed_pid
+
+    from accuracy.cluster import map_in_order
+
+    marker = str(tmp_path / "killed")
+    pids_before = set(client.run(os.getpid).values())
+
+    def runner(batches, algs):
+        return map_in_order(client, die_once_then_compare, batches, algs, marker,
+                            name="test-kill")
+
+    local = compare(dumps["device"], dumps["golden"])
+    remote = compare(dumps["device"], dumps["golden"], runner=runner)
+    assert killed_pid(marker) in pids_before  # a worker really died mid-compare
+    assert _same_rows(remote.rows, local.rows)
+    assert _culprit(remote) == _culprit(local)
+    client.wait_for_workers(2, timeout=60)  # the nanny restarted it for the next tests
+
+
+def _verdicts(rep):
+    # Not the ratios themselves: a worker runs torch on one thread, and a reduction summed in
+    # another order can make the same-dtype reference bit-exact or not (ratio 1 vs 0.64).
+    return [(r["my_address"], r["verdict"], r["local_verdict"]) for r in rep.rows]
+
+
+def test_metrics_only_replay_gives_full_replay_verdicts(dumps, client):
+    from accuracy.dumpfile import load_dump
+    from accuracy.replay.cluster import DaskReplayRunner
+
+    d = dumps["dir"]
+    ops = ["aten.native_layer_norm*", "aten.addmm*", "aten.mm*", "aten.add.*"]  # kept short
+    full = replay(dumps["device"], d / "full.h5", overwrite=True, ops=ops)
+    slim = replay(dumps["device"], d / "slim.h5", metrics_only=True, overwrite=True, ops=ops,
+                  runner=DaskReplayRunner(client))
+    assert (slim.ok, slim.skipped, slim.failed) == (full.ok, full.skipped, full.failed)
+    with load_dump(d / "slim.h5") as f:
+        assert f.attrs["mode"] == "metrics"
+        assert not any(t.has_data for r in f.records for t in r.tensors)
+    assert (d / "slim.h5").stat().st_size < (d / "full.h5").stat().st_size / 5
+    rep_full = compare(dumps["device"], dumps["golden"], d / "full.h5")
+    rep_slim = compare(dumps["device"], dumps["golden"], d / "slim.h5")
+    assert _verdicts(rep_slim) == _verdicts(rep_full)
+    assert any(v[2] == "error" for v in _verdicts(rep_full))
+    assert _culprit(rep_slim) == _culprit(rep_full)
+
+
+def test_replay_on_cluster_resumes_what_it_finished(dumps, client):
+    from accuracy.replay.cluster import DaskReplayRunner
+
+    d = dumps["dir"]
+    first = replay(dumps["device"], d / "r.h5", ops="aten.mm*", overwrite=True,
+                   runner=DaskReplayRunner(client), metrics_only=True)
+    os.replace(d / "r.h5", d / "r.h5.partial")  # as an interrupted run leaves it
+    again = replay(dumps["device"], d / "r.h5", resume=True, runner=DaskReplayRunner(client),
+                   metrics_only=True)
+    assert first.total > 0 and again.resumed == first.total
+    whole = replay(dumps["device"], d / "w.h5", overwrite=True, metrics_only=True)
+    assert (again.ok, again.skipped, again.failed) == (whole.ok, whole.skipped, whole.failed)
+
+
+def test_two_tier_flow_names_the_full_dump_culprit(dumps, tmp_path):
+    from accuracy.compare.suspects import select_suspects, write_selection
+
+    full = compare(dumps["device"], dumps["golden"])
+    g, m = _dump(tmp_path / "g_stats.h5", "statistics"), _dump(
+        tmp_path / "m_stats.h5", "statistics", faulty=True)
+    compare(m, g).write(tmp_path / "stats_report", ("json",))
+    sel = select_suspects(tmp_path / "stats_report")
+    path = write_selection(sel, tmp_path / "suspects.json")
+    g2 = _dump(tmp_path / "g_sel.h5", select=path)
+    m2 = _dump(tmp_path / "m_sel.h5", faulty=True, select=path)
+    second = compare(m2, g2)
+    assert _culprit(second) == _culprit(full)
+    assert second.summary["culprit"]["op"] == FAULT["op"]
+    assert 0 < second.summary["ops_my"] <= len(sel["my"]) < full.summary["ops_my"] / 5
+    assert os.path.getsize(m2) < os.path.getsize(dumps["device"]) / 3
+
+
+def test_selection_file_errors_are_clear(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(ValueError, match="not a selection written by `accuracy suspects`"):
+        dumper(str(tmp_path / "x.h5"), select=bad)
+    with pytest.raises(FileNotFoundError, match="accuracy suspects"):
+        dumper(str(tmp_path / "x.h5"), select=tmp_path / "missing.json")
+
+
+def _cli(*args, check_dask=False):
+    code = ("import sys; from accuracy.cli import main; rc = main(sys.argv[1:]); "
+            + ("assert 'distributed' not in sys.modules and 'dask' not in sys.modules, "
+               "'dask imported'; " if check_dask else "") + "sys.exit(rc)")
+    # One hash seed for every run: module rows that end at the same op are ordered by a set
+    # in compare.align, so two processes with different seeds may order them differently.
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True,
+                          text=True, timeout=180, start_new_session=True, env=env)
+
+
+def test_cli_without_cluster_does_not_import_dask(dumps, tmp_path):
+    p = _cli("compare", "-m", dumps["device"], "-g", dumps["golden"], "-o", tmp_path / "rep",
+             "--no-progress", check_dask=True)
+    assert p.returncode == 0, p.stderr
+    p = _cli("replay", dumps["device"], "-o", tmp_path / "r.h5", "--metrics-only", "-q",
+             "--op", "aten.mm*", check_dask=True)
+    assert p.returncode == 0, p.stderr
+
+
+def test_cli_cluster_local_report_matches_and_bad_spec_is_refused(dumps, tmp_path, capsys):
+    from accuracy.cli import main
+
+    p = _cli("compare", "-m", dumps["device"], "-g", dumps["golden"], "-o", tmp_path / "a",
+             "--no-progress", "--formats", "json")
+    assert p.returncode == 0, p.stderr
+    p = _cli("compare", "-m", dumps["device"], "-g", dumps["golden"], "-o", tmp_path / "b",
+             "--no-progress", "--formats", "json", "--cluster", "local:1")
+    assert p.returncode == 0, p.stderr
+    rows_a = json.loads((tmp_path / "a" / "rows.json").read_text())
+    rows_b = json.loads((tmp_path / "b" / "rows.json").read_text())
+    assert rows_a and _same_rows(rows_a, rows_b)
+    rc = main(["compare", "-m", str(dumps["device"]), "-g", str(dumps["golden"]),
+               "--cluster", "lcoal:2"])
+    assert rc == 2 and "write local:N" in capsys.readouterr().err
