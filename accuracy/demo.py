@@ -6,7 +6,12 @@
 3. the device dump is replayed on CPU and compared with the golden run: verdict counts, the
    first divergence and the top suspects, each with module path and source line;
 4. an fp16 step that overflows is checked, and the op where inf was born is named;
-5. the static HTML report is written and (unless --no-serve) served by `accuracy serve`.
+5. the device step runs again under a live check (no dump): it stops at the first op whose
+   own kernel is wrong, with its module, source line and figures;
+6. proof by substitution: the culprit op runs on the CPU reference and the step's loss and
+   gradients come back to those of a healthy device at the same precision; a random control
+   of as many other ops does not;
+7. the static HTML report is written and (unless --no-serve) served by `accuracy serve`.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class DemoResult:
     fault: Any  # the injected sim.fault(...)
     summary: dict[str, Any]
     overflow: Any
+    live_stop: Any = None  # the live check's OpResult where it stopped (None: it did not)
+    proof: Any = None  # accuracy.live.prove's Proof
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -79,6 +86,7 @@ def run_demo(
     """Run every step of the demo into `out_dir`; `progress` receives one line per step."""
     from accuracy.compare import compare
     from accuracy.device_backend import sim
+    from accuracy.live import LiveCheckError, live_check, prove
     from accuracy.overflow import scan
     from accuracy.replay import replay
 
@@ -109,19 +117,47 @@ def run_demo(
             with dumper(dump_path=device, overwrite=True):
                 lm_step(model, batch)
 
-    timed("golden", "[1/5] golden run: CPU fp32, one training step, tensor dump", golden_run)
-    timed("device", f"[2/5] device run: sim profile {profile}, fault {fault_kind} in "
+    def live_run() -> Any:
+        model = tiny_lm(layers=DEMO_LAYERS)
+        try:
+            with sim(profile=profile, faults=[fault]), live_check(on="cpu", stop_on="error"):
+                lm_step(model, batch)
+        except LiveCheckError as stop:
+            return stop.result
+        return None
+
+    def step() -> tuple[torch.Tensor, nn.Module]:
+        model = tiny_lm(layers=DEMO_LAYERS)
+        return lm_step(model, batch), model
+
+    def healthy_device() -> tuple[torch.Tensor, nn.Module]:
+        with sim(profile=profile):  # the same device without the fault: the gap is the fault's
+            return step()
+
+    timed("golden", "[1/6] golden run: CPU fp32, one training step, tensor dump", golden_run)
+    timed("device", f"[2/6] device run: sim profile {profile}, fault {fault_kind} in "
                     f"{fault_op} @ {fault_module}", device_run)
-    timed("replay", "[3/5] replaying the device dump on CPU (same dtype and fp64)",
+    timed("replay", "[3/6] replaying the device dump on CPU (same dtype and fp64)",
           lambda: replay(device, rep, overwrite=True, progress=show_bars))
-    report = timed("compare", "[4/5] comparing device vs golden, with the replay",
+    report = timed("compare", "[4/6] comparing device vs golden, with the replay",
                    lambda: compare(device, golden, replay=rep, progress=show_bars))
     report.write(report_dir)
-    timed("overflow", "[5/5] overflow check of an fp16 step", lambda: overflow_step(ovf))
+    timed("overflow", "[5/6] overflow check of an fp16 step", lambda: overflow_step(ovf))
     overflow = scan(ovf)
+    live_stop = timed("live", "[6/6] live check of the device step (no dump), then proof by "
+                              "substitution", live_run)
+    culprit = report.summary.get("culprit")
+    proof = None
+    if culprit:
+        proof = timed("prove", "      proving the culprit: substituted by the CPU reference, "
+                               "and a random control",
+                      lambda: prove(step, culprits=f"{culprit['op']}@{culprit['module']}",
+                                    golden=healthy_device,
+                                    context=lambda: sim(profile=profile, faults=[fault]),
+                                    report=report_dir / "proof"))
     return DemoResult(golden=golden, device=device, replay=rep, report_dir=report_dir,
                       overflow_dump=ovf, fault=fault, summary=report.summary,
-                      overflow=overflow, seconds=seconds)
+                      overflow=overflow, live_stop=live_stop, proof=proof, seconds=seconds)
 
 
 def _where(row: dict[str, Any]) -> str:
@@ -158,6 +194,12 @@ def _print_result(res: DemoResult) -> None:
               f"at {b.source or '?'}  ({len(ovf.births)} birth op(s))")
     else:
         print("\noverflow: no birth found")
+    if res.live_stop is not None:
+        print(f"\nlive check stopped at {res.live_stop.describe()}")
+    else:
+        print("\nlive check: no op judged an error")
+    if res.proof is not None:
+        print(f"proof: {res.proof.sentence}  ({res.report_dir / 'proof' / 'proof.html'})")
     print(f"\nreport: {res.report_dir / 'index.html'}   timings: "
           + ", ".join(f"{k} {v:.1f}s" for k, v in res.seconds.items()))
 

@@ -8,8 +8,8 @@ from accuracy.cli import main
 def test_demo_names_the_injected_culprit_and_the_overflow_birth(tmp_path, capsys):
     assert main(["demo", "--no-serve", "--out", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
-    for step in range(1, 6):
-        assert f"[{step}/5]" in out
+    for step in range(1, 7):
+        assert f"[{step}/6]" in out
     culprit = re.search(r"CULPRIT: (\S+)\s+\[(\w+)\]\s+(\S+)\s*\n\s+at (\S+)", out)
     assert culprit, out
     assert culprit.group(1) == "aten.gelu.default" and culprit.group(2) == "forward"
@@ -27,6 +27,14 @@ def test_demo_names_the_injected_culprit_and_the_overflow_birth(tmp_path, capsys
     birth = re.search(r"overflow: inf/nan born in (\S+)\s+\[(\w+)\]\s+(\S+)", out)
     assert birth, out
     assert birth.groups() == ("aten.addmm.default", "forward", "OverflowingMLP.down")
+    # the live check stops at the injected op, and substituting it closes the gap; the control
+    # does not
+    live = re.search(r"live check stopped at (\S+) \(call \d+, (\w+)\) in (\S+)", out)
+    assert live and live.group(1) == "aten.gelu.default", out
+    assert live.group(3).endswith("encoder.layers.2")
+    proof = re.search(r"closes (\d+)% of the loss gap.*control .*closes (\d+)%", out)
+    assert proof and int(proof.group(1)) >= 90 and int(proof.group(2)) <= 10, out
+    assert (tmp_path / "demo" / "report" / "proof" / "proof.html").exists()
     assert (tmp_path / "demo" / "report" / "index.html").exists()
 
 
