@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from accuracy.dumpfile import DumpError, load_dump
 
 _PART_CLIS = (
+    "accuracy.dumpfile.cli",
     "accuracy.replay.cli",
     "accuracy.compare.cli",
     "accuracy.overflow.cli",

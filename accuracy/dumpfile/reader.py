@@ -140,7 +140,7 @@ class Dump:
         self._f, self.closed_cleanly = _open_h5(self.path)
         try:
             self._validate()
-            validate.check_layout(self._f, self.path.stat().st_size)
+            validate.check_layout(self._f)
             self.attrs = self._read_attrs()
             self._load_index()
         except DumpError:
@@ -208,7 +208,8 @@ class Dump:
     def _load_index(self) -> None:
         blob, ops, tensors, status = (validate.open_dataset(self._f, p) for p in (
             schema.BLOB, schema.OPS, schema.TENSORS, STATUS))
-        n_ops, n_tensors, self.blob_len = validate.check_index(status[:], ops, tensors, blob)
+        n_ops, n_tensors, self.blob_len = validate.check_index(
+            status[:], ops, tensors, blob, self.path.stat().st_size)
         self._ops = ops[:n_ops]
         self._tensors = tensors[:n_tensors]
         validate.check_op_rows(self._ops)
@@ -280,6 +281,7 @@ class Dump:
                 by_seq[t.seq][t.io].append(t)
         cols = {k: _text(o[k]) for k in ("op", "phase", "module", "source", "stack", "args",
                                          "extra")}
+        validate.check_json_column(cols["args"], "call arguments")
         out = []
         for i, (seq, step) in enumerate(zip(o["seq"].tolist(), o["step"].tolist(), strict=True)):
             ins, outs = by_seq[seq]

@@ -67,6 +67,13 @@ def parse_json(text: str, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
     return value
 
 
+def check_json_column(texts: list[str], what: str) -> None:
+    """Refuse over-deep JSON in a column of texts parsed later (op call arguments)."""
+    for i, text in enumerate(texts):
+        if text.count("[") + text.count("{") > MAX_JSON_DEPTH or len(text) > MAX_JSON_CHARS:
+            parse_json(text, f"{what} of op row {i}")
+
+
 def _check_depth(value: Any, what: str, max_depth: int) -> None:
     stack = [(value, 1)]
     while stack:
@@ -99,17 +106,17 @@ def _check_dataset(ds: h5py.Dataset, where: str) -> None:
     dcpl = ds.id.get_create_plist()
     layout = dcpl.get_layout()
     if layout == h5py.h5d.VIRTUAL or ds.is_virtual:
-        raise LayoutError(f"{where} is a virtual dataset (data from other files); refused")
+        raise LayoutError(f"{where} is a virtual dataset (data from other files)")
     if dcpl.get_external_count():
-        raise LayoutError(f"{where} stores its data in external files; refused")
+        raise LayoutError(f"{where} stores its data in external files")
     if layout not in _LAYOUTS_OK:
         raise LayoutError(f"{where} has an unknown storage layout ({layout})")
     if dcpl.get_nfilters():
         names = []
         for i in range(dcpl.get_nfilters()):
             names.append(dcpl.get_filter(i)[3].decode("ascii", "replace") or "?")
-        raise LayoutError(f"{where} uses filters the writer never uses ({', '.join(names)}); "
-                          "refused (a compressed dataset can expand without bound)")
+        raise LayoutError(f"{where} uses filters the writer never uses ({', '.join(names)}): "
+                          "a compressed dataset can expand without bound")
     if ds.ndim != 1:
         raise LayoutError(f"{where} has {ds.ndim} dimensions, expected 1")
     if ds.chunks is not None and ds.chunks[0] * ds.dtype.itemsize > MAX_CHUNK_BYTES:
@@ -134,11 +141,10 @@ def _walk(f: h5py.File) -> None:
                 raise LayoutError(f"missing {path.lstrip('/')!r}")
             link = g.get(name, getlink=True)
             if isinstance(link, h5py.ExternalLink):
-                raise LayoutError(f"{path} is an external link to {link.filename!r}; refused")
+                raise LayoutError(f"{path} is an external link to {link.filename!r}")
             if not isinstance(link, h5py.HardLink):
-                raise LayoutError(f"{path} is a {type(link).__name__}, not a plain object; "
-                                  "refused")
-            # by name, without opening it (an open would use default access properties)
+                raise LayoutError(f"{path} is a {type(link).__name__}, not a plain object")
+            # by name, without opening it
             otype = h5py.h5o.get_info(g.id, name.encode()).type
             expected = h5py.h5o.TYPE_GROUP if kind == "group" else h5py.h5o.TYPE_DATASET
             if otype != expected:
@@ -160,28 +166,40 @@ def _check_dtypes(f: h5py.File) -> None:
         raise LayoutError(f"/{STATUS} is not int64[4]")
 
 
-def _check_chunks(blob: h5py.Dataset, file_size: int) -> None:
-    """The blob's chunk index is readable and every chunk lies inside the file, unfiltered."""
+def _check_storage(blob: h5py.Dataset, blob_len: int, file_size: int) -> None:
+    """The committed data is really stored, inside the file, unfiltered.
+
+    Reading unallocated chunks costs no disk but any amount of memory; a chunk outside the
+    file is a damaged chunk index (HDF5 would fail mid-read).
+    """
     if blob.chunks is None:
         off = blob.id.get_offset()
-        if off is not None and off + blob.id.get_storage_size() > file_size:
-            raise LayoutError(f"/{schema.BLOB} data lies past the end of the file")
+        if blob_len and (off is None or off + blob_len > file_size):
+            raise LayoutError(f"/{schema.BLOB}: its {blob_len} bytes are not in the file")
         return
+    size = blob.chunks[0]
+    need = -(-blob_len // size)  # chunks covering the committed bytes
+    have = np.zeros(need, bool)
     bad: list[str] = []
 
     def note(info: Any) -> None:
-        if not bad and (info.filter_mask != 0 or info.byte_offset is None
-                        or info.byte_offset + info.size > file_size):
-            bad.append(f"chunk at {info.chunk_offset[0]}")
+        c = info.chunk_offset[0] // size
+        if info.filter_mask != 0 or info.byte_offset is None or (
+                info.byte_offset + info.size > file_size):
+            bad.append(f"chunk {c} lies outside the file (damaged chunk index)")
+        elif c < need:
+            have[c] = True
 
     blob.id.chunk_iter(note)
     if bad:
-        raise LayoutError(f"/{schema.BLOB} {bad[0]} lies outside the file or is filtered "
-                          "(damaged chunk index)")
+        raise LayoutError(f"/{schema.BLOB} {bad[0]}")
+    if not have.all():
+        raise LayoutError(f"/{schema.BLOB}: chunk {int(np.argmin(have))} of the committed "
+                          "data was never written")
 
 
 def check_index(status: np.ndarray, ops: h5py.Dataset, tensors: h5py.Dataset,
-                blob: h5py.Dataset) -> tuple[int, int, int]:
+                blob: h5py.Dataset, file_size: int) -> tuple[int, int, int]:
     """Validate the committed counts; returns (ops, tensors, blob bytes) to read."""
     n_ops, n_tensors, complete, blob_len = (int(x) for x in status)
     if not 0 <= n_ops <= ops.shape[0]:
@@ -194,6 +212,7 @@ def check_index(status: np.ndarray, ops: h5py.Dataset, tensors: h5py.Dataset,
     if not 0 <= blob_len <= blob.shape[0]:
         raise LayoutError(f"/{STATUS} says {blob_len} data bytes, the data holds "
                           f"{blob.shape[0]}")
+    _check_storage(blob, blob_len, file_size)
     return n_ops, n_tensors, blob_len
 
 
@@ -255,11 +274,10 @@ def check_op_rows(o: np.ndarray) -> None:
         raise LayoutError("two op rows share a sequence number")
 
 
-def check_layout(f: h5py.File, file_size: int) -> None:
+def check_layout(f: h5py.File) -> None:
     """Structure, links, storage, filters and attributes; raises LayoutError."""
     _walk(f)
     _check_dtypes(f)
-    _check_chunks(open_dataset(f, schema.BLOB), file_size)
 
 
 def open_dataset(f: h5py.File, path: str) -> h5py.Dataset:

@@ -9,6 +9,7 @@ training thread only hands it host copies and statistics through a byte-bounded 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -130,6 +131,12 @@ def _stats_values(stats: Any) -> tuple[float, float, float, float, int, int, int
     return (mn, mx, mean, l2, int(nans), int(infs), cs)
 
 
+def _keep_forever(obj: Any) -> None:
+    """Never free `obj`, not even at interpreter exit: it holds h5py objects of a file whose
+    close failed, and freeing those crashes the process (see DumpWriter._abandon)."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
 class DumpWriter:
     """Append-only writer running on a background thread.
 
@@ -246,7 +253,8 @@ class DumpWriter:
                     self._finish(*payload)
                     return
                 due = time.monotonic() - last_flush >= self.flush_seconds
-                if self._op_rows and (len(self._op_rows) >= self.flush_ops or due):
+                if self.error is None and self._op_rows and (
+                        len(self._op_rows) >= self.flush_ops or due):
                     self._flush()
                     last_flush = time.monotonic()
                 elif kind == "tick":
@@ -363,11 +371,27 @@ class DumpWriter:
         f.flush()
         self._status[:] = [self._n_ops, self._n_tensors, int(ok), self._blob_len]
         f.close()
+        self._release_handles()
 
     def _abandon(self) -> None:
-        """Close after a write error, keeping whatever was committed."""
+        """Close after a write error, keeping whatever was committed, exactly once.
+
+        After a failed write (ENOSPC from a disk another program filled) HDF5's close fails
+        too, and freeing the h5py objects of that half-closed file later segfaulted the
+        training process at exit. So a failed close is logged and its objects are never
+        touched or freed again; the committed rows stay readable (the file is in SWMR mode).
+        No attribute is written after an OS error: on a full disk it can only fail.
+        """
+        f = self._file
         try:
-            self._file.attrs["complete"] = False
-            self._file.close()
+            if not isinstance(self.error, OSError):
+                f.attrs["complete"] = False
+            f.close()
         except Exception as e:  # noqa: BLE001
             log.error("could not close %s cleanly after an error: %s", self.path, e)
+            _keep_forever({k: v for k, v in self.__dict__.items() if k.startswith("_")})
+        self._release_handles()
+
+    def _release_handles(self) -> None:
+        for name in ("_file", "_blob", "_ops", "_tensors", "_status"):
+            self.__dict__.pop(name, None)
