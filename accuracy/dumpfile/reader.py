@@ -36,6 +36,10 @@ class DumpError(ValueError):
     """A file that cannot be read as a dump; the message names the file and the problem."""
 
 
+class DamagedDataError(DumpError):
+    """A tensor's stored bytes are damaged (checksum mismatch, unreadable HDF5 chunks)."""
+
+
 @dataclass(eq=False)
 class TensorRecord:
     """One tensor use: an input or output of one op, with its statistics."""
@@ -353,7 +357,7 @@ class Dump:
         try:
             return self._blob[offset: offset + nbytes]
         except _H5_ERRORS as e:
-            raise DumpError(f"{self.path}: cannot read {what}: damaged data "
+            raise DamagedDataError(f"{self.path}: cannot read {what}: damaged data "
                             f"({type(e).__name__}: {e})") from None
 
     def checksum_part(self, t: TensorRecord) -> int | None:
@@ -373,9 +377,9 @@ class Dump:
 
     def check_checksum(self, what: str, computed: int, stored: float | int) -> None:
         if computed != int(stored):
-            raise DumpError(f"{self.path}: {what}: data damaged (checksum {computed} does not "
-                            f"match the stored {int(stored)}); the file was altered or "
-                            "corrupted after it was written")
+            raise DamagedDataError(
+                f"{self.path}: {what}: data damaged (checksum {computed} does not match the "
+                f"stored {int(stored)}); the file was altered or corrupted after it was written")
 
     def read_tensor_mapped(self, t: TensorRecord) -> torch.Tensor:
         """Like `read_tensor`, but the bytes are mapped from the file instead of read.

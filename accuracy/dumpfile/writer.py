@@ -131,6 +131,16 @@ def _stats_values(stats: Any) -> tuple[float, float, float, float, int, int, int
     return (mn, mx, mean, l2, int(nans), int(infs), cs)
 
 
+def _discard_writes(f: h5py.File) -> None:
+    """Point the file's descriptor at /dev/null: HDF5's later writes succeed, and vanish."""
+    fd = f.id.get_vfd_handle()
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 def _keep_forever(obj: Any) -> None:
     """Never free `obj`, not even at interpreter exit: it holds h5py objects of a file whose
     close failed, and freeing those crashes the process (see DumpWriter._abandon)."""
@@ -234,6 +244,7 @@ class DumpWriter:
         self._n_ops = 0
         self._n_tensors = 0
         self._free_estimate = 0
+        self._unflushed = 0  # bytes appended but maybe still in HDF5's chunk cache
         self.bytes_written = 0
         self.bytes_linked = 0
 
@@ -282,7 +293,9 @@ class DumpWriter:
             self._free_estimate -= nbytes
             return
         st = os.statvfs(self.path.parent)
-        free = st.f_bavail * st.f_frsize
+        # Bytes still in HDF5's chunk cache (64 MiB) are not on the disk yet: count them as
+        # used, or a cache full of data passes the check and fails at the next flush.
+        free = st.f_bavail * st.f_frsize - self._unflushed
         self._free_estimate = free - nbytes
         if nbytes + _HEADROOM > free:
             raise DiskFullError(
@@ -300,6 +313,7 @@ class DumpWriter:
             self._blob.resize((self._blob_cap,))
         if arr.size:
             self._blob[off:end] = arr
+            self._unflushed += arr.size
         self._blob_len = end
         return off
 
@@ -352,6 +366,7 @@ class DumpWriter:
         self._tensor_rows.clear()
         self._op_rows.clear()
         self._file.flush()
+        self._unflushed = 0
         self._status[:] = [self._n_ops, self._n_tensors, 0, self._blob_len]
         self._file.flush()
 
@@ -376,15 +391,21 @@ class DumpWriter:
     def _abandon(self) -> None:
         """Close after a write error, keeping whatever was committed, exactly once.
 
-        After a failed write (ENOSPC from a disk another program filled) HDF5's close fails
-        too, and freeing the h5py objects of that half-closed file later segfaulted the
-        training process at exit. So a failed close is logged and its objects are never
-        touched or freed again; the committed rows stay readable (the file is in SWMR mode).
-        No attribute is written after an OS error: on a full disk it can only fail.
+        After a failed HDF5 write (ENOSPC on a disk another program filled) HDF5 cannot close
+        the file: its close retries the failed writes, fails half-way, and HDF5 then
+        segfaulted the training process at exit, closing the file again. So after such an
+        error the file's descriptor is pointed at /dev/null first: the close then succeeds
+        without touching the disk, and the file keeps what was committed before the error
+        (SWMR ordering: it reads like the file of a killed process). Should a close still
+        fail, its h5py objects are never freed (see `_keep_forever`).
         """
         f = self._file
+        hdf5_failed = isinstance(self.error, OSError | RuntimeError) and not isinstance(
+            self.error, DiskFullError)
         try:
-            if not isinstance(self.error, OSError):
+            if hdf5_failed:
+                _discard_writes(f)
+            else:
                 f.attrs["complete"] = False
             f.close()
         except Exception as e:  # noqa: BLE001

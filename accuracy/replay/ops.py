@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from accuracy.dumpfile.reader import DumpError, OpRecord
+from accuracy.dumpfile.reader import DamagedDataError, DumpError, OpRecord
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.metrics import agreeing_metrics, bit_equal, exact_metrics, output_metrics
 from accuracy.replay.rebuild import Unreplayable, build_call, check_inputs, resolve_op
@@ -151,6 +151,8 @@ def replay_op(rec: OpRecord, device: torch.device, upcast: str,
         return _replay(rec, device, upcast, cache)
     except Unreplayable as e:
         return OpOutcome(rec.seq, SKIPPED, str(e))
+    except DamagedDataError:
+        raise  # a damaged file is not a bad op: stop, naming the tensor
     except (DumpError, ValueError, TypeError, RuntimeError, IndexError, KeyError) as e:
         log.debug("replay of %s (seq %d) failed", rec.op, rec.seq, exc_info=True)
         return OpOutcome(rec.seq, FAILED, f"{type(e).__name__}: {str(e)[:300]}")
