@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 _PART_CLIS = (
+    "accuracy.dumpfile.cli",
     "accuracy.replay.cli",
     "accuracy.compare.cli",
     "accuracy.overflow.cli",
@@ -29,6 +30,8 @@ _PART_CLIS = (
 # command list needs no part imported. A module in _PART_CLIS missing here is imported eagerly
 # (correct, only slower); tests/test_cli_startup.py checks this table against the parts.
 _PART_COMMANDS: dict[str, tuple[str, str]] = {
+    "verify": ("accuracy.dumpfile.cli",
+               "check dumps: layout, index and every stored tensor's checksum (exit 1 on damage)"),
     "replay": ("accuracy.replay.cli",
                "re-run each recorded op on a reference with the device's own inputs"),
     "compare": ("accuracy.compare.cli",

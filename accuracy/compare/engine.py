@@ -15,6 +15,7 @@ import torch
 
 from accuracy.compare.metrics import StreamingMetrics
 from accuracy.dumpfile import schema
+from accuracy.dumpfile.checksum import Checksum, part_size
 from accuracy.dumpfile.reader import Dump, TensorRecord
 
 CHUNK_ELEMS = 1 << 15  # 32 Ki elements: 256 KiB of float64 per array, stays in L2 cache
@@ -38,11 +39,26 @@ class TensorRef:
     dtype: str
     numel: int
     stats: tuple[tuple[str, float], ...]
+    address: str = ""
 
     @classmethod
     def of(cls, t: TensorRecord) -> TensorRef:
         return cls(str(t.dump.path), t.offset, t.nbytes, t.dtype, t.numel,
-                   tuple(sorted(t.stats.items())))
+                   tuple(sorted(t.stats.items())), t.address)
+
+    @property
+    def checksum(self) -> int | None:
+        """The stored checksum, or None when the dump recorded no statistics for it."""
+        s = dict(self.stats)
+        if s.get("nan_count", -1) < 0 or "checksum" not in s:
+            return None
+        return int(s["checksum"])
+
+    def new_checksum(self) -> Checksum | None:
+        """A running checksum to verify this tensor's bytes as they are read."""
+        if self.checksum is None:
+            return None
+        return Checksum(part_size(self.dtype, schema.torch_dtype(self.dtype).itemsize))
 
     @property
     def value_dtype(self) -> str:
@@ -96,35 +112,41 @@ def _decode(raw: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.nd
 
 
 class BlobReader:
-    """Reads byte ranges of the dumps' data, one open file per path."""
+    """Reads byte ranges of the dumps' data, one open file per path, through the dump reader.
+
+    Every failure (range outside the data, damaged HDF5 chunks) is a DumpError naming the file
+    and the tensor address.
+    """
 
     def __init__(self, dumps: dict[str, Dump] | None = None) -> None:
-        self._blobs: dict[str, Any] = {}
+        self._dumps: dict[str, Dump] = dict(dumps or {})
         self._own: list[Dump] = []
-        for path, d in (dumps or {}).items():
-            self._blobs[path] = d._blob  # noqa: SLF001 - ranged reads need the raw dataset
 
-    def blob(self, path: str) -> Any:
-        if path not in self._blobs:
+    def dump(self, path: str) -> Dump:
+        if path not in self._dumps:
             d = Dump(path)
             self._own.append(d)
-            self._blobs[path] = d._blob  # noqa: SLF001
-        return self._blobs[path]
+            self._dumps[path] = d
+        return self._dumps[path]
 
     def read(self, ref: TensorRef, start: int, stop: int) -> np.ndarray:
         """Bytes of values [start, stop) of `ref` (in value units of its value dtype)."""
         size = schema.torch_dtype(ref.value_dtype).itemsize
-        a, b = ref.offset + start * size, ref.offset + stop * size
-        blob = self.blob(ref.path)
-        if b > blob.shape[0]:
-            raise ValueError(f"{ref.path}: tensor at offset {ref.offset} points past the data")
-        return blob[a:b]
+        a, b = start * size, min(stop * size, ref.nbytes)
+        return self.dump(ref.path).read_bytes(ref.offset + a, max(0, b - a),
+                                              ref.address or f"tensor at offset {ref.offset}")
+
+    def verify(self, ref: TensorRef, checksum: Checksum | None) -> None:
+        """Raise DumpError when the bytes summed into `checksum` do not match `ref`'s."""
+        if checksum is not None and ref.checksum is not None:
+            self.dump(ref.path).check_checksum(ref.address or f"tensor at offset {ref.offset}",
+                                               checksum.value, ref.checksum)
 
     def close(self) -> None:
         for d in self._own:
             d.close()
         self._own.clear()
-        self._blobs.clear()
+        self._dumps.clear()
 
 
 def _nan_minmax(reader: BlobReader, ref: TensorRef) -> tuple[float, float]:
@@ -155,11 +177,17 @@ def compare_data(reader: BlobReader, my: TensorRef, golden: TensorRef,
     identical = same_dtype
     n = my.n_values
     bx, by = np.empty(min(n, CHUNK_ELEMS)), np.empty(min(n, CHUNK_ELEMS))
+    # Both tensors are read whole, so their stored checksums are verified on the way.
+    cx, cy = my.new_checksum(), golden.new_checksum()
     # One h5py read per side per window of chunks: fewer, larger reads, bounded memory.
     window = CHUNK_ELEMS * 64
     for w in range(0, n, window):
         we = min(n, w + window)
         wx, wy = reader.read(my, w, we), reader.read(golden, w, we)
+        if cx is not None:
+            cx.update(wx)
+        if cy is not None:
+            cy.update(wy)
         sx, sy = wx.size // (we - w), wy.size // (we - w)  # bytes per value
         for s in range(0, we - w, CHUNK_ELEMS):
             e = min(we - w, s + CHUNK_ELEMS)
@@ -172,6 +200,8 @@ def compare_data(reader: BlobReader, my: TensorRef, golden: TensorRef,
             else:
                 acc.update(_decode(rx, my.dtype, bx), _decode(ry, golden.dtype, by),
                            finite=finite)
+    reader.verify(my, cx)
+    reader.verify(golden, cy)
     out: dict[str, Any] = acc.result(algorithms)
     out["nan_mismatch"] = acc.nan_mismatch
     out["inf_mismatch"] = acc.inf_mismatch

@@ -1,11 +1,16 @@
-"""index.html: one self-contained page (inline SVG chart, inline CSS/JS), opens offline."""
+"""index.html: one self-contained page (inline SVG chart, inline CSS/JS), opens offline.
+
+Rendered by Jinja2 with autoescape (template `report.html` beside this module): op names,
+modules, phases, sources and messages come from dump files and are untrusted.
+"""
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from typing import TYPE_CHECKING, Any
+
+from markupsafe import Markup
 
 if TYPE_CHECKING:
     from accuracy.compare.report import Report
@@ -62,8 +67,9 @@ def _y(row: dict[str, Any]) -> float:
     return max(Y_MIN, min(Y_MAX, math.log10(red)))
 
 
-def chart(rows: list[dict[str, Any]], culprit: dict[str, Any] | None) -> str:
-    """SVG: log10 relative Euclidean distance of each op output along execution order."""
+def chart(rows: list[dict[str, Any]], culprit: dict[str, Any] | None) -> dict[str, Any]:
+    """Geometry of the SVG chart: log10 relative Euclidean distance of each op output along
+    execution order. Numbers only; the template draws (and escapes) it."""
     pts = [r for r in rows if r["kind"] == "op" and r["io"] == "output"
            and r["verdict"] not in ("skipped",)]
     n = max(len(pts), 1)
@@ -75,87 +81,57 @@ def chart(rows: list[dict[str, Any]], culprit: dict[str, Any] | None) -> str:
     def y(v: float) -> float:
         return PAD_T + (Y_MAX - v) / (Y_MAX - Y_MIN) * ph
 
-    out = [f'<svg id="chart" xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-           f'role="img" aria-label="divergence chart">']
+    bands = []
     start = 0
     for i in range(1, len(pts) + 1):  # phase bands
         if i == len(pts) or pts[i]["phase"] != pts[start]["phase"]:
-            ph_name = pts[start]["phase"] or ""
-            out.append(f'<rect x="{x(start) - pw / n / 2:.1f}" y="{PAD_T}" '
-                       f'width="{(i - start) * pw / n:.1f}" height="{ph}" '
-                       f'fill="{PHASE_BG.get(ph_name, "#fff")}"><title>{html.escape(ph_name)}'
-                       f'</title></rect>')
-            out.append(f'<text x="{x(start) - pw / n / 2 + 3:.1f}" y="{PAD_T + 12}" '
-                       f'font-size="11" fill="#666">{html.escape(ph_name)}</text>')
+            name = str(pts[start]["phase"] or "")
+            bands.append({"x": x(start) - pw / n / 2, "width": (i - start) * pw / n,
+                          "fill": PHASE_BG.get(name, "#fff"), "name": name})
             start = i
-    for v in range(int(Y_MIN), int(Y_MAX) + 1, 2):
-        out.append(f'<line x1="{PAD_L}" x2="{W - 10}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
-                   f'stroke="#ddd"/><text x="{PAD_L - 4}" y="{y(v) + 4:.1f}" font-size="10" '
-                   f'text-anchor="end">1e{v}</text>')
-    out.append(f'<text x="12" y="{PAD_T + ph / 2}" font-size="11" transform="rotate(-90 12 '
-               f'{PAD_T + ph / 2})" text-anchor="middle">rel. Euclidean distance</text>')
-    out.append(f'<text x="{PAD_L + pw / 2}" y="{H - 6}" font-size="11" text-anchor="middle">'
-               f'op outputs in execution order</text>')
+    grid = [{"y": y(v), "label": f"1e{v}"} for v in range(int(Y_MIN), int(Y_MAX) + 1, 2)]
+    culprit_x = None
     if culprit is not None:
         ci = next((i for i, r in enumerate(pts) if r["index"] == culprit["index"]), None)
         if ci is not None:
-            out.append(f'<line x1="{x(ci):.1f}" x2="{x(ci):.1f}" y1="{PAD_T}" '
-                       f'y2="{PAD_T + ph}" stroke="#d0342c" stroke-dasharray="4 3"/>'
-                       f'<text x="{x(ci) + 4:.1f}" y="{PAD_T + 24}" font-size="11" '
-                       f'fill="#d0342c">culprit</text>')
+            culprit_x = x(ci)
+    points = []
     # Passing points first, errors last, so the few that matter are drawn on top.
-    order = sorted(range(len(pts)), key=lambda i: _DRAW_ORDER.get(pts[i]["verdict"], 0))
-    for i in order:
+    for i in sorted(range(len(pts)), key=lambda i: _DRAW_ORDER.get(pts[i]["verdict"], 0)):
         r = pts[i]
-        tip = html.escape(f"#{r['index']} {r['op']} {r['module'] or ''} {r['phase']}: "
-                          f"{r['verdict']} rel_euc_dist={_fmt(r.get('rel_euc_dist'))}")
         big = r["verdict"] == "error" or (culprit is not None and r["index"] == culprit["index"])
-        out.append(f'<a href="#row-{r["index"]}"><circle cx="{x(i):.1f}" cy="{y(_y(r)):.1f}" '
-                   f'r="{5 if big else 2.5}" fill="{COLOURS.get(r["verdict"], "#000")}"'
-                   + (' stroke="#000" stroke-width="1"' if big else "")
-                   + f'><title>{tip}</title></circle></a>')
-    out.append("</svg>")
-    return "".join(out)
+        points.append({
+            "index": r["index"], "x": x(i), "y": y(_y(r)), "big": big,
+            "fill": COLOURS.get(r["verdict"], "#000"),
+            "tip": f"#{r['index']} {r['op']} {r['module'] or ''} {r['phase']}: "
+                   f"{r['verdict']} rel_euc_dist={_fmt(r.get('rel_euc_dist'))}",
+        })
+    return {"W": W, "H": H, "pad_l": PAD_L, "pad_t": PAD_T, "pw": pw, "ph": ph,
+            "bands": bands, "grid": grid, "culprit_x": culprit_x, "points": points}
 
 
-def _row_box(title: str, r: dict[str, Any] | None) -> str:
-    if r is None:
-        return f'<div class="box"><b>{title}:</b> none</div>'
-    return (f'<div class="box"><b>{title}:</b> <a href="#row-{r["index"]}">#{r["index"]}</a> '
-            f'<code>{html.escape(str(r["op"]))}</code> ({html.escape(str(r["phase"]))}) in '
-            f'<code>{html.escape(str(r["module"] or "-"))}</code> at '
-            f'<code>{html.escape(str(r["source"] or "?"))}</code><br>'
-            f'{html.escape(str(r["my_address"]))} vs {html.escape(str(r["golden_address"]))}: '
-            f'{html.escape(r["verdict"])}, {html.escape(r["message"] or "")}</div>')
+_ENV = None
+
+
+def _template() -> Any:
+    """The report template, with autoescape on: every value from a dump or config is text."""
+    global _ENV
+    if _ENV is None:
+        import jinja2
+
+        _ENV = jinja2.Environment(
+            loader=jinja2.PackageLoader("accuracy.compare", "."),
+            autoescape=True, undefined=jinja2.StrictUndefined)
+    return _ENV.get_template("report.html")
 
 
 def render(report: Report) -> str:
     s = report.summary
-    counts = " ".join(f'<span style="color:{COLOURS.get(k, "#000")}">{k} {v}</span>'
-                      for k, v in s["counts"].items())
-    head = "".join(f'<th onclick="sortBy(this)">{c}</th>' for c in TABLE_COLS)
-    body = []
-    for r in report.rows:
-        cells = "".join(
-            f'<td data-v="{html.escape(_fmt(r.get(c)))}">{html.escape(_fmt(r.get(c)))}</td>'
-            for c in TABLE_COLS)
-        body.append(f'<tr id="row-{r["index"]}" class="{r["verdict"]}">{cells}</tr>')
-    suspects = "".join(
-        f'<li><a href="#row-{x["index"]}">#{x["index"]}</a> <code>{html.escape(str(x["op"]))}'
-        f'</code> {html.escape(str(x["module"] or "-"))} ({x["phase"]}): score '
-        f'{_fmt(x["score"])}, {x["verdict"]}</li>' for x in s.get("suspects", []))
-    warn = f'<div class="box">{html.escape(s["warning"])}</div>' if s.get("warning") else ""
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>accuracy compare report</title>
-<style>{_CSS}</style><script>{_JS}</script></head><body>
-<h1>accuracy compare: {html.escape(str(s.get("my")))} vs {html.escape(str(s.get("golden")))}</h1>
-<div class="counts">{counts}</div>{warn}
-{_row_box("Culprit", s.get("culprit"))}
-{_row_box("First divergence", s.get("first_divergence"))}
-<h2>Divergence chart</h2>{chart(report.rows, s.get("culprit"))}
-<h2>Suspects</h2><ol>{suspects}</ol>
-<h2>Rows</h2><p>Filter: <select onchange="filt(this.value)"><option value="">all</option>
-{"".join(f'<option>{k}</option>' for k in s["counts"])}</select> (click a header to sort)</p>
-<table id="rows"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>
-</body></html>
-"""
+    rows = [{"id": r["index"], "verdict": r["verdict"], "cells": [_fmt(r.get(c)) for c in
+                                                               TABLE_COLS]}
+            for r in report.rows]
+    return _template().render(
+        css=Markup(_CSS), js=Markup(_JS), summary=s, colours=COLOURS, cols=TABLE_COLS,
+        rows=rows, chart=chart(report.rows, s.get("culprit")), fmt=_fmt,
+        boxes=[("Culprit", s.get("culprit")), ("First divergence", s.get("first_divergence"))],
+    )

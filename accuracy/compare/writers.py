@@ -74,6 +74,22 @@ def _cell(v: Any) -> Any:
     return v
 
 
+# A text cell starting with one of these is run as a formula by spreadsheet programs
+# (OWASP "CSV injection"): op, module and source names come from dump files.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_cell(v: Any) -> Any:
+    """A CSV cell: text that a spreadsheet would run as a formula gets a leading quote.
+
+    Numbers are written as numbers (negative ones included); only text is prefixed.
+    """
+    v = _cell(v)
+    if isinstance(v, str) and v.startswith(_FORMULA_START):
+        return "'" + v
+    return v
+
+
 def write_csv(report: Report, out: Path) -> Path:
     p = out / "rows.csv"
     extra = [k for k in (report.rows[0] if report.rows else {}) if k not in CSV_COLUMNS]
@@ -82,7 +98,7 @@ def write_csv(report: Report, out: Path) -> Path:
         w = csv.writer(f)
         w.writerow([CSV_COLUMNS.get(k, k) for k in cols])
         for r in map(with_msprobe_cells, report.rows):
-            w.writerow([_cell(r.get(k)) for k in cols])
+            w.writerow([_csv_cell(r.get(k)) for k in cols])
     return p
 
 
@@ -94,7 +110,10 @@ def write_xlsx(report: Report, out: Path) -> Path | None:
         log.warning("rows.xlsx not written: install the 'excel' extra (xlsxwriter)")
         return None
     p = out / "rows.xlsx"
-    wb = xlsxwriter.Workbook(str(p), {"nan_inf_to_errors": True})
+    # Every string is a text cell: no formulas (a module named "=HYPERLINK(...)" stays text),
+    # no numbers or links guessed from text.
+    wb = xlsxwriter.Workbook(str(p), {"nan_inf_to_errors": True, "strings_to_formulas": False,
+                                      "strings_to_numbers": False, "strings_to_urls": False})
     try:
         fmts = {"error": wb.add_format({"bg_color": "#F8C9C4"}),
                 "warning": wb.add_format({"bg_color": "#FCE9B2"}),

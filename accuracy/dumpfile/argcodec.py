@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from accuracy.dumpfile.validate import parse_json
+
 _MEMORY_FORMATS = {
     str(m): m
     for m in (
@@ -67,6 +69,36 @@ class UnrebuildableArgument(ValueError):
     """An argument was recorded only by its repr and cannot be rebuilt."""
 
 
+def _tagged(key: str, val: Any, tensors: Sequence[Any]) -> Any:
+    if key == "__tensor__":
+        if not isinstance(val, int) or isinstance(val, bool) or not 0 <= val < len(tensors):
+            raise ValueError(f"tensor placeholder {val!r} out of range ({len(tensors)} inputs)")
+        return tensors[val]
+    if key == "__float__":
+        return float(val)
+    if key == "__dtype__":
+        dt = getattr(torch, val, None) if isinstance(val, str) else None
+        if not isinstance(dt, torch.dtype):
+            raise ValueError(f"unknown dtype {val!r}")
+        return dt
+    if key == "__device__":
+        return torch.device(val)
+    if key == "__memory_format__":
+        return _MEMORY_FORMATS[val]
+    if key == "__layout__":
+        return _LAYOUTS[val]
+    if key == "__complex__":
+        return complex(float(val[0]), float(val[1]))
+    if key == "__generator__":
+        return None
+    if key == "__repr__":
+        raise UnrebuildableArgument(f"argument recorded only as {val!r}")
+    return _NOT_TAGGED
+
+
+_NOT_TAGGED = object()
+
+
 def _decode(obj: Any, tensors: Sequence[Any]) -> Any:
     if isinstance(obj, list):
         return [_decode(x, tensors) for x in obj]
@@ -74,30 +106,24 @@ def _decode(obj: Any, tensors: Sequence[Any]) -> Any:
         return obj
     if len(obj) == 1:
         (key, val), = obj.items()
-        if key == "__tensor__":
-            return tensors[val]
-        if key == "__float__":
-            return float(val)
-        if key == "__dtype__":
-            return getattr(torch, val)
-        if key == "__device__":
-            return torch.device(val)
-        if key == "__memory_format__":
-            return _MEMORY_FORMATS[val]
-        if key == "__layout__":
-            return _LAYOUTS[val]
-        if key == "__complex__":
-            return complex(val[0], val[1])
-        if key == "__generator__":
-            return None
-        if key == "__repr__":
-            raise UnrebuildableArgument(f"argument recorded only as {val!r}")
+        try:
+            out = _tagged(key, val, tensors)
+        except (KeyError, TypeError, IndexError, RuntimeError) as e:
+            raise ValueError(f"bad recorded argument {key}={val!r} ({e})") from None
+        if out is not _NOT_TAGGED:
+            return out
     return {k: _decode(v, tensors) for k, v in obj.items()}
 
 
 def decode_call(encoded: str, tensors: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
-    """Rebuild (args, kwargs), putting `tensors[i]` where placeholder i was recorded."""
-    data = json.loads(encoded)
+    """Rebuild (args, kwargs), putting `tensors[i]` where placeholder i was recorded.
+
+    The text comes from a file: its nesting is bounded and anything malformed is a ValueError.
+    """
+    data = parse_json(encoded, "recorded call arguments")
+    if not isinstance(data, dict) or not isinstance(data.get("args"), list) or not isinstance(
+            data.get("kwargs"), dict):
+        raise ValueError("recorded call arguments are not {\"args\": [...], \"kwargs\": {...}}")
     return _decode(data["args"], tensors), _decode(data["kwargs"], tensors)
 
 

@@ -6,7 +6,6 @@ multi-GB dump opens in milliseconds.
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 from collections import Counter
@@ -20,15 +19,25 @@ import h5py
 import numpy as np
 import torch
 
-from accuracy.dumpfile import schema
+from accuracy.dumpfile import schema, validate
 from accuracy.dumpfile.argcodec import decode_call
+from accuracy.dumpfile.checksum import Checksum, part_size
 from accuracy.patterns import module_matches, op_matches
 
 STATUS = "_status"
+_VERIFY_PIECE = 64 << 20  # bytes read at a time by `Dump.verify`
+
+# h5py reports damaged metadata or data as any of these (HDF5 errors, bad values decoded)
+_H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexError, UnicodeError,
+              RecursionError, OverflowError)
 
 
 class DumpError(ValueError):
     """A file that cannot be read as a dump; the message names the file and the problem."""
+
+
+class DamagedDataError(DumpError):
+    """A tensor's stored bytes are damaged (checksum mismatch, unreadable HDF5 chunks)."""
 
 
 @dataclass(eq=False)
@@ -99,14 +108,18 @@ class OpRecord:
 
 
 def _open_h5(path: Path) -> tuple[h5py.File, bool]:
-    """Open read-only; a file left open by a killed writer is opened through SWMR."""
+    """Open read-only; a file left open by a killed writer is opened through SWMR.
+
+    Locking is best-effort: a shared lock where the file system has locks (a non-SWMR writer
+    can't open the file meanwhile), and still readable on one without (NFS, Lustre).
+    """
     try:
-        return h5py.File(path, "r"), True
+        return h5py.File(path, "r", locking="best-effort"), True
     except OSError as e:
         msg = str(e)
         if "already open for write" in msg or "consistency flags" in msg:
             try:
-                return h5py.File(path, "r", swmr=True), False
+                return h5py.File(path, "r", swmr=True, locking="best-effort"), False
             except OSError as e2:
                 msg = str(e2)
         if "signature" in msg:
@@ -132,13 +145,16 @@ class Dump:
         self._f, self.closed_cleanly = _open_h5(self.path)
         try:
             self._validate()
+            validate.check_layout(self._f)
             self.attrs = self._read_attrs()
             self._load_index()
         except DumpError:
             self._f.close()
             raise
-        except (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
-            # h5py reports damaged metadata as OSError, RuntimeError or KeyError
+        except validate.LayoutError as e:
+            self._f.close()
+            raise DumpError(f"{self.path}: refused: {e}") from None
+        except _H5_ERRORS as e:
             self._f.close()
             raise DumpError(f"{self.path}: damaged dump ({type(e).__name__}: {e})") from None
         except BaseException:
@@ -148,6 +164,10 @@ class Dump:
     # -- opening ---------------------------------------------------------------------------
 
     def _validate(self) -> None:
+        if "format" not in self._f.attrs or self._f.attrs.get_id("format").get_storage_size(
+                ) > validate.MAX_ATTR_BYTES:
+            raise DumpError(f"{self.path}: HDF5 file but not an accuracy dump (no format "
+                            "attribute); was it written by another program?")
         fmt = self._f.attrs.get("format")
         if isinstance(fmt, bytes):
             fmt = fmt.decode()
@@ -156,7 +176,10 @@ class Dump:
                 f"{self.path}: HDF5 file but not an accuracy dump (format attribute is "
                 f"{fmt!r}); was it written by another program?"
             )
-        version = int(self._f.attrs.get("schema_version", -1))
+        try:
+            version = int(self._f.attrs.get("schema_version", -1))
+        except (TypeError, ValueError):
+            version = -1
         if version > schema.SCHEMA_VERSION:
             raise DumpError(
                 f"{self.path}: written with dump schema {version}, newer than this accuracy "
@@ -175,22 +198,28 @@ class Dump:
                 v = v.decode()
             elif isinstance(v, np.generic):
                 v = v.item()
+            if isinstance(v, str) and len(v) > validate.MAX_ATTR_BYTES:
+                raise validate.LayoutError(f"attribute {k!r} is {len(v)} characters long")
             if isinstance(v, str) and v[:1] in "[{":
                 try:
-                    v = json.loads(v)
-                except ValueError:
-                    pass
+                    v = validate.parse_json(v, f"attribute {k!r}")
+                except validate.LayoutError as e:
+                    if "nested deeper" in str(e):
+                        raise
             out[k] = v
         out["complete"] = bool(out.get("complete", False))
         return out
 
     def _load_index(self) -> None:
-        status = self._f[STATUS][:]
-        n_ops, n_tensors = int(status[0]), int(status[1])
-        self.blob_len = int(status[3])
-        self._ops = self._f[schema.OPS][:n_ops]
-        self._tensors = self._f[schema.TENSORS][:n_tensors]
-        self._blob = self._f[schema.BLOB]
+        blob, ops, tensors, status = (validate.open_dataset(self._f, p) for p in (
+            schema.BLOB, schema.OPS, schema.TENSORS, STATUS))
+        n_ops, n_tensors, self.blob_len = validate.check_index(
+            status[:], ops, tensors, blob, self.path.stat().st_size)
+        self._ops = ops[:n_ops]
+        self._tensors = tensors[:n_tensors]
+        validate.check_op_rows(self._ops)
+        validate.check_tensor_rows(self._tensors, self.blob_len)
+        self._blob = blob
 
     # -- records ---------------------------------------------------------------------------
 
@@ -200,8 +229,7 @@ class Dump:
         try:
             return self._parse_tensors()
         except (ValueError, TypeError, KeyError, IndexError, UnicodeError) as e:
-            raise DumpError(f"{self.path}: damaged tensor index ({type(e).__name__}: {e})"
-                            ) from None
+            raise DumpError(f"{self.path}: damaged tensor index ({e})") from None
 
     def _parse_tensors(self) -> list[TensorRecord]:
         t = self._tensors
@@ -238,8 +266,15 @@ class Dump:
         except DumpError:
             raise
         except (ValueError, TypeError, KeyError, IndexError, UnicodeError) as e:
-            raise DumpError(f"{self.path}: damaged op index ({type(e).__name__}: {e})"
-                            ) from None
+            raise DumpError(f"{self.path}: damaged op index ({e})") from None
+
+    def _extra(self, seq: int, text: str) -> dict[str, Any]:
+        if not text:
+            return {}
+        value = validate.parse_json(text, f"op {seq}: extra")
+        if not isinstance(value, dict):
+            raise validate.LayoutError(f"op {seq}: extra is not a JSON object")
+        return value
 
     def _parse_records(self) -> list[OpRecord]:
         o = self._ops
@@ -251,6 +286,7 @@ class Dump:
                 by_seq[t.seq][t.io].append(t)
         cols = {k: _text(o[k]) for k in ("op", "phase", "module", "source", "stack", "args",
                                          "extra")}
+        validate.check_json_column(cols["args"], "call arguments")
         epochs = (o["epoch"].tolist() if "epoch" in (o.dtype.names or ())
                   else [schema.UNKNOWN_EPOCH] * len(o))  # schema 1 rows have no epoch
         out = []
@@ -260,7 +296,7 @@ class Dump:
             out.append(OpRecord(
                 seq=seq, op=cols["op"][i], phase=cols["phase"][i], module=cols["module"][i],
                 source=cols["source"][i], stack=cols["stack"][i], args_json=cols["args"][i],
-                step=step, extra=json.loads(extra) if extra else {},
+                step=step, extra=self._extra(seq, extra),
                 inputs=sorted(ins, key=lambda r: r.idx), outputs=sorted(outs, key=lambda r: r.idx),
                 epoch=epochs[i],
             ))
@@ -292,44 +328,115 @@ class Dump:
         return self.tensor_record(addr).load()
 
     def read_tensor(self, t: TensorRecord) -> torch.Tensor:
-        try:
-            return self._read_tensor(t)
-        except DumpError:
-            raise
-        except (OSError, RuntimeError, ValueError, TypeError) as e:
-            raise DumpError(f"{self.path}: cannot read {t.address}: damaged data "
-                            f"({type(e).__name__}: {e})") from None
+        """The tensor's values, after checking its bytes against the stored checksum."""
+        dtype = self._dtype_with_data(t)
+        raw = self.read_bytes(t.offset, t.nbytes, t.address)
+        self.check_bytes(t, raw)
+        if t.nbytes == 0:
+            return torch.empty(t.shape, dtype=dtype)
+        return torch.from_numpy(raw).view(dtype).reshape(t.shape)
 
-    def _read_tensor(self, t: TensorRecord) -> torch.Tensor:
-        dtype = schema.torch_dtype(t.dtype)
+    def _dtype_with_data(self, t: TensorRecord) -> torch.dtype:
         if not t.has_data:
             raise DumpError(
                 f"{self.path}: {t.address} has statistics only (dumped in statistics mode, or "
                 "filtered); dump in tensor mode to get its values"
             )
-        if t.offset + t.nbytes > self._blob.shape[0]:
-            raise DumpError(f"{self.path}: {t.address} points past the end of the data")
-        if t.nbytes == 0:
-            return torch.empty(t.shape, dtype=dtype)
-        raw = self._blob[t.offset: t.offset + t.nbytes]
-        return torch.from_numpy(raw).view(dtype).reshape(t.shape)
+        try:
+            return schema.torch_dtype(t.dtype)
+        except ValueError as e:
+            raise DumpError(f"{self.path}: cannot read {t.address}: {e}") from None
+
+    def read_bytes(self, offset: int, nbytes: int, what: str) -> np.ndarray:
+        """Bytes [offset, offset + nbytes) of the stored data, as a private uint8 array.
+
+        The public ranged read (compare reads big tensors in windows through it): the range is
+        checked against the committed data, and any HDF5 failure becomes a DumpError naming
+        `what` (the tensor's address).
+        """
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.blob_len:
+            raise DumpError(f"{self.path}: {what} points past the end of the data")
+        if nbytes == 0:
+            return np.empty(0, np.uint8)
+        try:
+            return self._blob[offset: offset + nbytes]
+        except _H5_ERRORS as e:
+            raise DamagedDataError(f"{self.path}: cannot read {what}: damaged data "
+                            f"({type(e).__name__}: {e})") from None
+
+    def checksum_part(self, t: TensorRecord) -> int | None:
+        """Bytes per summed part of `t`'s checksum, or None when no checksum was stored."""
+        if t.stats.get("nan_count", -1) < 0:
+            return None
+        return part_size(t.dtype, schema.torch_dtype(t.dtype).itemsize)
+
+    def check_bytes(self, t: TensorRecord, raw: np.ndarray) -> None:
+        """Raise DumpError when `raw` (all of `t`'s bytes) does not match the stored checksum."""
+        part = self.checksum_part(t)
+        if part is None:
+            return
+        c = Checksum(part)
+        c.update(raw)
+        self.check_checksum(t.address, c.value, t.stats["checksum"])
+
+    def check_checksum(self, what: str, computed: int, stored: float | int) -> None:
+        if computed != int(stored):
+            raise DamagedDataError(
+                f"{self.path}: {what}: data damaged (checksum {computed} does not match the "
+                f"stored {int(stored)}); the file was altered or corrupted after it was written")
 
     def read_tensor_mapped(self, t: TensorRecord) -> torch.Tensor:
         """Like `read_tensor`, but the bytes are mapped from the file instead of read.
 
         The mapping is copy-on-write: writing to the tensor changes a private copy, never the
         file. Falls back to `read_tensor` where the bytes can't be mapped (a file still being
-        written, compressed or scattered storage, unaligned offsets).
+        written, compressed or scattered storage, unaligned offsets). The checksum is checked
+        either way.
         """
         if not t.has_data or t.nbytes == 0:
             return self.read_tensor(t)
-        dtype = schema.torch_dtype(t.dtype)
+        dtype = self._dtype_with_data(t)
         pos = self._file_offset(t.offset, t.nbytes)
-        if pos is None or pos % dtype.itemsize or t.offset + t.nbytes > self._blob.shape[0]:
+        if pos is None or pos % dtype.itemsize or t.offset + t.nbytes > self.blob_len:
             return self.read_tensor(t)
         mm, _, _ = self._mapping  # type: ignore[misc]
-        raw = np.frombuffer(mm, dtype=np.uint8, count=t.nbytes, offset=pos)
+        try:
+            raw = np.frombuffer(mm, dtype=np.uint8, count=t.nbytes, offset=pos)
+        except ValueError:  # the file shrank since it was opened
+            return self.read_tensor(t)
+        self.check_bytes(t, raw)
         return torch.from_numpy(raw).view(dtype).reshape(t.shape)
+
+    def verify(self) -> list[str]:
+        """Every stored tensor's bytes against its checksum; one line per problem found.
+
+        Reads each stored byte range once (links share it), in pieces of bounded size.
+        """
+        problems: list[str] = []
+        seen: set[tuple[int, int, int, int]] = set()
+        for t in self.tensors:
+            if not t.has_data:
+                continue
+            try:
+                part = self.checksum_part(t)
+            except ValueError as e:
+                problems.append(f"{self.path}: {t.address}: {e}")
+                continue
+            if part is None:
+                continue
+            key = (t.offset, t.nbytes, part, int(t.stats["checksum"]))
+            if key in seen:
+                continue
+            seen.add(key)
+            c = Checksum(part)
+            try:
+                step = _VERIFY_PIECE - _VERIFY_PIECE % part
+                for a in range(0, t.nbytes, step):
+                    c.update(self.read_bytes(t.offset + a, min(step, t.nbytes - a), t.address))
+                self.check_checksum(t.address, c.value, t.stats["checksum"])
+            except DumpError as e:
+                problems.append(str(e))
+        return problems
 
     @cached_property
     def _mapping(self) -> tuple[mmap.mmap, int, np.ndarray] | None:

@@ -9,6 +9,7 @@ training thread only hands it host copies and statistics through a byte-bounded 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -131,6 +132,22 @@ def _stats_values(stats: Any) -> tuple[float, float, float, float, int, int, int
     return (mn, mx, mean, l2, int(nans), int(infs), cs)
 
 
+def _discard_writes(f: h5py.File) -> None:
+    """Point the file's descriptor at /dev/null: HDF5's later writes succeed, and vanish."""
+    fd = f.id.get_vfd_handle()
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+def _keep_forever(obj: Any) -> None:
+    """Never free `obj`, not even at interpreter exit: it holds h5py objects of a file whose
+    close failed, and freeing those crashes the process (see DumpWriter._abandon)."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
 class DumpWriter:
     """Append-only writer running on a background thread.
 
@@ -228,6 +245,7 @@ class DumpWriter:
         self._n_ops = 0
         self._n_tensors = 0
         self._free_estimate = 0
+        self._unflushed = 0  # bytes appended but maybe still in HDF5's chunk cache
         self.bytes_written = 0
         self.bytes_linked = 0
 
@@ -247,7 +265,8 @@ class DumpWriter:
                     self._finish(*payload)
                     return
                 due = time.monotonic() - last_flush >= self.flush_seconds
-                if self._op_rows and (len(self._op_rows) >= self.flush_ops or due):
+                if self.error is None and self._op_rows and (
+                        len(self._op_rows) >= self.flush_ops or due):
                     self._flush()
                     last_flush = time.monotonic()
                 elif kind == "tick":
@@ -275,7 +294,9 @@ class DumpWriter:
             self._free_estimate -= nbytes
             return
         st = os.statvfs(self.path.parent)
-        free = st.f_bavail * st.f_frsize
+        # Bytes still in HDF5's chunk cache (64 MiB) are not on the disk yet: count them as
+        # used, or a cache full of data passes the check and fails at the next flush.
+        free = st.f_bavail * st.f_frsize - self._unflushed
         self._free_estimate = free - nbytes
         if nbytes + _HEADROOM > free:
             raise DiskFullError(
@@ -293,6 +314,7 @@ class DumpWriter:
             self._blob.resize((self._blob_cap,))
         if arr.size:
             self._blob[off:end] = arr
+            self._unflushed += arr.size
         self._blob_len = end
         return off
 
@@ -345,6 +367,7 @@ class DumpWriter:
         self._tensor_rows.clear()
         self._op_rows.clear()
         self._file.flush()
+        self._unflushed = 0
         self._status[:] = [self._n_ops, self._n_tensors, 0, self._blob_len]
         self._file.flush()
 
@@ -364,11 +387,33 @@ class DumpWriter:
         f.flush()
         self._status[:] = [self._n_ops, self._n_tensors, int(ok), self._blob_len]
         f.close()
+        self._release_handles()
 
     def _abandon(self) -> None:
-        """Close after a write error, keeping whatever was committed."""
+        """Close after a write error, keeping whatever was committed, exactly once.
+
+        After a failed HDF5 write (ENOSPC on a disk another program filled) HDF5 cannot close
+        the file: its close retries the failed writes, fails half-way, and HDF5 then
+        segfaulted the training process at exit, closing the file again. So after such an
+        error the file's descriptor is pointed at /dev/null first: the close then succeeds
+        without touching the disk, and the file keeps what was committed before the error
+        (SWMR ordering: it reads like the file of a killed process). Should a close still
+        fail, its h5py objects are never freed (see `_keep_forever`).
+        """
+        f = self._file
+        hdf5_failed = isinstance(self.error, OSError | RuntimeError) and not isinstance(
+            self.error, DiskFullError)
         try:
-            self._file.attrs["complete"] = False
-            self._file.close()
+            if hdf5_failed:
+                _discard_writes(f)
+            else:
+                f.attrs["complete"] = False
+            f.close()
         except Exception as e:  # noqa: BLE001
             log.error("could not close %s cleanly after an error: %s", self.path, e)
+            _keep_forever({k: v for k, v in self.__dict__.items() if k.startswith("_")})
+        self._release_handles()
+
+    def _release_handles(self) -> None:
+        for name in ("_file", "_blob", "_ops", "_tensors", "_status"):
+            self.__dict__.pop(name, None)

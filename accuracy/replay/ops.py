@@ -13,7 +13,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from accuracy.dumper.collectives import is_collective
-from accuracy.dumpfile.reader import DumpError, OpRecord
+from accuracy.dumpfile.reader import DamagedDataError, DumpError, OpRecord
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.metrics import agreeing_metrics, bit_equal, exact_metrics, output_metrics
 from accuracy.replay.rebuild import Unreplayable, build_call, check_inputs, resolve_op
@@ -181,6 +181,8 @@ def guarded(seq: int, op: str, run: Callable[[], OpOutcome]) -> OpOutcome:
         return run()
     except Unreplayable as e:
         return OpOutcome(seq, SKIPPED, str(e))
+    except DamagedDataError:
+        raise  # a damaged file is not a bad op: stop, naming the tensor
     except (DumpError, ValueError, TypeError, RuntimeError, IndexError, KeyError) as e:
         log.debug("re-run of %s (seq %d) failed", op, seq, exc_info=True)
         return OpOutcome(seq, FAILED, f"{type(e).__name__}: {str(e)[:300]}")

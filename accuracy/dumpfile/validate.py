@@ -1,0 +1,291 @@
+"""The dump layout the reader accepts, checked on every open: a dump file is untrusted input.
+
+HDF5 can make a file read bytes from elsewhere (external raw storage, external links, virtual
+datasets), inflate a few KB into GBs (compression filters on an all-fill dataset) or hold index
+values that no writer of ours produces. `check_layout` refuses all of that before any data is
+read, from metadata and the two index tables only (vectorised numpy, never the blob), so it
+costs milliseconds on a dump of any size. Each refusal is a `LayoutError` with the reason; the
+reader turns it into a `DumpError` naming the file. The rules are listed in docs/dump-format.md.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import h5py
+import numpy as np
+
+from accuracy.dumpfile import schema
+
+STATUS = "_status"
+
+# What our writer makes, and nothing else: group -> {member: "group" | "dataset"}.
+LAYOUT: dict[str, dict[str, str]] = {
+    "/": {"_data": "group", "_index": "group", STATUS: "dataset"},
+    "/_data": {"blob": "dataset"},
+    "/_index": {"ops": "dataset", "tensors": "dataset"},
+}
+_LAYOUTS_OK = {h5py.h5d.COMPACT, h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED}
+
+MAX_ATTRS = 256  # attributes on one object
+MAX_ATTR_BYTES = 4 << 20  # one attribute's stored size, and a string attribute's length
+MAX_JSON_DEPTH = 64  # nesting of any JSON text in a dump (ours is at most ~6 deep)
+MAX_JSON_CHARS = 64 << 20
+MAX_CHUNK_BYTES = 64 << 20  # one chunk of any dataset (the writer uses 1 MiB)
+MAX_ROWS = 1 << 40
+MAX_NUMEL = 1 << 53  # elements of one tensor: more than any device holds
+
+
+class LayoutError(ValueError):
+    """The file is HDF5 but not laid out as our writer lays out a dump."""
+
+
+# -- JSON ------------------------------------------------------------------------------------
+
+def parse_json(text: str, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """`json.loads` that refuses text nested deeper than `max_depth` (ValueError naming `what`).
+
+    Python's JSON parser recurses: 100k nested brackets raise RecursionError, and shallower
+    text still overflows the recursive code that walks the result. Text with few brackets is
+    passed straight through (one `str.count` each); the rest is measured after parsing.
+    """
+    if len(text) > MAX_JSON_CHARS:
+        raise LayoutError(f"{what}: JSON text of {len(text)} characters (limit {MAX_JSON_CHARS})")
+    if text.count("[") + text.count("{") <= max_depth:
+        try:
+            return json.loads(text)
+        except ValueError as e:
+            raise LayoutError(f"{what}: invalid JSON ({e})") from None
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise LayoutError(f"{what}: JSON nested deeper than {max_depth} levels") from None
+    except ValueError as e:
+        raise LayoutError(f"{what}: invalid JSON ({e})") from None
+    _check_depth(value, what, max_depth)
+    return value
+
+
+def check_json_column(texts: list[str], what: str) -> None:
+    """Refuse over-deep JSON in a column of texts parsed later (op call arguments)."""
+    for i, text in enumerate(texts):
+        if text.count("[") + text.count("{") > MAX_JSON_DEPTH or len(text) > MAX_JSON_CHARS:
+            parse_json(text, f"{what} of op row {i}")
+
+
+def _check_depth(value: Any, what: str, max_depth: int) -> None:
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        elif not isinstance(v, list):
+            continue
+        if d > max_depth:
+            raise LayoutError(f"{what}: JSON nested deeper than {max_depth} levels")
+        stack.extend((x, d + 1) for x in v if isinstance(x, list | dict))
+
+
+# -- structure -------------------------------------------------------------------------------
+
+def _check_attrs(obj: h5py.Group | h5py.Dataset, where: str) -> None:
+    names = list(obj.attrs)
+    if len(names) > MAX_ATTRS:
+        raise LayoutError(f"{where} has {len(names)} attributes (limit {MAX_ATTRS})")
+    for name in names:
+        aid = obj.attrs.get_id(name)
+        if aid.get_storage_size() > MAX_ATTR_BYTES:
+            raise LayoutError(f"attribute {name!r} of {where} is too large")
+        kind = aid.dtype.kind
+        if aid.shape != () or kind not in "biufSOU":
+            raise LayoutError(f"attribute {name!r} of {where} is not a plain scalar")
+
+
+def _check_dataset(ds: h5py.Dataset, where: str) -> None:
+    dcpl = ds.id.get_create_plist()
+    layout = dcpl.get_layout()
+    if layout == h5py.h5d.VIRTUAL or ds.is_virtual:
+        raise LayoutError(f"{where} is a virtual dataset (data from other files)")
+    if dcpl.get_external_count():
+        raise LayoutError(f"{where} stores its data in external files")
+    if layout not in _LAYOUTS_OK:
+        raise LayoutError(f"{where} has an unknown storage layout ({layout})")
+    if dcpl.get_nfilters():
+        names = []
+        for i in range(dcpl.get_nfilters()):
+            names.append(dcpl.get_filter(i)[3].decode("ascii", "replace") or "?")
+        raise LayoutError(f"{where} uses filters the writer never uses ({', '.join(names)}): "
+                          "a compressed dataset can expand without bound")
+    if ds.ndim != 1:
+        raise LayoutError(f"{where} has {ds.ndim} dimensions, expected 1")
+    if ds.chunks is not None and ds.chunks[0] * ds.dtype.itemsize > MAX_CHUNK_BYTES:
+        raise LayoutError(f"{where} has {ds.chunks[0] * ds.dtype.itemsize}-byte chunks "
+                          f"(limit {MAX_CHUNK_BYTES})")
+    _check_attrs(ds, where)
+
+
+def _walk(f: h5py.File) -> None:
+    """Every object is one of ours, reached by a hard link (soft and external links refused)."""
+    for group, members in LAYOUT.items():
+        g = f[group]
+        _check_attrs(g, group)
+        names = set(g.keys())
+        unknown = sorted(names - set(members))
+        if unknown:
+            raise LayoutError(f"unexpected object {group.rstrip('/')}/{unknown[0]} (a dump "
+                              "holds only what the writer makes)")
+        for name, kind in members.items():
+            path = f"{group.rstrip('/')}/{name}"
+            if name not in names:
+                raise LayoutError(f"missing {path.lstrip('/')!r}")
+            link = g.get(name, getlink=True)
+            if isinstance(link, h5py.ExternalLink):
+                raise LayoutError(f"{path} is an external link to {link.filename!r}")
+            if not isinstance(link, h5py.HardLink):
+                raise LayoutError(f"{path} is a {type(link).__name__}, not a plain object")
+            # by name, without opening it
+            otype = h5py.h5o.get_info(g.id, name.encode()).type
+            expected = h5py.h5o.TYPE_GROUP if kind == "group" else h5py.h5o.TYPE_DATASET
+            if otype != expected:
+                raise LayoutError(f"{path} is not a {kind}")
+            if kind == "dataset":
+                _check_dataset(open_dataset(f, path), path)
+
+
+def _check_dtypes(f: h5py.File) -> None:
+    blob, ops, tensors, status = (open_dataset(f, p) for p in (schema.BLOB, schema.OPS,
+                                                                 schema.TENSORS, STATUS))
+    if blob.dtype != np.uint8:
+        raise LayoutError(f"/{schema.BLOB} has dtype {blob.dtype}, expected uint8")
+    if ops.dtype != schema.OP_ROW:
+        raise LayoutError(f"/{schema.OPS} has an unknown row type")
+    if tensors.dtype != schema.TENSOR_ROW:
+        raise LayoutError(f"/{schema.TENSORS} has an unknown row type")
+    if status.dtype != np.int64 or status.shape != (4,):
+        raise LayoutError(f"/{STATUS} is not int64[4]")
+
+
+def _check_storage(blob: h5py.Dataset, blob_len: int, file_size: int) -> None:
+    """The committed data is really stored, inside the file, unfiltered.
+
+    Reading unallocated chunks costs no disk but any amount of memory; a chunk outside the
+    file is a damaged chunk index (HDF5 would fail mid-read).
+    """
+    if blob.chunks is None:
+        off = blob.id.get_offset()
+        if blob_len and (off is None or off + blob_len > file_size):
+            raise LayoutError(f"/{schema.BLOB}: its {blob_len} bytes are not in the file")
+        return
+    size = blob.chunks[0]
+    need = -(-blob_len // size)  # chunks covering the committed bytes
+    have = np.zeros(need, bool)
+    bad: list[str] = []
+
+    def note(info: Any) -> None:
+        c = info.chunk_offset[0] // size
+        if info.filter_mask != 0 or info.byte_offset is None or (
+                info.byte_offset + info.size > file_size):
+            bad.append(f"chunk {c} lies outside the file (damaged chunk index)")
+        elif c < need:
+            have[c] = True
+
+    blob.id.chunk_iter(note)
+    if bad:
+        raise LayoutError(f"/{schema.BLOB} {bad[0]}")
+    if not have.all():
+        raise LayoutError(f"/{schema.BLOB}: chunk {int(np.argmin(have))} of the committed "
+                          "data was never written")
+
+
+def check_index(status: np.ndarray, ops: h5py.Dataset, tensors: h5py.Dataset,
+                blob: h5py.Dataset, file_size: int) -> tuple[int, int, int]:
+    """Validate the committed counts; returns (ops, tensors, blob bytes) to read."""
+    n_ops, n_tensors, complete, blob_len = (int(x) for x in status)
+    if not 0 <= n_ops <= ops.shape[0]:
+        raise LayoutError(f"/{STATUS} says {n_ops} ops, the table has {ops.shape[0]} rows")
+    if not 0 <= n_tensors <= tensors.shape[0]:
+        raise LayoutError(f"/{STATUS} says {n_tensors} tensors, the table has "
+                          f"{tensors.shape[0]} rows")
+    if complete not in (0, 1):
+        raise LayoutError(f"/{STATUS} has complete flag {complete}")
+    if not 0 <= blob_len <= blob.shape[0]:
+        raise LayoutError(f"/{STATUS} says {blob_len} data bytes, the data holds "
+                          f"{blob.shape[0]}")
+    _check_storage(blob, blob_len, file_size)
+    return n_ops, n_tensors, blob_len
+
+
+def check_tensor_rows(t: np.ndarray, blob_len: int) -> None:
+    """Vectorised checks of the tensor table: ranges, shapes, byte counts, dtypes."""
+    if len(t) == 0:
+        return
+    rows = np.arange(len(t))
+
+    def refuse(mask: np.ndarray, why: str) -> None:
+        if mask.any():
+            i = int(rows[mask][0])
+            raise LayoutError(f"tensor row {i}: {why}")
+
+    refuse(t["seq"] < 0, "negative sequence number")
+    refuse(t["io"] > 1, "io is neither input nor output")
+    refuse(t["idx"] < 0, "negative tensor index")
+    ndim = t["ndim"].astype(np.int64)
+    refuse((ndim < -1) | (ndim > schema.MAX_DIMS), "impossible number of dimensions")
+    used = np.arange(schema.MAX_DIMS)[None, :] < ndim[:, None]
+    shape = np.where(used, t["shape"], 1)
+    refuse((shape < 0).any(axis=1), "negative dimension")
+    refuse((shape > MAX_NUMEL).any(axis=1), "dimension too large")
+    # float64 products are exact far beyond MAX_NUMEL's neighbourhood, and cannot wrap
+    numel = np.prod(shape.astype(np.float64), axis=1)
+    refuse(numel > MAX_NUMEL, "shape holds too many elements")
+    off, nb = t["offset"], t["nbytes"]
+    refuse(t["first"] < -1, "negative link")
+    refuse(t["nan_count"] < -1, "negative nan count")
+    refuse(t["inf_count"] < -1, "negative inf count")
+    data = (off >= 0) & (ndim >= 0)
+    refuse(off < -1, "negative data offset")
+    refuse(nb < 0, "negative byte count")
+    refuse(data & (off > blob_len), "data offset past the end of the data")
+    refuse(data & (nb > blob_len - np.minimum(off, blob_len)), "data runs past the end of the data")
+    sizes = {}
+    for name in np.unique(t["dtype"][data]).tolist():
+        text = name.decode("ascii", "replace")
+        try:
+            sizes[name] = schema.torch_dtype(text).itemsize
+        except (ValueError, TypeError):
+            raise LayoutError(f"unknown tensor dtype {text!r}") from None
+    if sizes:
+        itemsize = np.zeros(len(t), np.float64)
+        for name, size in sizes.items():
+            itemsize[t["dtype"] == name] = size
+        refuse(data & (numel * itemsize != nb), "byte count does not match dtype and shape")
+
+
+def check_op_rows(o: np.ndarray) -> None:
+    if len(o) == 0:
+        return
+    seq = o["seq"]
+    if (seq < 0).any():
+        raise LayoutError(f"op row {int(np.argmax(seq < 0))}: negative sequence number")
+    if ((o["n_in"] < 0) | (o["n_out"] < 0)).any():
+        raise LayoutError("op row with a negative tensor count")
+    if len(np.unique(seq)) != len(seq):
+        raise LayoutError("two op rows share a sequence number")
+
+
+def check_layout(f: h5py.File) -> None:
+    """Structure, links, storage, filters and attributes; raises LayoutError."""
+    _walk(f)
+    _check_dtypes(f)
+
+
+def open_dataset(f: h5py.File, path: str) -> h5py.Dataset:
+    """Open one of the dump's datasets (after `check_layout` has accepted the file).
+
+    No external or virtual source can be reached: `check_layout` refused those from their
+    creation properties. (HDF5's efile/virtual prefix access properties were tried as a second
+    guard, but they only apply to relative names, and HDF5 then refuses any later open of the
+    same dataset in the process with other properties, so a user's own h5py open would fail.)
+    """
+    return f[path]

@@ -1,0 +1,232 @@
+"""Builders of hostile dump files, for the reader, CLI and server tests.
+
+Each builder takes a good dump written by our dumper and writes a variant an attacker (or a
+damaged disk) could produce. `SECRET` is what a file "outside" holds: a test asserts it never
+comes back from any reader, command or request.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+SECRET = b"TOP-SECRET-TOKEN=hunter2;" * 64  # 1600 bytes, longer than the good dump's data
+
+
+def good_dump(path: Path) -> Path:
+    """A small tensor-mode dump: matmul, relu, sum of an 8x8 fp32 tensor."""
+    from accuracy import dumper
+
+    x = torch.randn(8, 8, generator=torch.Generator().manual_seed(0))
+    with dumper(dump_path=path, overwrite=True):
+        (x @ x).relu().sum()
+    return path
+
+
+def outside_file(folder: Path) -> Path:
+    """A plain file outside any dump, holding SECRET."""
+    p = folder / "outside.secret"
+    p.write_bytes(SECRET)
+    return p
+
+
+def outside_h5(folder: Path) -> Path:
+    """An HDF5 file outside the dump whose dataset /secret holds SECRET as uint8."""
+    p = folder / "outside.h5"
+    with h5py.File(p, "w") as f:
+        f["secret"] = np.frombuffer(SECRET, np.uint8)
+    return p
+
+
+def _rebuild(good: Path, dst: Path, make_blob: Callable[[h5py.File, np.ndarray], None],
+             edit: Callable[[h5py.File], None] | None = None) -> Path:
+    """A copy of `good` with `/_data/blob` made by `make_blob(file, original bytes)`."""
+    with h5py.File(good, "r") as src, h5py.File(dst, "w", libver="latest") as f:
+        for k, v in src.attrs.items():
+            f.attrs[k] = v
+        for name in ("_index/ops", "_index/tensors"):
+            d = src[name]
+            f.create_dataset(name, data=d[:], maxshape=(None,), chunks=d.chunks)
+        f["_status"] = src["_status"][:]
+        f.create_group("_data")
+        make_blob(f, src["_data/blob"][:])
+        if edit is not None:
+            edit(f)
+    return dst
+
+
+def external_storage(good: Path, dst: Path, outside: Path) -> Path:
+    """The blob's raw storage is an external file (HDF5 external storage)."""
+    def blob(f: h5py.File, data: np.ndarray) -> None:
+        f.create_dataset("_data/blob", shape=data.shape, dtype=np.uint8,
+                         external=[(str(outside), 0, h5py.h5f.UNLIMITED)])
+    return _rebuild(good, dst, blob)
+
+
+def external_link(good: Path, dst: Path, outside: Path) -> Path:
+    """`/_data/blob` is an external link to a dataset in another HDF5 file."""
+    def blob(f: h5py.File, data: np.ndarray) -> None:
+        f["_data/blob"] = h5py.ExternalLink(str(outside), "/secret")
+    return _rebuild(good, dst, blob)
+
+
+def virtual_blob(good: Path, dst: Path, outside: Path) -> Path:
+    """`/_data/blob` is a virtual dataset mapping another file's dataset."""
+    def blob(f: h5py.File, data: np.ndarray) -> None:
+        layout = h5py.VirtualLayout(shape=(len(SECRET),), dtype=np.uint8)
+        layout[:] = h5py.VirtualSource(str(outside), "secret", shape=(len(SECRET),))
+        f.create_virtual_dataset("_data/blob", layout)
+    return _rebuild(good, dst, blob)
+
+
+def soft_link(good: Path, dst: Path) -> Path:
+    """`/_data/blob` is a soft link to another dataset in the file."""
+    def blob(f: h5py.File, data: np.ndarray) -> None:
+        f["_data/blob"] = h5py.SoftLink("/_status")
+    return _rebuild(good, dst, blob)
+
+
+def gzip_bomb(good: Path, dst: Path, size: int = 64 << 20) -> Path:
+    """The blob is gzip-compressed zeros, `size` bytes uncompressed, and a tensor row claims
+    all of it: a few KB on disk that expand into `size` bytes of memory when read."""
+    def blob(f: h5py.File, data: np.ndarray) -> None:
+        ds = f.create_dataset("_data/blob", shape=(size,), dtype=np.uint8, chunks=(1 << 20,),
+                              compression="gzip", compression_opts=9)
+        zeros = np.zeros(1 << 20, np.uint8)
+        for a in range(0, size, 1 << 20):
+            ds[a: a + (1 << 20)] = zeros
+
+    def edit(f: h5py.File) -> None:
+        st = f["_status"][:]
+        st[3] = size
+        f["_status"][:] = st
+        t = f["_index/tensors"][:]
+        n = (size // 4)
+        t[0]["ndim"], t[0]["offset"], t[0]["nbytes"] = 1, 0, size
+        t[0]["shape"][:] = 0
+        t[0]["shape"][0] = n
+        t[0]["nan_count"] = -1  # no checksum to check: the bytes are read in full
+        f["_index/tensors"][:] = t
+    return _rebuild(good, dst, blob, edit)
+
+
+def sparse_bomb(good: Path, dst: Path, size: int = 64 << 20) -> Path:
+    """No filter: a huge chunked blob with no chunk written, and a row claiming all of it."""
+    def blob(f: h5py.File, data: np.ndarray) -> None:
+        ds = f.create_dataset("_data/blob", shape=(size,), maxshape=(None,), dtype=np.uint8,
+                              chunks=(1 << 20,))
+        ds[: data.size] = data
+
+    def edit(f: h5py.File) -> None:
+        st = f["_status"][:]
+        st[3] = size
+        f["_status"][:] = st
+        t = f["_index/tensors"][:]
+        t[0]["offset"], t[0]["nbytes"], t[0]["ndim"] = 0, size, 1
+        t[0]["shape"][:] = 0
+        t[0]["shape"][0] = size // 4
+        f["_index/tensors"][:] = t
+    return _rebuild(good, dst, blob, edit)
+
+
+def _copy_and_edit(good: Path, dst: Path, edit: Callable[[h5py.File], None]) -> Path:
+    shutil.copyfile(good, dst)
+    with h5py.File(dst, "r+") as f:
+        edit(f)
+    return dst
+
+
+def deep_json_extra(good: Path, dst: Path, depth: int = 100_000) -> Path:
+    """An op's `extra` is JSON nested `depth` levels deep."""
+    def edit(f: h5py.File) -> None:
+        ops = f["_index/ops"][:]
+        ops[0]["extra"] = "[" * depth + "]" * depth
+        f["_index/ops"][:] = ops
+    return _copy_and_edit(good, dst, edit)
+
+
+def deep_json_args(good: Path, dst: Path, depth: int = 100_000) -> Path:
+    """An op's recorded call arguments are JSON nested `depth` levels deep."""
+    def edit(f: h5py.File) -> None:
+        ops = f["_index/ops"][:]
+        ops[0]["args"] = '{"args": ' + "[" * depth + "]" * depth + ', "kwargs": {}}'
+        f["_index/ops"][:] = ops
+    return _copy_and_edit(good, dst, edit)
+
+
+def deep_json_attr(good: Path, dst: Path, depth: int = 100_000) -> Path:
+    """A root attribute holds JSON nested `depth` levels deep."""
+    def edit(f: h5py.File) -> None:
+        f.attrs["filter"] = "[" * depth + "]" * depth
+    return _copy_and_edit(good, dst, edit)
+
+
+def negative_count(good: Path, dst: Path) -> Path:
+    """`/_status` claims -1 committed ops (it used to drop the last op silently)."""
+    def edit(f: h5py.File) -> None:
+        st = f["_status"][:]
+        st[0] = -1
+        f["_status"][:] = st
+    return _copy_and_edit(good, dst, edit)
+
+
+def rows_outside(good: Path, dst: Path, offset: int | None = None,
+                 nbytes: int | None = None) -> Path:
+    """The first stored tensor's row points past the data (or overflows int64 arithmetic)."""
+    def edit(f: h5py.File) -> None:
+        t = f["_index/tensors"][:]
+        blob_len = int(f["_status"][3])
+        i = int(np.argmax(t["offset"] >= 0))
+        t[i]["offset"] = blob_len - 4 if offset is None else offset
+        if nbytes is not None:
+            t[i]["nbytes"] = nbytes
+        f["_index/tensors"][:] = t
+    return _copy_and_edit(good, dst, edit)
+
+
+def negative_shape(good: Path, dst: Path) -> Path:
+    """A tensor row with a negative dimension."""
+    def edit(f: h5py.File) -> None:
+        t = f["_index/tensors"][:]
+        t[0]["shape"][0] = -8
+        f["_index/tensors"][:] = t
+    return _copy_and_edit(good, dst, edit)
+
+
+def _blob_file_offset(path: Path) -> int:
+    """Where the blob's first chunk starts in the file."""
+    with h5py.File(path, "r") as f:
+        ds = f["_data/blob"]
+        if ds.chunks is None:
+            return int(ds.id.get_offset())
+        return int(ds.id.get_chunk_info(0).byte_offset)
+
+
+def flipped_data(good: Path, dst: Path, at: int = 3) -> Path:
+    """One bit flipped in the first tensor's stored bytes (its checksum no longer matches)."""
+    shutil.copyfile(good, dst)
+    pos = _blob_file_offset(dst) + at
+    raw = bytearray(dst.read_bytes())
+    raw[pos] ^= 0x10
+    dst.write_bytes(bytes(raw))
+    return dst
+
+
+def flipped_chunk_index(good: Path, dst: Path) -> Path:
+    """The blob's chunk address in its chunk index has a flipped high bit: reading the data
+    makes HDF5 fail deep inside ("Can't synchronously read data")."""
+    shutil.copyfile(good, dst)
+    addr = _blob_file_offset(dst)
+    raw = bytearray(dst.read_bytes())
+    needle = addr.to_bytes(8, "little")
+    hits = [i for i in range(len(raw) - 8) if raw[i: i + 8] == needle]
+    assert hits, "chunk address not found in the file"
+    for i in hits:
+        raw[i + 5] ^= 0x40  # the address now lies far past the end of the file
+    dst.write_bytes(bytes(raw))
+    return dst

@@ -1,0 +1,268 @@
+"""A dump file is untrusted input (issue #12, file side): crafted files are refused by the
+reader and every CLI command with a one-line reason, nothing from outside the file comes back,
+checksums are verified on read, reports escape what they show, and a disk filled under a
+running dump does not crash training."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import _crafted as C
+import h5py
+import pytest
+import torch
+
+from accuracy import DumpError, dumper, load_dump
+from accuracy.compare.api import compare
+
+HERE = Path(__file__).parent
+
+REFUSED_AT_OPEN = {
+    "external_storage": ("external files", lambda g, p, d: C.external_storage(
+        g, p, C.outside_file(d))),
+    "external_link": ("external link", lambda g, p, d: C.external_link(g, p, C.outside_h5(d))),
+    "virtual_dataset": ("virtual dataset", lambda g, p, d: C.virtual_blob(
+        g, p, C.outside_h5(d))),
+    "soft_link": ("SoftLink", lambda g, p, d: C.soft_link(g, p)),
+    "gzip_bomb": ("filters", lambda g, p, d: C.gzip_bomb(g, p)),
+    "sparse_bomb": ("never written", lambda g, p, d: C.sparse_bomb(g, p)),
+    "deep_json_extra": ("nested deeper", lambda g, p, d: C.deep_json_extra(g, p)),
+    "deep_json_args": ("nested deeper", lambda g, p, d: C.deep_json_args(g, p)),
+    "deep_json_attr": ("nested deeper", lambda g, p, d: C.deep_json_attr(g, p)),
+    "negative_count": ("-1 ops", lambda g, p, d: C.negative_count(g, p)),
+    "row_outside_data": ("past the end", lambda g, p, d: C.rows_outside(g, p)),
+    "row_overflowing": ("past the end", lambda g, p, d: C.rows_outside(
+        g, p, offset=2**62, nbytes=2**62)),
+    "negative_shape": ("negative dimension", lambda g, p, d: C.negative_shape(g, p)),
+    "flipped_chunk_index": ("damaged", lambda g, p, d: C.flipped_chunk_index(g, p)),
+}
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> Path:
+    return C.good_dump(tmp_path_factory.mktemp("good") / "good.h5")
+
+
+def _read_all(path: Path) -> None:
+    with load_dump(path) as d:
+        d.summary()
+        for rec in d.records:
+            rec.call([None] * len(rec.inputs))
+            for t in rec.tensors:
+                if t.has_data:
+                    assert C.SECRET[:16] not in t.load().numpy().tobytes()
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_AT_OPEN))
+def test_crafted_file_refused_by_the_reader(case, good, tmp_path):
+    reason, build = REFUSED_AT_OPEN[case]
+    path = build(good, tmp_path / f"{case}.h5", tmp_path)
+    with pytest.raises(DumpError) as e:
+        _read_all(path)
+    msg = str(e.value)
+    assert str(path) in msg and reason in msg and "\n" not in msg
+
+
+def _cli(args: list[str], capsys) -> tuple[int, str]:
+    """Run one command as the `accuracy` script does; an escaping exception fails the test."""
+    from accuracy.cli import main
+
+    rc = main(args)
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def _commands(path: Path, good: Path, out: Path) -> dict[str, list[str]]:
+    return {
+        "info": ["info", str(path)],
+        "ls": ["ls", "--tensors", str(path)],
+        "extract": ["extract", str(path), "-o", str(out / "x.h5"), "--overwrite"],
+        "replay": ["replay", str(path), "-o", str(out / "r.h5"), "--overwrite", "-q"],
+        "compare": ["compare", "-m", str(path), "-g", str(good), "-o", str(out / "rep"),
+                    "--overwrite", "--no-progress"],
+        "overflow": ["overflow", str(path), "--confirm-on", "cpu"],
+        "verify": ["verify", str(path)],
+    }
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_AT_OPEN))
+def test_every_command_refuses_crafted_file_in_one_line(case, good, tmp_path, capsys):
+    reason, build = REFUSED_AT_OPEN[case]
+    path = build(good, tmp_path / f"{case}.h5", tmp_path)
+    for name, args in _commands(path, good, tmp_path).items():
+        rc, out = _cli(args, capsys)
+        assert rc == (1 if name == "verify" else 2), (name, out)
+        assert "TOP-SECRET" not in out and out.count("\n") == 1, (name, out)
+        assert reason in out and str(path) in out, (name, out)
+        assert not (tmp_path / "x.h5").exists() and not (tmp_path / "r.h5").exists()
+
+
+def test_info_refusal_is_one_line_without_traceback(good, tmp_path, capsys):
+    from accuracy.cli import main
+
+    path = C.deep_json_extra(good, tmp_path / "deep.h5")
+    assert main(["ls", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nested deeper than 64" in err
+
+
+def test_flipped_data_byte_is_an_error_naming_the_tensor(good, tmp_path):
+    path = C.flipped_data(good, tmp_path / "flip.h5")
+    with load_dump(path) as d:  # the index is intact: listing still works
+        first = next(t for t in d.tensors if t.has_data)
+        with pytest.raises(DumpError, match=f"{first.address}: data damaged"):
+            first.load()
+        with pytest.raises(DumpError, match="data damaged"):
+            d.read_tensor_mapped(first)
+        problems = d.verify()
+    assert problems and all(first.address in p for p in problems)
+
+
+def test_flipped_data_byte_fails_compare_replay_extract_and_verify(good, tmp_path, capsys):
+    path = C.flipped_data(good, tmp_path / "flip.h5")
+    for name, args in _commands(path, good, tmp_path).items():
+        if name == "overflow":
+            continue  # no inf/nan in this dump: nothing to confirm, nothing read
+        rc, out = _cli(args, capsys)
+        if name in ("info", "ls"):
+            assert rc == 0, (name, out)  # they read no tensor bytes
+            continue
+        assert rc == (1 if name == "verify" else 2), (name, out)
+        assert "/aten.mm.default/0/input/0: data damaged" in out, (name, out)
+
+
+def test_verify_passes_a_good_dump_and_replay_output(good, tmp_path):
+    from accuracy.cli import main
+    from accuracy.replay.engine import replay
+
+    replay(good, tmp_path / "replay.h5")
+    assert main(["verify", str(good), str(tmp_path / "replay.h5")]) == 0
+
+
+def test_compare_verifies_checksums_of_bulk_reads(good, tmp_path):
+    path = C.flipped_data(good, tmp_path / "flip.h5")
+    with pytest.raises(DumpError, match="data damaged"):
+        compare(path, good)
+
+
+def test_negative_numbers_and_dtypes_checksum_roundtrip(tmp_path):
+    """Verification recomputes the dumper's checksum for every dtype family (both the numpy
+    path for small tensors and the torch path for large ones)."""
+    tensors = [torch.randn(5), torch.randn(40000), torch.randn(7).half(),
+               torch.randn(40000).bfloat16(), torch.randint(-9, 9, (6,), dtype=torch.int8),
+               torch.randint(-5, 5, (30000,), dtype=torch.int64), torch.randn(3) > 0,
+               torch.randn(4, dtype=torch.complex64), torch.randn(20000).double(),
+               torch.randn(9).to(torch.float8_e4m3fn)]
+    path = tmp_path / "dtypes.h5"
+    with dumper(dump_path=path):
+        for t in tensors:
+            t.clone()
+    with load_dump(path) as d:
+        assert d.verify() == []
+        loaded = [t.load() for t in d.tensors if t.has_data]
+    assert len(loaded) >= len(tensors)
+
+
+# -- report writers ------------------------------------------------------------------------
+
+HOSTILE = {"phase": "<script>alert('phase')</script>", "module": "=HYPERLINK(\"http://x\")",
+           "source": "+cmd|' /C calc'!A0", "op_suffix": "@SUM(1)"}
+
+
+def _hostile_dumps(tmp_path: Path) -> tuple[Path, Path]:
+    x = torch.randn(16, 16, generator=torch.Generator().manual_seed(1))
+    paths = []
+    for name, scale in (("my.h5", 1.001), ("golden.h5", 1.0)):
+        p = tmp_path / name
+        with dumper(dump_path=p):
+            ((x * scale) @ x).relu().sum()
+        with h5py.File(p, "r+") as f:  # strings an attacker controls, as a dump holds them
+            ops = f["_index/ops"][:]
+            for r in ops:
+                r["phase"], r["module"], r["source"] = (HOSTILE["phase"], HOSTILE["module"],
+                                                        HOSTILE["source"])
+            f["_index/ops"][:] = ops
+        paths.append(p)
+    return paths[0], paths[1]
+
+
+def test_reports_escape_everything(tmp_path):
+    my, golden = _hostile_dumps(tmp_path)
+    rep = compare(my, golden)
+    rep.summary["suspects"] = rep.summary.get("suspects") or [
+        {"index": 0, "op": "<b>op</b>", "module": "<i>m</i>", "phase": HOSTILE["phase"],
+         "score": 1.0, "verdict": "<u>v</u>"}]
+    files = rep.write(tmp_path / "report")
+    page = Path(files["html"]).read_text()
+    assert "<script>alert" not in page and "&lt;script&gt;alert(" in page
+    assert "<b>op</b>" not in page and "<u>v</u>" not in page
+
+    with zipfile.ZipFile(files["xlsx"]) as z:
+        sheets = "".join(z.read(n).decode() for n in z.namelist() if n.startswith("xl/"))
+    assert "<f>" not in sheets  # no formula cell anywhere
+    assert "HYPERLINK" in sheets  # the text is there, as text
+
+    with open(files["csv"], newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows and all(r["Module"] == "'" + HOSTILE["module"] for r in rows)
+    assert all(r["Source"] == "'" + HOSTILE["source"] for r in rows)
+    assert all(r["Phase"] == HOSTILE["phase"] for r in rows)  # '<' is not a formula start
+
+
+def test_csv_keeps_negative_numbers_numeric():
+    from accuracy.compare.writers import _csv_cell
+
+    assert _csv_cell(-1.5) == -1.5 and _csv_cell(-3) == -3
+    assert _csv_cell("-1+1") == "'-1+1" and _csv_cell("\tx") == "'\tx"
+    assert _csv_cell("aten.add") == "aten.add"
+
+
+# -- disk filled by another program while the dump is open --------------------------------
+
+_FILL_DURING_DUMP = """
+import os, sys
+from accuracy import dumper
+from accuracy.examples import lm_batch, lm_step, tiny_lm
+model, batch = tiny_lm(), lm_batch()
+path = sys.argv[1]
+with dumper(dump_path=path):
+    lm_step(model, batch)
+    try:  # another program takes every free byte of the disk
+        with open(os.path.join(os.path.dirname(path), "filler"), "wb") as f:
+            while True:
+                f.write(bytes(1 << 16))
+    except OSError:
+        pass
+    for _ in range(2):
+        loss = lm_step(model, batch)
+print("training finished", float(loss.detach()))
+"""
+
+
+def test_disk_filled_under_a_running_dump_training_exits_0(tmp_path):
+    from test_reliability import _mount_tmpfs
+
+    disk = tmp_path / "disk"
+    if os.geteuid() != 0 or not _mount_tmpfs(disk, "64m"):
+        pytest.skip("needs root to mount a small tmpfs as a disk that fills up")
+    try:
+        script = tmp_path / "train.py"
+        script.write_text(_FILL_DURING_DUMP)
+        env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+        p = subprocess.run([sys.executable, str(script), str(disk / "run.h5")],
+                           capture_output=True, text=True, timeout=240, env=env,
+                           start_new_session=True)
+        assert p.returncode == 0, p.stderr[-2000:]  # was 139: a segfault at exit
+        assert "training finished" in p.stdout
+        assert "No space left on device" in p.stderr  # the real ENOSPC path was taken
+        (disk / "filler").unlink()
+        with load_dump(disk / "run.h5") as d:
+            assert not d.attrs["complete"] and d.records
+            assert d.verify() == []
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
