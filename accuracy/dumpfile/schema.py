@@ -41,6 +41,10 @@ OP_ROW = np.dtype(
     ]
 )
 
+# The op row of schema-1 files (written before the collective epoch existed): still readable.
+OP_ROW_V1 = np.dtype([(n, OP_ROW.fields[n][0]) for n in OP_ROW.names if n != "epoch"])
+OP_ROWS = (OP_ROW, OP_ROW_V1)
+
 MAX_DIMS = 16  # shape and stride are fixed-size: no variable-length strings per tensor row
 
 TENSOR_ROW = np.dtype(

@@ -158,7 +158,7 @@ def _check_dtypes(f: h5py.File) -> None:
                                                                  schema.TENSORS, STATUS))
     if blob.dtype != np.uint8:
         raise LayoutError(f"/{schema.BLOB} has dtype {blob.dtype}, expected uint8")
-    if ops.dtype != schema.OP_ROW:
+    if ops.dtype not in schema.OP_ROWS:
         raise LayoutError(f"/{schema.OPS} has an unknown row type")
     if tensors.dtype != schema.TENSOR_ROW:
         raise LayoutError(f"/{schema.TENSORS} has an unknown row type")
