@@ -245,6 +245,38 @@ def test_in_place_change_between_uses_is_recorded(tmp_path):
     assert got == [1.0, 2.0, 4.0]
 
 
+def test_weights_updated_by_unrecorded_ops_are_stored_again(tmp_path):
+    """Only matmuls recorded; the optimizer's in-place update is filtered out, so only the
+    version counter tells the dumper that the weight changed between the two matmuls."""
+    w, x = torch.ones(8, 8), torch.ones(2, 8)
+    with dumper(str(tmp_path / "d.h5"), ops="aten.mm"):
+        x @ w
+        w.add_(1.0)  # not recorded
+        x @ w
+    with load_dump(tmp_path / "d.h5") as d:
+        first, second = d.records
+        assert second.inputs[1].load()[0, 0].item() == 2.0
+        assert first.inputs[1].load()[0, 0].item() == 1.0
+
+
+# -- verdicts at known errors --------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,rel,expected", [
+    (torch.float32, 1e-5, "pass"), (torch.float32, 1e-3, "warning"),
+    (torch.float32, 0.1, "error"),
+    (torch.float16, 5e-3, "warning"),
+    (torch.float16, 0.1, "error"),
+    (torch.bfloat16, 4e-2, "warning"), (torch.bfloat16, 0.2, "error"),
+], ids=str)
+def test_verdict_at_a_known_relative_error(tmp_path, dtype, rel, expected):
+    """A tensor scaled by (1 + rel): cosine 1, relative Euclidean distance = rel."""
+    x = (torch.rand(2048, generator=torch.Generator().manual_seed(9)) + 1.0).to(dtype)
+    y = (x.double() * (1 + rel)).to(dtype)
+    row = _pair(tmp_path, y, x)
+    assert row["rel_euc_dist"] == pytest.approx(rel, rel=0.1)
+    assert row["verdict"] == expected, row["message"]
+
+
 # -- alignment anchored on modules ---------------------------------------------------------------
 
 def test_missing_block_pairs_later_ops_with_their_own_module(tmp_path):

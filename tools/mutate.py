@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
+import signal
 import sys
 import tempfile
 import time
@@ -65,18 +65,73 @@ def check_applies(m: Mutant, root: Path) -> str:
     return text
 
 
+def _preload() -> None:
+    """Import the heavy third-party libraries once; each test run forks from this process.
+
+    Never `accuracy` itself: every child imports it fresh from the mutated copy.
+    """
+    import importlib
+
+    for mod in ("numpy", "torch", "h5py", "pytest", "hypothesis", "fastapi", "httpx",
+                "sqlalchemy", "jinja2", "fastapi.testclient"):
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            pass
+
+
 def run_tests(tree: Path, tests: tuple[str, ...], timeout: int) -> tuple[int, float, str]:
-    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-           "-o", "addopts=", *tests]
+    """pytest on `tests` inside `tree`, in a forked child (its own session); (rc, s, last line).
+
+    rc is pytest's exit status, or -1 when the run took longer than `timeout`.
+    """
+    log = tree / ".mutate-log"
+    args = ["-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=", *tests]
     t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # child: run pytest against the copy, never return into the parent's code
+        rc = 3
+        try:
+            os.setsid()
+            os.chdir(tree)
+            os.environ["PYTHONPATH"] = str(tree)  # subprocesses of tests use the copy too
+            os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+            sys.path.insert(0, str(tree))
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            import pytest
+
+            rc = int(pytest.main(args))
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(rc)
     try:
-        p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True,
-                           timeout=timeout, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        return -1, time.monotonic() - t0, "timed out"
-    tail = (p.stdout + p.stderr).strip().splitlines()
-    return p.returncode, time.monotonic() - t0, tail[-1] if tail else ""
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                rc = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() - t0 > timeout:
+                _kill_group(pid)
+                os.waitpid(pid, 0)
+                rc = -1
+                break
+            time.sleep(0.05)
+    except BaseException:
+        _kill_group(pid)
+        os.waitpid(pid, 0)
+        raise
+    lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+    return rc, time.monotonic() - t0, "timed out" if rc == -1 else (lines[-1] if lines else "")
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     if not mutants:
         print(f"no mutant matches {args.k!r}", file=sys.stderr)
         return 2
+    _preload()
     for m in mutants:  # fail before any run when the list is out of step with the code
         check_applies(m, ROOT)
     tmp = Path(tempfile.mkdtemp(prefix="accuracy-mutate-"))
