@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check accuracy tests benchmarks
 
 test: $(STAMP) lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -rs
 
 # Curated bugs in core rules, one at a time (tools/mutants.toml): every one must make its tests
 # fail. The working tree is never modified (mutants are applied to a temporary copy).
