@@ -136,7 +136,7 @@ def main() -> int:
                          if ln.startswith("{")), None)
             if line is None:
                 raise RuntimeError(f"msprobe in-process compare failed: {proc.stderr[-2000:]}")
-            ms_in = json.loads(line)["seconds"]
+            ms_in = json.loads(line)["seconds"]  # one per timed call, after a warm-up
 
         ob = summary["bytes_compared"]
         print(f"ours: {device.name} vs {golden.name}, {summary['rows']} rows, tensor data "
