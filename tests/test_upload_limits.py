@@ -13,6 +13,11 @@ from fastapi.testclient import TestClient  # noqa: E402
 from accuracy import dumper  # noqa: E402
 from accuracy.server import create_app  # noqa: E402
 
+# Sent by every scripted client (the server's cross-site write guard asks for it).
+H = {"X-Accuracy-Request": "1"}
+RAW = {"content-type": "application/octet-stream", **H}
+LOCAL = "http://127.0.0.1"  # a loopback Host, which the server's Host allow-list accepts
+
 
 @pytest.fixture(scope="module")
 def dump_bytes(tmp_path_factory) -> bytes:
@@ -37,24 +42,24 @@ def test_streamed_raw_body_over_the_cap_is_refused(dump_bytes, tmp_path):
         for i in range(0, len(dump_bytes), 1000):
             yield dump_bytes[i:i + 1000]
 
-    with TestClient(create_app(d, max_upload_bytes=cap)) as c:
+    with TestClient(create_app(d, max_upload_bytes=cap), base_url=LOCAL) as c:
         r = c.post("/api/runs?name=s.h5", content=chunks(),
-                   headers={"content-type": "application/octet-stream"})
+                   headers=RAW)
         assert r.status_code == 413 and "limit" in r.json()["error"]
         assert not _left(d) and c.get("/api/runs").json() == []
         r = c.post("/api/runs?name=ok.h5", content=dump_bytes,
-                   headers={"content-type": "application/octet-stream"})
+                   headers=RAW)
         assert r.status_code == 413  # and with Content-Length too
-    with TestClient(create_app(d, max_upload_bytes=len(dump_bytes))) as c:
+    with TestClient(create_app(d, max_upload_bytes=len(dump_bytes)), base_url=LOCAL) as c:
         r = c.post("/api/runs?name=ok.h5", content=chunks(),
-                   headers={"content-type": "application/octet-stream"})
+                   headers=RAW)
         assert r.status_code == 201, r.text  # exactly at the cap is allowed
 
 
 def test_multipart_file_one_byte_over_the_cap_is_refused(dump_bytes, tmp_path):
     cap = len(dump_bytes) - 1
     d = tmp_path / "data"
-    with TestClient(create_app(d, max_upload_bytes=cap)) as c:
-        r = c.post("/api/runs", files={"file": ("m.h5", dump_bytes)})
+    with TestClient(create_app(d, max_upload_bytes=cap), base_url=LOCAL) as c:
+        r = c.post("/api/runs", files={"file": ("m.h5", dump_bytes)}, headers=H)
         assert r.status_code == 413 and "limit" in r.json()["error"]
         assert not _left(d) and c.get("/api/runs").json() == []
