@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean browser-deps
+.PHONY: demo test lint bench clean browser-deps mutate
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check accuracy tests benchmarks
 
 test: $(STAMP) lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -rs
+
+# Curated bugs in core rules, one at a time (tools/mutants.toml): every one must make its tests
+# fail. The working tree is never modified (mutants are applied to a temporary copy).
+mutate: $(STAMP)
+	$(PY) tools/mutate.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_dump.py

@@ -25,6 +25,33 @@ def timed(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
+def interleaved(fns: dict[str, Callable[[], object]], repeat: int, warmup: int = 1
+                ) -> dict[str, list[float]]:
+    """Wall times of each fn, run in turn (A B C A B C ...) so that a machine shared with
+    other work slows every side alike; each fn gets `warmup` untimed runs first."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            out[k].append(time.perf_counter() - t0)
+    return out
+
+
+def spread(xs: list[float], fmt: str = "{:.3f}") -> str:
+    """'median (min–max, n runs)' of repeated measurements."""
+    return (f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}–"
+            f"{fmt.format(max(xs))}, n={len(xs)})")
+
+
+def ratios(a: list[float], b: list[float]) -> list[float]:
+    """Per-repeat ratios a_i / b_i of two interleaved series."""
+    return [x / y for x, y in zip(a, b, strict=True)]
+
+
 def msprobe_available() -> bool:
     return MSPROBE_PY.exists()
 

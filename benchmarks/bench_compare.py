@@ -1,11 +1,22 @@
-"""Compare throughput: tensor dumps of the benchmark transformer step, golden on CPU, device on
-`sim` fp16-cube; prints GB/s of tensor data compared and the wall time. Where msprobe is installed
-in benchmarks/.msprobe-venv, also dumps the same step with msprobe (tensor, L1), runs its compare
-and prints both throughputs side by side. To install it there (never a project dependency):
-python3.11 -m venv benchmarks/.msprobe-venv &&
-benchmarks/.msprobe-venv/bin/pip install torch==2.13.0 mindstudio-probe
+"""Compare speed, like for like: tensor dumps of the benchmark transformer step.
 
-    .venv/bin/python benchmarks/bench_compare.py [-j N] [--repeat 3] [--workdir DIR]
+Ours: golden on CPU, device on `sim` fp16-cube (every tensor differs, so no bit-identical fast
+path). msprobe (where installed in benchmarks/.msprobe-venv): two L1 tensor dumps of the same
+step. Two measurements, each side the same way, interleaved (ours, msprobe, ours, ...):
+
+- whole process: `python -m accuracy.cli compare ... -o DIR` against
+  `python -m msprobe.msprobe compare ...`, from launch to exit, both writing their report;
+- in process: `compare()` + `Report.write()` against msprobe's compare function, after one
+  untimed warm-up call each, interpreter start-up and imports excluded.
+
+The headline is the time to compare the step's dumps (same task for both). GB/s are printed
+with each tool's own tensor bytes (the bytes of tensor data in the two dumps it compared), and
+the ratio also per byte, so a tool is never credited with bytes the other did not read.
+
+    .venv/bin/python benchmarks/bench_compare.py [--repeat 5] [--workdir DIR]
+
+To install msprobe (never a project dependency): python3.11 -m venv benchmarks/.msprobe-venv &&
+benchmarks/.msprobe-venv/bin/pip install torch==2.13.0 mindstudio-probe
 """
 
 from __future__ import annotations
@@ -13,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import MSPROBE_PY, msprobe_available, run_msprobe  # noqa: E402
+from _common import MSPROBE_PY, msprobe_available, ratios, run_msprobe, spread  # noqa: E402
 
 
 def make_dumps(work: Path) -> tuple[Path, Path]:
@@ -44,74 +55,109 @@ def make_dumps(work: Path) -> tuple[Path, Path]:
     return device, golden
 
 
-def ours(device: Path, golden: Path, jobs: int, repeat: int) -> dict:
-    from accuracy.compare import compare
-
-    times, rep = [], None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        rep = compare(device, golden, jobs=jobs)
-        times.append(time.perf_counter() - t0)
-    assert rep is not None
-    s = rep.summary
-    return {"seconds": statistics.median(times), "bytes": s["bytes_compared"],
-            "rows": s["rows"], "counts": s["counts"]}
+def _timed_process(cmd: list[str], env: dict | None = None) -> float:
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600, check=False)
+    took = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])}... failed: {(p.stdout + p.stderr)[-2000:]}")
+    return took
 
 
-def msprobe(work: Path) -> dict | None:
-    """msprobe dump (tensor, L1) of the same step twice, then `msprobe compare`, timed."""
-    if not msprobe_available():
-        return None
-    a = run_msprobe("dump", "tensor", str(work / "msprobe_a"), "1")
-    b = run_msprobe("dump", "tensor", str(work / "msprobe_b"), "1")
-    proc = subprocess.run(
-        [str(MSPROBE_PY), str(HERE / "msprobe_compare_runner.py"), a["dump_dir"],
-         b["dump_dir"], str(work / "msprobe_cmp")],
-        capture_output=True, text=True, timeout=1800, check=False)
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError(f"msprobe compare failed: {proc.stderr[-2000:]}")
+def _msprobe_rank_dir(d: Path) -> Path:
+    return sorted(p.parent for p in d.rglob("dump.json"))[0]
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-j", "--jobs", type=int, default=1)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--workdir", help="keep dumps here (default: a temporary directory)")
     p.add_argument("--no-msprobe", action="store_true")
     args = p.parse_args()
+    from accuracy.compare import compare
+
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
         device, golden = make_dumps(work)
-        print(f"dumps ready in {time.perf_counter() - t0:.1f} s: {device} "
-              f"({device.stat().st_size / 1e6:.0f} MB), {golden} "
-              f"({golden.stat().st_size / 1e6:.0f} MB)")
-        r = ours(device, golden, args.jobs, args.repeat)
-        gbps = r["bytes"] / r["seconds"] / 1e9
-        cores = min(args.jobs, os.cpu_count() or 1)
-        print(f"accuracy compare -j {args.jobs}: {r['bytes'] / 1e6:.0f} MB of tensor data in "
-              f"{r['seconds']:.2f} s = {gbps:.3f} GB/s ({gbps / cores:.3f} GB/s per core), "
-              f"{r['rows']} rows {r['counts']}")
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "accuracy.cli", "compare", "-m", str(device), "-g",
-                        str(golden), "-j", str(args.jobs), "--no-progress"], check=True,
-                       capture_output=True)
-        cli_s = time.perf_counter() - t0
-        print(f"accuracy compare CLI (process start included): {cli_s:.2f} s = "
-              f"{r['bytes'] / cli_s / 1e9:.3f} GB/s")
-        m = None if args.no_msprobe else msprobe(work)
-        if m is None:
+        ms = None
+        if msprobe_available() and not args.no_msprobe:
+            dirs = []
+            for side in ("a", "b"):
+                d = work / f"msprobe_{side}"
+                if not list(d.rglob("dump.json")):
+                    run_msprobe("dump", "tensor", str(d), "1")
+                dirs.append(_msprobe_rank_dir(d))
+            ms_bytes = sum(f.stat().st_size for r in dirs for f in
+                           (r / "dump_tensor_data").glob("*") if f.is_file())
+            ms = (dirs, ms_bytes)
+
+        # -- whole process against whole process ------------------------------------------
+        ours_cli, ms_cli = [], []
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+        for i in range(args.repeat):
+            out = work / "ours_cli"
+            shutil.rmtree(out, ignore_errors=True)
+            ours_cli.append(_timed_process(
+                [sys.executable, "-m", "accuracy.cli", "compare", "-m", str(device), "-g",
+                 str(golden), "-o", str(out), "--no-progress"], env))
+            if ms:
+                out = work / f"ms_cli{i}"
+                shutil.rmtree(out, ignore_errors=True)
+                out.mkdir()
+                ms_cli.append(_timed_process(
+                    [str(MSPROBE_PY), "-m", "msprobe.msprobe", "compare", "--target_path",
+                     str(ms[0][0].parent), "--golden_path", str(ms[0][1].parent),
+                     "--output_path", str(out)]))
+                shutil.rmtree(out, ignore_errors=True)
+
+        # -- in process against in process ------------------------------------------------
+        def ours_once() -> dict:
+            out = work / "ours_inproc"
+            shutil.rmtree(out, ignore_errors=True)
+            rep = compare(device, golden)
+            rep.write(out)
+            return rep.summary
+
+        summary = ours_once()  # warm-up, as msprobe's runner does
+        ours_in = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            ours_once()
+            ours_in.append(time.perf_counter() - t0)
+        ms_in = None
+        if ms:
+            proc = subprocess.run(
+                [str(MSPROBE_PY), str(HERE / "msprobe_compare_runner.py"), str(ms[0][0]),
+                 str(ms[0][1]), str(work / "ms_inproc"), str(args.repeat)],
+                capture_output=True, text=True, timeout=3600, check=False)
+            line = next((ln for ln in reversed(proc.stdout.splitlines())
+                         if ln.startswith("{")), None)
+            if line is None:
+                raise RuntimeError(f"msprobe in-process compare failed: {proc.stderr[-2000:]}")
+            ms_in = json.loads(line)["seconds"]  # one per timed call, after a warm-up
+
+        ob = summary["bytes_compared"]
+        print(f"ours: {device.name} vs {golden.name}, {summary['rows']} rows, tensor data "
+              f"{ob / 1e6:.0f} MB; -j 1; {args.repeat} repeats, median (min–max)")
+        if ms:
+            print(f"msprobe: two L1 tensor dumps of the same step, tensor data "
+                  f"{ms[1] / 1e6:.0f} MB")
+        for what, o, m in (("whole process", ours_cli, ms_cli), ("in process", ours_in, ms_in)):
+            print(f"{what}:")
+            print(f"  accuracy  {spread(o, '{:.2f}')} s  = {ob / min(o) / 1e9:.3f} GB/s at best")
+            if m:
+                print(f"  msprobe   {spread(m, '{:.2f}')} s  = {ms[1] / min(m) / 1e9:.3f} GB/s "
+                      "at best")
+                n = min(len(o), len(m))
+                t = ratios(m[:n], o[:n])
+                print(f"  msprobe time / ours, per repeat: {spread(t, '{:.1f}')}; per byte "
+                      f"(each tool's own bytes): {spread([x * ob / ms[1] for x in t], '{:.1f}')}")
+        if not ms:
             print("msprobe: " + ("skipped (--no-msprobe)" if args.no_msprobe else
                                  "not installed in benchmarks/.msprobe-venv (see this module's "
                                  "docstring); no side-by-side figure"))
-            return 0
-        mg = m["bytes"] / m["seconds"] / 1e9
-        print(f"msprobe compare:        {m['bytes'] / 1e6:.0f} MB of tensor data in "
-              f"{m['seconds']:.2f} s = {mg:.3f} GB/s")
-        print(f"ratio (ours / msprobe, per core): {gbps / cores / mg:.1f}x")
     return 0
 
 

@@ -56,7 +56,10 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, repeat {args.repeat}")
     print(f"bare step            median {bm * 1e3:7.1f} ms  min {min(b) * 1e3:7.1f} ms")
     print(f"check_overflow=True  median {cm * 1e3:7.1f} ms  min {min(c) * 1e3:7.1f} ms")
+    r = sorted(x / y for x, y in zip(c, b, strict=True))
     print(f"ratio (median) {cm / bm:.2f}x   ratio (min) {min(c) / min(b):.2f}x   goal <= 1.3x")
+    print(f"per-round ratio checked/bare: median {statistics.median(r):.2f}x, "
+          f"min–max {r[0]:.2f}–{r[-1]:.2f}x over {len(r)} interleaved rounds")
 
 
 if __name__ == "__main__":

@@ -61,10 +61,12 @@ def main() -> None:
             (tmp / f"replay-{upcast}-{i}.h5").unlink()
         assert res is not None
         t, b = statistics.median(times), statistics.median(bares)
-        ratio = statistics.median(x / y for x, y in zip(times, bares, strict=True))
+        rs = sorted(x / y for x, y in zip(times, bares, strict=True))
+        ratio = statistics.median(rs)
         print(f"{'replay, upcast ' + upcast:22s} {t:9.3f} {b:7.3f} {ratio:7.2f} "
               f"{res.total / t:7.0f} {res.bytes_read / 1e6 / t:10.1f}  "
-              f"{res.ok} ok, {res.skipped} skipped, {res.failed} failed")
+              f"{res.ok} ok, {res.skipped} skipped, {res.failed} failed; x bare min–max "
+              f"{rs[0]:.2f}–{rs[-1]:.2f}, replay s {min(times):.2f}–{max(times):.2f}")
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -2,6 +2,8 @@
 benchmark transformer step, timed the same way as ours. Prints one JSON line.
 
 Usage: msprobe_runner.py dump statistics|tensor OUT_DIR [REPEAT]
+       msprobe_runner.py interleaved REPEAT OUT_DIR   (bare, statistics, tensor in turn, as
+                                                       bench_dump.py times ours)
 """
 
 from __future__ import annotations
@@ -73,6 +75,48 @@ def dump(task: str, out_dir: str, repeat: int) -> dict:
             "dump_dir": str(out / f"run{repeat}")}
 
 
+def _debugger(task: str, run_dir: Path):
+    from msprobe.pytorch import PrecisionDebugger
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cfg = run_dir.with_suffix(".json")
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(json.dumps({
+        "task": task, "dump_path": str(run_dir), "rank": [], "step": [], "level": "L1",
+        task: {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
+    }))
+    PrecisionDebugger._instance = None
+    return PrecisionDebugger(config_path=str(cfg))
+
+
+def interleaved(repeat: int, out_dir: str) -> dict:
+    """Bare, L1 statistics and L1 tensor steps in turn; one untimed warm-up round first."""
+    model, x, y = setup()
+    out = Path(out_dir)
+    times: dict[str, list[float]] = {"bare": [], "statistics": [], "tensor": []}
+    sizes: dict[str, int] = {}
+    for i in range(repeat + 1):
+        for kind in times:
+            if kind == "bare":
+                t0 = time.perf_counter()
+                step(model, x, y)
+                elapsed = time.perf_counter() - t0
+            else:
+                run_dir = out / f"{kind}{i}"
+                debugger = _debugger(kind, run_dir)  # config written before the clock starts
+                t0 = time.perf_counter()
+                debugger.start(model)
+                step(model, x, y)
+                debugger.stop()
+                debugger.step()
+                elapsed = time.perf_counter() - t0
+                sizes[kind] = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
+                shutil.rmtree(run_dir, ignore_errors=True)
+            if i:
+                times[kind].append(elapsed)
+    return {**times, "bytes": sizes}
+
+
 def bare(repeat: int) -> dict:
     model, x, y = setup()
     step(model, x, y)
@@ -86,7 +130,9 @@ def bare(repeat: int) -> dict:
 
 if __name__ == "__main__":
     kind = sys.argv[1]
-    if kind == "bare":
+    if kind == "interleaved":
+        print(json.dumps(interleaved(int(sys.argv[2]), sys.argv[3])))
+    elif kind == "bare":
         print(json.dumps(bare(int(sys.argv[2]) if len(sys.argv) > 2 else 5)))
     else:
         print(json.dumps(dump(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4

@@ -60,14 +60,15 @@ def served(tmp_path_factory):
          "127.0.0.1", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 150  # a loaded CI machine starts python slowly
         while True:
             try:
                 urllib.request.urlopen(f"{base}/api/health", timeout=2).read()
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    out = proc.stdout.read().decode() if proc.stdout else ""
+                    proc.kill()  # reading a live server's pipe would block until the timeout
+                    out = proc.communicate(timeout=10)[0].decode() if proc.stdout else ""
                     pytest.fail(f"server did not start: {out[-2000:]}")
                 time.sleep(0.3)
         yield base, rep

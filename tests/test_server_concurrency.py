@@ -329,6 +329,8 @@ def test_server_killed_mid_job_marks_it_failed(files, tmp_path):
     _db_check(data)
     left = [p.name for p in (data / "reports").iterdir() if p.name != again["report_id"]]
     left += [p.name for p in (data / "runs").iterdir() if p.stem not in indexed]
+    # the killed job's partial files (replay dump, report dir) do not outlive the restart
+    assert not left, left
     print(f"\n[restart] server SIGKILLed with job {running['stage']!r} running: job marked "
           f"{j['status']} ({j['error']}); runs kept; a new job ran to done; unindexed partial "
           f"files left by the killed job (replay dump, report dir): {len(left)}")
