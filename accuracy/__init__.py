@@ -6,10 +6,11 @@ torch; `from accuracy import dumper` imports the dumper (and torch) at that poin
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+from accuracy._lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -25,13 +26,7 @@ _LAZY = {"load_dump": "accuracy.dumpfile", "Dump": "accuracy.dumpfile",
 __all__ = ["dumper", "load_dump", "Dump", "DumpError", "live_check", "substitute", "__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accuracy' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:

@@ -37,7 +37,7 @@ _PART_COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("accuracy.compare.cli",
                 "compare two dumps: metrics per tensor, verdicts, culprit"),
     "suspects": ("accuracy.compare.cli", "turn a (statistics) report into a dump selection for "
-                                         "a second, tensor dump of just those ops"),
+                                         "a second, tensor-mode run (two-tier flow)"),
     "overflow": ("accuracy.overflow.cli",
                  "ops where inf/nan was born, separated from those that inherited it"),
     "serve": ("accuracy.server.cli", "REST API and web UI to browse runs and reports"),

@@ -6,8 +6,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from accuracy._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from accuracy.compare.api import compare
@@ -25,11 +26,4 @@ _LAZY = {
 __all__ = ["Report", "Row", "compare", "load_report", "register_metric"]
 
 
-def __getattr__(name: str) -> Any:
-    """Load the public names on first use: `accuracy <command> --help` imports no torch."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)

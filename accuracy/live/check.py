@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from accuracy.compare import verdict as V
 from accuracy.compare.precision import ComputePrecision
 from accuracy.dumper.flatten import tensors_in
-from accuracy.live.select import UNINITIALISED_REASON, Selection, Site, unrunnable
+from accuracy.live.select import UNINITIALISED_REASON, Selection, Site, SiteMode, unrunnable
 from accuracy.replay.engine import reference_device
 from accuracy.replay.ops import (
     FAILED,
@@ -168,7 +168,7 @@ class _LiveMode(TorchDispatchMode):
         return self.owner._on_op(func, args, kwargs or {})
 
 
-class LiveCheck:
+class LiveCheck(SiteMode):
     """Context manager: re-run each selected op on `on` and judge its local error.
 
     on: reference backend ("cpu", "cuda"...). upcast: "fp64" (default), "fp32" or "none", as
@@ -221,19 +221,11 @@ class LiveCheck:
         self.results, self.calls, self.notes, self.checked = [], 0, [], 0
         self._counts, self._reasons = Counter(), Counter()
         self._uninit = {}
-        self._site = Site().__enter__()
-        self._mode = _LiveMode(self)
-        self._mode.__enter__()
+        self._start(_LiveMode(self))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        try:
-            if self._mode is not None:
-                self._mode.__exit__(exc_type, exc, tb)
-        finally:
-            if self._site is not None:
-                self._site.__exit__(exc_type, exc, tb)
-            self._mode = self._site = None
+        self._stop(exc_type, exc, tb)
         log.info("live check: %s", self.counts())
         return False
 

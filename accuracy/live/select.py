@@ -90,6 +90,27 @@ class Selection:
         return not self.modules or any(module_matches(p, module) for p in self.modules)
 
 
+class SiteMode:
+    """Base of the live tools: a dispatch mode entered inside the module scope (Site)."""
+
+    _site: Site | None = None
+    _mode: Any = None
+
+    def _start(self, mode: Any) -> None:
+        self._site = Site().__enter__()
+        self._mode = mode
+        mode.__enter__()
+
+    def _stop(self, *exc: Any) -> None:
+        try:
+            if self._mode is not None:
+                self._mode.__exit__(*exc)
+        finally:
+            if self._site is not None:
+                self._site.__exit__(*exc)
+            self._mode = self._site = None
+
+
 class Site:
     """The dumper's module scope, for a dispatch mode that is not the dumper."""
 

@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from accuracy.dumper.flatten import tensors_in
 from accuracy.live.check import _fill
-from accuracy.live.select import Selection, Site, unrunnable
+from accuracy.live.select import Selection, Site, SiteMode, unrunnable
 from accuracy.replay.engine import reference_device
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class _SubMode(TorchDispatchMode):
         return self.owner._on_op(func, args, kwargs or {})
 
 
-class Substitute:
+class Substitute(SiteMode):
     """Context manager running selected op calls on `on`, optionally at `dtype`.
 
     ops / exclude_ops / modules / phases: patterns as in the dumper (no ops and no modules:
@@ -128,19 +128,11 @@ class Substitute:
 
     def __enter__(self) -> Substitute:
         self.calls, self.calls_seen, self.substituted, self.skipped = 0, [], [], []
-        self._site = Site().__enter__()
-        self._mode = _SubMode(self)
-        self._mode.__enter__()
+        self._start(_SubMode(self))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        try:
-            if self._mode is not None:
-                self._mode.__exit__(exc_type, exc, tb)
-        finally:
-            if self._site is not None:
-                self._site.__exit__(exc_type, exc, tb)
-            self._mode = self._site = None
+        self._stop(exc_type, exc, tb)
         log.info("substitute: %d calls run on %s%s, %d selected but kept on the device",
                  len(self.substituted), self.device,
                  f" at {self.dtype}" if self.dtype else "", len(self.skipped))
