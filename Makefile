@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(VENV)/bin/accuracy demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check accuracy tests benchmarks
+	$(VENV)/bin/ruff check accuracy tests benchmarks tools
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q -rs

@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LIST = Path(__file__).with_name("mutants.toml")
-COPY = ("accuracy", "tests", "pyproject.toml")
+COPY = ("accuracy", "tests", "benchmarks", "pyproject.toml")  # tests import benchmarks/ too
 
 
 @dataclass(frozen=True)
@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in COPY:
             src = ROOT / name
             if src.is_dir():
-                shutil.copytree(src, tmp / name,
-                                ignore=shutil.ignore_patterns("__pycache__", "*.h5"))
+                shutil.copytree(src, tmp / name, ignore=shutil.ignore_patterns(
+                    "__pycache__", "*.h5", ".msprobe-venv", "out"))
             else:
                 shutil.copy2(src, tmp / name)
         selected = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
