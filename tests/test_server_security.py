@@ -34,6 +34,8 @@ from pathlib import Path
 import h5py
 import pytest
 
+from accuracy.server.errors import ApiError
+
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 psutil = pytest.importorskip("psutil")
@@ -336,6 +338,34 @@ def test_streamed_views_equal_whole_views(tmp_path):
         a, b = stream_histogram([src, src], 33), tensorview.histogram([whole, whole], 33)
         assert (a["counts"], a["nan"], a["inf"]) == (b["counts"], b["nan"], b["inf"])
         assert a["edges"] == pytest.approx(b["edges"])
+
+
+def test_streamed_view_of_damaged_data_is_refused(tmp_path):
+    """A view read in windows checks the stored checksum like a whole read: one flipped byte
+    is a 410 naming the tensor, not a plot of altered values."""
+    import h5py
+    import torch
+
+    from accuracy import dumper
+    from accuracy.dumpfile import load_dump, schema
+    from accuracy.server.boundedread import TensorSource, ViewLimits, stream_histogram
+
+    with dumper(dump_path=tmp_path / "x.h5", overwrite=True):
+        (torch.randn(100_003) * 2).sum()
+    with load_dump(tmp_path / "x.h5") as d:
+        t = next(r for r in d.tensors if r.op == "aten.mul.Tensor" and r.io == 1)
+        at = t.offset + t.nbytes // 2
+    with h5py.File(tmp_path / "x.h5", "r+") as f:
+        f[schema.BLOB][at] ^= 0x10
+    with load_dump(tmp_path / "x.h5") as d:
+        t = next(r for r in d.tensors if r.op == "aten.mul.Tensor" and r.io == 1)
+        limits = ViewLimits()
+        limits.budget_bytes = 4 << 20  # windows, not a whole read
+        src = TensorSource(d, t, limits)
+        assert not src.whole
+        with pytest.raises(ApiError) as err:
+            stream_histogram([src], 16)
+    assert err.value.status == 410 and t.address in str(err.value)
 
 
 # -- memory, bodies, disconnects (a real server) -------------------------------------------------

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from accuracy.dumpfile import DumpError, schema
+from accuracy.dumpfile.checksum import Checksum
 from accuracy.dumpfile.reader import Dump, TensorRecord
 from accuracy.server.errors import ApiError, scrub
 
@@ -109,13 +110,21 @@ class TensorSource:
         else:  # a bucket larger than a window: windows inside one bucket at a time
             spans = ((s, min(s + w, b + align, n)) for b in range(0, n, align)
                      for s in range(b, min(b + align, n), w))
-        blob, item, base = self.d._blob, self.itemsize, self.t.offset
+        item, base, t = self.itemsize, self.t.offset, self.t
+        part = self.d.checksum_part(t)
+        check = Checksum(part) if part is not None else None
         try:
-            for s, e in spans:
-                raw = blob[base + s * item: base + e * item]
+            for s, e in spans:  # the spans cover the tensor once, in order
+                raw = self.d.read_bytes(base + s * item, (e - s) * item, t.address)
+                if check is not None:
+                    check.update(raw)
                 yield s, _as_f64(torch.from_numpy(raw).view(self.dtype))
+            if check is not None:  # verified like a whole read, before any figure is served
+                self.d.check_checksum(t.address, check.value, t.stats["checksum"])
+        except DumpError as e:
+            raise ApiError(410, scrub(str(e), self.d.path)) from None
         except (OSError, RuntimeError, ValueError, TypeError) as e:
-            raise ApiError(410, f"{self.t.address}: damaged data ({type(e).__name__})") from None
+            raise ApiError(410, f"{t.address}: damaged data ({type(e).__name__})") from None
 
 
 def _as_f64(t: torch.Tensor) -> torch.Tensor:
