@@ -241,3 +241,20 @@ def test_optimizer_rows_carry_the_parameter_name(tmp_path):
         names = {r.module for r in d.records if r.phase == "optimizer"}
     assert {"Sequential.0.weight", "Sequential.0.bias", "Sequential.2.weight",
             "Sequential.2.bias"} <= names
+
+
+@pytest.mark.parametrize("k", [16, 256, 4096, 16384])
+def test_honest_bound_tracks_long_reductions(k):
+    """An honest bf16-input matmul on fp32 tensors stays near its bound at every reduction
+    length: the fp32 reference sums in blocks, so its error grows far slower than sqrt(K)
+    (a sqrt(K) bound made honest K=4096 matmuls look 3.6x, K=16384 6x, their real error)."""
+    from accuracy.compare.numerics import expected_ratio
+    from accuracy.replay.metrics import compare as rel_error
+    from accuracy.replay.metrics import error_ratio
+
+    torch.manual_seed(0)
+    a, b = torch.randn(64, k), torch.randn(k, 64)
+    high = a.double() @ b.double()
+    device = a.bfloat16().float() @ b.bfloat16().float()  # bf16 inputs, fp32 accumulation
+    ratio = error_ratio(rel_error(device, high)[0], rel_error(a @ b, high)[0], 2.0 ** -24)
+    assert 0.4 <= ratio / expected_ratio("bfloat16", "float32", k) <= 2.0
