@@ -313,7 +313,8 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
                 row["local_error"] = out.get("err_device")
                 k = reduction_length(s.my_op, s.idx)
                 row["reduction_length"] = k
-                row["local_bound"] = expected_ratio(compute, m.dtype, k, input_rms(s.my_op))
+                row["local_bound"] = expected_ratio(compute, m.dtype, k, input_rms(s.my_op),
+                                                    out.get("err_reference"))
         elif rp.get("reason"):
             msgs.append(f"replay {rp.get('status')}: {rp.get('reason')}")
     row["verdict"] = verdict

@@ -117,16 +117,21 @@ def reference_growth(k: int) -> float:
 
 
 def expected_ratio(compute: str | None, dtype: str | None, k: int,
-                   input_rms: float | None = None) -> float:
+                   input_rms: float | None = None,
+                   reference_error: float | None = None) -> float:
     """The local error ratio an honest kernel gives at this compute precision, dtype and
     reduction length (see the module docstring). `input_rms`: the smallest root-mean-square
-    of the inputs the kernel rounds (subnormal range)."""
+    of the inputs the kernel rounds (subnormal range). `reference_error`: the replay's
+    measured error of the same-dtype reference; where it is below the model's (a sum that a
+    few terms dominate is nearly exact, whatever K), the measured one is the reference's."""
     if compute is None or dtype not in UNIT_ROUNDOFF or compute not in UNIT_ROUNDOFF:
         return 1.0
     if UNIT_ROUNDOFF[compute] <= UNIT_ROUNDOFF[dtype]:
         return 1.0
     dev = input_rounding(compute, input_rms)
     ref = UNIT_ROUNDOFF[dtype] * reference_growth(k)
+    if reference_error is not None and math.isfinite(reference_error):
+        ref = min(ref, max(reference_error, UNIT_ROUNDOFF[dtype]))  # the ratio's own floor
     return max(1.0, dev / ref)
 
 

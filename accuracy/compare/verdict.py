@@ -124,7 +124,8 @@ def stats_verdict(row: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str]:
 
 
 def judge_local(op: Any, idx: int, dtype: str, ratio: float | None, cfg: dict[str, Any],
-                precision: Any) -> tuple[str | None, dict[str, Any]]:
+                precision: Any, reference_error: float | None = None
+                ) -> tuple[str | None, dict[str, Any]]:
     """Verdict of one op output from its local error ratio alone, and the figures behind it.
 
     The rule compare applies to a replayed output (judge.py): the ratio over what an honest
@@ -132,14 +133,15 @@ def judge_local(op: Any, idx: int, dtype: str, ratio: float | None, cfg: dict[st
     against `[replay]`'s thresholds. The outlier score needs the whole run's population of
     the op type, so a single op (the live check, `accuracy.live`) is judged on the excess
     alone. `op` is an OpRecord-like object (op name, input and output shapes);
-    `precision` a `precision.ComputePrecision`.
+    `precision` a `precision.ComputePrecision`; `reference_error` the same-dtype reference's
+    measured error (the replay's `err_reference`).
     """
     from accuracy.compare.judge import level
     from accuracy.compare.numerics import expected_ratio, input_rms, reduction_length
 
     compute = precision.coarser(op.op, dtype)
     k = reduction_length(op, idx)
-    bound = expected_ratio(compute, dtype, k, input_rms(op))
+    bound = expected_ratio(compute, dtype, k, input_rms(op), reference_error)
     figures = {"compute_precision": compute, "reduction_length": k, "local_bound": bound,
                "local_excess": None}
     if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)):

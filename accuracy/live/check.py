@@ -325,7 +325,8 @@ class LiveCheck(SiteMode):
             if dev.numel() > 0:  # compare leaves empty tensors unjudged too
                 entry["verdict"], figures = V.judge_local(
                     _CallShapes(name, inputs, host), m["idx"], entry["dtype"],
-                    _finite_or_none(m.get("error_ratio")), self.cfg, self.precision)
+                    _finite_or_none(m.get("error_ratio")), self.cfg, self.precision,
+                    _finite_or_none(m.get("err_reference")))
                 entry.update(figures)
             result.outputs.append(entry)
             if _RANK.get(entry["verdict"], 0) > _RANK.get(result.verdict, 0):
