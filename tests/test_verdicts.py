@@ -258,3 +258,34 @@ def test_honest_bound_tracks_long_reductions(k):
     device = a.bfloat16().float() @ b.bfloat16().float()  # bf16 inputs, fp32 accumulation
     ratio = error_ratio(rel_error(device, high)[0], rel_error(a @ b, high)[0], 2.0 ** -24)
     assert 0.4 <= ratio / expected_ratio("bfloat16", "float32", k) <= 2.0
+
+
+def test_clean_bert_classifier_in_bf16_has_no_false_error(tmp_path):
+    """A model this project did not write (transformers BERT, random init, AdamW in the
+    dump): in its last layer only the [CLS] token carries gradient, so the backward weight
+    gradients are sums that one term dominates and the fp32 reference is nearly exact there.
+    An honest bf16 kernel must not be called wrong for that."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from accuracy.replay import replay
+
+    cfg = BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=128, max_position_embeddings=64, num_labels=3)
+    torch.manual_seed(0)
+    x, y = torch.randint(0, 200, (4, 16)), torch.tensor([0, 1, 2, 1])
+
+    def step(path: Path) -> None:
+        torch.manual_seed(0)
+        model = BertForSequenceClassification(cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        with dumper(dump_path=path, overwrite=True):
+            model(input_ids=x, labels=y).loss.backward()
+            opt.step()
+
+    step(tmp_path / "gold.h5")
+    with sim(profile="bf16"):
+        step(tmp_path / "dev.h5")
+    replay(tmp_path / "dev.h5", tmp_path / "rep.h5")
+    rep = compare(tmp_path / "dev.h5", tmp_path / "gold.h5", replay=tmp_path / "rep.h5")
+    assert rep.summary["judged_counts"].get("error", 0) == 0, rep.summary["suspects"][:3]
+    assert rep.summary["culprit"] is None
