@@ -6,6 +6,7 @@ multi-GB dump opens in milliseconds.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from collections import Counter
@@ -74,7 +75,7 @@ class TensorRecord:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape)) if self.shape else 1
+        return math.prod(self.shape) if self.shape else 1  # plain ints: 10x cheaper than np.prod
 
     def load(self) -> torch.Tensor:
         """The tensor with its original dtype and shape (contiguous, on CPU)."""
