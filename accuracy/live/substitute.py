@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from accuracy.aten import is_view, written_ids
 from accuracy.dumper.flatten import tensors_in
 from accuracy.live.check import _fill
 from accuracy.live.select import Selection, Site, SiteMode, unrunnable
@@ -52,21 +53,11 @@ def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return value
 
 
-def _is_view(func: Any) -> bool:
-    return any(r.alias_info is not None and not r.alias_info.is_write
-               for r in func._schema.returns)
 
 
 def _written(func: Any, args: tuple, kwargs: dict) -> list[int]:
     """Positions, in `tensors_in(kwargs, tensors_in(args))` order, of tensors the op writes."""
-    ids = set()
-    for pos, a in enumerate(func._schema.arguments):
-        if a.alias_info is None or not a.alias_info.is_write:
-            continue
-        value = args[pos] if not a.kwarg_only and pos < len(args) else kwargs.get(a.name)
-        for v in value if isinstance(value, list | tuple) else [value]:
-            if isinstance(v, torch.Tensor):
-                ids.add(id(v))
+    ids = written_ids(func, args, kwargs)
     return [i for i, t in enumerate(tensors_in(kwargs, tensors_in(args))) if id(t) in ids]
 
 
@@ -149,7 +140,7 @@ class Substitute(SiteMode):
         reason = ""
         out = None
         if wanted or self.record:  # recorded calls say whether they could be moved
-            reason = unrunnable(func, name, args, kwargs) or (VIEW_REASON if _is_view(func)
+            reason = unrunnable(func, name, args, kwargs) or (VIEW_REASON if is_view(func)
                                                                else "")
         if wanted:
             if not reason:

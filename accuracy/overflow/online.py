@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from accuracy.aten import written_ids
 from accuracy.dumper.flatten import tensors_in
 from accuracy.dumpfile import schema
 from accuracy.dumpfile.argcodec import encode_call
@@ -133,17 +134,6 @@ def _warn_at_user_line(msg: str, source: str) -> None:
         warnings.warn(msg, OverflowWarning, stacklevel=2)
 
 
-def _written_args(func: Any, args: tuple, kwargs: dict) -> set[int]:
-    """ids of the tensors an in-place / out= op writes to."""
-    ids: set[int] = set()
-    for i, a in enumerate(func._schema.arguments):
-        if a.alias_info is None or not a.alias_info.is_write:
-            continue
-        v = args[i] if i < len(args) else kwargs.get(a.name)
-        for t in tree_flatten(v)[0]:
-            if isinstance(t, torch.Tensor):
-                ids.add(id(t))
-    return ids
 
 
 class OverflowChecker:
@@ -187,7 +177,7 @@ class OverflowChecker:
         ins = _tensors(kwargs, _tensors(args, []))
         with torch._C._DisableTorchDispatch():
             in_vals = [self._value_of(t) for t in ins]
-            written = _written_args(func, args, kwargs) if func._schema.is_mutable else ()
+            written = written_ids(func, args, kwargs) if func._schema.is_mutable else ()
             # in-place ops overwrite their inputs: keep the pre-op values of the written ones
             ins_pre = [t.clone() if id(t) in written and checkable(t) else t for t in ins]
         out = func(*args, **kwargs)

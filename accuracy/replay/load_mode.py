@@ -16,28 +16,15 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from accuracy.aten import is_view, written_ids
 from accuracy.dumpfile.extract import ExtractedOp, ExtractedOps, is_extract_file
 from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, load_dump
 
 log = logging.getLogger(__name__)
 
 
-def _written_ids(func: Any, args: tuple, kwargs: dict) -> set[int]:
-    """ids of the tensors the op mutates (in-place self, out=): fed by copying into them."""
-    ids: set[int] = set()
-    for pos, a in enumerate(func._schema.arguments):
-        if a.alias_info is None or not a.alias_info.is_write:
-            continue
-        value = args[pos] if not a.kwarg_only and pos < len(args) else kwargs.get(a.name)
-        for v in value if isinstance(value, list | tuple) else [value]:
-            if isinstance(v, torch.Tensor):
-                ids.add(id(v))
-    return ids
 
 
-def _is_view(func: Any) -> bool:
-    return any(r.alias_info is not None and not r.alias_info.is_write
-               for r in func._schema.returns)
 
 
 def open_golden(path: str | os.PathLike[str]) -> Dump | ExtractedOps:
@@ -70,7 +57,7 @@ class GoldenFeeder:
              ) -> tuple[tuple, dict, bool]:
         """(args, kwargs, fed): the call with golden inputs, or unchanged when none match."""
         rec = self._golden(name, seq)
-        if rec is None or _is_view(func):
+        if rec is None or is_view(func):
             self.unmatched += rec is None
             return args, kwargs, False
         flat, spec = tree_flatten((args, kwargs))
@@ -83,7 +70,7 @@ class GoldenFeeder:
             log.debug("load mode: %s seq %d shapes differ from the golden dump", name, seq)
             self.unmatched += 1
             return args, kwargs, False
-        written = _written_ids(func, args, kwargs)
+        written = written_ids(func, args, kwargs)
         with torch._C._DisableTorchDispatch(), torch.no_grad():
             for i, g in zip(slots, rec.inputs, strict=True):
                 live = flat[i]
