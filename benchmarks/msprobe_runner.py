@@ -46,33 +46,28 @@ def step(model, x, y):
 
 
 def dump(task: str, out_dir: str, repeat: int) -> dict:
-    from msprobe.pytorch import PrecisionDebugger
-
+    """`repeat` timed L1 dumps of the step after one untimed warm-up; the last one is kept."""
     out = Path(out_dir)
     model, x, y = setup()
     times, sizes = [], []
     for i in range(repeat + 1):
         run_dir = out / f"run{i}"
-        shutil.rmtree(run_dir, ignore_errors=True)
-        cfg = out / f"config{i}.json"
-        cfg.parent.mkdir(parents=True, exist_ok=True)
-        cfg.write_text(json.dumps({
-            "task": task, "dump_path": str(run_dir), "rank": [], "step": [], "level": "L1",
-            task: {"scope": [], "list": [], "data_mode": ["all"], "summary_mode": "statistics"},
-        }))
-        PrecisionDebugger._instance = None
-        debugger = PrecisionDebugger(config_path=str(cfg))
-        t0 = time.perf_counter()
-        debugger.start(model)
-        step(model, x, y)
-        debugger.stop()
-        debugger.step()
-        elapsed = time.perf_counter() - t0
+        elapsed = _timed_dump(_debugger(task, run_dir), model, x, y)
         if i:  # the first run warms up
             times.append(elapsed)
             sizes.append(sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file()))
     return {"task": task, "seconds": statistics.median(times), "bytes": sizes[-1],
             "dump_dir": str(out / f"run{repeat}")}
+
+
+def _timed_dump(debugger, model, x, y) -> float:
+    """Seconds of one step under msprobe (its config was written before the clock starts)."""
+    t0 = time.perf_counter()
+    debugger.start(model)
+    step(model, x, y)
+    debugger.stop()
+    debugger.step()
+    return time.perf_counter() - t0
 
 
 def _debugger(task: str, run_dir: Path):
@@ -103,13 +98,7 @@ def interleaved(repeat: int, out_dir: str) -> dict:
                 elapsed = time.perf_counter() - t0
             else:
                 run_dir = out / f"{kind}{i}"
-                debugger = _debugger(kind, run_dir)  # config written before the clock starts
-                t0 = time.perf_counter()
-                debugger.start(model)
-                step(model, x, y)
-                debugger.stop()
-                debugger.step()
-                elapsed = time.perf_counter() - t0
+                elapsed = _timed_dump(_debugger(kind, run_dir), model, x, y)
                 sizes[kind] = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
                 shutil.rmtree(run_dir, ignore_errors=True)
             if i:

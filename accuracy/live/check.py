@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from accuracy.compare import verdict as V
 from accuracy.compare.precision import ComputePrecision
@@ -159,14 +158,6 @@ class LiveCheckError(RuntimeError):
         super().__init__(f"live check stopped: {result.describe()}")
 
 
-class _LiveMode(TorchDispatchMode):
-    def __init__(self, owner: LiveCheck) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return self.owner._on_op(func, args, kwargs or {})
-
 
 class LiveCheck(SiteMode):
     """Context manager: re-run each selected op on `on` and judge its local error.
@@ -206,7 +197,7 @@ class LiveCheck(SiteMode):
         self.calls = 0
         self.notes: list[str] = []
         self._sim: Any = None
-        self._mode: _LiveMode | None = None
+        self._mode = None
         self._site: Site | None = None
         self._names: dict[Any, str] = {}
         self._warned_stack = False
@@ -221,7 +212,7 @@ class LiveCheck(SiteMode):
         self.results, self.calls, self.notes, self.checked = [], 0, [], 0
         self._counts, self._reasons = Counter(), Counter()
         self._uninit = {}
-        self._start(_LiveMode(self))
+        self._start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from accuracy.dumper.core import UNINITIALISED
 from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
@@ -90,16 +91,31 @@ class Selection:
         return not self.modules or any(module_matches(p, module) for p in self.modules)
 
 
+class _OwnerMode(TorchDispatchMode):
+    """Hands every op to its owner's `_on_op`."""
+
+    def __init__(self, owner: SiteMode) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.owner._on_op(func, args, kwargs or {})
+
+
 class SiteMode:
-    """Base of the live tools: a dispatch mode entered inside the module scope (Site)."""
+    """Base of the live tools: a dispatch mode, entered inside the module scope (Site), that
+    hands every op to `_on_op(func, args, kwargs)`."""
 
     _site: Site | None = None
     _mode: Any = None
 
-    def _start(self, mode: Any) -> None:
+    def _on_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        raise NotImplementedError
+
+    def _start(self) -> None:
         self._site = Site().__enter__()
-        self._mode = mode
-        mode.__enter__()
+        self._mode = _OwnerMode(self)
+        self._mode.__enter__()
 
     def _stop(self, *exc: Any) -> None:
         try:

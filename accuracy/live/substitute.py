@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from accuracy.aten import is_view, written_ids
 from accuracy.dumper.flatten import tensors_in
@@ -81,14 +80,6 @@ def _device_arg(obj: Any) -> torch.device | None:
     return None
 
 
-class _SubMode(TorchDispatchMode):
-    def __init__(self, owner: Substitute) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return self.owner._on_op(func, args, kwargs or {})
-
 
 class Substitute(SiteMode):
     """Context manager running selected op calls on `on`, optionally at `dtype`.
@@ -115,11 +106,11 @@ class Substitute(SiteMode):
         self.substituted: list[Call] = []
         self.skipped: list[Call] = []
         self._site: Site | None = None
-        self._mode: _SubMode | None = None
+        self._mode = None
 
     def __enter__(self) -> Substitute:
         self.calls, self.calls_seen, self.substituted, self.skipped = 0, [], [], []
-        self._start(_SubMode(self))
+        self._start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
