@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -115,19 +116,110 @@ def dask_client(spec: str, timeout: float = 60.0) -> Iterator[Any]:
         yield client
 
 
+def file_view(paths: Sequence[str]) -> dict[str, tuple[str, int, int] | None]:
+    """Run on a worker: (host, size, mtime_ns) of each path as this worker sees it, or None
+    where it cannot see the file."""
+    host = socket.gethostname()
+    out: dict[str, tuple[str, int, int] | None] = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            out[p] = None
+        else:
+            out[p] = (host, st.st_size, st.st_mtime_ns)
+    return out
+
+
+class Placement:
+    """Which workers can read which dump files, asked of the workers once per run.
+
+    A worker qualifies for a file when it sees a file at that path with the size and
+    modification time this process sees (the same file, not another one of that name on its
+    own disk). On storage every worker mounts, every worker qualifies and tasks carry no
+    restriction; a file on one node's local disk is read only by that node's workers.
+    """
+
+    def __init__(self, client: Any, paths: Iterable[str]) -> None:
+        wanted = sorted(set(paths))
+        mine = {}
+        for p in wanted:
+            st = os.stat(p)  # this process read the file's index: it must see it
+            mine[p] = (st.st_size, st.st_mtime_ns)
+        views: dict[str, dict[str, Any]] = client.run(file_view, wanted)
+        self.workers = frozenset(views)
+        self.readers = {p: frozenset(w for w, v in views.items()
+                                     if v.get(p) is not None and tuple(v[p][1:]) == mine[p])
+                        for p in wanted}
+        self.hosts = {w: next((x[0] for x in v.values() if x), "?") for w, v in views.items()}
+        for p, who in self.readers.items():
+            if len(who) < len(self.workers):
+                log.info("%s is readable by %d of %d workers (hosts %s)", p, len(who),
+                         len(self.workers), sorted({self.hosts[w] for w in who}))
+
+    def workers_for(self, paths: Iterable[str]) -> list[str] | None:
+        """The workers a task reading `paths` may run on; None when any worker may."""
+        paths = sorted(set(paths))
+        allowed = frozenset.intersection(*(self.readers[p] for p in paths)) if paths \
+            else self.workers
+        if not allowed:
+            unseen = [p for p in paths if not self.readers[p]]
+            if unseen:
+                raise ClusterError(
+                    f"no Dask worker can read {unseen[0]} as this process sees it (missing, "
+                    "or another file of that name); put the dumps on storage every worker "
+                    "mounts at the same path")
+            raise ClusterError(f"no Dask worker can read all of {', '.join(paths)} together "
+                               "(they are on different nodes' disks); put them on storage "
+                               "one worker can read")
+        return None if allowed == self.workers else sorted(allowed)
+
+
 def map_in_order(client: Any, fn: Callable[..., Any], batches: Sequence[Any], *args: Any,
-                 name: str, retries: int = RETRIES) -> Iterator[Any]:
+                 name: str, retries: int = RETRIES,
+                 workers: Sequence[list[str] | None] | None = None,
+                 eager: bool = True) -> Iterator[Any]:
     """Run `fn(batch, *args)` for each batch on the cluster; yield the results in batch order.
 
     Tasks are impure (their keys are unique per call) so a second run recomputes; a task whose
-    worker dies is rescheduled up to `retries` times. Pending tasks are cancelled on exit.
+    worker dies is rescheduled up to `retries` times. `workers`: per batch, the workers it may
+    run on (None: any; from Placement.workers_for). eager: fetch each result as soon as it is
+    done and let the workers forget it, so a worker that dies later loses no finished batch
+    (the scheduler would recompute a lost result); False fetches in batch order, leaving
+    later results on the workers (for large results). Pending tasks are cancelled on exit.
     """
     token = uuid.uuid4().hex[:12]
-    futures = client.map(fn, list(batches), *[[a] * len(batches) for a in args],
-                         key=[f"{name}-{token}-{i}" for i in range(len(batches))],
-                         retries=retries, pure=False)
+    batches = list(batches)
+    groups: dict[tuple[str, ...] | None, list[int]] = {}
+    for i in range(len(batches)):
+        w = workers[i] if workers is not None else None
+        groups.setdefault(tuple(w) if w is not None else None, []).append(i)
+    futures: list[Any] = [None] * len(batches)
+    for allowed, idx in groups.items():  # one submission per distinct placement
+        placed = {} if allowed is None else {"workers": list(allowed),
+                                             "allow_other_workers": False}
+        fs = client.map(fn, [batches[i] for i in idx], *[[a] * len(idx) for a in args],
+                        key=[f"{name}-{token}-{i}" for i in idx], retries=retries,
+                        pure=False, **placed)
+        for i, f in zip(idx, fs, strict=True):
+            futures[i] = f
     try:
-        for f in futures:
-            yield f.result()
+        if not eager:
+            for f in futures:
+                yield f.result()
+            return
+        from distributed import as_completed
+
+        index = {f.key: i for i, f in enumerate(futures)}
+        done: dict[int, Any] = {}
+        nxt = 0
+        for f in as_completed(futures):
+            i = index[f.key]
+            done[i] = f.result()
+            futures[i] = None  # released: the worker drops its copy
+            f.release()
+            while nxt in done:
+                yield done.pop(nxt)
+                nxt += 1
     finally:
-        client.cancel(futures)
+        client.cancel([f for f in futures if f is not None])

@@ -83,7 +83,7 @@ def bench_compare(device: Path, golden: Path) -> list[dict]:
     for n in (1, 2):
         t0 = time.perf_counter()
         with dask_client(f"local:{n}") as client:
-            client.run(lambda: __import__("accuracy.compare.cluster"))
+            client.run(lambda: __import__("accuracy.compare.cluster") and None)
             start = time.perf_counter() - t0
             rep, wall, cpu = timed(lambda c=client: compare(device, golden,
                                                             runner=DaskRunner(c)), client)
@@ -119,7 +119,7 @@ def bench_replay(device: Path, work: Path) -> list[dict]:
     for n in (1, 2):
         t0 = time.perf_counter()
         with dask_client(f"local:{n}") as client:
-            client.run(lambda: __import__("accuracy.replay.cluster"))
+            client.run(lambda: __import__("accuracy.replay.cluster") and None)
             start = time.perf_counter() - t0
             res, wall, cpu = timed(lambda c=client: replay(
                 device, out, metrics_only=True, overwrite=True,
@@ -267,6 +267,20 @@ def print_table(title: str, runs: list[dict]) -> None:
               f"{r['cpu']:.2f} | {r['bytes'] / r['cpu'] / 1e9:.3f} | "
               f"{'yes' if r['same'] else 'NO'} | {r.get('start', 0):.1f} | "
               f"{r['load'].removeprefix('load ')} |")
+    print_goals(runs)
+
+
+def print_goals(runs: list[dict]) -> None:
+    """The issue's wall-clock goals next to this run's figures (judge them on idle cores)."""
+    by = {r["how"]: r for r in runs}
+    inproc, one, two = by["in-process"], by["--cluster local:1"], by["--cluster local:2"]
+    slower = one["wall"] / inproc["wall"] - 1
+    speedup = one["wall"] / two["wall"]
+    print(f"goal: local:1 within 10% of in-process: {100 * slower:+.1f}% "
+          f"({'met' if slower <= 0.10 else 'NOT met'})")
+    print(f"goal: local:2 >= 1.8x local:1: {speedup:.2f}x "
+          f"({'met' if speedup >= 1.8 else 'NOT met'})")
+    print(f"rows identical in every run: {all(r['same'] for r in runs)}")
 
 
 def main() -> int:
@@ -293,6 +307,7 @@ def main() -> int:
         if args.two_tier:
             two_tier(work)
             return 0
+        print(f"start: {_load()}, {os.cpu_count()} cores", flush=True)
         t0 = time.perf_counter()
         device, golden = make_dumps(work, args.batch)
         print(f"dumps ready in {time.perf_counter() - t0:.0f} s: {device.stat().st_size / 1e9:.2f}"
@@ -302,6 +317,7 @@ def main() -> int:
             rdev, _ = make_dumps(work, args.replay_batch)
             print_table("replay --metrics-only (upcast fp64, torch on 1 thread)",
                         bench_replay(rdev, work))
+        print(f"\nend: {_load()} (the goals need a quiet machine: load below the core count)")
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)

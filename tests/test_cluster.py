@@ -119,18 +119,112 @@ def test_metrics_only_replay_gives_full_replay_verdicts(dumps, client):
     assert _culprit(rep_slim) == _culprit(rep_full)
 
 
-def test_replay_on_cluster_resumes_what_it_finished(dumps, client):
+def _replay_figures(path):
+    from accuracy.dumpfile import load_dump
+
+    with load_dump(path) as f:
+        return json.dumps([(r.seq, r.extra.get("replay")) for r in f.records], default=str)
+
+
+REPLAYED = ["aten.mm*", "aten.addmm*", "aten.add.Tensor"]  # 42 ops: 3 batches of 16
+
+
+def test_replay_killed_worker_redoes_only_its_batch(dumps, client, tmp_path):
+    """A worker SIGKILLed inside a replay batch: the scheduler reruns that batch elsewhere,
+    no other op is replayed twice, and the output is the one of an uninterrupted replay."""
+    from _cluster_tasks import replay_logged
+
+    from accuracy.cluster import map_in_order
+    from accuracy.dumpfile import load_dump
+    from accuracy.replay import engine
+
+    whole = replay(dumps["device"], tmp_path / "whole.h5", ops=REPLAYED, metrics_only=True)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with load_dump(dumps["device"]) as d:
+        first = min(r.seq for r in engine._select(d, REPLAYED))  # starts the first batch
+
+    def runner(path, batches, on, upcast, metrics_only):
+        return map_in_order(client, replay_logged, batches, path, on, upcast, metrics_only,
+                            str(logs), first, name="test-replay-kill")
+
+    res = replay(dumps["device"], tmp_path / "r.h5", ops=REPLAYED, metrics_only=True,
+                 runner=runner)
+    assert (logs / "killed").exists()  # a worker really died after its batch's first op
+    ran = [int(x) for p in logs.glob("ran-*") for x in p.read_text().split()]
+    assert len(set(ran)) == res.total == whole.total == 42
+    assert sorted(ran) == sorted([*set(ran), first])  # only the killed op's batch redone
+    assert _replay_figures(tmp_path / "r.h5") == _replay_figures(tmp_path / "whole.h5")
+    client.wait_for_workers(2, timeout=60)
+
+
+def test_replay_on_cluster_resumes_what_it_finished(dumps, client, tmp_path):
+    """The client interrupted after 2 of 3 batches: --resume sends only the rest out."""
     from accuracy.replay.cluster import DaskReplayRunner
 
-    d = dumps["dir"]
-    first = replay(dumps["device"], d / "r.h5", ops="aten.mm*", overwrite=True,
-                   runner=DaskReplayRunner(client), metrics_only=True)
-    os.replace(d / "r.h5", d / "r.h5.partial")  # as an interrupted run leaves it
-    again = replay(dumps["device"], d / "r.h5", resume=True, runner=DaskReplayRunner(client),
-                   metrics_only=True)
-    assert first.total > 0 and again.resumed == first.total
-    whole = replay(dumps["device"], d / "w.h5", overwrite=True, metrics_only=True)
+    whole = replay(dumps["device"], tmp_path / "whole.h5", ops=REPLAYED, metrics_only=True)
+    sent: list[int] = []
+
+    def interrupted(path, batches, *args):
+        for i, out in enumerate(DaskReplayRunner(client)(path, batches, *args)):
+            if i == 2:
+                raise KeyboardInterrupt  # Ctrl-C on the client, two batches written
+            yield out
+
+    def counting(path, batches, *args):
+        sent.extend(s for b in batches for s in b)
+        return DaskReplayRunner(client)(path, batches, *args)
+
+    out = tmp_path / "r.h5"
+    with pytest.raises(KeyboardInterrupt):
+        replay(dumps["device"], out, ops=REPLAYED, metrics_only=True, runner=interrupted)
+    assert not out.exists() and (tmp_path / "r.h5.partial").exists()
+    again = replay(dumps["device"], out, ops=REPLAYED, metrics_only=True, resume=True,
+                   runner=counting)
+    assert again.resumed == 32 and len(sent) == 10 == again.total - again.resumed
+    assert _replay_figures(out) == _replay_figures(tmp_path / "whole.h5")
     assert (again.ok, again.skipped, again.failed) == (whole.ok, whole.skipped, whole.failed)
+
+
+def test_batches_go_only_to_workers_that_can_read_their_files(dumps, client, small_batches,
+                                                              tmp_path):
+    """Two pairs of dumps, each on one worker's 'disk' only: every batch runs on the worker
+    that can read its files, and a pair no single worker can read is refused clearly."""
+    import shutil
+
+    from _cluster_tasks import hide, unhide
+    from distributed import get_task_stream
+
+    from accuracy.cluster import ClusterError
+    from accuracy.compare.cluster import DaskRunner
+
+    client.wait_for_workers(2, timeout=60)
+    w1, w2 = sorted(client.scheduler_info()["workers"])
+    a = [str(dumps["device"]), str(dumps["golden"])]
+    b = [str(shutil.copy(p, tmp_path / f"b_{os.path.basename(p)}")) for p in a]
+    local = compare(*a)
+    client.run(hide, a, workers=[w2])
+    client.run(hide, b, workers=[w1])
+    try:
+        with get_task_stream(client) as ts:
+            for m, g in (a, b):  # a misplaced batch fails: its worker cannot open the file
+                rep = compare(m, g, runner=DaskRunner(client, retries=0))
+                assert _same_rows(rep.rows, local.rows)
+        runs: dict[str, list] = {}  # keys are accuracy-compare-<token of the call>-<batch>
+        for t in ts.data:
+            if str(t["key"]).startswith("accuracy-compare-"):
+                runs.setdefault(str(t["key"]).split("-")[2], []).append(t)
+        calls = sorted(runs.values(), key=lambda ts: min(s["start"] for t in ts
+                                                         for s in t["startstops"]))
+        assert len(calls) == 2 and all(len(c) > 1 for c in calls)
+        assert [{t["worker"] for t in c} for c in calls] == [{w1}, {w2}]
+        with pytest.raises(ClusterError, match="different nodes"):
+            compare(a[0], b[1], runner=DaskRunner(client))
+        client.run(hide, a, workers=[w1])
+        with pytest.raises(ClusterError, match="no Dask worker can read"):
+            compare(*a, runner=DaskRunner(client))
+    finally:
+        client.run(unhide)
 
 
 def test_two_tier_flow_names_the_full_dump_culprit(dumps, tmp_path):

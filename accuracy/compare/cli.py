@@ -80,8 +80,14 @@ def print_ranks(s: dict[str, Any]) -> None:
 def _compare_ranks(args: argparse.Namespace) -> int:
     from accuracy.compare.multirank import compare_ranks
 
-    report = compare_ranks(args.my, args.golden, args.replay, config=args.config,
-                           algorithms=args.alg, mapping=args.mapping, jobs=args.jobs)
+    kwargs = dict(config=args.config, algorithms=args.alg, mapping=args.mapping, jobs=args.jobs)
+    if getattr(args, "cluster", None):  # Dask is imported only on this path
+        from accuracy.compare.cluster import compare_ranks_on_cluster
+
+        report = compare_ranks_on_cluster(args.my, args.golden, args.replay,
+                                          cluster=args.cluster, **kwargs)
+    else:
+        report = compare_ranks(args.my, args.golden, args.replay, **kwargs)
     paths = report.write(args.output, tuple(args.formats.split(","))) if args.output else {}
     print_ranks(report.summary)
     for f, p in paths.items():

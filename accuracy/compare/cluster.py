@@ -2,18 +2,21 @@
 
 `compare(..., runner=DaskRunner(client))` hands the batches of tensor pairs (about 32 MB each,
 built by `compare.api`) to the workers and takes the metric dicts back in batch order, so the
-report is the one a local run makes, row for row. Each worker keeps its dump files open
-across tasks (`engine.worker_run`) and runs with single-threaded BLAS.
+report is the one a local run makes, row for row. Each batch goes only to workers that can
+read both of its files (`cluster.Placement`: all of them on shared storage, that node's
+workers for a node's local disk). Each worker keeps its dump files open across tasks and runs
+with single-threaded BLAS.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from accuracy.cluster import RETRIES, map_in_order, tune_worker_malloc
+from accuracy.cluster import RETRIES, Placement, map_in_order, tune_worker_malloc
 from accuracy.compare.engine import BlobReader, TensorRef, compare_refs
 
 Batch = list[tuple[TensorRef, TensorRef]]
@@ -50,17 +53,33 @@ def run_batch(batch: Batch, algorithms: tuple[str, ...]) -> list[dict[str, Any]]
         return compare_refs(reader, batch, algorithms)
 
 
-class DaskRunner:
-    """Runs compare's pair batches on a `distributed.Client`; retries a dead worker's batch."""
+def _absolute(batch: Batch) -> Batch:
+    """The batch with absolute paths: a worker's working directory is not this process's."""
+    return [tuple(r if os.path.isabs(r.path) else dataclasses.replace(
+        r, path=os.path.abspath(r.path)) for r in pair) for pair in batch]  # type: ignore[misc]
 
-    def __init__(self, client: Any, retries: int = RETRIES) -> None:
+
+class DaskRunner:
+    """Runs compare's pair batches on a `distributed.Client`; retries a dead worker's batch.
+
+    place: send each batch only to workers that can read its files (one `client.run` per
+    compare to ask them); False sends any batch to any worker.
+    """
+
+    def __init__(self, client: Any, retries: int = RETRIES, place: bool = True) -> None:
         self.client = client
         self.retries = retries
+        self.place = place
 
     def __call__(self, batches: Sequence[Batch], algorithms: tuple[str, ...]
                  ) -> Iterator[list[dict[str, Any]]]:
+        batches = [_absolute(b) for b in batches]
+        workers = None
+        if self.place and batches:
+            placement = Placement(self.client, {r.path for b in batches for p in b for r in p})
+            workers = [placement.workers_for({r.path for p in b for r in p}) for b in batches]
         return map_in_order(self.client, run_batch, batches, algorithms,
-                            name="accuracy-compare", retries=self.retries)
+                            name="accuracy-compare", retries=self.retries, workers=workers)
 
 
 def compare_on_cluster(my: Any, golden: Any, replay: Any = None, *, cluster: str,
@@ -71,3 +90,14 @@ def compare_on_cluster(my: Any, golden: Any, replay: Any = None, *, cluster: str
 
     with dask_client(cluster) as client:
         return compare(my, golden, replay, runner=DaskRunner(client), **kwargs)
+
+
+def compare_ranks_on_cluster(my: Any, golden: Any, replay: Any = None, *, cluster: str,
+                             **kwargs: Any) -> Any:
+    """`compare_ranks()` (one dump per rank) with every rank's batches run on `cluster`; each
+    rank's batches go to the workers that can read that rank's files."""
+    from accuracy.cluster import dask_client
+    from accuracy.compare.multirank import compare_ranks
+
+    with dask_client(cluster) as client:
+        return compare_ranks(my, golden, replay, runner=DaskRunner(client), **kwargs)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from accuracy.cluster import RETRIES, map_in_order, tune_worker_malloc
+from accuracy.cluster import RETRIES, Placement, map_in_order, tune_worker_malloc
 
 _LOCAL = threading.local()  # per worker thread: open dump, device, tensor cache
 
@@ -52,16 +52,25 @@ def run_ops(seqs: list[int], path: str, on: str, upcast: str, metrics_only: bool
 
 
 class DaskReplayRunner:
-    """Runs replay's op batches on a `distributed.Client`; retries a dead worker's batch."""
+    """Runs replay's op batches on a `distributed.Client`; retries a dead worker's batch.
 
-    def __init__(self, client: Any, retries: int = RETRIES) -> None:
+    place: send the batches only to workers that can read the dump (see cluster.Placement).
+    """
+
+    def __init__(self, client: Any, retries: int = RETRIES, place: bool = True) -> None:
         self.client = client
         self.retries = retries
+        self.place = place
 
     def __call__(self, path: str, batches: Sequence[list[int]], on: str, upcast: str,
                  metrics_only: bool) -> Iterator[list]:
+        path = os.path.abspath(path)  # a worker's working directory is not this process's
+        workers = None
+        if self.place and batches:
+            workers = [Placement(self.client, [path]).workers_for([path])] * len(batches)
         return map_in_order(self.client, run_ops, batches, path, on, upcast, metrics_only,
-                            name="accuracy-replay", retries=self.retries)
+                            name="accuracy-replay", retries=self.retries, workers=workers,
+                            eager=metrics_only)  # full replay: tensors stay on the workers
 
 
 def replay_on_cluster(dump: Any, out_path: Any, *, cluster: str, **kwargs: Any) -> Any:
