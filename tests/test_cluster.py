@@ -129,7 +129,14 @@ def _replay_figures(path):
 REPLAYED = ["aten.mm*", "aten.addmm*", "aten.add.Tensor"]  # 42 ops: 3 batches of 16
 
 
-def test_replay_killed_worker_redoes_only_its_batch(dumps, client, tmp_path):
+@pytest.fixture(scope="module")
+def whole(dumps):
+    """An uninterrupted in-process replay of REPLAYED: (result, path)."""
+    out = dumps["dir"] / "whole.h5"
+    return replay(dumps["device"], out, ops=REPLAYED, metrics_only=True, overwrite=True), out
+
+
+def test_replay_killed_worker_redoes_only_its_batch(dumps, client, whole, tmp_path):
     """A worker SIGKILLed inside a replay batch: the scheduler reruns that batch elsewhere,
     no other op is replayed twice, and the output is the one of an uninterrupted replay."""
     from _cluster_tasks import replay_logged
@@ -138,7 +145,7 @@ def test_replay_killed_worker_redoes_only_its_batch(dumps, client, tmp_path):
     from accuracy.dumpfile import load_dump
     from accuracy.replay import engine
 
-    whole = replay(dumps["device"], tmp_path / "whole.h5", ops=REPLAYED, metrics_only=True)
+    whole, whole_path = whole
     logs = tmp_path / "logs"
     logs.mkdir()
     with load_dump(dumps["device"]) as d:
@@ -154,15 +161,15 @@ def test_replay_killed_worker_redoes_only_its_batch(dumps, client, tmp_path):
     ran = [int(x) for p in logs.glob("ran-*") for x in p.read_text().split()]
     assert len(set(ran)) == res.total == whole.total == 42
     assert sorted(ran) == sorted([*set(ran), first])  # only the killed op's batch redone
-    assert _replay_figures(tmp_path / "r.h5") == _replay_figures(tmp_path / "whole.h5")
+    assert _replay_figures(tmp_path / "r.h5") == _replay_figures(whole_path)
     client.wait_for_workers(2, timeout=60)
 
 
-def test_replay_on_cluster_resumes_what_it_finished(dumps, client, tmp_path):
+def test_replay_on_cluster_resumes_what_it_finished(dumps, client, whole, tmp_path):
     """The client interrupted after 2 of 3 batches: --resume sends only the rest out."""
     from accuracy.replay.cluster import DaskReplayRunner
 
-    whole = replay(dumps["device"], tmp_path / "whole.h5", ops=REPLAYED, metrics_only=True)
+    whole, whole_path = whole
     sent: list[int] = []
 
     def interrupted(path, batches, *args):
@@ -182,7 +189,7 @@ def test_replay_on_cluster_resumes_what_it_finished(dumps, client, tmp_path):
     again = replay(dumps["device"], out, ops=REPLAYED, metrics_only=True, resume=True,
                    runner=counting)
     assert again.resumed == 32 and len(sent) == 10 == again.total - again.resumed
-    assert _replay_figures(out) == _replay_figures(tmp_path / "whole.h5")
+    assert _replay_figures(out) == _replay_figures(whole_path)
     assert (again.ok, again.skipped, again.failed) == (whole.ok, whole.skipped, whole.failed)
 
 
@@ -235,6 +242,10 @@ def test_two_tier_flow_names_the_full_dump_culprit(dumps, tmp_path):
         tmp_path / "m_stats.h5", "statistics", faulty=True)
     compare(m, g).write(tmp_path / "stats_report", ("json",))
     sel = select_suspects(tmp_path / "stats_report")
+    ends = [x["why"] for x in sel["my"] if x["why"].startswith("end of module")]
+    # the end of the call each suspect runs in, not every row of its modules (all calls,
+    # the optimizer's updates of their parameters)
+    assert max(map(ends.count, ends), default=0) <= len(sel["suspects"])
     path = write_selection(sel, tmp_path / "suspects.json")
     g2 = _dump(tmp_path / "g_sel.h5", select=path)
     m2 = _dump(tmp_path / "m_sel.h5", faulty=True, select=path)

@@ -47,8 +47,8 @@ def select_suspects(report_dir: str | os.PathLike[str], *, top: int = 5, before:
         raise ValueError(f"{report_dir}: the report has no rows.json; write it with "
                          "`accuracy compare ... --formats json`")
     order: list[tuple] = []  # matched ops in execution order: (seq_my, seq_golden)
-    names: dict[tuple, tuple[str, str, str]] = {}
-    module_ends: dict[str, list[tuple]] = {}
+    names: dict[tuple, tuple[str, str, str, str]] = {}  # op, golden op, module, phase
+    module_ends: dict[str, list[tuple]] = {}  # module -> (key, phase) of each of its end rows
     for r in rows:
         key = (r.get("seq_my"), r.get("seq_golden"))
         if None in key:
@@ -57,9 +57,9 @@ def select_suspects(report_dir: str | os.PathLike[str], *, top: int = 5, before:
             if key not in names:
                 order.append(key)
                 names[key] = (r.get("op") or "", r.get("op_golden") or r.get("op") or "",
-                              r.get("module") or "")
+                              r.get("module") or "", r.get("phase") or "")
         elif r.get("module"):
-            module_ends.setdefault(r["module"], []).append(key)
+            module_ends.setdefault(r["module"], []).append((key, r.get("phase") or ""))
     position = {k: i for i, k in enumerate(order)}
     chosen: dict[tuple, str] = {}
     for rank, key in enumerate(_pick_keys(summary, top)):
@@ -68,11 +68,14 @@ def select_suspects(report_dir: str | os.PathLike[str], *, top: int = 5, before:
             continue
         for k in order[max(0, i - before): i + after + 1]:
             chosen.setdefault(k, f"around suspect {rank + 1}")
-        module = names[key][2]
+        module, phase = names[key][2], names[key][3]
         while module:
-            for k in module_ends.get(module, []):
-                if k in names:
-                    chosen.setdefault(k, f"end of module {module}")
+            # The end of the call the suspect runs in: the module's first end row at or after
+            # it in the same phase (not every call, nor the optimizer's rows of its parameters).
+            ends = [position[k] for k, ph in module_ends.get(module, [])
+                    if ph == phase and position.get(k, -1) >= i]
+            if ends:
+                chosen.setdefault(order[min(ends)], f"end of module {module}")
             module = module.rpartition(".")[0]
     keys = sorted(chosen, key=position.__getitem__)
     return {
