@@ -89,6 +89,28 @@ def dask_client(spec: str, timeout: float = 60.0) -> Iterator[Any]:
     """A `distributed.Client` for `spec`; a local cluster is started here and closed after."""
     kind, value = parse_cluster(spec)
     distributed = _import_distributed()
+    with _quiet_dask():
+        yield from _client(distributed, kind, value, timeout)
+
+
+@contextmanager
+def _quiet_dask() -> Iterator[None]:
+    """Dask sets its own loggers to INFO: its lines (scheduler start, every worker and
+    connection, a closed comm's traceback at shutdown) drown the report of a successful run.
+    Keep its warnings only, unless this application logs INFO itself (`accuracy -v`)."""
+    dlog = logging.getLogger("distributed")
+    before = dlog.level
+    quiet = logging.getLogger().getEffectiveLevel() > logging.INFO and before < logging.WARNING
+    if quiet:
+        dlog.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        if quiet:
+            dlog.setLevel(before)
+
+
+def _client(distributed: Any, kind: str, value: int | str, timeout: float) -> Iterator[Any]:
     if kind == "local":
         import dask
 

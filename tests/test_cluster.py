@@ -269,9 +269,9 @@ def _cli(*args, check_dask=False):
     code = ("import sys; from accuracy.cli import main; rc = main(sys.argv[1:]); "
             + ("assert 'distributed' not in sys.modules and 'dask' not in sys.modules, "
                "'dask imported'; " if check_dask else "") + "sys.exit(rc)")
-    # One hash seed for every run: module rows that end at the same op are ordered by a set
-    # in compare.align, so two processes with different seeds may order them differently.
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    # Each run its own hash seed: module rows that end at the same op must come out in one
+    # order whatever the seed (compare.align once ordered them by a set).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True,
                           text=True, timeout=180, start_new_session=True, env=env)
 

@@ -176,7 +176,8 @@ def module_ends(recs: list[OpRecord], mapping: Mapping | None = None
     for r in recs:
         mod = mapping.module(r.module) if mapping else r.module
         parts = mod.split(".") if mod else []
-        prefixes = {".".join(parts[: i + 1]) for i in range(len(parts))}
+        prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]  # a list: rows
+        # ending at the same op come out in one order whatever the process's hash seed
         if r.phase != phase:
             close(list(open_))
             phase = r.phase
