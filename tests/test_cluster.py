@@ -193,43 +193,55 @@ def test_replay_on_cluster_resumes_what_it_finished(dumps, client, whole, tmp_pa
     assert (again.ok, again.skipped, again.failed) == (whole.ok, whole.skipped, whole.failed)
 
 
-def test_batches_go_only_to_workers_that_can_read_their_files(dumps, client, small_batches,
-                                                              tmp_path):
-    """Two pairs of dumps, each on one worker's 'disk' only: every batch runs on the worker
-    that can read its files, and a pair no single worker can read is refused clearly."""
+def _rank_copy(src, dst, rank, world_size=2):
     import shutil
 
+    import h5py
+
+    shutil.copy(src, dst)
+    with h5py.File(dst, "r+") as f:
+        f.attrs["rank"], f.attrs["world_size"] = rank, world_size
+    return str(dst)
+
+
+def test_each_rank_goes_to_the_workers_that_can_read_its_files(dumps, client, small_batches,
+                                                                tmp_path):
+    """Two ranks' dumps, each on one worker's 'disk' only: every batch of a multi-rank
+    compare runs on the worker that can read its rank's files; a pair no single worker can
+    read is refused with a clear error before anything runs."""
     from _cluster_tasks import hide, unhide
     from distributed import get_task_stream
 
     from accuracy.cluster import ClusterError
     from accuracy.compare.cluster import DaskRunner
+    from accuracy.compare.multirank import compare_ranks
 
     client.wait_for_workers(2, timeout=60)
     w1, w2 = sorted(client.scheduler_info()["workers"])
-    a = [str(dumps["device"]), str(dumps["golden"])]
-    b = [str(shutil.copy(p, tmp_path / f"b_{os.path.basename(p)}")) for p in a]
-    local = compare(*a)
-    client.run(hide, a, workers=[w2])
-    client.run(hide, b, workers=[w1])
+    files = {(side, rank): _rank_copy(dumps[src], tmp_path / f"{side}_rank{rank}.h5", rank)
+             for side, src in (("m", "device"), ("g", "golden")) for rank in (0, 1)}
+    pattern = [str(tmp_path / f"{side}_rank{{rank}}.h5") for side in ("m", "g")]
+    local = compare_ranks(*pattern)
+    client.run(hide, [files["m", 0], files["g", 0]], workers=[w2])
+    client.run(hide, [files["m", 1], files["g", 1]], workers=[w1])
     try:
-        with get_task_stream(client) as ts:
-            for m, g in (a, b):  # a misplaced batch fails: its worker cannot open the file
-                rep = compare(m, g, runner=DaskRunner(client, retries=0))
-                assert _same_rows(rep.rows, local.rows)
+        with get_task_stream(client) as ts:  # a misplaced batch fails: its worker cannot open
+            remote = compare_ranks(*pattern, runner=DaskRunner(client, retries=0))
+        for rank in (0, 1):
+            assert _same_rows(remote.per_rank[rank].rows, local.per_rank[rank].rows)
         runs: dict[str, list] = {}  # keys are accuracy-compare-<token of the call>-<batch>
         for t in ts.data:
             if str(t["key"]).startswith("accuracy-compare-"):
                 runs.setdefault(str(t["key"]).split("-")[2], []).append(t)
         calls = sorted(runs.values(), key=lambda ts: min(s["start"] for t in ts
                                                          for s in t["startstops"]))
-        assert len(calls) == 2 and all(len(c) > 1 for c in calls)
+        assert len(calls) == 2 and all(len(c) > 1 for c in calls)  # rank 0, then rank 1
         assert [{t["worker"] for t in c} for c in calls] == [{w1}, {w2}]
         with pytest.raises(ClusterError, match="different nodes"):
-            compare(a[0], b[1], runner=DaskRunner(client))
-        client.run(hide, a, workers=[w1])
+            compare(files["m", 0], files["g", 1], runner=DaskRunner(client))
+        client.run(hide, [files["m", 0]], workers=[w1])
         with pytest.raises(ClusterError, match="no Dask worker can read"):
-            compare(*a, runner=DaskRunner(client))
+            compare(files["m", 0], files["g", 0], runner=DaskRunner(client))
     finally:
         client.run(unhide)
 
