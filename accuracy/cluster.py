@@ -174,13 +174,20 @@ class Placement:
                                      if v.get(p) is not None and tuple(v[p][1:]) == mine[p])
                         for p in wanted}
         self.hosts = {w: next((x[0] for x in v.values() if x), "?") for w, v in views.items()}
+        from distributed.comm import get_address_host
+
+        self.on_host: dict[str, set[str]] = {}  # host as the scheduler knows it -> workers
+        for w in self.workers:
+            self.on_host.setdefault(get_address_host(w), set()).add(w)
         for p, who in self.readers.items():
             if len(who) < len(self.workers):
                 log.info("%s is readable by %d of %d workers (hosts %s)", p, len(who),
                          len(self.workers), sorted({self.hosts[w] for w in who}))
 
     def workers_for(self, paths: Iterable[str]) -> list[str] | None:
-        """The workers a task reading `paths` may run on; None when any worker may."""
+        """Where a task reading `paths` may run: None when any worker may; else the hosts
+        whose workers all can (a worker the nanny restarts there, under a new address, still
+        qualifies), or, where only some workers of a host can, those workers' addresses."""
         paths = sorted(set(paths))
         allowed = frozenset.intersection(*(self.readers[p] for p in paths)) if paths \
             else self.workers
@@ -194,7 +201,12 @@ class Placement:
             raise ClusterError(f"no Dask worker can read all of {', '.join(paths)} together "
                                "(they are on different nodes' disks); put them on storage "
                                "one worker can read")
-        return None if allowed == self.workers else sorted(allowed)
+        if allowed == self.workers:
+            return None
+        hosts = {h for h, ws in self.on_host.items() if ws & allowed}
+        if all(self.on_host[h] <= allowed for h in hosts):
+            return sorted(hosts)
+        return sorted(allowed)
 
 
 def map_in_order(client: Any, fn: Callable[..., Any], batches: Sequence[Any], *args: Any,

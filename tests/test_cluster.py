@@ -242,6 +242,9 @@ def test_each_rank_goes_to_the_workers_that_can_read_its_files(dumps, client, sm
         client.run(hide, [files["m", 0]], workers=[w1])
         with pytest.raises(ClusterError, match="no Dask worker can read"):
             compare(files["m", 0], files["g", 0], runner=DaskRunner(client))
+        # a host restriction (what Placement gives for a node's local disk) is one Dask runs
+        assert client.submit(os.getpid, workers=["127.0.0.1"], allow_other_workers=False,
+                             pure=False).result(timeout=60) > 0
     finally:
         client.run(unhide)
 
