@@ -16,6 +16,7 @@ from accuracy.server.boundedread import DEFAULT_VIEW_MEMORY, ViewLimits
 from accuracy.server.datalock import DataDirLock
 from accuracy.server.deps import Services
 from accuracy.server.errors import install_handlers
+from accuracy.server.fastrows import RowsFastLane
 from accuracy.server.guard import (
     DEFAULT_MAX_JSON_BYTES,
     DEFAULT_READ_TIMEOUT_S,
@@ -78,7 +79,9 @@ def create_app(
                   description="Runs, ops, tensors, compare jobs and reports of `accuracy`.")
     app.state.services = svc
     app.state.data_lock = lock
+    app.state.rows_fast_lane = True
     install_handlers(app)
+    app.add_middleware(RowsFastLane)  # inside the guard: added first
     app.add_middleware(RequestGuard, allowed_hosts=list(allowed_hosts),
                        max_json_bytes=max_json_bytes, read_timeout_s=read_timeout_s)
     for r in (health.router, runs.router, ops.router, jobs.router, reports.router, ui.router):
