@@ -192,3 +192,22 @@ def test_memory_per_row_stays_within_the_budget(indexed):
         index.order(rid, RowQuery(sort=sort))
     assert cols.nbytes - base - sum(len(v) + 60 for t in cols.text.values() for v in t.values) \
         == 4 * n * len(SORTABLE)
+
+
+def test_columns_built_while_indexing_equal_the_loaded_ones(tmp_path):
+    storage = Storage(tmp_path / "d")
+    try:
+        index = RowIndex(storage)
+        rid = index_report(storage, {}, _rows(800, seed=2), name="r", rows_index=index).id
+        built, loaded = index.columns(rid), ReportColumns.load(storage, rid)
+        assert built is not loaded and len(built) == len(loaded) > 0
+        assert built.idx.tolist() == loaded.idx.tolist()
+        for c in built.text:
+            assert [built.text[c].values[i] for i in built.text[c].codes] == \
+                   [loaded.text[c].values[i] for i in loaded.text[c].codes]
+        for sort in SORTABLE:
+            q = RowQuery(sort=sort, order="desc", verdict=("error", "pass"))
+            assert built.order(q).tolist() == loaded.order(q).tolist()
+            assert built.idx[built.order(q)].tolist() == _sql_order(storage, rid, q)
+    finally:
+        storage.close()

@@ -264,7 +264,8 @@ class JobManager:
         rep = index_report(
             self.storage, data.get("summary", {}), list(data.get("rows", [])),
             name=f"{my.name} vs {golden.name}", report_dir=str(out_dir), my_run_id=my.id,
-            golden_run_id=golden.id, replay_run_id=replay_run_id, report_id=rid)
+            golden_run_id=golden.id, replay_run_id=replay_run_id, report_id=rid,
+            rows_index=self.rows)
         self._set(job.id, only_if=("running",), status="done", progress=1.0, stage="done",
                   report_id=rep.id, error=None)
         return True

@@ -15,7 +15,7 @@ import logging
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,12 +54,15 @@ def index_report(
     golden_run_id: str | None = None,
     replay_run_id: str | None = None,
     report_id: str | None = None,
+    rows_index: RowIndex | None = None,
 ) -> Report:
-    """Store a report's summary and rows; returns the new Report."""
+    """Store a report's summary and rows; returns the new Report. With rows_index, the
+    report's filter and sort columns go straight into it (no load on the first visit)."""
     rid = report_id or new_id()
     rep = Report(id=rid, name=name, dir=report_dir, my_run_id=my_run_id,
                  golden_run_id=golden_run_id, replay_run_id=replay_run_id, n_rows=len(rows),
                  summary=json.dumps(jsonable(_without_paths(summary))))
+    narrow: list[dict[str, Any]] = []
     with storage.Session.begin() as ses:
         ses.add(rep)
         ses.flush()
@@ -69,6 +72,10 @@ def index_report(
             ses.execute(insert(ReportRowData), [
                 {"report_id": rid, "idx": b["idx"], "data": b.pop("data")} for b in batch])
             ses.execute(insert(ReportRow), batch)
+            if rows_index is not None:
+                narrow.extend(batch)
+    if rows_index is not None:
+        rows_index.adopt(rid, ReportColumns.of_values(narrow))
     log.info("indexed report %s (%s, %d rows)", rid, name, len(rows))
     return rep
 
@@ -171,24 +178,22 @@ class TextColumn:
 class ReportColumns:
     """One report's filter and sort columns, rows in idx order (position = rank by idx)."""
 
-    def __init__(self, storage: Storage, report_id: str) -> None:
+    def __init__(self, parts: Iterable[Sequence[tuple]]) -> None:
+        """parts: batches of (idx, *TEXT_COLUMNS, *METRIC_COLUMNS) tuples in idx order."""
         self.text = {c: TextColumn() for c in TEXT_COLUMNS}
         idx_chunks: list[np.ndarray] = []
         metric_chunks: dict[str, list[np.ndarray]] = {c: [] for c in METRIC_COLUMNS}
-        cols = [ReportRow.idx, *(getattr(ReportRow, c) for c in (*TEXT_COLUMNS,
-                                                                  *METRIC_COLUMNS))]
-        stmt = (select(*cols).where(ReportRow.report_id == report_id).order_by(ReportRow.idx)
-                .execution_options(yield_per=_LOAD_BATCH))
         nan = float("nan")
-        with storage.engine.connect() as con:
-            for part in con.execute(stmt).partitions():
-                idx, *rest = zip(*part, strict=True)
-                idx_chunks.append(np.fromiter(idx, np.int64, len(idx)))
-                for c, values in zip(TEXT_COLUMNS, rest, strict=False):
-                    self.text[c].extend(values)
-                for c, values in zip(METRIC_COLUMNS, rest[len(TEXT_COLUMNS):], strict=True):
-                    metric_chunks[c].append(np.fromiter(
-                        (nan if v is None else v for v in values), np.float64, len(values)))
+        for part in parts:
+            if not part:
+                continue
+            idx, *rest = zip(*part, strict=True)
+            idx_chunks.append(np.fromiter(idx, np.int64, len(idx)))
+            for c, values in zip(TEXT_COLUMNS, rest, strict=False):
+                self.text[c].extend(values)
+            for c, values in zip(METRIC_COLUMNS, rest[len(TEXT_COLUMNS):], strict=True):
+                metric_chunks[c].append(np.fromiter(
+                    (nan if v is None else v for v in values), np.float64, len(values)))
         for t in self.text.values():
             t.finish()
         self.idx = np.concatenate(idx_chunks) if idx_chunks else np.empty(0, np.int64)
@@ -196,6 +201,24 @@ class ReportColumns:
                         for c, ch in metric_chunks.items()}
         self._ascending: dict[str, tuple[np.ndarray, int]] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, storage: Storage, report_id: str) -> ReportColumns:
+        """From the index table (a report indexed before this server started)."""
+        cols = [ReportRow.idx, *(getattr(ReportRow, c) for c in (*TEXT_COLUMNS,
+                                                                  *METRIC_COLUMNS))]
+        stmt = (select(*cols).where(ReportRow.report_id == report_id).order_by(ReportRow.idx)
+                .execution_options(yield_per=_LOAD_BATCH))
+        with storage.engine.connect() as con:
+            return cls(con.execute(stmt).partitions())
+
+    @classmethod
+    def of_values(cls, values: list[dict[str, Any]]) -> ReportColumns:
+        """From index_report's row values (the report being indexed), so its first visit
+        needs no load."""
+        keys = ("idx", *TEXT_COLUMNS, *METRIC_COLUMNS)
+        rows = sorted((tuple(v[k] for k in keys) for v in values), key=lambda t: t[0])
+        return cls(rows[i:i + _LOAD_BATCH] for i in range(0, len(rows), _LOAD_BATCH))
 
     def __len__(self) -> int:
         return len(self.idx)
@@ -376,13 +399,17 @@ class RowIndex:
             if hit is not None:
                 return hit
             self.storage.report(report_id)
-            cols = ReportColumns(self.storage, report_id)
+            cols = ReportColumns.load(self.storage, report_id)
             self._columns.put(report_id, cols)
             log.info("report %s: %d rows' columns loaded (%.1f MB)", report_id, len(cols),
                      cols.nbytes / 2**20)
             return cols
 
         return self._flight.do(("columns", report_id), load)
+
+    def adopt(self, report_id: str, cols: ReportColumns) -> None:
+        """Columns built while indexing the report."""
+        self._columns.put(report_id, cols)
 
     def forget(self, report_id: str) -> None:
         self._columns.drop(lambda k: k == report_id)

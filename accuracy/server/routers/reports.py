@@ -61,8 +61,8 @@ def list_reports(storage: Storage = Depends(get_storage)) -> list[ReportOut]:
 
 @router.post("/register", response_model=ReportDetail, status_code=201,
              dependencies=[Depends(require_write)])
-def register_report(body: ReportRegisterIn, storage: Storage = Depends(get_storage)
-                    ) -> ReportDetail:
+def register_report(body: ReportRegisterIn, storage: Storage = Depends(get_storage),
+                    rows: RowIndex = Depends(get_rows)) -> ReportDetail:
     """Index a report directory written by `accuracy compare -o DIR` (inside an allowed root)."""
     try:
         from accuracy.compare import load_report
@@ -78,7 +78,8 @@ def register_report(body: ReportRegisterIn, storage: Storage = Depends(get_stora
         raise ApiError(422, f"not a readable report directory ({type(e).__name__})") from None
     rep = index_report(storage, data.get("summary", {}), list(data.get("rows", [])),
                        name=clean_label(body.name, d.name), report_dir=str(d),
-                       my_run_id=body.my_run_id, golden_run_id=body.golden_run_id)
+                       my_run_id=body.my_run_id, golden_run_id=body.golden_run_id,
+                       rows_index=rows)
     return ReportDetail.of(rep)
 
 
