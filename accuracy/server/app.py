@@ -10,12 +10,14 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
 
 from accuracy import __version__
 from accuracy.server.boundedread import DEFAULT_VIEW_MEMORY, ViewLimits
 from accuracy.server.datalock import DataDirLock
 from accuracy.server.deps import Services
 from accuracy.server.errors import install_handlers
+from accuracy.server.fastrows import RowsFastLane
 from accuracy.server.guard import (
     DEFAULT_MAX_JSON_BYTES,
     DEFAULT_READ_TIMEOUT_S,
@@ -43,6 +45,7 @@ def create_app(
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     view_memory_bytes: int = DEFAULT_VIEW_MEMORY,
+    cluster: str | None = None,
 ) -> FastAPI:
     """Build the service over a data directory.
 
@@ -52,18 +55,29 @@ def create_app(
     answers to ('*' for any). max_json_bytes: cap on every request body but uploads.
     read_timeout_s: a request body that stops arriving for this long is dropped (408).
     view_memory_bytes: the memory one tensor view (histogram, values, heat map) may use.
-    Raises DataDirBusy when another live server holds the data directory.
+    cluster: "local:N" or a Dask scheduler address; compare and replay jobs run there
+    (jobcluster.py; a local cluster starts here and stops with the app).
+    Raises DataDirBusy when another live server holds the data directory, ClusterError for a
+    cluster that cannot be used.
     """
     lock = DataDirLock(_prepared(data_dir))
     lock.acquire()
+    job_cluster = None
     try:
+        if cluster:  # Dask is imported only here
+            from accuracy.server.jobcluster import JobCluster
+
+            job_cluster = JobCluster(cluster)
         storage = Storage(data_dir, db_url=db_url, allowed_roots=allowed_roots,
                           max_upload_bytes=max_upload_bytes)
         rows = RowIndex(storage)
-        svc = Services(storage=storage, rows=rows, jobs=JobManager(storage, rows),
+        jobs_ = JobManager(storage, rows, cluster=job_cluster.address if job_cluster else None)
+        svc = Services(storage=storage, rows=rows, jobs=jobs_,
                        token=token or None, protect_reads=protect_reads and bool(token),
                        views=ViewLimits(view_memory_bytes))
     except BaseException:
+        if job_cluster is not None:
+            job_cluster.close()
         lock.release()
         raise
 
@@ -71,6 +85,8 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
         svc.jobs.shutdown()
+        if job_cluster is not None:  # its client lives on its own loop: close off this one
+            await run_in_threadpool(job_cluster.close)
         storage.close()
         lock.release()
 
@@ -78,7 +94,10 @@ def create_app(
                   description="Runs, ops, tensors, compare jobs and reports of `accuracy`.")
     app.state.services = svc
     app.state.data_lock = lock
+    app.state.job_cluster = job_cluster
+    app.state.rows_fast_lane = True
     install_handlers(app)
+    app.add_middleware(RowsFastLane)  # inside the guard: added first
     app.add_middleware(RequestGuard, allowed_hosts=list(allowed_hosts),
                        max_json_bytes=max_json_bytes, read_timeout_s=read_timeout_s)
     for r in (health.router, runs.router, ops.router, jobs.router, reports.router, ui.router):

@@ -36,6 +36,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
     import uvicorn
 
+    from accuracy.cluster import ClusterError
     from accuracy.server.app import create_app
     from accuracy.server.datalock import DataDirBusy
     from accuracy.server.guard import WILDCARD_BINDS, allowed_hosts_for
@@ -53,13 +54,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          protect_reads=not is_loopback(args.host), allowed_hosts=hosts,
                          max_json_bytes=args.max_json_kb * 1024,
                          read_timeout_s=args.read_timeout,
-                         view_memory_bytes=args.view_memory_mb * 1024 * 1024)
-    except DataDirBusy as e:
+                         view_memory_bytes=args.view_memory_mb * 1024 * 1024,
+                         cluster=args.cluster)
+    except (DataDirBusy, ClusterError) as e:
         print(f"accuracy serve: {e}", file=sys.stderr)
         return 2
     for line in import_paths(app.state.services.storage, runs=args.run or [],
                              reports=args.report or []):
         print(line)
+    if app.state.job_cluster is not None:
+        print(f"accuracy serve: {app.state.job_cluster.describe()}")
     print(f"accuracy serve: http://{args.host}:{args.port}/  (API docs at /docs)", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose
                 else "warning")
@@ -88,6 +92,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--view-memory-mb", type=int, default=256,
                    help="memory one tensor view (histogram, values, heat map) may use; larger "
                         "tensors are streamed (default 256; 2 views run at once)")
+    s.add_argument("--cluster", metavar="local:N|tcp://HOST:PORT",
+                   help="run compare and replay jobs on a Dask cluster: local:N starts N "
+                        "workers on loopback with the server, or a scheduler's address "
+                        "(needs the 'cluster' extra)")
     s.add_argument("--run", action="append", metavar="DUMP",
                    help="index this dump at startup (repeatable)")
     s.add_argument("--report", action="append", metavar="DIR",

@@ -1,7 +1,8 @@
 """The index of runs, reports, report rows and jobs (SQLAlchemy; SQLite file by default).
 
-Files stay the source of truth; the index exists so a 100k-row report pages, filters and
-sorts in the database rather than in Python. Only the WAL pragma below knows about SQLite.
+Files stay the source of truth; the index keeps a report's rows so the server can load a
+report's filter and sort columns at once (reportindex.ReportColumns) and read a page's rows by
+primary key. Only the WAL pragma below knows about SQLite.
 """
 
 from __future__ import annotations
@@ -86,19 +87,11 @@ class ReportRow(Base):
     rmse: Mapped[float | None] = mapped_column(Float, nullable=True)
     local_error_ratio: Mapped[float | None] = mapped_column(Float, nullable=True)
 
-    # Narrow rows (the full JSON lives in ReportRowData) keep scans fast; each sort column has
-    # an index ending in idx so ORDER BY col, idx reads the index in order instead of sorting,
-    # and the metric indexes carry verdict and phase so the common filters need no row lookup.
+    # Narrow rows (the full JSON lives in ReportRowData), read once per report in idx order.
+    # Filters and sorts run in memory (reportindex), so one index serves: the per-column
+    # indexes earlier versions created (ix_rows_report_<col>) are unused and cost indexing time.
     __table_args__ = (
         Index("ix_rows_report_idx", "report_id", "idx", unique=True),
-        Index("ix_rows_report_verdict", "report_id", "verdict", "idx"),
-        Index("ix_rows_report_phase", "report_id", "phase", "idx"),
-        Index("ix_rows_report_op", "report_id", "op", "idx"),
-        Index("ix_rows_report_module", "report_id", "module", "idx"),
-        Index("ix_rows_report_module_tail", "report_id", "module_tail", "idx"),
-        Index("ix_rows_report_dtype", "report_id", "dtype_my", "idx"),
-        *(Index(f"ix_rows_report_{c}", "report_id", c, "idx", "verdict", "phase", "op")
-          for c in METRIC_COLUMNS),
     )
 
 

@@ -71,7 +71,11 @@ async def require_write(request: Request) -> None:
     _check(request)
 
 
-async def require_read(request: Request) -> None:
-    """Reads need it too when the server listens beyond loopback (protect_reads)."""
+def check_read(request: Request) -> None:
+    """Reads need the token too when the server listens beyond loopback (protect_reads)."""
     if request.app.state.services.protect_reads:
         _check(request)
+
+
+async def require_read(request: Request) -> None:
+    check_read(request)

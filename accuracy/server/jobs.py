@@ -71,23 +71,35 @@ def compare_available() -> bool:
 
 
 def _child(my: str, golden: str, out_dir: str, replay_out: str | None,
-           events: Any, parent_pid: int) -> None:
-    """Runs in the child process: replay, compare, write the report; reports stages."""
+           events: Any, parent_pid: int, cluster: str | None = None) -> None:
+    """Runs in the child process: replay, compare, write the report; reports stages.
+    With `cluster` (a scheduler address) replay and compare run their batches there."""
     _die_with_parent(parent_pid)
+    where = " on the cluster" if cluster else ""
     try:
-        from accuracy.compare import compare
-
         replay_path = None
         if replay_out:
-            from accuracy.dumpfile import load_dump
-            from accuracy.replay import replay
+            events.put(("stage", 0.1, f"replaying the device run on cpu{where}"))
+            if cluster:
+                from accuracy.replay.cluster import replay_on_cluster
 
-            events.put(("stage", 0.1, "replaying the device run on cpu"))
-            with load_dump(my) as d:
-                replay(d, replay_out, on="cpu")
+                replay_on_cluster(my, replay_out, cluster=cluster, on="cpu")
+            else:
+                from accuracy.dumpfile import load_dump
+                from accuracy.replay import replay
+
+                with load_dump(my) as d:
+                    replay(d, replay_out, on="cpu")
             replay_path = replay_out
-        events.put(("stage", 0.4 if replay_out else 0.1, "comparing"))
-        report = compare(my, golden, replay_path)
+        events.put(("stage", 0.4 if replay_out else 0.1, f"comparing{where}"))
+        if cluster:
+            from accuracy.compare.cluster import compare_on_cluster
+
+            report = compare_on_cluster(my, golden, replay_path, cluster=cluster)
+        else:
+            from accuracy.compare import compare
+
+            report = compare(my, golden, replay_path)
         events.put(("stage", 0.8, "writing the report"))
         report.write(out_dir, formats=FORMATS)
         events.put(("done", 0.9, "written"))
@@ -97,11 +109,14 @@ def _child(my: str, golden: str, out_dir: str, replay_out: str | None,
 
 
 class JobManager:
-    """Starts, tracks and cancels compare jobs for one app."""
+    """Starts, tracks and cancels compare jobs for one app.
 
-    def __init__(self, storage: Storage, rows: Any) -> None:
+    cluster: a Dask scheduler address (jobcluster.JobCluster) the jobs' children run on."""
+
+    def __init__(self, storage: Storage, rows: Any, *, cluster: str | None = None) -> None:
         self.storage = storage
         self.rows = rows  # RowIndex, to index finished reports
+        self.cluster = cluster
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compare-job")
         self._cancel: dict[str, threading.Event] = {}
         self._ctx = mp.get_context("spawn")
@@ -211,7 +226,7 @@ class JobManager:
         proc = self._ctx.Process(
             target=_child, daemon=True,
             args=(my.path, golden.path, str(out_dir), str(replay_out) if replay_out else None,
-                  events, os.getpid()))
+                  events, os.getpid(), self.cluster))
         proc.start()
         result: tuple[str, float, str] | None = None
         while True:
@@ -249,7 +264,8 @@ class JobManager:
         rep = index_report(
             self.storage, data.get("summary", {}), list(data.get("rows", [])),
             name=f"{my.name} vs {golden.name}", report_dir=str(out_dir), my_run_id=my.id,
-            golden_run_id=golden.id, replay_run_id=replay_run_id, report_id=rid)
+            golden_run_id=golden.id, replay_run_id=replay_run_id, report_id=rid,
+            rows_index=self.rows)
         self._set(job.id, only_if=("running",), status="done", progress=1.0, stage="done",
                   report_id=rep.id, error=None)
         return True

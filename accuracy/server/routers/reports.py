@@ -61,8 +61,8 @@ def list_reports(storage: Storage = Depends(get_storage)) -> list[ReportOut]:
 
 @router.post("/register", response_model=ReportDetail, status_code=201,
              dependencies=[Depends(require_write)])
-def register_report(body: ReportRegisterIn, storage: Storage = Depends(get_storage)
-                    ) -> ReportDetail:
+def register_report(body: ReportRegisterIn, storage: Storage = Depends(get_storage),
+                    rows: RowIndex = Depends(get_rows)) -> ReportDetail:
     """Index a report directory written by `accuracy compare -o DIR` (inside an allowed root)."""
     try:
         from accuracy.compare import load_report
@@ -78,7 +78,8 @@ def register_report(body: ReportRegisterIn, storage: Storage = Depends(get_stora
         raise ApiError(422, f"not a readable report directory ({type(e).__name__})") from None
     rep = index_report(storage, data.get("summary", {}), list(data.get("rows", [])),
                        name=clean_label(body.name, d.name), report_dir=str(d),
-                       my_run_id=body.my_run_id, golden_run_id=body.golden_run_id)
+                       my_run_id=body.my_run_id, golden_run_id=body.golden_run_id,
+                       rows_index=rows)
     return ReportDetail.of(rep)
 
 
@@ -99,14 +100,13 @@ def delete_report(report_id: str, storage: Storage = Depends(get_storage),
             dependencies=[Depends(require_read)])
 async def list_rows(report_id: str, query: RowQuery = Depends(row_query),
               offset: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=1000),
-              storage: Storage = Depends(get_storage), rows: RowIndex = Depends(get_rows)
-              ) -> Response:
-    """Rows in the chosen order; filtering, sorting and paging happen in the database.
+              rows: RowIndex = Depends(get_rows)) -> Response:
+    """Rows in the chosen order; filters and sorts run on the report's columns in memory
+    (reportindex.ReportColumns), and the page's rows are read by primary key.
 
     Rows are stored as JSON and passed through as stored, without a parse and re-encode."""
     body = rows.cached_page(report_id, query, offset, limit)
-    if body is None:  # a database query: off the event loop
-        await run_in_threadpool(storage.report, report_id)
+    if body is None:  # may read the database (and 404s an unknown report): off the event loop
         body = await run_in_threadpool(rows.page_json, report_id, query, offset, limit)
     return Response(body, media_type="application/json")
 

@@ -89,7 +89,8 @@
   const form = document.getElementById("filters");
   const info = document.getElementById("pageinfo");
   const LIMIT = 50;
-  const state = { offset: 0, sort: "idx", order: "asc", total: 0 };
+  // the first page is rendered by the server: its total lets "next" work before any fetch
+  const state = { offset: 0, sort: "idx", order: "asc", total: Number(table.dataset.total) || 0 };
 
   function params() {
     const p = new URLSearchParams();
