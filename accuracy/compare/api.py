@@ -14,13 +14,14 @@ from typing import Any
 from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
 from accuracy.compare.checks import check_replay, incomplete, swapped
-from accuracy.compare.engine import BlobReader, TensorRef, compare_refs, worker_run
+from accuracy.compare.engine import BlobReader, compare_refs, worker_run
 from accuracy.compare.judge import judge
 from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statistics_metrics
 from accuracy.compare.numerics import expected_ratio, input_rms, reduction_length
 from accuracy.compare.precision import ComputePrecision
 from accuracy.compare.report import Report, analyse
-from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, load_dump
+from accuracy.dumpfile.dtypes import decodable
+from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, TensorRef, load_dump
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ def _key(t: TensorRecord) -> tuple:
 def _needs_data(s: _Spec) -> bool:
     if s.my is None or s.golden is None or not (s.my.has_data and s.golden.has_data):
         return False
-    if s.uninit:
+    if s.uninit or not (decodable(s.my.dtype) and decodable(s.golden.dtype)):
         return False
     return s.my.numel == s.golden.numel and s.my.numel > 0
 
@@ -164,7 +165,7 @@ def _run_metrics(specs: list[_Spec], dumps: dict[str, Dump], algs: tuple[str, ..
             assert s.my is not None and s.golden is not None
             k = (_key(s.my), _key(s.golden))
             if k not in todo:
-                todo[k] = (TensorRef.of(s.my), TensorRef.of(s.golden))
+                todo[k] = (s.my.ref(), s.golden.ref())
     keys = list(todo)
     total = sum(m.nbytes + g.nbytes for m, g in todo.values())
     bar = None

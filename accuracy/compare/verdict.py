@@ -10,7 +10,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from accuracy.compare.engine import is_float
+from accuracy.dumpfile.dtypes import is_float
 
 DEFAULT_CONFIG = Path(__file__).with_name("default_thresholds.toml")
 PASS, WARNING, ERROR, UNMATCHED, SKIPPED = "pass", "warning", "error", "unmatched", "skipped"

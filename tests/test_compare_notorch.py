@@ -1,0 +1,138 @@
+"""`accuracy compare` reads bytes with numpy alone: no torch import, same rows (#19).
+
+bfloat16 and the 8-bit floats are decoded by accuracy/dumpfile/dtypes.py; these tests hold
+that decoding bit-exact against torch's, and a whole compare free of torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from accuracy.compare import compare
+from accuracy.compare import engine as E
+from accuracy.dumper.core import dumper
+from accuracy.dumpfile import dtypes as D
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _torch_decode(raw: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndarray:
+    """The decoding compare used before dtypes.py: torch's own conversion to float64."""
+    vals = torch.from_numpy(raw.copy()).view(getattr(torch, D.value_dtype(name)))
+    vals = vals.to(torch.float64).numpy()
+    if out is None:
+        return vals
+    out = out[: vals.size]
+    out[:] = vals
+    return out
+
+
+@pytest.mark.parametrize("name", [*D.FLOAT8, "bfloat16"])
+def test_every_code_decodes_as_torch_decodes_it(name):
+    bits = np.arange(256 if name in D.FLOAT8 else 1 << 16,
+                     dtype=np.uint8 if name in D.FLOAT8 else np.uint16)
+    raw = bits.view(np.uint8)
+    ours, theirs = D.decode(raw, name), _torch_decode(raw, name)
+    np.testing.assert_array_equal(ours, theirs)  # NaN positions equal, every value exact
+    np.testing.assert_array_equal(np.signbit(ours), np.signbit(theirs))
+
+
+def test_dtype_tables_agree_with_torch():
+    names = {str(v).removeprefix("torch.") for v in vars(torch).values()
+             if isinstance(v, torch.dtype)}
+    assert names <= set(D.ITEMSIZE), "a torch dtype without an item size: dumps holding it " \
+                                     "would be refused"
+    for n in names:
+        dt = D.torch_dtype(n)
+        assert D.ITEMSIZE[n] == dt.itemsize, n
+        assert D.dtype_name(dt) == n
+        if dt.is_floating_point or dt.is_complex:
+            try:
+                eps = torch.finfo(dt).eps
+            except (TypeError, NotImplementedError):  # float4 has no epsilon
+                continue
+            assert D.eps(n) == eps, n
+    with pytest.raises(ValueError, match="unknown tensor dtype"):
+        D.itemsize("float7")
+
+
+def _mixed_dump(path: Path, golden: bool) -> Path:
+    """One op per dtype: fp32, fp16, bf16 (NaN, inf, subnormals, -0), fp8 e4m3/e5m2, int, bool.
+
+    The golden side differs a little everywhere, and in its non-finite positions."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4096, generator=g)
+    if golden:
+        x = x * (1 + 1e-3 * torch.randn(4096, generator=torch.Generator().manual_seed(4)))
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-40, -3e-39,
+                            9.2e-41, 65504.0])
+    if golden:
+        special = torch.tensor([float("nan"), 1.0, -float("inf"), 0.0, 2e-40, -3e-39,
+                                float("nan"), 65504.0])
+    bf = torch.cat([x, special]).to(torch.bfloat16)
+    ints = (x * 100).to(torch.int64)
+    with torch.no_grad(), dumper(str(path)):
+        (x * 2).sum()
+        (x.to(torch.float16) * 2).relu()
+        (bf * 2).neg()
+        x.to(torch.float8_e4m3fn).to(torch.float32)
+        x.to(torch.float8_e5m2).to(torch.float32)
+        (ints + 1).abs()
+        (x > 0.1).logical_not()
+    return path
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mixed")
+    return _mixed_dump(d / "my.h5", False), _mixed_dump(d / "golden.h5", True)
+
+
+def test_rows_identical_with_torch_and_numpy_decoding(mixed, monkeypatch):
+    my, golden = mixed
+    ours = compare(my, golden, algorithms="all")
+    dtypes = {r["dtype_my"] for r in ours.rows if r["cosine"] is not None}
+    assert {"float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int64",
+            "bool"} <= dtypes
+    assert any(r["nan_mismatch"] for r in ours.rows if r["dtype_my"] == "bfloat16")
+    monkeypatch.setattr(E, "_decode", _torch_decode)
+    theirs = compare(my, golden, algorithms="all")
+    assert len(ours.rows) == len(theirs.rows)
+    skip = {"seconds", "gb_per_s"}
+    for a, b in zip(ours.rows, theirs.rows, strict=True):
+        assert json.dumps(dict(a), default=str) == json.dumps(dict(b), default=str)
+    sa = {k: v for k, v in ours.summary.items() if k not in skip}
+    sb = {k: v for k, v in theirs.summary.items() if k not in skip}
+    assert json.dumps(sa, default=str) == json.dumps(sb, default=str)
+
+
+_PROBE = """
+import json, sys
+from accuracy.cli import main
+code = main(["compare", "-m", sys.argv[1], "-g", sys.argv[2], "-o", sys.argv[3],
+             "--no-progress", "-alg", "all"])
+print(json.dumps({"code": code, "torch": sorted(m for m in sys.modules
+                                               if m == "torch" or m.startswith("torch."))}))
+"""
+
+
+def test_compare_command_imports_no_torch(mixed, tmp_path):
+    my, golden = mixed
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-c", _PROBE, str(my), str(golden), str(tmp_path / "r")],
+                       capture_output=True, text=True, env=env, timeout=120,
+                       start_new_session=True)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["code"] in (0, 1), r.stdout  # 1: --fail-on met; 2 would be an error
+    assert got["torch"] == []
+    assert {"rows.csv", "rows.json", "summary.json", "index.html"} <= {
+        p.name for p in (tmp_path / "r").iterdir()}
