@@ -108,7 +108,7 @@ def test_rows_identical_with_torch_and_numpy_decoding(mixed, monkeypatch):
     assert len(ours.rows) == len(theirs.rows)
     skip = {"seconds", "gb_per_s"}
     for a, b in zip(ours.rows, theirs.rows, strict=True):
-        assert json.dumps(dict(a), default=str) == json.dumps(dict(b), default=str)
+        assert json.dumps(a.as_dict(), default=str) == json.dumps(b.as_dict(), default=str)
     sa = {k: v for k, v in ours.summary.items() if k not in skip}
     sb = {k: v for k, v in theirs.summary.items() if k not in skip}
     assert json.dumps(sa, default=str) == json.dumps(sb, default=str)

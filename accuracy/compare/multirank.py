@@ -13,12 +13,14 @@ import logging
 import math
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from accuracy.compare import verdict as V
 from accuracy.compare.api import compare
 from accuracy.compare.report import FORMATS, Report
+from accuracy.compare.row import Row
 from accuracy.dumpfile.reader import Dump, load_dump
 from accuracy.ranks import RankFiles, find_rank_files
 
@@ -138,7 +140,7 @@ def _brief(row: dict[str, Any] | None, rank: int, offset: int, epochs: dict[int,
            ) -> dict[str, Any] | None:
     if row is None:
         return None
-    out = dict(row)
+    out = row.as_dict() if isinstance(row, Row) else dict(row)
     out["rank"] = rank
     out["epoch"] = _epoch(epochs, row)
     out["rank_index"] = row["index"]
@@ -150,7 +152,7 @@ def merge(reports: dict[int, Report], epochs: dict[int, dict[int, int]], meta: d
           ) -> Report:
     """One Report over all ranks: rows tagged with their rank and epoch, and a summary with a
     per-rank section and the merged verdicts."""
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
     entries: list[dict[str, Any]] = []
     counts: dict[str, int] = {}
     suspects: list[dict[str, Any]] = []
@@ -158,8 +160,8 @@ def merge(reports: dict[int, Report], epochs: dict[int, dict[int, int]], meta: d
         rep, offset, ep = reports[rank], len(rows), epochs[rank]
         start = len(rows)
         for r in rep.rows:
-            rows.append({**r, "rank": rank, "epoch": _epoch(ep, r), "rank_index": r["index"],
-                         "index": r["index"] + offset})
+            rows.append(replace(r, rank=rank, epoch=_epoch(ep, r), rank_index=r.index,
+                                index=r.index + offset))
         s = rep.summary
         for k, v in s["counts"].items():
             counts[k] = counts.get(k, 0) + v
