@@ -19,7 +19,7 @@ from typing import Any
 
 from accuracy.compare import verdict as V
 from accuracy.compare.api import compare
-from accuracy.compare.report import FORMATS, Report
+from accuracy.compare.report import ALL_FORMATS, Report
 from accuracy.compare.row import Row
 from accuracy.dumpfile.reader import Dump, load_dump
 from accuracy.ranks import RankFiles, find_rank_files
@@ -230,7 +230,7 @@ class MultiRankReport:
     def exit_code(self, fail_on: str | None) -> int:
         return self.merged.exit_code(fail_on)
 
-    def write(self, out_dir: str | os.PathLike[str], formats: tuple[str, ...] = FORMATS
+    def write(self, out_dir: str | os.PathLike[str], formats: tuple[str, ...] = ALL_FORMATS
               ) -> dict[str, Path]:
         out = Path(out_dir)
         paths: dict[str, Path] = {}

@@ -11,7 +11,10 @@ from typing import Any
 
 from accuracy.compare.row import JUDGED, Row
 from accuracy.compare.row import Verdict as V
-from accuracy.compare.writers import FORMATS, WRITERS
+from accuracy.compare.writers import DEFAULT_FORMATS, WRITERS
+from accuracy.compare.writers import FORMATS as ALL_FORMATS
+
+FORMATS = DEFAULT_FORMATS  # the compare command's default --formats (xlsx only when asked)
 
 
 def _score(row: Row) -> float | None:
@@ -130,14 +133,15 @@ class Report:
             return 1
         return 0
 
-    def write(self, out_dir: str | os.PathLike[str], formats: tuple[str, ...] = FORMATS
+    def write(self, out_dir: str | os.PathLike[str], formats: tuple[str, ...] = ALL_FORMATS
               ) -> dict[str, Path]:
-        """Write the selected formats into out_dir; returns {format: path}."""
+        """Write the selected formats (default: all of them) into out_dir; returns
+        {format: path}."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        bad = set(formats) - set(FORMATS)
+        bad = set(formats) - set(ALL_FORMATS)
         if bad:
-            raise ValueError(f"unknown report formats {sorted(bad)}; choose from {FORMATS}")
+            raise ValueError(f"unknown report formats {sorted(bad)}; choose from {ALL_FORMATS}")
         paths: dict[str, Path] = {}
         for f in formats:
             p = WRITERS[f](self, out)

@@ -151,3 +151,6 @@ def write_html(report: Report, out: Path) -> Path:
 WRITERS: dict[str, Callable[[Report, Path], Path | None]] = {
     "json": write_json, "csv": write_csv, "html": write_html, "xlsx": write_xlsx}
 FORMATS = tuple(WRITERS)
+# What `accuracy compare` writes unless --formats asks for more: rows.xlsx holds the CSV's
+# columns and costs more than the whole compare of a large step (xlsxwriter, cell by cell).
+DEFAULT_FORMATS = ("json", "csv", "html")

@@ -431,11 +431,30 @@ class Dump:
 
     def read_range(self, ref: TensorRef, start: int, stop: int) -> np.ndarray:
         """Bytes of values [start, stop) of `ref` (in units of its value dtype: a complex
-        tensor's parts), for reading a big tensor in windows. Verify what was read with
-        `ref.new_checksum()` and `check_checksum`."""
+        tensor's parts), as a read-only uint8 array, for reading a big tensor in windows.
+        Verify what was read with `ref.new_checksum()` and `check_checksum`.
+
+        Where the bytes lie contiguously in a cleanly closed, unfiltered file they are a view
+        of the file's memory mapping (no copy: the OS page cache is read once, by whoever
+        consumes the view); elsewhere they are read through HDF5.
+        """
         size = dtypes.itemsize(ref.value_dtype)
         a, b = start * size, min(stop * size, ref.nbytes)
-        return self.read_bytes(ref.offset + a, max(0, b - a), ref.what)
+        offset, nbytes = ref.offset + a, max(0, b - a)
+        if nbytes and 0 <= offset and offset + nbytes <= self.blob_len:
+            pos = self._file_offset(offset, nbytes)
+            if pos is not None:
+                mm = self._mapping[0]  # type: ignore[index]
+                try:
+                    view = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=pos)
+                except ValueError:  # the file shrank since it was opened
+                    view = None
+                if view is not None:
+                    view.flags.writeable = False
+                    return view
+        raw = self.read_bytes(offset, nbytes, ref.what)
+        raw.flags.writeable = False
+        return raw
 
     @property
     def chunk_bytes(self) -> int:
