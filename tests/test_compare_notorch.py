@@ -136,3 +136,64 @@ def test_compare_command_imports_no_torch(mixed, tmp_path):
     assert got["torch"] == []
     assert {"rows.csv", "rows.json", "summary.json", "index.html"} <= {
         p.name for p in (tmp_path / "r").iterdir()}
+
+
+def test_checksum_fast_paths_equal_the_exact_sum():
+    """4- and 8-byte parts are summed in their own width: same value as the exact integer
+    sum, wrapped as the dumper stores it, over any split of the bytes."""
+    from accuracy.dumpfile.checksum import Checksum
+
+    rng = np.random.default_rng(1)
+    for part, view in ((1, np.uint8), (2, np.int16), (4, np.int32), (8, np.int64)):
+        raw = rng.integers(0, 256, size=part * 10_007, dtype=np.uint8)
+        c = Checksum(part)
+        c.update(raw[: part * 501])
+        c.update(raw[part * 501:])
+        bits = 64 if part == 8 else 32
+        exact = sum(int(v) for v in raw.view(view)) % (1 << bits)
+        assert c.value == (exact - (1 << bits) if exact >= 1 << (bits - 1) else exact), part
+
+
+def test_compare_modules_import_one_way():
+    """No import circle among accuracy.compare's modules, function-level imports included
+    (imports for type checking only are not run, so they don't count)."""
+    import ast
+
+    pkg = REPO / "accuracy" / "compare"
+    graph: dict[str, set[str]] = {}
+    for f in pkg.glob("*.py"):
+        deps = set()
+        tree = ast.parse(f.read_text())
+        typing_only = {id(n) for b in ast.walk(tree) if isinstance(b, ast.If)
+                       and getattr(b.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(b)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module == "accuracy.compare":
+                    deps.update(a.name for a in node.names)
+                elif node.module.startswith("accuracy.compare."):
+                    deps.add(node.module.rsplit(".", 1)[1])
+        graph[f.stem] = deps & {p.stem for p in pkg.glob("*.py")} - {f.stem}
+    done: set[str] = set()
+
+    def visit(m: str, path: tuple[str, ...]) -> None:
+        assert m not in path, " -> ".join((*path, m))
+        if m in done:
+            return
+        for d in graph.get(m, ()):
+            visit(d, (*path, m))
+        done.add(m)
+
+    for m in graph:
+        visit(m, ())
+
+
+def test_verdict_ranking_is_one_order():
+    from accuracy.compare.row import Verdict, worst
+
+    assert [v.rank for v in (Verdict.PASS, Verdict.SKIPPED, Verdict.UNMATCHED,
+                             Verdict.WARNING, Verdict.ERROR)] == [0, 0, 1, 2, 3]
+    assert worst(["pass", "unmatched", "warning", None]) == Verdict.WARNING
+    assert worst([]) == Verdict.PASS
+    assert json.dumps({"v": Verdict.ERROR}) == '{"v": "error"}'  # files keep their text

@@ -19,7 +19,11 @@ from accuracy.dumpfile.reader import Dump, TensorRef
 __all__ = ["BlobReader", "TensorRef", "compare_data", "compare_refs", "worker_run"]
 
 CHUNK_ELEMS = 1 << 15  # 32 Ki elements: 256 KiB of float64 per array, stays in L2 cache
-_decode = dtypes.decode
+
+
+def _decode(raw: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Bytes -> float64 values; the caller holds np.errstate(invalid="ignore")."""
+    return dtypes.decode(raw, dtype, out, quiet=False)
 
 
 class BlobReader:
@@ -62,7 +66,7 @@ def _nan_minmax(reader: BlobReader, ref: TensorRef) -> tuple[float, float]:
         return lo, hi
     lo, hi = math.inf, -math.inf
     for s in range(0, ref.n_values, CHUNK_ELEMS):
-        v = _decode(reader.read(ref, s, min(ref.n_values, s + CHUNK_ELEMS)), ref.dtype)
+        v = dtypes.decode(reader.read(ref, s, min(ref.n_values, s + CHUNK_ELEMS)), ref.dtype)
         v = v[np.isfinite(v)]
         if v.size:
             lo, hi = min(lo, float(v.min())), max(hi, float(v.max()))
@@ -93,25 +97,26 @@ def compare_data(reader: BlobReader, my: TensorRef, golden: TensorRef,
     # One ranged read per side per window of chunks (a view of the mapped file where it can
     # be): the checksum sums a window in one numpy reduction, the metrics read it by chunk.
     window = CHUNK_ELEMS * 64
-    for w in range(0, n, window):
-        we = min(n, w + window)
-        wx, wy = reader.read(my, w, we), reader.read(golden, w, we)
-        if cx is not None:
-            cx.update(wx)
-        if cy is not None:
-            cy.update(wy)
-        sx, sy = wx.size // (we - w), wy.size // (we - w)  # bytes per value
-        for s in range(0, we - w, CHUNK_ELEMS):
-            e = min(we - w, s + CHUNK_ELEMS)
-            rx, ry = wx[s * sx: e * sx], wy[s * sy: e * sy]
-            same = maybe_same and np.array_equal(rx, ry)
-            identical = identical and same
-            if same and finite:
-                y = _decode(ry, golden.dtype, by)
-                acc.update(y, y, finite=True, identical=True)
-            else:
-                acc.update(_decode(rx, my.dtype, bx), _decode(ry, golden.dtype, by),
-                           finite=finite)
+    with np.errstate(invalid="ignore"):  # decoding a signalling NaN: quietly a NaN
+        for w in range(0, n, window):
+            we = min(n, w + window)
+            wx, wy = reader.read(my, w, we), reader.read(golden, w, we)
+            if cx is not None:
+                cx.update(wx)
+            if cy is not None:
+                cy.update(wy)
+            sx, sy = wx.size // (we - w), wy.size // (we - w)  # bytes per value
+            for s in range(0, we - w, CHUNK_ELEMS):
+                e = min(we - w, s + CHUNK_ELEMS)
+                rx, ry = wx[s * sx: e * sx], wy[s * sy: e * sy]
+                same = maybe_same and np.array_equal(rx, ry)
+                identical = identical and same
+                if same and finite:
+                    y = _decode(ry, golden.dtype, by)
+                    acc.update(y, y, finite=True, identical=True)
+                else:
+                    acc.update(_decode(rx, my.dtype, bx), _decode(ry, golden.dtype, by),
+                               finite=finite)
     reader.verify(my, cx)
     reader.verify(golden, cy)
     out: dict[str, Any] = acc.result(algorithms)

@@ -112,12 +112,18 @@ def float8_table(name: str) -> np.ndarray:
     return out.astype(np.float32)
 
 
-def decode(raw: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndarray:
+def decode(raw: np.ndarray, name: str, out: np.ndarray | None = None, *,
+           quiet: bool = True) -> np.ndarray:
     """Raw little-endian bytes (uint8) -> float64 values, into `out` when given.
 
     Exact: every value of these dtypes is a float64 value. ValueError for a dtype that has no
-    numeric decoding (sub-byte, quantized, bit containers).
+    numeric decoding (sub-byte, quantized, bit containers). Signalling NaNs become quiet NaNs,
+    as in torch; `quiet=False` leaves numpy's floating-point error state to the caller (a loop
+    decoding many chunks sets it once: entering `np.errstate` costs microseconds).
     """
+    if quiet:
+        with np.errstate(invalid="ignore"):
+            return decode(raw, name, out, quiet=False)
     vd = value_dtype(name)
     if vd in NUMPY:
         vals = raw.view(NUMPY[vd])
@@ -129,11 +135,10 @@ def decode(raw: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndar
         vals = float8_table(vd)[raw]
     else:
         raise ValueError(f"dtype {name!r} has no numeric decoding: not compared")
-    with np.errstate(invalid="ignore"):  # signalling NaNs become quiet ones, as in torch
-        if out is None:
-            return vals.astype(np.float64)
-        out = out[: vals.size]
-        np.copyto(out, vals, casting="unsafe")
+    if out is None:
+        return vals.astype(np.float64)
+    out = out[: vals.size]
+    np.copyto(out, vals, casting="unsafe")
     return out
 
 
