@@ -197,3 +197,26 @@ def test_verdict_ranking_is_one_order():
     assert worst(["pass", "unmatched", "warning", None]) == Verdict.WARNING
     assert worst([]) == Verdict.PASS
     assert json.dumps({"v": Verdict.ERROR}) == '{"v": "error"}'  # files keep their text
+
+
+def test_module_rows_keep_one_order_whatever_the_hash_seed(tmp_path):
+    """Modules that end at the same op give their rows in one order (inner first) in every
+    process: the report of the same dumps is the same file."""
+    from torch import nn
+
+    net = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4))))
+    with torch.no_grad(), dumper(str(tmp_path / "d.h5")):
+        net(torch.randn(2, 4))
+    probe = ("import json, sys; from accuracy.compare.align import module_ends; "
+             "from accuracy.dumpfile import load_dump; "
+             "print(json.dumps([k[0] for k in module_ends(load_dump(sys.argv[1]).records)]))")
+    seen = set()
+    for seed in ("1", "2", "3", "4"):
+        r = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "d.h5")],
+                           capture_output=True, text=True, timeout=120, start_new_session=True,
+                           env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": seed})
+        assert r.returncode == 0, r.stderr
+        seen.add(r.stdout)
+    assert len(seen) == 1, seen
+    order = json.loads(seen.pop())
+    assert order.index("Sequential.0.1") < order.index("Sequential.0")
