@@ -6,8 +6,12 @@ step. Two measurements, each side the same way, interleaved (ours, msprobe, ours
 
 - whole process: `python -m accuracy.cli compare ... -o DIR` against
   `python -m msprobe.msprobe compare ...`, from launch to exit, both writing their report;
-- in process: `compare()` + `Report.write()` against msprobe's compare function, after one
-  untimed warm-up call each, interpreter start-up and imports excluded.
+- in process: `compare()` + `Report.write()` of the command's default formats (json, csv,
+  html) against msprobe's compare function, after one untimed warm-up call each, interpreter
+  start-up and imports excluded.
+
+Beside wall time, our CPU time (user + system; whole process: the child's rusage) is printed:
+on a shared machine it says what the work costs a core when other jobs take the wall clock.
 
 The headline is the time to compare the step's dumps (same task for both). GB/s are printed
 with each tool's own tensor bytes (the bytes of tensor data in the two dumps it compared), and
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -55,10 +60,17 @@ def make_dumps(work: Path) -> tuple[Path, Path]:
     return device, golden
 
 
-def _timed_process(cmd: list[str], env: dict | None = None) -> float:
-    t0 = time.perf_counter()
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _timed_process(cmd: list[str], env: dict | None = None, cpu: list | None = None) -> float:
+    c0, t0 = _children_cpu(), time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600, check=False)
     took = time.perf_counter() - t0
+    if cpu is not None:
+        cpu.append(_children_cpu() - c0)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])}... failed: {(p.stdout + p.stderr)[-2000:]}")
     return took
@@ -75,6 +87,7 @@ def main() -> int:
     p.add_argument("--no-msprobe", action="store_true")
     args = p.parse_args()
     from accuracy.compare import compare
+    from accuracy.compare.report import FORMATS
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.workdir or tmp)
@@ -93,7 +106,7 @@ def main() -> int:
             ms = (dirs, ms_bytes)
 
         # -- whole process against whole process ------------------------------------------
-        ours_cli, ms_cli = [], []
+        ours_cli, ms_cli, ours_cli_cpu, ms_cli_cpu = [], [], [], []
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
         for i in range(args.repeat):
@@ -101,7 +114,7 @@ def main() -> int:
             shutil.rmtree(out, ignore_errors=True)
             ours_cli.append(_timed_process(
                 [sys.executable, "-m", "accuracy.cli", "compare", "-m", str(device), "-g",
-                 str(golden), "-o", str(out), "--no-progress"], env))
+                 str(golden), "-o", str(out), "--no-progress"], env, ours_cli_cpu))
             if ms:
                 out = work / f"ms_cli{i}"
                 shutil.rmtree(out, ignore_errors=True)
@@ -109,7 +122,7 @@ def main() -> int:
                 ms_cli.append(_timed_process(
                     [str(MSPROBE_PY), "-m", "msprobe.msprobe", "compare", "--target_path",
                      str(ms[0][0].parent), "--golden_path", str(ms[0][1].parent),
-                     "--output_path", str(out)]))
+                     "--output_path", str(out)], cpu=ms_cli_cpu))
                 shutil.rmtree(out, ignore_errors=True)
 
         # -- in process against in process ------------------------------------------------
@@ -117,15 +130,16 @@ def main() -> int:
             out = work / "ours_inproc"
             shutil.rmtree(out, ignore_errors=True)
             rep = compare(device, golden)
-            rep.write(out)
+            rep.write(out, FORMATS)
             return rep.summary
 
         summary = ours_once()  # warm-up, as msprobe's runner does
-        ours_in = []
+        ours_in, ours_in_cpu = [], []
         for _ in range(args.repeat):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             ours_once()
             ours_in.append(time.perf_counter() - t0)
+            ours_in_cpu.append(time.process_time() - c0)
         ms_in = None
         if ms:
             proc = subprocess.run(
@@ -144,9 +158,15 @@ def main() -> int:
         if ms:
             print(f"msprobe: two L1 tensor dumps of the same step, tensor data "
                   f"{ms[1] / 1e6:.0f} MB")
-        for what, o, m in (("whole process", ours_cli, ms_cli), ("in process", ours_in, ms_in)):
-            print(f"{what}:")
+        print(f"report files written: {', '.join(FORMATS)} (the command's default)")
+        for what, o, m, cpu, mcpu, goal in (
+                ("whole process", ours_cli, ms_cli, ours_cli_cpu, ms_cli_cpu,
+                 "goal: msprobe time / ours >= 10"),
+                ("in process", ours_in, ms_in, ours_in_cpu, None, "goal: >= 1 GB/s per core")):
+            print(f"{what} ({goal}):")
             print(f"  accuracy  {spread(o, '{:.2f}')} s  = {ob / min(o) / 1e9:.3f} GB/s at best")
+            print(f"  accuracy  CPU {spread(cpu, '{:.2f}')} s  = {ob / min(cpu) / 1e9:.3f} GB/s "
+                  "per core at best")
             if m:
                 print(f"  msprobe   {spread(m, '{:.2f}')} s  = {ms[1] / min(m) / 1e9:.3f} GB/s "
                       "at best")
@@ -154,6 +174,9 @@ def main() -> int:
                 t = ratios(m[:n], o[:n])
                 print(f"  msprobe time / ours, per repeat: {spread(t, '{:.1f}')}; per byte "
                       f"(each tool's own bytes): {spread([x * ob / ms[1] for x in t], '{:.1f}')}")
+            if m and mcpu:
+                print(f"  msprobe   CPU {spread(mcpu, '{:.2f}')} s; msprobe CPU / ours, per "
+                      f"repeat: {spread(ratios(mcpu, cpu[:len(mcpu)]), '{:.1f}')}")
         if not ms:
             print("msprobe: " + ("skipped (--no-msprobe)" if args.no_msprobe else
                                  "not installed in benchmarks/.msprobe-venv (see this module's "

@@ -13,17 +13,19 @@ from accuracy._lazy import lazy_getattr
 if TYPE_CHECKING:
     from accuracy.compare.api import compare
     from accuracy.compare.metrics import register_metric
-    from accuracy.compare.report import Report, Row, load_report
+    from accuracy.compare.report import Report, load_report
+    from accuracy.compare.row import Row, Verdict
 
 _LAZY = {
     "compare": "accuracy.compare.api",
     "register_metric": "accuracy.compare.metrics",
     "Report": "accuracy.compare.report",
-    "Row": "accuracy.compare.report",
+    "Row": "accuracy.compare.row",
+    "Verdict": "accuracy.compare.row",
     "load_report": "accuracy.compare.report",
 }
 
-__all__ = ["Report", "Row", "compare", "load_report", "register_metric"]
+__all__ = ["Report", "Row", "Verdict", "compare", "load_report", "register_metric"]
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY)

@@ -166,7 +166,9 @@ def module_ends(recs: list[OpRecord], mapping: Mapping | None = None
     phase = None
 
     def close(prefixes: list[str]) -> None:
-        for p in prefixes:
+        # Inner modules end before the modules holding them; the order is the report's row
+        # order, so it must not depend on string hashing (a set's order changes per process).
+        for p in sorted(prefixes, key=lambda p: -p.count(".")):
             last = open_.pop(p)
             k = (p, last.phase)
             occ = counts.get(k, 0)
@@ -176,8 +178,7 @@ def module_ends(recs: list[OpRecord], mapping: Mapping | None = None
     for r in recs:
         mod = mapping.module(r.module) if mapping else r.module
         parts = mod.split(".") if mod else []
-        prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]  # a list: rows
-        # ending at the same op come out in one order whatever the process's hash seed
+        prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]  # outer to inner
         if r.phase != phase:
             close(list(open_))
             phase = r.phase

@@ -14,13 +14,15 @@ from typing import Any
 from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
 from accuracy.compare.checks import check_replay, incomplete, swapped
-from accuracy.compare.engine import BlobReader, TensorRef, compare_refs, worker_run
+from accuracy.compare.engine import BlobReader, compare_refs, worker_run
 from accuracy.compare.judge import judge
 from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statistics_metrics
 from accuracy.compare.numerics import expected_ratio, input_rms, reduction_length
 from accuracy.compare.precision import ComputePrecision
 from accuracy.compare.report import Report, analyse
-from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, load_dump
+from accuracy.compare.row import Row
+from accuracy.dumpfile.dtypes import decodable
+from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, TensorRef, load_dump
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +146,7 @@ def _key(t: TensorRecord) -> tuple:
 def _needs_data(s: _Spec) -> bool:
     if s.my is None or s.golden is None or not (s.my.has_data and s.golden.has_data):
         return False
-    if s.uninit:
+    if s.uninit or not (decodable(s.my.dtype) and decodable(s.golden.dtype)):
         return False
     return s.my.numel == s.golden.numel and s.my.numel > 0
 
@@ -164,7 +166,7 @@ def _run_metrics(specs: list[_Spec], dumps: dict[str, Dump], algs: tuple[str, ..
             assert s.my is not None and s.golden is not None
             k = (_key(s.my), _key(s.golden))
             if k not in todo:
-                todo[k] = (TensorRef.of(s.my), TensorRef.of(s.golden))
+                todo[k] = (s.my.ref(), s.golden.ref())
     keys = list(todo)
     total = sum(m.nbytes + g.nbytes for m, g in todo.values())
     bar = None
@@ -221,104 +223,130 @@ def _replay_index(replay: Dump | None) -> dict[int, dict[str, Any]]:
             if isinstance(r.extra.get("replay"), dict)}
 
 
-def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
-         replay: dict[int, dict[str, Any]], precision: ComputePrecision) -> dict[str, Any]:
+def _identity(i: int, s: _Spec) -> Row:
+    """The row's which-tensors part: addresses, op, place in the run, dtypes and shapes."""
     m, g = s.my, s.golden
     ref_op = s.my_op or s.golden_op
-    row: dict[str, Any] = {
-        "index": i,
-        "kind": "op" if s.kind == "op" else "module",
-        "my_address": m.address if m else None,
-        "golden_address": g.address if g else None,
-        "op": s.my_op.op if s.my_op else (s.golden_op.op if s.golden_op else None),
-        "op_golden": s.golden_op.op if s.golden_op else None,
-        "seq_my": s.my_op.seq if s.my_op else None,
-        "seq_golden": s.golden_op.seq if s.golden_op else None,
-        "io": s.io,
-        "tensor_index": s.idx,
-        "phase": ref_op.phase if ref_op else None,
-        "module": s.kind.removeprefix("module:") if s.kind != "op" else (
+    return Row(
+        index=i, kind="op" if s.kind == "op" else "module",
+        my_address=m.address if m else None, golden_address=g.address if g else None,
+        op=ref_op.op if ref_op else None, op_golden=s.golden_op.op if s.golden_op else None,
+        seq_my=s.my_op.seq if s.my_op else None,
+        seq_golden=s.golden_op.seq if s.golden_op else None,
+        io=s.io, tensor_index=s.idx, phase=ref_op.phase if ref_op else None,
+        module=s.kind.removeprefix("module:") if s.kind != "op" else (
             ref_op.module if ref_op else None),
-        "source": ref_op.source if ref_op else None,
-        "dtype_my": m.dtype if m else None,
-        "dtype_golden": g.dtype if g else None,
-        "shape_my": list(m.shape) if m else None,
-        "shape_golden": list(g.shape) if g else None,
-    }
-    for a in ALL_ALGORITHMS:
-        row[a] = None
-    row.update({"nan_mismatch": None, "inf_mismatch": None, "bit_exact": None})
+        source=ref_op.source if ref_op else None,
+        dtype_my=m.dtype if m else None, dtype_golden=g.dtype if g else None,
+        shape_my=list(m.shape) if m else None, shape_golden=list(g.shape) if g else None)
+
+
+def _add_statistics(row: Row, m: TensorRecord | None, g: TensorRecord | None) -> None:
+    """Each side's recorded statistics, and their differences when both sides exist."""
     for side, t in (("my", m), ("golden", g)):
+        if t is None:
+            continue
+        st = t.stats
         for name, k in _STAT_KEYS:
-            row[f"{side}_{name}"] = t.stats.get(k) if t else None
-        row[f"{side}_nan_count"] = t.stats.get("nan_count") if t else None
-        row[f"{side}_inf_count"] = t.stats.get("inf_count") if t else None
-    sm = statistics_metrics(m.stats, g.stats) if m and g else {}
-    for name, k in _STAT_KEYS:
-        row[f"{name}_diff"] = sm.get(f"{k}_diff")
-        row[f"{name}_rel_diff"] = sm.get(f"{k}_rel_diff")
-    row.update({"local_error_ratio": None, "local_verdict": None, "replay_status": None,
-                "amplification": None, "accumulated_verdict": None, "verdict": V.PASS,
-                "message": "", "compute_precision": None, "local_error": None,
-                "local_bound": None, "local_excess": None, "local_z": None,
-                "reduction_length": None, "amplification_z": None, "produced_by": None})
-    msgs: list[str] = []
+            setattr(row, f"{side}_{name}", st.get(k))
+        setattr(row, f"{side}_nan_count", st.get("nan_count"))
+        setattr(row, f"{side}_inf_count", st.get("inf_count"))
+    if m is not None and g is not None:
+        sm = statistics_metrics(m.stats, g.stats)
+        for name, k in _STAT_KEYS:
+            setattr(row, f"{name}_diff", sm.get(f"{k}_diff"))
+            setattr(row, f"{name}_rel_diff", sm.get(f"{k}_rel_diff"))
+
+
+def _not_comparable(row: Row, s: _Spec, msgs: list[str]) -> bool:
+    """Settle a row with nothing numeric to compare (one side missing, uninitialised memory,
+    element counts differ, empty); False when the pair is to be judged on its values."""
+    m, g = s.my, s.golden
     if m is None or g is None:
-        row["verdict"] = V.UNMATCHED
-        row["message"] = s.reason or (f"{s.io} {s.idx} only in "
-                                      + ("golden" if m is None else "my") + " run")
-        return row
+        row.verdict = V.UNMATCHED
+        row.message = s.reason or (f"{s.io} {s.idx} only in "
+                                   + ("golden" if m is None else "my") + " run")
+        return True
     if m.dtype != g.dtype:
         msgs.append(f"dtype differs ({m.dtype} vs {g.dtype})")
     if s.uninit:
-        row["verdict"] = V.SKIPPED
-        row["message"] = "uninitialised memory (empty*, before its first write): not compared"
-        return row
+        row.verdict = V.SKIPPED
+        row.message = "uninitialised memory (empty*, before its first write): not compared"
+        return True
     if m.numel != g.numel:
         # Not the same computation (another batch, or ops paired across a fused/inserted
         # block): nothing to judge a kernel by, so the pair counts as unmatched.
-        row["verdict"], row["accumulated_verdict"] = V.UNMATCHED, V.UNMATCHED
-        row["message"] = "; ".join(msgs + [f"shape differs ({list(m.shape)} vs "
-                                             f"{list(g.shape)}): element counts differ, not "
-                                             "compared"])
-        return row
+        row.verdict = row.accumulated_verdict = V.UNMATCHED
+        row.message = "; ".join(msgs + [f"shape differs ({list(m.shape)} vs {list(g.shape)}): "
+                                        "element counts differ, not compared"])
+        return True
     if m.shape != g.shape:
         msgs.append(f"shape differs ({list(m.shape)} vs {list(g.shape)}), compared flattened")
     if m.numel == 0:
-        row["message"] = "; ".join(msgs + ["empty tensor: nothing to compare"])
-        row["accumulated_verdict"] = V.PASS
+        row.message = "; ".join(msgs + ["empty tensor: nothing to compare"])
+        row.accumulated_verdict = V.PASS
+        return True
+    return False
+
+
+def _add_metrics(row: Row, res: dict[str, Any]) -> None:
+    """The computed metrics of the pair (a user metric has no column: it is not kept)."""
+    for k, v in res.items():
+        if k in _METRIC_FIELDS:
+            setattr(row, k, v)
+
+
+_METRIC_FIELDS = frozenset(ALL_ALGORITHMS) | {"nan_mismatch", "inf_mismatch", "bit_exact"}
+
+
+def _add_replay(row: Row, s: _Spec, rp: dict[str, Any], compute: str | None,
+                msgs: list[str]) -> None:
+    """The replay's local error of an op output: its ratio and an honest kernel's bound."""
+    assert s.my is not None and s.my_op is not None
+    row.replay_status = rp.get("status")
+    if rp.get("status") == "ok":
+        out = next((o for o in rp.get("outputs", []) if o.get("idx") == s.idx), None)
+        if out is not None:
+            row.local_error_ratio = out.get("error_ratio")
+            row.local_error = out.get("err_device")
+            k = reduction_length(s.my_op, s.idx)
+            row.reduction_length = k
+            row.local_bound = expected_ratio(compute, s.my.dtype, k, input_rms(s.my_op),
+                                             out.get("err_reference"))
+    elif rp.get("reason"):
+        msgs.append(f"replay {rp.get('status')}: {rp.get('reason')}")
+
+
+def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
+         replay: dict[int, dict[str, Any]], precision: ComputePrecision) -> Row:
+    """One row before judging: identity, statistics, metrics, the threshold verdict against
+    golden (`accumulated_verdict`) and, for a replayed op output, its local error."""
+    row = _identity(i, s)
+    _add_statistics(row, s.my, s.golden)
+    msgs: list[str] = []
+    if _not_comparable(row, s, msgs):
         return row
+    assert s.my is not None
     compute = None
     if s.kind == "op" and s.io == "output" and s.my_op is not None:
-        compute = precision.coarser(s.my_op.op, m.dtype)
-        row["compute_precision"] = compute
+        compute = precision.coarser(s.my_op.op, s.my.dtype)
+        row.compute_precision = compute
     if res is None:
         verdict, msg = V.stats_verdict(row, cfg)
     else:
-        row.update({k: v for k, v in res.items() if k in row})
+        _add_metrics(row, res)
         verdict, msg = V.metric_verdict(
             row, cfg, ComputePrecision.section(compute) if compute else None)
     if compute:
         msgs.append(f"judged at its compute precision {compute}")
-    row["accumulated_verdict"] = verdict
+    row.accumulated_verdict = verdict
     if msg:
         msgs.append(msg)
     rp = replay.get(s.my_op.seq) if (s.io == "output" and s.kind == "op" and s.my_op) else None
     if rp is not None:
-        row["replay_status"] = rp.get("status")
-        if rp.get("status") == "ok":
-            out = next((o for o in rp.get("outputs", []) if o.get("idx") == s.idx), None)
-            if out is not None:
-                row["local_error_ratio"] = out.get("error_ratio")
-                row["local_error"] = out.get("err_device")
-                k = reduction_length(s.my_op, s.idx)
-                row["reduction_length"] = k
-                row["local_bound"] = expected_ratio(compute, m.dtype, k, input_rms(s.my_op),
-                                                    out.get("err_reference"))
-        elif rp.get("reason"):
-            msgs.append(f"replay {rp.get('status')}: {rp.get('reason')}")
-    row["verdict"] = verdict
-    row["message"] = "; ".join(msgs)
+        _add_replay(row, s, rp, compute, msgs)
+    row.verdict = verdict
+    row.message = "; ".join(msgs)
     return row
 
 

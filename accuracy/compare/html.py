@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from markupsafe import Markup
 
+from accuracy.compare.row import Row, Verdict
+
 if TYPE_CHECKING:
     from accuracy.compare.report import Report
 
 COLOURS = {"pass": "#2e9d4f", "warning": "#e0a100", "error": "#d0342c", "unmatched": "#888888",
            "skipped": "#bbbbbb"}
-_DRAW_ORDER = {"pass": 0, "skipped": 0, "unmatched": 1, "warning": 2, "error": 3}
 PHASE_BG = {"forward": "#eef4fb", "backward": "#fbf1ea", "optimizer": "#f1f1f1"}
 TABLE_COLS = ("index", "kind", "op", "phase", "module", "io", "tensor_index", "dtype_my",
               "dtype_golden", "shape_my", "cosine", "rel_euc_dist", "max_abs_err",
@@ -58,8 +59,8 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _y(row: dict[str, Any]) -> float:
-    red = row.get("rel_euc_dist")
+def _y(row: Row) -> float:
+    red = row.rel_euc_dist
     if red is None or (isinstance(red, float) and math.isnan(red)):
         return Y_MIN
     if red <= 0:
@@ -67,11 +68,11 @@ def _y(row: dict[str, Any]) -> float:
     return max(Y_MIN, min(Y_MAX, math.log10(red)))
 
 
-def chart(rows: list[dict[str, Any]], culprit: dict[str, Any] | None) -> dict[str, Any]:
+def chart(rows: list[Row], culprit: dict[str, Any] | None) -> dict[str, Any]:
     """Geometry of the SVG chart: log10 relative Euclidean distance of each op output along
     execution order. Numbers only; the template draws (and escapes) it."""
-    pts = [r for r in rows if r["kind"] == "op" and r["io"] == "output"
-           and r["verdict"] not in ("skipped",)]
+    pts = [r for r in rows if r.kind == "op" and r.io == "output"
+           and r.verdict != Verdict.SKIPPED]
     n = max(len(pts), 1)
     pw, ph = W - PAD_L - 10, H - PAD_T - PAD_B
 
@@ -84,27 +85,28 @@ def chart(rows: list[dict[str, Any]], culprit: dict[str, Any] | None) -> dict[st
     bands = []
     start = 0
     for i in range(1, len(pts) + 1):  # phase bands
-        if i == len(pts) or pts[i]["phase"] != pts[start]["phase"]:
-            name = str(pts[start]["phase"] or "")
+        if i == len(pts) or pts[i].phase != pts[start].phase:
+            name = str(pts[start].phase or "")
             bands.append({"x": x(start) - pw / n / 2, "width": (i - start) * pw / n,
                           "fill": PHASE_BG.get(name, "#fff"), "name": name})
             start = i
     grid = [{"y": y(v), "label": f"1e{v}"} for v in range(int(Y_MIN), int(Y_MAX) + 1, 2)]
     culprit_x = None
     if culprit is not None:
-        ci = next((i for i, r in enumerate(pts) if r["index"] == culprit["index"]), None)
+        ci = next((i for i, r in enumerate(pts) if r.index == culprit["index"]), None)
         if ci is not None:
             culprit_x = x(ci)
     points = []
     # Passing points first, errors last, so the few that matter are drawn on top.
-    for i in sorted(range(len(pts)), key=lambda i: _DRAW_ORDER.get(pts[i]["verdict"], 0)):
+    for i in sorted(range(len(pts)), key=lambda i: pts[i].verdict.rank):
         r = pts[i]
-        big = r["verdict"] == "error" or (culprit is not None and r["index"] == culprit["index"])
+        big = r.verdict == Verdict.ERROR or (culprit is not None
+                                            and r.index == culprit["index"])
         points.append({
-            "index": r["index"], "x": x(i), "y": y(_y(r)), "big": big,
-            "fill": COLOURS.get(r["verdict"], "#000"),
-            "tip": f"#{r['index']} {r['op']} {r['module'] or ''} {r['phase']}: "
-                   f"{r['verdict']} rel_euc_dist={_fmt(r.get('rel_euc_dist'))}",
+            "index": r.index, "x": x(i), "y": y(_y(r)), "big": big,
+            "fill": COLOURS.get(r.verdict, "#000"),
+            "tip": f"#{r.index} {r.op} {r.module or ''} {r.phase}: "
+                   f"{r.verdict} rel_euc_dist={_fmt(r.rel_euc_dist)}",
         })
     return {"W": W, "H": H, "pad_l": PAD_L, "pad_t": PAD_T, "pw": pw, "ph": ph,
             "bands": bands, "grid": grid, "culprit_x": culprit_x, "points": points}
@@ -127,8 +129,8 @@ def _template() -> Any:
 
 def render(report: Report) -> str:
     s = report.summary
-    rows = [{"id": r["index"], "verdict": r["verdict"], "cells": [_fmt(r.get(c)) for c in
-                                                               TABLE_COLS]}
+    rows = [{"id": r.index, "verdict": r.verdict, "cells": [_fmt(getattr(r, c)) for c in
+                                                           TABLE_COLS]}
             for r in report.rows]
     return _template().render(
         css=Markup(_CSS), js=Markup(_JS), summary=s, colours=COLOURS, cols=TABLE_COLS,

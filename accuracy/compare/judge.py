@@ -19,10 +19,11 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from accuracy.compare import verdict as V
 from accuracy.compare.numerics import own_error
+from accuracy.compare.row import JUDGED, Row
+from accuracy.compare.row import Verdict as V
 
-_JUDGED = (V.PASS, V.WARNING, V.ERROR)
+_JUDGED = JUDGED
 # Ops whose output jumps when an input crosses a threshold (relu's mask, max, comparisons,
 # rounding): a tiny input deviation flips whole elements, so without a replay their
 # amplification says nothing about their kernel. At most a warning there.
@@ -41,14 +42,14 @@ def _base(op: str | None) -> str:
     return (op or "").rsplit(".", 1)[0]
 
 
-def deviation(row: dict[str, Any]) -> float | None:
+def deviation(row: Row) -> float | None:
     """How far my tensor is from golden: rel_euc_dist, or from statistics when that is all
     there is (the largest relative difference of max/min/mean/L2)."""
-    red = row.get("rel_euc_dist")
+    red = row.rel_euc_dist
     if red is not None:
         return float(red)
-    vals = [abs(row[k]) for k in ("max_rel_diff", "min_rel_diff", "mean_rel_diff",
-                                  "l2norm_rel_diff") if row.get(k) is not None]
+    vals = [abs(v) for v in (row.max_rel_diff, row.min_rel_diff, row.mean_rel_diff,
+                             row.l2norm_rel_diff) if v is not None]
     if not vals:
         return None
     return float(max(vals))
@@ -72,17 +73,17 @@ def _log(x: float) -> float:
     return math.log(max(x, 1e-300)) if math.isfinite(x) else 700.0
 
 
-def _groups(rows: list[dict[str, Any]]) -> list[tuple[list[dict], list[dict]]]:
-    groups: dict[tuple, tuple[list[dict], list[dict]]] = {}
+def _groups(rows: list[Row]) -> list[tuple[list[Row], list[Row]]]:
+    groups: dict[tuple, tuple[list[Row], list[Row]]] = {}
     for r in rows:
-        if r["kind"] != "op" or r["seq_my"] is None or r["seq_golden"] is None:
+        if r.kind != "op" or r.seq_my is None or r.seq_golden is None:
             continue
-        g = groups.setdefault((r["seq_my"], r["seq_golden"]), ([], []))
-        g[0 if r["io"] == "input" else 1].append(r)
+        g = groups.setdefault((r.seq_my, r.seq_golden), ([], []))
+        g[0 if r.io == "input" else 1].append(r)
     return list(groups.values())
 
 
-def _with_outlier_scores(rows: list[dict], key: str, floor: float, pool: bool = True
+def _with_outlier_scores(rows: list[Row], key: str, floor: float, pool: bool = True
                          ) -> dict[int, float]:
     """Robust score of each row's log `key` among the same op type in this run; an op type
     with fewer than MIN_GROUP calls is scored against every row of its compute precision
@@ -90,10 +91,10 @@ def _with_outlier_scores(rows: list[dict], key: str, floor: float, pool: bool = 
     by_type: dict[str, dict[int, float]] = defaultdict(dict)
     by_precision: dict[str, dict[int, float]] = defaultdict(dict)
     for r in rows:
-        v = r.get(key)
+        v = getattr(r, key)
         if v is not None:
-            by_type[_base(r["op"])][r["index"]] = _log(v)
-            by_precision[r.get("compute_precision") or ""][r["index"]] = _log(v)
+            by_type[_base(r.op)][r.index] = _log(v)
+            by_precision[r.compute_precision or ""][r.index] = _log(v)
     z: dict[int, float] = {}
     for vals in by_type.values():
         if len(vals) >= MIN_GROUP:
@@ -105,23 +106,23 @@ def _with_outlier_scores(rows: list[dict], key: str, floor: float, pool: bool = 
     return z
 
 
-def _centres(rows: list[dict], key: str) -> dict[int, float]:
+def _centres(rows: list[Row], key: str) -> dict[int, float]:
     """Median log `key` of the group each row is scored in (as _with_outlier_scores)."""
-    by_type: dict[str, list[dict]] = defaultdict(list)
+    by_type: dict[str, list[Row]] = defaultdict(list)
     by_precision: dict[str, list[float]] = defaultdict(list)
     for r in rows:
-        by_type[_base(r["op"])].append(r)
-        by_precision[r.get("compute_precision") or ""].append(_log(r[key]))
+        by_type[_base(r.op)].append(r)
+        by_precision[r.compute_precision or ""].append(_log(getattr(r, key)))
     out: dict[int, float] = {}
     for grp in by_type.values():
         for r in grp:
-            vals = ([_log(x[key]) for x in grp] if len(grp) >= MIN_GROUP
-                    else by_precision[r.get("compute_precision") or ""])
-            out[r["index"]] = sorted(vals)[len(vals) // 2]
+            vals = ([_log(getattr(x, key)) for x in grp] if len(grp) >= MIN_GROUP
+                    else by_precision[r.compute_precision or ""])
+            out[r.index] = sorted(vals)[len(vals) // 2]
     return out
 
 
-def level(x: float, z: float, rel: float, sec: dict[str, Any], prefix: str) -> str:
+def level(x: float, z: float, rel: float, sec: dict[str, Any], prefix: str) -> V:
     """error / warning / pass from the excess x, the outlier score z and x relative to the
     median of its op type."""
     if x > sec[f"{prefix}_error"] or (z >= sec["outlier_error"]
@@ -135,32 +136,32 @@ def level(x: float, z: float, rel: float, sec: dict[str, Any], prefix: str) -> s
     return V.PASS
 
 
-def _judge_local(outs: list[dict], sec: dict[str, Any]) -> None:
+def _judge_local(outs: list[Row], sec: dict[str, Any]) -> None:
     """Replay-given local error: excess over the honest bound, and outlier score."""
     with_local = []
     for o in outs:
-        ratio, bound = o.get("local_error_ratio"), o.get("local_bound") or 1.0
+        ratio, bound = o.local_error_ratio, o.local_bound or 1.0
         if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)):
             continue
-        o["local_excess"] = ratio / bound if math.isfinite(ratio) else math.inf
+        o.local_excess = ratio / bound if math.isfinite(ratio) else math.inf
         with_local.append(o)
     z = _with_outlier_scores(with_local, "local_excess", sec["spread_floor"])
     centre = _centres(with_local, "local_excess")
     for o in with_local:
-        x = o["local_excess"]
-        o["local_z"] = z.get(o["index"])
-        rel = math.exp(min(_log(x) - centre[o["index"]], 700.0))
-        lv = level(x, o["local_z"] or 0.0, rel, sec, "excess")
-        o["local_verdict"] = lv
-        o["verdict"] = lv
-        bits = [f"local error {x:.3g}x an honest kernel's (ratio {o['local_error_ratio']:.3g},"
-                f" expected {o.get('local_bound') or 1:.3g} for K={o.get('reduction_length')})"]
-        if o["local_z"] is not None and abs(o["local_z"]) >= 1:
-            bits.append(f"outlier score {o['local_z']:.1f} among {_base(o['op'])}")
-        o["message"] = "; ".join([m for m in [o["message"]] if m] + bits)
+        x = o.local_excess
+        o.local_z = z.get(o.index)
+        rel = math.exp(min(_log(x) - centre[o.index], 700.0))
+        lv = level(x, o.local_z or 0.0, rel, sec, "excess")
+        o.local_verdict = lv
+        o.verdict = lv
+        bits = [f"local error {x:.3g}x an honest kernel's (ratio {o.local_error_ratio:.3g},"
+                f" expected {o.local_bound or 1:.3g} for K={o.reduction_length})"]
+        if o.local_z is not None and abs(o.local_z) >= 1:
+            bits.append(f"outlier score {o.local_z:.1f} among {_base(o.op)}")
+        o.message = "; ".join([m for m in [o.message] if m] + bits)
 
 
-def _judge_amplification(groups: list[tuple[list[dict], list[dict]]], sec: dict[str, Any],
+def _judge_amplification(groups: list[tuple[list[Row], list[Row]]], sec: dict[str, Any],
                          pending: set[int]) -> None:
     """No local error: amplification of the deviation the op was given."""
     todo = []
@@ -171,43 +172,43 @@ def _judge_amplification(groups: list[tuple[list[dict], list[dict]]], sec: dict[
             d = deviation(o)
             if d is None:
                 continue
-            own = own_error(o.get("compute_precision"), o.get("dtype_my"))
-            o["amplification"] = d / (red_in + own) if math.isfinite(d) else math.inf
+            own = own_error(o.compute_precision, o.dtype_my)
+            o.amplification = d / (red_in + own) if math.isfinite(d) else math.inf
             todo.append(o)
     z = _with_outlier_scores(todo, "amplification", sec["spread_floor"], pool=False)
     for o in todo:
-        o["amplification_z"] = z.get(o["index"])
+        o.amplification_z = z.get(o.index)
     for o in todo:
-        if o["index"] not in pending:
+        if o.index not in pending:
             continue
-        a = o["amplification"]
-        acc = o.get("accumulated_verdict")
+        a = o.amplification
+        acc = o.accumulated_verdict
         if acc not in (V.WARNING, V.ERROR):
-            o["verdict"] = V.PASS
+            o.verdict = V.PASS
             continue
-        lv = level(a, o["amplification_z"] or 0.0, math.inf, sec, "amplification")
-        if lv == V.ERROR and (acc != V.ERROR or _base(o["op"]) in _DISCONTINUOUS):
+        lv = level(a, o.amplification_z or 0.0, math.inf, sec, "amplification")
+        if lv == V.ERROR and (acc != V.ERROR or _base(o.op) in _DISCONTINUOUS):
             lv = V.WARNING
-        o["verdict"] = lv
+        o.verdict = lv
         note = (f"output deviation {a:.3g}x what its inputs' deviation and its own rounding "
                 "explain")
         if lv == V.PASS:
             note += ": inherited, not judged an error here"
-        o["message"] = "; ".join([m for m in [o["message"]] if m] + [note])
+        o.message = "; ".join([m for m in [o.message] if m] + [note])
 
 
-def _nonfinite_born(ins: list[dict], o: dict) -> bool:
-    return bool(o.get("nan_mismatch") or o.get("inf_mismatch")) and not any(
-        r.get("nan_mismatch") or r.get("inf_mismatch") for r in ins)
+def _nonfinite_born(ins: list[Row], o: Row) -> bool:
+    return bool(o.nan_mismatch or o.inf_mismatch) and not any(
+        r.nan_mismatch or r.inf_mismatch for r in ins)
 
 
-def _structural(r: dict[str, Any]) -> bool:
+def _structural(r: Row) -> bool:
     """Element counts differ: nothing numeric to judge, the row stays an error."""
-    a, b = r.get("shape_my"), r.get("shape_golden")
+    a, b = r.shape_my, r.shape_golden
     return a is not None and b is not None and math.prod(a) != math.prod(b)
 
 
-def judge(rows: list[dict[str, Any]], producers: dict[int, int | None],
+def judge(rows: list[Row], producers: dict[int, int | None],
           cfg: dict[str, Any]) -> None:
     """Set `verdict` on every row in place.
 
@@ -218,84 +219,84 @@ def judge(rows: list[dict[str, Any]], producers: dict[int, int | None],
     """
     sec = {**cfg["replay"], **cfg.get("amplification", {})}
     groups = _groups(rows)
-    outs = [o for _, os_ in groups for o in os_ if o["verdict"] in _JUDGED
+    outs = [o for _, os_ in groups for o in os_ if o.verdict in _JUDGED
             and not _structural(o)]
     _judge_local(outs, sec)
-    pending = {o["index"] for o in outs if o.get("local_verdict") is None}
+    pending = {o.index for o in outs if o.local_verdict is None}
     _judge_amplification(groups, sec, pending)
     for ins, os_ in groups:
         for o in os_:
-            if o["verdict"] not in _JUDGED or o.get("local_verdict") is not None \
+            if o.verdict not in _JUDGED or o.local_verdict is not None \
                     or _structural(o):
                 continue
-            acc = o.get("accumulated_verdict")
+            acc = o.accumulated_verdict
             if _nonfinite_born(ins, o):
-                o["verdict"] = V.ERROR
-            elif o.get("rel_euc_dist") is None and acc == V.ERROR and o.get("max_abs_err"):
+                o.verdict = V.ERROR
+            elif o.rel_euc_dist is None and acc == V.ERROR and o.max_abs_err:
                 # integers: wrong only if every input matched golden
-                clean = all((r.get("max_abs_err") or 0) == 0 and (r.get("rel_euc_dist") or 0)
+                clean = all((r.max_abs_err or 0) == 0 and (r.rel_euc_dist or 0)
                             == 0 for r in ins)
-                o["verdict"] = V.ERROR if clean else V.PASS
+                o.verdict = V.ERROR if clean else V.PASS
                 if not clean:
-                    o["message"] += "; inputs already differed: inherited"
-    by_index = {r["index"]: r for r in rows}
+                    o.message += "; inputs already differed: inherited"
+    by_index = {r.index: r for r in rows}
     for r in rows:
-        if r["kind"] != "op" or r["io"] != "input" or r["verdict"] not in _JUDGED \
+        if r.kind != "op" or r.io != "input" or r.verdict not in _JUDGED \
                 or _structural(r):
             continue
-        src = producers.get(r["index"])
+        src = producers.get(r.index)
         p = by_index.get(src) if src is not None else None
         if p is not None and p is not r:
-            r["verdict"] = p["verdict"] if p["verdict"] in _JUDGED else V.PASS
-            r["produced_by"] = p["my_address"]
-            r["message"] = "; ".join([m for m in [r["message"]] if m]
-                                     + [f"judged where produced: {p['my_address']}"])
+            r.verdict = p.verdict if p.verdict in _JUDGED else V.PASS
+            r.produced_by = p.my_address
+            r.message = "; ".join([m for m in [r.message] if m]
+                                     + [f"judged where produced: {p.my_address}"])
             continue
-        acc = r.get("accumulated_verdict") or V.PASS
-        if r["phase"] != "forward":  # a gradient or optimizer state made outside the dump
-            r["verdict"] = V.PASS
+        acc = r.accumulated_verdict or V.PASS
+        if r.phase != "forward":  # a gradient or optimizer state made outside the dump
+            r.verdict = V.PASS
             if acc != V.PASS:
-                r["message"] = "; ".join([m for m in [r["message"]] if m] + [
+                r.message = "; ".join([m for m in [r.message] if m] + [
                     "made by no recorded op (autograd or optimizer internals): not judged"])
             continue
-        r["verdict"] = V.WARNING if acc == V.ERROR else acc
+        r.verdict = V.WARNING if acc == V.ERROR else acc
         if acc != V.PASS:
-            r["message"] = "; ".join([m for m in [r["message"]] if m] + [
+            r.message = "; ".join([m for m in [r.message] if m] + [
                 "not produced by a recorded op (model input, parameter or buffer): it already "
                 "differs from golden"])
     _summarise_modules(rows)
 
 
-def _summarise_modules(rows: list[dict[str, Any]]) -> None:
-    ops = [r for r in rows if r["kind"] == "op" and r["io"] == "output"
-           and r["seq_my"] is not None]
-    ops.sort(key=lambda r: r["seq_my"])
+def _summarise_modules(rows: list[Row]) -> None:
+    ops = [r for r in rows if r.kind == "op" and r.io == "output"
+           and r.seq_my is not None]
+    ops.sort(key=lambda r: r.seq_my)
     pos: dict[int, int] = {}
     for i, r in enumerate(ops):
-        pos.setdefault(r["seq_my"], i)
+        pos.setdefault(r.seq_my, i)
     for m in rows:
-        if m["kind"] != "module" or m["verdict"] not in _JUDGED or m["seq_my"] is None \
+        if m.kind != "module" or m.verdict not in _JUDGED or m.seq_my is None \
                 or _structural(m):
             continue
-        mod, phase = m["module"] or "", m["phase"]
-        i = pos.get(m["seq_my"])
+        mod, phase = m.module or "", m.phase
+        i = pos.get(m.seq_my)
         if i is None:  # its ops were not compared: the boundary alone, at most a warning
-            m["verdict"] = V.WARNING if m["verdict"] == V.ERROR else m["verdict"]
+            m.verdict = V.WARNING if m.verdict == V.ERROR else m.verdict
             continue
-        while i + 1 < len(ops) and ops[i + 1]["seq_my"] == m["seq_my"]:
+        while i + 1 < len(ops) and ops[i + 1].seq_my == m.seq_my:
             i += 1
         worst, which, n = V.PASS, None, 0
         while i >= 0:
             r = ops[i]
-            rmod = r["module"] or ""
-            if r["phase"] != phase or not (rmod == mod or rmod.startswith(mod + ".")):
+            rmod = r.module or ""
+            if r.phase != phase or not (rmod == mod or rmod.startswith(mod + ".")):
                 break
             n += 1
-            if r["verdict"] in _JUDGED and V.worse(r["verdict"], worst) != worst:
-                worst, which = r["verdict"], r
+            if r.verdict in _JUDGED and r.verdict.rank > worst.rank:
+                worst, which = r.verdict, r
             i -= 1
-        m["verdict"] = worst
+        m.verdict = worst
         note = f"summary of {n} op outputs inside"
         if which is not None:
-            note += f": worst {worst} at {which['my_address']}"
-        m["message"] = "; ".join([x for x in [m["message"]] if x] + [note])
+            note += f": worst {worst} at {which.my_address}"
+        m.message = "; ".join([x for x in [m.message] if x] + [note])

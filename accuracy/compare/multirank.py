@@ -13,13 +13,14 @@ import logging
 import math
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from accuracy.compare import verdict as V
 from accuracy.compare.api import compare
-from accuracy.compare.report import FORMATS, Report
-from accuracy.dumper.collectives import is_collective
+from accuracy.compare.report import ALL_FORMATS, Report
+from accuracy.compare.row import Row
 from accuracy.dumpfile.reader import Dump, load_dump
 from accuracy.ranks import RankFiles, find_rank_files
 
@@ -78,6 +79,14 @@ def _first_deviation(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
                 None)
 
 
+def is_collective(op: str) -> bool:
+    """Whether a recorded op name is a collective (the dumper's list; it imports torch, so
+    only a multi-rank compare that reaches a collective question loads it)."""
+    from accuracy.dumper.collectives import is_collective as known
+
+    return known(op)
+
+
 def _collective_before(rows: list[dict[str, Any]], seq: int | None) -> dict[str, Any] | None:
     """The last collective this rank ran at or before `seq` (the way error came in)."""
     if seq is None:
@@ -131,7 +140,7 @@ def _brief(row: dict[str, Any] | None, rank: int, offset: int, epochs: dict[int,
            ) -> dict[str, Any] | None:
     if row is None:
         return None
-    out = dict(row)
+    out = row.as_dict() if isinstance(row, Row) else dict(row)
     out["rank"] = rank
     out["epoch"] = _epoch(epochs, row)
     out["rank_index"] = row["index"]
@@ -143,7 +152,7 @@ def merge(reports: dict[int, Report], epochs: dict[int, dict[int, int]], meta: d
           ) -> Report:
     """One Report over all ranks: rows tagged with their rank and epoch, and a summary with a
     per-rank section and the merged verdicts."""
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
     entries: list[dict[str, Any]] = []
     counts: dict[str, int] = {}
     suspects: list[dict[str, Any]] = []
@@ -151,8 +160,8 @@ def merge(reports: dict[int, Report], epochs: dict[int, dict[int, int]], meta: d
         rep, offset, ep = reports[rank], len(rows), epochs[rank]
         start = len(rows)
         for r in rep.rows:
-            rows.append({**r, "rank": rank, "epoch": _epoch(ep, r), "rank_index": r["index"],
-                         "index": r["index"] + offset})
+            rows.append(replace(r, rank=rank, epoch=_epoch(ep, r), rank_index=r.index,
+                                index=r.index + offset))
         s = rep.summary
         for k, v in s["counts"].items():
             counts[k] = counts.get(k, 0) + v
@@ -221,7 +230,7 @@ class MultiRankReport:
     def exit_code(self, fail_on: str | None) -> int:
         return self.merged.exit_code(fail_on)
 
-    def write(self, out_dir: str | os.PathLike[str], formats: tuple[str, ...] = FORMATS
+    def write(self, out_dir: str | os.PathLike[str], formats: tuple[str, ...] = ALL_FORMATS
               ) -> dict[str, Path]:
         out = Path(out_dir)
         paths: dict[str, Path] = {}

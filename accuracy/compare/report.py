@@ -9,36 +9,31 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from accuracy.compare import verdict as V
+from accuracy.compare.row import JUDGED, Row
+from accuracy.compare.row import Verdict as V
+from accuracy.compare.writers import DEFAULT_FORMATS, WRITERS
+from accuracy.compare.writers import FORMATS as ALL_FORMATS
 
-FORMATS = ("json", "csv", "html", "xlsx")
-
-
-class Row(dict):
-    """One compared tensor pair (a dict of stable keys, see docs/metrics.md)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self)
+FORMATS = DEFAULT_FORMATS  # the compare command's default --formats (xlsx only when asked)
 
 
-def _score(row: dict[str, Any]) -> float | None:
+def _score(row: Row) -> float | None:
     """How much an op output exceeds what an honest kernel given its inputs explains: the
     local excess (replay) or else the amplification."""
-    for k in ("local_excess", "amplification"):
-        v = row.get(k)
+    for v in (row.local_excess, row.amplification):
         if v is not None and not (isinstance(v, float) and math.isnan(v)):
             return float(v)
     return None
 
 
-def _compact(row: dict[str, Any] | None) -> dict[str, Any] | None:
-    return dict(row) if row is not None else None
+def _compact(row: Row | None) -> dict[str, Any] | None:
+    return row.as_dict() if row is not None else None
 
 
-_JUDGED = (V.PASS, V.WARNING, V.ERROR)
+_JUDGED = JUDGED
 
 
-def analyse(rows: list[dict[str, Any]], cfg: dict[str, Any], meta: dict[str, Any]
+def analyse(rows: list[Row], cfg: dict[str, Any], meta: dict[str, Any]
             ) -> dict[str, Any]:
     """Counts, first divergence, culprit and ranked suspects from judged rows (judge.py).
 
@@ -49,29 +44,29 @@ def analyse(rows: list[dict[str, Any]], cfg: dict[str, Any], meta: dict[str, Any
     first_div = culprit = None
     candidates = []
     for r in rows:
-        if r["kind"] != "op" or r["io"] != "output" or r["verdict"] not in _JUDGED:
+        if r.kind != "op" or r.io != "output" or r.verdict not in _JUDGED:
             continue
-        if first_div is None and r.get("accumulated_verdict") == V.ERROR:
+        if first_div is None and r.accumulated_verdict == V.ERROR:
             first_div = r
         score = _score(r)
         if score is None:
             continue
-        if r["verdict"] != V.PASS or score > 1.0:
+        if r.verdict != V.PASS or score > 1.0:
             candidates.append((score, r))
     severity = {V.ERROR: 0, V.WARNING: 1}
-    candidates.sort(key=lambda c: (severity.get(c[1]["verdict"], 2), -_sort_num(c[0]),
-                                   c[1]["index"]))
-    if candidates and candidates[0][1]["verdict"] == V.ERROR:
+    candidates.sort(key=lambda c: (severity.get(c[1].verdict, 2), -_sort_num(c[0]),
+                                   c[1].index))
+    if candidates and candidates[0][1].verdict == V.ERROR:
         culprit = candidates[0][1]
     n = int(cfg.get("suspects", {}).get("count", 10))
     suspects = [{**_compact(o), "score": s} for s, o in candidates[:n]]  # type: ignore[dict-item]
-    counts = Counter(r["verdict"] for r in rows)
-    own = Counter(r["verdict"] for r in rows if r["kind"] == "op" and not r.get("produced_by"))
-    replayed = any(r.get("local_excess") is not None for r in rows)
-    stats_only = bool(rows) and not any(r.get("rel_euc_dist") is not None for r in rows)
+    counts = Counter(r.verdict for r in rows)
+    own = Counter(r.verdict for r in rows if r.kind == "op" and not r.produced_by)
+    replayed = any(r.local_excess is not None for r in rows)
+    stats_only = bool(rows) and not any(r.rel_euc_dist is not None for r in rows)
     summary: dict[str, Any] = {
-        "counts": {v: counts.get(v, 0) for v in V.VERDICTS},
-        "judged_counts": {v: own.get(v, 0) for v in V.VERDICTS},
+        "counts": {v: counts.get(v, 0) for v in V},
+        "judged_counts": {v: own.get(v, 0) for v in V},
         "rows": len(rows),
         "verdict": (V.ERROR if counts.get(V.ERROR) else V.WARNING if counts.get(V.WARNING)
                     else V.PASS),
@@ -89,8 +84,8 @@ def analyse(rows: list[dict[str, Any]], cfg: dict[str, Any], meta: dict[str, Any
                      "device dump (`accuracy replay`) and compare with -r to confirm which "
                      "kernel is wrong")
     summary["notes"] = notes
-    matched = sum(1 for r in rows if r["verdict"] != V.UNMATCHED)
-    judged = sum(1 for r in rows if r["verdict"] in (V.PASS, V.WARNING, V.ERROR))
+    matched = sum(1 for r in rows if r.verdict != V.UNMATCHED)
+    judged = sum(1 for r in rows if r.verdict in (V.PASS, V.WARNING, V.ERROR))
     if not judged:
         summary["warning"] = (f"nothing was compared ({meta.get('ops_my', 0)} ops in my dump, "
                               f"{meta.get('ops_golden', 0)} in golden): did the dumped block run "
@@ -113,8 +108,9 @@ def _sort_num(x: float | None) -> float:
 class Report:
     """Rows (one per compared tensor) and a summary; `write()` renders the report files."""
 
-    def __init__(self, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-        self.rows = [r if isinstance(r, Row) else Row(r) for r in rows]
+    def __init__(self, rows: list[Row] | list[dict[str, Any]], summary: dict[str, Any]
+                 ) -> None:
+        self.rows: list[Row] = [r if isinstance(r, Row) else Row.from_dict(r) for r in rows]
         self.summary = summary
 
     @property
@@ -137,19 +133,18 @@ class Report:
             return 1
         return 0
 
-    def write(self, out_dir: str | os.PathLike[str], formats: tuple[str, ...] = FORMATS
+    def write(self, out_dir: str | os.PathLike[str], formats: tuple[str, ...] = ALL_FORMATS
               ) -> dict[str, Path]:
-        """Write the selected formats into out_dir; returns {format: path}."""
-        from accuracy.compare import writers
-
+        """Write the selected formats (default: all of them) into out_dir; returns
+        {format: path}."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        bad = set(formats) - set(FORMATS)
+        bad = set(formats) - set(ALL_FORMATS)
         if bad:
-            raise ValueError(f"unknown report formats {sorted(bad)}; choose from {FORMATS}")
+            raise ValueError(f"unknown report formats {sorted(bad)}; choose from {ALL_FORMATS}")
         paths: dict[str, Path] = {}
         for f in formats:
-            p = getattr(writers, f"write_{f}")(self, out)
+            p = WRITERS[f](self, out)
             if p is not None:
                 paths[f] = p
         return paths

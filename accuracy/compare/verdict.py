@@ -10,12 +10,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from accuracy.compare.engine import is_float
+from accuracy.compare.row import Row, Verdict
+from accuracy.dumpfile.dtypes import is_float
 
 DEFAULT_CONFIG = Path(__file__).with_name("default_thresholds.toml")
-PASS, WARNING, ERROR, UNMATCHED, SKIPPED = "pass", "warning", "error", "unmatched", "skipped"
-VERDICTS = (PASS, WARNING, ERROR, UNMATCHED, SKIPPED)
-_RANK = {PASS: 0, SKIPPED: 0, UNMATCHED: 0, WARNING: 1, ERROR: 2}
+PASS, WARNING, ERROR, UNMATCHED, SKIPPED = (Verdict.PASS, Verdict.WARNING, Verdict.ERROR,
+                                            Verdict.UNMATCHED, Verdict.SKIPPED)
+VERDICTS = tuple(Verdict)  # the order of the report's counts
 _PRECISION = ["float8", "bfloat16", "float16", "float32", "float64"]
 
 
@@ -62,35 +63,30 @@ def section_for(cfg: dict[str, Any], dtype_my: str, dtype_golden: str) -> dict[s
     return cfg.get(d, cfg["float"])
 
 
-def worse(a: str, b: str) -> str:
-    return a if _RANK.get(a, 0) >= _RANK.get(b, 0) else b
-
-
-def metric_verdict(row: dict[str, Any], cfg: dict[str, Any],
-                   compute: str | None = None) -> tuple[str, str]:
+def metric_verdict(row: Row, cfg: dict[str, Any],
+                   compute: str | None = None) -> tuple[Verdict, str]:
     """Verdict of a compared tensor pair from its metrics (accumulated error vs golden).
 
     `compute`: the op's compute precision when coarser than its dtype (see precision.py);
     its thresholds then apply.
     """
-    if row.get("nan_mismatch") or row.get("inf_mismatch"):
-        return ERROR, (f"non-finite values differ: {row.get('nan_mismatch') or 0} NaN and "
-                       f"{row.get('inf_mismatch') or 0} inf positions")
-    base = section_for(cfg, row["dtype_my"], row["dtype_golden"])
+    if row.nan_mismatch or row.inf_mismatch:
+        return ERROR, (f"non-finite values differ: {row.nan_mismatch or 0} NaN and "
+                       f"{row.inf_mismatch or 0} inf positions")
+    base = section_for(cfg, row.dtype_my or "", row.dtype_golden or "")
     sec = base
     if compute is not None and "max_abs_error" not in base:
         sec = cfg.get(compute, cfg["float"])
     if "max_abs_error" in sec:
-        mae = row.get("max_abs_err")
+        mae = row.max_abs_err
         if mae is not None and mae > sec["max_abs_error"]:
             return ERROR, f"integer values differ (max abs err {mae:g})"
         return PASS, ""
-    cos, red = row.get("cosine"), row.get("rel_euc_dist")
+    cos, red = row.cosine, row.rel_euc_dist
     if cos is None and red is None:
         return PASS, "no finite values to compare"
     floor = base.get("zero_floor", 0.0)  # a property of the tensors' dtype, not the kernel
-    magnitude = max((abs(v) for v in (row.get("my_max"), row.get("my_min"),
-                                      row.get("golden_max"), row.get("golden_min"))
+    magnitude = max((abs(v) for v in (row.my_max, row.my_min, row.golden_max, row.golden_min)
                      if v is not None and math.isfinite(v)), default=0.0)
     if floor and magnitude <= floor:
         return PASS, f"all values below zero_floor {floor:g}: rounding noise, not judged"
@@ -108,12 +104,12 @@ def metric_verdict(row: dict[str, Any], cfg: dict[str, Any],
     return verdict, "; ".join(msgs)
 
 
-def stats_verdict(row: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str]:
+def stats_verdict(row: Row, cfg: dict[str, Any]) -> tuple[Verdict, str]:
     """Verdict from statistics only (statistics-mode dumps)."""
     sec = cfg["statistics"]
     worst, which = 0.0, ""
-    for k in ("max", "min", "mean", "l2"):
-        v = row.get(f"{k}_rel_diff")
+    for k, v in (("max", row.max_rel_diff), ("min", row.min_rel_diff),
+                 ("mean", row.mean_rel_diff), ("l2", row.l2norm_rel_diff)):
         if v is not None and (v > worst or math.isnan(v)):
             worst, which = v, k
     if worst > sec["stat_rel_error"]:

@@ -6,10 +6,13 @@ import csv
 import json
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+from accuracy.compare import html
+
+if TYPE_CHECKING:  # the report module reads WRITERS below; nothing here imports it back
     from accuracy.compare.report import Report
 
 log = logging.getLogger(__name__)
@@ -40,9 +43,9 @@ CSV_COLUMNS: dict[str, str] = {
 
 
 def with_msprobe_cells(r: dict[str, Any]) -> dict[str, Any]:
-    """The row plus msprobe's derived columns: `Accuracy Reached or Not` (Yes unless the
-    verdict is error; empty when not judged) and `NPU_Stack_Info` (the dumped stack when
-    the row carries one, else the source line)."""
+    """The row (as a dict) plus msprobe's derived columns: `Accuracy Reached or Not` (Yes
+    unless the verdict is error; empty when not judged) and `NPU_Stack_Info` (the dumped
+    stack when the row carries one, else the source line)."""
     reached = {"pass": "Yes", "warning": "Yes", "error": "No"}.get(r.get("verdict"), "")
     return {**r, "accuracy_reached": reached, "stack": r.get("stack") or r.get("source")}
 
@@ -61,7 +64,7 @@ def plain(v: Any) -> Any:
 def write_json(report: Report, out: Path) -> Path:
     p = out / "summary.json"
     p.write_text(json.dumps(plain(report.summary), indent=2, default=str))
-    (out / "rows.json").write_text(json.dumps([plain(r.to_dict()) for r in report.rows],
+    (out / "rows.json").write_text(json.dumps([plain(r.as_dict()) for r in report.rows],
                                               default=str))
     return p
 
@@ -92,12 +95,12 @@ def _csv_cell(v: Any) -> Any:
 
 def write_csv(report: Report, out: Path) -> Path:
     p = out / "rows.csv"
-    extra = [k for k in (report.rows[0] if report.rows else {}) if k not in CSV_COLUMNS]
+    extra = [k for k in (report.rows[0].keys() if report.rows else ()) if k not in CSV_COLUMNS]
     cols = list(CSV_COLUMNS) + extra
     with p.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow([CSV_COLUMNS.get(k, k) for k in cols])
-        for r in map(with_msprobe_cells, report.rows):
+        for r in (with_msprobe_cells(r.as_dict()) for r in report.rows):
             w.writerow([_csv_cell(r.get(k)) for k in cols])
     return p
 
@@ -123,7 +126,7 @@ def write_xlsx(report: Report, out: Path) -> Path | None:
         cols = list(CSV_COLUMNS)
         ws.write_row(0, 0, [CSV_COLUMNS[k] for k in cols], bold)
         ws.freeze_panes(1, 0)
-        for i, r in enumerate(map(with_msprobe_cells, report.rows), start=1):
+        for i, r in enumerate((with_msprobe_cells(r.as_dict()) for r in report.rows), start=1):
             ws.write_row(i, 0, [_cell(r.get(k)) for k in cols], fmts.get(r["verdict"]))
         ws.autofilter(0, 0, len(report.rows), len(cols) - 1)
         s = wb.add_worksheet("summary")
@@ -139,8 +142,15 @@ def write_xlsx(report: Report, out: Path) -> Path | None:
 
 
 def write_html(report: Report, out: Path) -> Path:
-    from accuracy.compare.html import render
-
     p = out / "index.html"
-    p.write_text(render(report), encoding="utf-8")
+    p.write_text(html.render(report), encoding="utf-8")
     return p
+
+
+# Report format -> its writer (returns the file written, or None when it can't be written).
+WRITERS: dict[str, Callable[[Report, Path], Path | None]] = {
+    "json": write_json, "csv": write_csv, "html": write_html, "xlsx": write_xlsx}
+FORMATS = tuple(WRITERS)
+# What `accuracy compare` writes unless --formats asks for more: rows.xlsx holds the CSV's
+# columns and costs more than the whole compare of a large step (xlsxwriter, cell by cell).
+DEFAULT_FORMATS = ("json", "csv", "html")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 _BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+_WRAP = {4: np.uint32, 8: np.uint64}  # parts whose own width holds the checksum's modulus
 _COMPLEX_PART = {"complex32": 2, "complex64": 4, "complex128": 8}
 
 
@@ -24,12 +25,20 @@ class Checksum:
 
     def __init__(self, part: int) -> None:
         self._view = _BITS[part]
+        self._wrap = _WRAP.get(part)
         self._bits = 64 if part == 8 else 32
         self._total = 0
 
     def update(self, raw: np.ndarray) -> None:
         """Add a piece of the bytes (its length must be a multiple of the part size)."""
-        if raw.size:
+        if not raw.size:
+            return
+        wrap = self._wrap
+        if wrap is not None:
+            # 4- and 8-byte parts: summed in their own width, wrapping (no widening pass);
+            # the checksum is the sum modulo 2**32 or 2**64, so the wrapped sum is exact.
+            self._total += int(raw.view(wrap).sum(dtype=wrap))
+        else:
             # numpy wraps int64 sums mod 2**64, which 2**32 divides: exact for both widths
             self._total += int(raw.view(self._view).sum(dtype=np.int64))
 

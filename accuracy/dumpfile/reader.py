@@ -14,15 +14,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
-import torch
 
-from accuracy.dumpfile import schema, validate
-from accuracy.dumpfile.argcodec import decode_call
+from accuracy.dumpfile import dtypes, schema, validate
 from accuracy.dumpfile.checksum import Checksum, part_size
+
+if TYPE_CHECKING:  # torch is imported only by the calls that return tensors
+    import torch
 from accuracy.patterns import module_matches, op_matches
 
 STATUS = "_status"
@@ -81,6 +82,65 @@ class TensorRecord:
         """The tensor with its original dtype and shape (contiguous, on CPU)."""
         return self.dump.read_tensor(self)
 
+    def ref(self) -> TensorRef:
+        """Where this tensor's bytes live, as a picklable descriptor (see `Dump.read_range`)."""
+        return TensorRef.of(self)
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """Where a tensor's bytes live and what they must sum to: enough for any process (a
+    worker, a cluster node) to open the dump and read them with `Dump.read_range`."""
+
+    path: str
+    offset: int
+    nbytes: int
+    dtype: str
+    numel: int
+    stats: tuple[tuple[str, float], ...]
+    address: str = ""
+
+    @classmethod
+    def of(cls, t: TensorRecord) -> TensorRef:
+        return cls(str(t.dump.path), t.offset, t.nbytes, t.dtype, t.numel,
+                   tuple(sorted(t.stats.items())), t.address)
+
+    @property
+    def what(self) -> str:
+        return self.address or f"tensor at offset {self.offset}"
+
+    @property
+    def checksum(self) -> int | None:
+        """The stored checksum, or None when the dump recorded no statistics for it."""
+        s = dict(self.stats)
+        if s.get("nan_count", -1) < 0 or "checksum" not in s:
+            return None
+        return int(s["checksum"])
+
+    def new_checksum(self) -> Checksum | None:
+        """A running checksum to verify this tensor's bytes as they are read."""
+        if self.checksum is None:
+            return None
+        return Checksum(part_size(self.dtype, dtypes.itemsize(self.dtype)))
+
+    @property
+    def value_dtype(self) -> str:
+        """Complex tensors are compared as their real view (real, imag interleaved)."""
+        return dtypes.value_dtype(self.dtype)
+
+    @property
+    def n_values(self) -> int:
+        return self.numel * (2 if self.dtype in dtypes.COMPLEX_PART else 1)
+
+    @property
+    def finite(self) -> bool:
+        s = dict(self.stats)
+        return not (s.get("nan_count", 0) or s.get("inf_count", 0))
+
+    def minmax(self) -> tuple[float, float]:
+        s = dict(self.stats)
+        return s.get("min", math.nan), s.get("max", math.nan)
+
 
 @dataclass(eq=False)
 class OpRecord:
@@ -101,6 +161,8 @@ class OpRecord:
 
     def call(self, tensors: list[Any]) -> tuple[list[Any], dict[str, Any]]:
         """Rebuild (args, kwargs) of the call with `tensors` in the input placeholders."""
+        from accuracy.dumpfile.argcodec import decode_call  # imports torch
+
         return decode_call(self.args_json, tensors)
 
     @property
@@ -330,6 +392,8 @@ class Dump:
 
     def read_tensor(self, t: TensorRecord) -> torch.Tensor:
         """The tensor's values, after checking its bytes against the stored checksum."""
+        import torch
+
         dtype = self._dtype_with_data(t)
         raw = self.read_bytes(t.offset, t.nbytes, t.address)
         self.check_bytes(t, raw)
@@ -365,11 +429,44 @@ class Dump:
             raise DamagedDataError(f"{self.path}: cannot read {what}: damaged data "
                             f"({type(e).__name__}: {e})") from None
 
+    def read_range(self, ref: TensorRef, start: int, stop: int) -> np.ndarray:
+        """Bytes of values [start, stop) of `ref` (in units of its value dtype: a complex
+        tensor's parts), as a read-only uint8 array, for reading a big tensor in windows.
+        Verify what was read with `ref.new_checksum()` and `check_checksum`.
+
+        Where the bytes lie contiguously in a cleanly closed, unfiltered file they are a view
+        of the file's memory mapping (no copy: the OS page cache is read once, by whoever
+        consumes the view); elsewhere they are read through HDF5.
+        """
+        size = dtypes.itemsize(ref.value_dtype)
+        a, b = start * size, min(stop * size, ref.nbytes)
+        offset, nbytes = ref.offset + a, max(0, b - a)
+        if nbytes and 0 <= offset and offset + nbytes <= self.blob_len:
+            pos = self._file_offset(offset, nbytes)
+            if pos is not None:
+                mm = self._mapping[0]  # type: ignore[index]
+                try:
+                    view = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=pos)
+                except ValueError:  # the file shrank since it was opened
+                    view = None
+                if view is not None:
+                    view.flags.writeable = False
+                    return view
+        raw = self.read_bytes(offset, nbytes, ref.what)
+        raw.flags.writeable = False
+        return raw
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes per HDF5 chunk of the stored data (0 when stored contiguously): a ranged
+        read costs at least one chunk."""
+        return self._blob.chunks[0] * self._blob.dtype.itemsize if self._blob.chunks else 0
+
     def checksum_part(self, t: TensorRecord) -> int | None:
         """Bytes per summed part of `t`'s checksum, or None when no checksum was stored."""
         if t.stats.get("nan_count", -1) < 0:
             return None
-        return part_size(t.dtype, schema.torch_dtype(t.dtype).itemsize)
+        return part_size(t.dtype, dtypes.itemsize(t.dtype))
 
     def check_bytes(self, t: TensorRecord, raw: np.ndarray) -> None:
         """Raise DumpError when `raw` (all of `t`'s bytes) does not match the stored checksum."""
@@ -396,6 +493,8 @@ class Dump:
         """
         if not t.has_data or t.nbytes == 0:
             return self.read_tensor(t)
+        import torch
+
         dtype = self._dtype_with_data(t)
         pos = self._file_offset(t.offset, t.nbytes)
         if pos is None or pos % dtype.itemsize or t.offset + t.nbytes > self.blob_len:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import h5py
 import numpy as np
-import torch
+
+# Dtype by name lives in dtypes.py (numpy decoding, torch only on request); kept here for callers.
+from accuracy.dumpfile.dtypes import dtype_name, torch_dtype  # noqa: F401
 
 FORMAT_NAME = "accuracy-dump"
 SCHEMA_VERSION = 2  # 2: op rows gained `epoch`; version-1 files read with epoch unknown
@@ -71,19 +73,6 @@ TENSOR_ROW = np.dtype(
 )
 
 STAT_FIELDS = ("min", "max", "mean", "l2", "nan_count", "inf_count", "checksum")
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """`torch.float32` -> "float32": the name stored in the file."""
-    return str(dtype).removeprefix("torch.")
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """Inverse of `dtype_name`; raises ValueError for a dtype this torch build lacks."""
-    dt = getattr(torch, name, None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"dtype {name!r} is not known to torch {torch.__version__}")
-    return dt
 
 
 def address(op: str, seq: int, io: int, idx: int) -> str:

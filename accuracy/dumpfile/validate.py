@@ -16,7 +16,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from accuracy.dumpfile import schema
+from accuracy.dumpfile import dtypes, schema
 
 STATUS = "_status"
 
@@ -252,7 +252,7 @@ def check_tensor_rows(t: np.ndarray, blob_len: int) -> None:
     for name in np.unique(t["dtype"][data]).tolist():
         text = name.decode("ascii", "replace")
         try:
-            sizes[name] = schema.torch_dtype(text).itemsize
+            sizes[name] = dtypes.itemsize(text)
         except (ValueError, TypeError):
             raise LayoutError(f"unknown tensor dtype {text!r}") from None
     if sizes:
