@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from accuracy.dumpfile.validate import parse_json
+from accuracy.errors import AccuracyError
 
 _MEMORY_FORMATS = {
     str(m): m
@@ -65,7 +66,7 @@ def encode_call(
     )
 
 
-class UnrebuildableArgument(ValueError):
+class UnrebuildableArgument(AccuracyError, ValueError):
     """An argument was recorded only by its repr and cannot be rebuilt."""
 
 

@@ -23,6 +23,7 @@ import torch
 from accuracy.dumpfile import schema, validate
 from accuracy.dumpfile.argcodec import decode_call
 from accuracy.dumpfile.checksum import Checksum, part_size
+from accuracy.errors import AccuracyError
 from accuracy.patterns import module_matches, op_matches
 
 STATUS = "_status"
@@ -33,7 +34,7 @@ _H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexError
               RecursionError, OverflowError)
 
 
-class DumpError(ValueError):
+class DumpError(AccuracyError, ValueError):
     """A file that cannot be read as a dump; the message names the file and the problem."""
 
 

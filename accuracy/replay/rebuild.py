@@ -9,11 +9,12 @@ from typing import Any
 import torch
 
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
+from accuracy.errors import AccuracyError
 
 UPCASTS = ("fp64", "fp32", "none")
 
 
-class Unreplayable(Exception):
+class Unreplayable(AccuracyError):
     """The op cannot be replayed; the message is the reason shown to the user."""
 
 
