@@ -126,8 +126,3 @@ def decode_call(encoded: str, tensors: Sequence[Any]) -> tuple[list[Any], dict[s
             data.get("kwargs"), dict):
         raise ValueError("recorded call arguments are not {\"args\": [...], \"kwargs\": {...}}")
     return _decode(data["args"], tensors), _decode(data["kwargs"], tensors)
-
-
-def tensor_placeholders(encoded: str) -> int:
-    """How many tensor placeholders a recorded call holds."""
-    return encoded.count('"__tensor__"')

@@ -46,11 +46,6 @@ def upcast_dtype(dtype: torch.dtype, upcast: str) -> torch.dtype:
     return dtype
 
 
-def load_input(t: TensorRecord, device: torch.device) -> torch.Tensor:
-    """A private copy of a recorded input, with its recorded strides where they are plain."""
-    return restore_strides(t.load(), t, device)  # the reader's tensor is a private copy
-
-
 def restore_strides(value: torch.Tensor, t: TensorRecord, device: torch.device) -> torch.Tensor:
     """`value` (the contiguous recorded tensor) on `device` with `t`'s strides where plain."""
     stride = tuple(t.stride)

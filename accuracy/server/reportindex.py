@@ -26,7 +26,6 @@ from accuracy.server.storage import Storage, new_id
 log = logging.getLogger(__name__)
 
 SORTABLE = ("idx", "op", "phase", "module", "verdict", "dtype_my", *METRIC_COLUMNS)
-VERDICTS = ("pass", "warning", "error", "unmatched", "skipped")
 _BATCH = 5000
 PAGE_CACHE_BYTES = 32 * 1024 * 1024
 ORDER_CACHE_IDS = 8_000_000  # 64 MB of row orders
@@ -205,12 +204,6 @@ class RowIndex:
                 self._order_ids -= len(self._orders.pop(k))
             for k in [k for k in self._series if k[1] == report_id]:
                 del self._series[k]
-
-    def _ids(self, report_id: str, where: ColumnElement[bool], order: list, offset: int,
-             limit: int) -> list[int]:
-        stmt = select(ReportRow.idx).where(where).order_by(*order).offset(offset).limit(limit)
-        with self.storage.engine.connect() as con:
-            return list(con.execute(stmt).scalars())
 
     def page(self, report_id: str, q: RowQuery, offset: int, limit: int
              ) -> list[dict[str, Any]]:
