@@ -9,7 +9,6 @@ import json
 import logging
 import threading
 from array import array
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from sqlalchemy import and_, func, insert, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
+from accuracy.lru import BoundedLRU
 from accuracy.patterns import strip_root
 from accuracy.server.db import METRIC_COLUMNS, Report, ReportRow, ReportRowData
 from accuracy.server.errors import ApiError, not_found
@@ -138,20 +138,16 @@ class RowIndex:
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
-        self._counts: OrderedDict[tuple, int] = OrderedDict()
-        self._pages: OrderedDict[tuple, str] = OrderedDict()
-        self._orders: OrderedDict[tuple, array] = OrderedDict()
-        self._series: OrderedDict[tuple, dict[str, list]] = OrderedDict()
-        self._order_ids = 0
-        self._page_bytes = 0
+        self._counts: BoundedLRU[tuple, int] = BoundedLRU(4096)
+        self._pages: BoundedLRU[tuple, str] = BoundedLRU(max_cost=PAGE_CACHE_BYTES, cost=len)
+        self._orders: BoundedLRU[tuple, array] = BoundedLRU(
+            max_cost=ORDER_CACHE_IDS, cost=len, keep_oversized=True)
+        self._series: BoundedLRU[tuple, dict[str, list]] = BoundedLRU(32)
         self._lock = threading.Lock()
 
     def cached_page(self, report_id: str, q: RowQuery, offset: int, limit: int) -> str | None:
         with self._lock:
-            body = self._pages.get((report_id, q, offset, limit))
-            if body is not None:
-                self._pages.move_to_end((report_id, q, offset, limit))
-            return body
+            return self._pages.get((report_id, q, offset, limit))
 
     def page_json(self, report_id: str, q: RowQuery, offset: int, limit: int) -> str:
         """The rows endpoint's body; pages of an indexed report never change, so the most
@@ -160,7 +156,6 @@ class RowIndex:
         with self._lock:
             body = self._pages.get(key)
             if body is not None:
-                self._pages.move_to_end(key)
                 return body
         items = self.page_raw(report_id, q, offset, limit)
         total = self.count(report_id, q)
@@ -168,11 +163,7 @@ class RowIndex:
                 + ",".join(items) + "]}")
         with self._lock:
             if key not in self._pages:
-                self._pages[key] = body
-                self._page_bytes += len(body)
-            while self._page_bytes > PAGE_CACHE_BYTES and self._pages:
-                _, old = self._pages.popitem(last=False)
-                self._page_bytes -= len(old)
+                self._pages.put(key, body)
         return body
 
     def count(self, report_id: str, q: RowQuery) -> int:
@@ -182,28 +173,21 @@ class RowIndex:
                where: ColumnElement[bool]) -> int:
         key = (report_id, q.verdict, q.phase, q.op, q.module, q.q, *extra)
         with self._lock:
-            if key in self._counts:
-                self._counts.move_to_end(key)
-                return self._counts[key]
+            hit = self._counts.get(key)
+            if hit is not None:
+                return hit
         with self.storage.engine.connect() as con:
             n = int(con.execute(select(func.count()).select_from(ReportRow)
                                 .where(where)).scalar_one())
         with self._lock:
-            self._counts[key] = n
-            while len(self._counts) > 4096:
-                self._counts.popitem(last=False)
+            self._counts.put(key, n)
         return n
 
     def forget(self, report_id: str) -> None:
         with self._lock:
-            for k in [k for k in self._counts if k[0] == report_id]:
-                del self._counts[k]
-            for k in [k for k in self._pages if k[0] == report_id]:
-                self._page_bytes -= len(self._pages.pop(k))
-            for k in [k for k in self._orders if k[0] == report_id]:
-                self._order_ids -= len(self._orders.pop(k))
-            for k in [k for k in self._series if k[1] == report_id]:
-                del self._series[k]
+            for cache in (self._counts, self._pages, self._orders):
+                cache.discard_where(lambda k: k[0] == report_id)
+            self._series.discard_where(lambda k: k[1] == report_id)
 
     def page(self, report_id: str, q: RowQuery, offset: int, limit: int
              ) -> list[dict[str, Any]]:
@@ -231,7 +215,6 @@ class RowIndex:
         with self._lock:
             ids = self._orders.get(key)
             if ids is not None:
-                self._orders.move_to_end(key)
                 return ids
         col = getattr(ReportRow, q.sort)
         desc = q.order == "desc"
@@ -244,11 +227,7 @@ class RowIndex:
             ids.extend(self._ids(and_(where, col.is_(None)), [ReportRow.idx]))
         with self._lock:
             if key not in self._orders:
-                self._orders[key] = ids
-                self._order_ids += len(ids)
-            while self._order_ids > ORDER_CACHE_IDS and len(self._orders) > 1:
-                _, old = self._orders.popitem(last=False)
-                self._order_ids -= len(old)
+                self._orders.put(key, ids)
         return ids
 
     def _ids(self, where: ColumnElement[bool], order: list) -> array:
@@ -279,13 +258,10 @@ class RowIndex:
         with self._lock:
             hit = self._series.get(key)
             if hit is not None:
-                self._series.move_to_end(key)
                 return hit
         out = self._series_uncached(report_id, metric, max_points)
         with self._lock:
-            self._series[key] = out
-            while len(self._series) > 32:
-                self._series.popitem(last=False)
+            self._series.put(key, out)
         return out
 
     def _series_uncached(self, report_id: str, metric: str, max_points: int
