@@ -98,6 +98,14 @@ CASES = [
      "pdf"),
     (["compare", "-m", "{dump}", "-g", "{dump}", "--jobs", "0"], "--jobs"),
     (["compare", "-m", "{dump}", "-g", "{dump}", "--cluster", "nowhere"], "cluster"),
+    (["compare", "-m", "{dump}", "-g", "{dump}", "-o", "/proc/accuracy-report"],
+     "cannot write"),
+    # outputs where nothing can be written (a pseudo file system; a file in the way)
+    (["replay", "{dump}", "-o", "/proc/accuracy-r.h5"], "cannot write"),
+    (["replay", "{dump}", "-o", "{existing}/r.h5"], "in the way"),
+    (["extract", "{dump}", "-o", "/proc/accuracy-x.h5"], "cannot write"),
+    (["convert", "{dump}", "-o", "/proc/accuracy-npy"], "cannot write"),
+    (["suspects", "{report}", "-o", "/proc/accuracy-sel.json"], "cannot write"),
     # suspects
     (["suspects", "{missing}", "-o", "{tmp}/sel.json"], "no report"),
     (["suspects", "{dir}", "-o", "{tmp}/sel.json"], "no report"),

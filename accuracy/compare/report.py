@@ -11,6 +11,7 @@ from typing import Any
 
 from accuracy.compare import verdict as V
 from accuracy.errors import InputNotFoundError, OutputExistsError, UsageError
+from accuracy.outputs import writable_folder
 
 FORMATS = ("json", "csv", "html", "xlsx")
 
@@ -146,7 +147,6 @@ class Report:
 
         out = check_report_dir(out_dir, overwrite)
         check_formats(formats)
-        out.mkdir(parents=True, exist_ok=True)
         paths: dict[str, Path] = {}
         for f in formats:
             p = getattr(writers, f"write_{f}")(self, out)
@@ -166,8 +166,9 @@ def check_formats(formats: tuple[str, ...]) -> None:
 
 
 def check_report_dir(out_dir: str | os.PathLike[str], overwrite: bool) -> Path:
-    """`out_dir` if a report may be written there: never over a file, and over an earlier
-    report only with overwrite (OutputExistsError saying what to do otherwise)."""
+    """`out_dir`, created, if a report may be written there: never over a file, over an
+    earlier report only with overwrite, and only where files can be written (else an
+    OutputExistsError or OutputNotWritableError saying what to do)."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"-o {out} is a file, not a report folder; name a folder "
@@ -175,7 +176,7 @@ def check_report_dir(out_dir: str | os.PathLike[str], overwrite: bool) -> Path:
     if (out / "summary.json").exists() and not overwrite:
         raise OutputExistsError(f"{out} already holds a report; pass --overwrite or choose "
                                 "another -o folder")
-    return out
+    return writable_folder(out, "-o")
 
 
 def load_report(out_dir: str | os.PathLike[str]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 from accuracy.compare.report import load_report
 from accuracy.dumper.filters import SELECTION_FORMAT
 from accuracy.errors import OutputExistsError, UsageError
+from accuracy.outputs import writable_folder
 
 
 def _pick_keys(summary: dict[str, Any], top: int) -> list[tuple]:
@@ -92,5 +93,6 @@ def write_selection(selection: dict[str, Any], path: str | os.PathLike[str],
     p = Path(path)
     if p.exists() and not overwrite:
         raise OutputExistsError(f"{p} already exists; pass --overwrite or choose another -o")
+    writable_folder(p.parent, f"-o {p}: folder")
     p.write_text(json.dumps(selection, indent=1) + "\n")
     return p

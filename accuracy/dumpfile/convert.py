@@ -24,6 +24,7 @@ import torch
 
 from accuracy.dumpfile.reader import Dump, load_dump
 from accuracy.errors import NoMatchError, OutputExistsError, OutputNotWritableError
+from accuracy.outputs import writable_folder
 
 INDEX = "index.json"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -77,8 +78,7 @@ def _prepare(out_dir: Path, overwrite: bool) -> Path:
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         raise OutputExistsError(f"{out_dir} is not empty; pass --overwrite to write into it "
                               "(files of the same names are replaced) or choose another -o")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return out_dir.resolve()
+    return writable_folder(out_dir, "-o").resolve()
 
 
 def _save(folder: Path, name: str, arr: np.ndarray) -> None:

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from accuracy.dumpfile import schema
-from accuracy.errors import AccuracyError, OutputExistsError, OutputNotWritableError
+from accuracy.errors import AccuracyError, OutputExistsError
+from accuracy.outputs import writable_folder
 
 log = logging.getLogger(__name__)
 
@@ -98,14 +99,7 @@ def check_dump_path(path: str | os.PathLike[str], overwrite: bool) -> Path:
             f"dump file {str(p)!r} already exists; pass overwrite=True (CLI: --overwrite) "
             "or choose another dump_path"
         )
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputNotWritableError(
-            f"cannot create folder {str(p.parent)!r} for the dump: {e}") from e
-    if not os.access(p.parent, os.W_OK):
-        raise OutputNotWritableError(
-            f"folder {str(p.parent)!r} is not writable; choose another dump_path")
+    writable_folder(p.parent, "folder for the dump")
     return p
 
 

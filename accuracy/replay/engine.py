@@ -24,6 +24,7 @@ from accuracy.dumpfile import schema
 from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, TensorRecord, load_dump
 from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
 from accuracy.errors import AccuracyError, OutputExistsError
+from accuracy.outputs import writable_folder
 from accuracy.patterns import op_matches
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.ops import OK, OpOutcome, caching, replay_op
@@ -212,6 +213,7 @@ def _partial_paths(out: Path) -> tuple[Path, Path]:
 def _prepare(out: Path, resume: bool, overwrite: bool) -> list[Path]:
     """Check the output paths; on resume, set aside the interrupted output(s) to copy from."""
     partial, prev = _partial_paths(out)
+    writable_folder(out.parent, f"-o {out}: folder")
     if out.exists() and not (overwrite or resume):
         raise OutputExistsError(f"{out} already exists; pass overwrite=True (CLI: --overwrite)")
     if not resume:
