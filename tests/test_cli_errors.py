@@ -134,6 +134,8 @@ CASES = [
       "--report", "{tmp}/p", "--culprit", "aten.mm.default"], "no function"),
     (["prove", "--step", "{steps}:step", "--golden-step", "{steps}:step",
       "--report", "{tmp}/p"], "--culprit"),
+    (["prove", "--step", "{steps}:step", "--golden-step", "{steps}:step",
+      "--report", "{tmp}/p", "--culprit", "@encoder"], "OP@MODULE"),
     # demo: refused before the first run
     (["demo", "--out", "{tmp}/demo", "--no-serve", "--profile", "nope"], "profile"),
     (["demo", "--out", "{tmp}/demo", "--no-serve", "--fault-kind", "nope"], "fault kind"),
