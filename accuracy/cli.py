@@ -14,7 +14,11 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
+
+from accuracy.cliargs import at_least
+from accuracy.errors import AccuracyError
 
 _PART_CLIS = (
     "accuracy.dumpfile.cli",
@@ -47,85 +51,38 @@ _PART_COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} GB"
-
-
 def cmd_info(args: argparse.Namespace) -> int:
-    from accuracy.dumpfile import load_dump
+    from accuracy.dumpfile.describe import describe
 
-    with load_dump(args.dump) as d:
-        s = d.summary()
-    if args.json:
-        print(json.dumps(s, indent=2, default=str))
-        return 0
-    a = s["attrs"]
-    state = "complete" if s["complete"] else "INCOMPLETE (the dumped block raised or was killed)"
-    print(f"{s['path']}: {state}")
-    print(f"  mode {a.get('mode')}, backend {a.get('backend')}"
-          + (f" (profile {a['profile']})" if a.get("profile") else "")
-          + f", torch {a.get('torch_version')}, rank {a.get('rank')}, steps {s['steps']}")
-    print(f"  ops {s['ops']}  ({', '.join(f'{k} {v}' for k, v in s['by_phase'].items())})"
-          f", modules {s['modules']}")
-    print(f"  tensors {s['tensors']} ({s['tensors_with_data']} with data); dtypes "
-          + ", ".join(f"{k} {v}" for k, v in s["by_dtype"].items()))
-    print(f"  bytes written {_human(s['bytes_written'])}, saved by links "
-          f"{_human(s['bytes_saved_by_links'])}, file {_human(s['file_bytes'])}")
-    faults = a.get("faults_applied") or []
-    if faults:
-        print(f"  faults injected: {len(faults)}")
-        for f in faults:
-            print(f"    {f}")
-    print("  top ops:")
-    for name, n in list(s["by_op"].items())[: args.top]:
-        print(f"    {n:6d}  {name}")
+    info = describe(args.dump)
+    print(info.to_json() if args.json else info.format(top=args.top))
     return 0
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from accuracy.dumpfile import load_dump
+    from accuracy.dumpfile.describe import list_ops
 
-    with load_dump(args.dump) as d:
-        rows = list(d.select(op=args.op, module=args.module, phase=args.phase))
-        for r in rows[: args.limit] if args.limit else rows:
-            outs = "; ".join(f"{t.dtype}{list(t.shape)}" for t in r.outputs)
-            print(f"{r.seq:6d}  {r.op:40s} {r.phase:9s} {r.module or '-':45s} -> {outs}"
-                  + (f"  [{r.source}]" if args.source and r.source else ""))
-            if args.tensors:
-                for t in r.tensors:
-                    st = t.stats
-                    print(f"          {t.address}  {t.dtype}{list(t.shape)} min {st['min']:.4g} "
-                          f"max {st['max']:.4g} mean {st['mean']:.4g} l2 {st['l2']:.4g}"
-                          + (" (link)" if t.is_link else ""))
-    print(f"{len(rows)} ops", file=sys.stderr)
+    listing = list_ops(args.dump, op=args.op, module=args.module, phase=args.phase,
+                       limit=args.limit, tensors=args.tensors, source=args.source)
+    if listing.lines:
+        print(listing.format())
+    print(f"{listing.count} ops", file=sys.stderr)
     return 0
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
-    from accuracy.dumpfile import load_dump
-    from accuracy.dumpfile.extract import extract
+    from accuracy.dumpfile.extract import extract_file
 
-    with load_dump(args.dump) as d:
-        n = extract(d, args.output, op=args.op, seq=args.seq, module=args.module,
-                    overwrite=args.overwrite)
-    print(f"wrote {n} ops to {args.output}")
+    print(extract_file(args.dump, args.output, op=args.op, seq=args.seq, module=args.module,
+                       overwrite=args.overwrite).format())
     return 0
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from accuracy.dumpfile import load_dump
-    from accuracy.dumpfile.convert import convert
+    from accuracy.dumpfile.convert import convert_file
 
-    with load_dump(args.dump) as d:
-        r = convert(d, args.output, op=args.op, seq=args.seq, module=args.module,
-                    overwrite=args.overwrite)
-    print(f"wrote {r.written} .npy files to {args.output} (index: {r.index})"
-          + (f"; {r.skipped} tensors have statistics only (no values to write)"
-             if r.skipped else ""))
+    print(convert_file(args.dump, args.output, op=args.op, seq=args.seq, module=args.module,
+                       overwrite=args.overwrite).format())
     return 0
 
 
@@ -157,12 +114,14 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The full parser; given argv, only the part owning the command in it is imported."""
     p = argparse.ArgumentParser(prog="accuracy", description=__doc__.splitlines()[0])
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    p.add_argument("--traceback", action="store_true",
+                   help="show the traceback of an error too (for a bug report)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("info", help="what a dump holds: ops, phases, modules, dtypes, bytes")
     s.add_argument("dump")
     s.add_argument("--json", action="store_true")
-    s.add_argument("--top", type=int, default=10, help="how many op names to list")
+    s.add_argument("--top", type=at_least(0), default=10, help="how many op names to list")
     s.set_defaults(func=cmd_info)
 
     s = sub.add_parser("ls", help="list recorded ops matching filters")
@@ -172,7 +131,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--phase", choices=["forward", "backward", "optimizer"])
     s.add_argument("--tensors", action="store_true", help="also list each tensor's statistics")
     s.add_argument("--source", action="store_true", help="show the source line")
-    s.add_argument("--limit", type=int, default=0)
+    s.add_argument("--limit", type=at_least(0), default=0, help="list at most this many (0: all)")
     s.set_defaults(func=cmd_ls)
 
     s = sub.add_parser("extract", help="write ops as real HDF5 groups (for h5copy and viewers)")
@@ -238,7 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _quiet_closed_pipe()
-    except (OSError, LookupError, ValueError) as e:  # DumpError is a ValueError
+    except AccuracyError as e:  # what the user can fix; anything else is a bug: traceback
+        if args.traceback:
+            traceback.print_exc()
         print(f"accuracy {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from accuracy.errors import AccuracyError
+
 log = logging.getLogger(__name__)
 
 RETRIES = 2  # a task whose worker died is run again on another worker, this many times
@@ -57,7 +59,7 @@ def tune_worker_malloc() -> bool:
     return ok
 
 
-class ClusterError(ValueError):
+class ClusterError(AccuracyError, ValueError):
     """A --cluster value that cannot be used (bad form, Dask missing, scheduler unreachable)."""
 
 

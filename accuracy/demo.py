@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from accuracy.cliargs import add_progress_flags, port, progress_wanted
 from accuracy.dumper import dumper
 from accuracy.examples import lm_batch, lm_step, tiny_lm
 
@@ -46,6 +47,9 @@ class DemoResult:
     live_stop: Any = None  # the live check's OpResult where it stopped (None: it did not)
     proof: Any = None  # accuracy.live.prove's Proof
     seconds: dict[str, float] = field(default_factory=dict)
+
+    def format(self) -> str:
+        return format_result(self)
 
 
 class OverflowingMLP(nn.Module):
@@ -86,10 +90,12 @@ def run_demo(
     """Run every step of the demo into `out_dir`; `progress` receives one line per step."""
     from accuracy.compare import compare
     from accuracy.device_backend import sim
+    from accuracy.device_backend.profiles import get_profile
     from accuracy.live import LiveCheckError, live_check, prove
     from accuracy.overflow import scan
     from accuracy.replay import replay
 
+    get_profile(profile)  # an unknown name is refused before the first run (UsageError)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     golden, device, rep = out / "golden_cpu.h5", out / "device_sim.h5", out / "replay.h5"
@@ -165,63 +171,66 @@ def _where(row: dict[str, Any]) -> str:
             f"        at {row.get('source') or '?'}   ({row.get('my_address')})")
 
 
-def _print_result(res: DemoResult) -> None:
+def format_result(res: DemoResult) -> str:
+    """What the demo found, as the text `accuracy demo` prints."""
     s = res.summary
     counts = s["counts"]
-    print("\nverdicts: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     judged = s.get("judged_counts") or {}
-    print("tensors judged where produced: "
-          + ", ".join(f"{k} {judged.get(k, 0)}" for k in ("pass", "warning", "error")))
+    lines = ["", "verdicts: " + ", ".join(f"{k} {v}" for k, v in counts.items()),
+             "tensors judged where produced: "
+             + ", ".join(f"{k} {judged.get(k, 0)}" for k in ("pass", "warning", "error"))]
     first = s.get("first_divergence")
     if first:
-        print(f"first divergence: {_where(first)}")
+        lines.append(f"first divergence: {_where(first)}")
     culprit = s.get("culprit")
     if culprit:
         ratio = culprit.get("local_error_ratio")
-        print(f"CULPRIT: {_where(culprit)}\n        "
-              + (f"local error ratio {ratio:.3g} (its own kernel), " if ratio else "")
-              + f"cosine {culprit.get('cosine')}, max abs err {culprit.get('max_abs_err')}")
+        lines.append(f"CULPRIT: {_where(culprit)}\n        "
+                     + (f"local error ratio {ratio:.3g} (its own kernel), " if ratio else "")
+                     + f"cosine {culprit.get('cosine')}, max abs err "
+                       f"{culprit.get('max_abs_err')}")
     else:
-        print("no culprit found")
-    print("top suspects:")
-    for row in s.get("suspects", [])[:5]:
-        print(f"  - {row['op']} in {row.get('module') or '-'} ({row.get('phase')}) "
-              f"score {row.get('score', 0):.3g}")
+        lines.append("no culprit found")
+    lines.append("top suspects:")
+    lines += [f"  - {row['op']} in {row.get('module') or '-'} ({row.get('phase')}) "
+              f"score {row.get('score', 0):.3g}" for row in s.get("suspects", [])[:5]]
     ovf = res.overflow
     if ovf.births:
         b = ovf.births[0]
-        print(f"\noverflow: inf/nan born in {b.op}  [{b.phase}]  {b.module or '-'}  "
-              f"at {b.source or '?'}  ({len(ovf.births)} birth op(s))")
+        lines.append(f"\noverflow: inf/nan born in {b.op}  [{b.phase}]  {b.module or '-'}  "
+                     f"at {b.source or '?'}  ({len(ovf.births)} birth op(s))")
     else:
-        print("\noverflow: no birth found")
-    if res.live_stop is not None:
-        print(f"\nlive check stopped at {res.live_stop.describe()}")
-    else:
-        print("\nlive check: no op judged an error")
+        lines.append("\noverflow: no birth found")
+    lines.append(f"\nlive check stopped at {res.live_stop.describe()}"
+                 if res.live_stop is not None else "\nlive check: no op judged an error")
     if res.proof is not None:
-        print(f"proof: {res.proof.sentence}  ({res.report_dir / 'proof' / 'proof.html'})")
-    print(f"\nreport: {res.report_dir / 'index.html'}   timings: "
-          + ", ".join(f"{k} {v:.1f}s" for k, v in res.seconds.items()))
+        lines.append(f"proof: {res.proof.sentence}  "
+                     f"({res.report_dir / 'proof' / 'proof.html'})")
+    lines.append(f"\nreport: {res.report_dir / 'index.html'}   timings: "
+                 + ", ".join(f"{k} {v:.1f}s" for k, v in res.seconds.items()))
+    return "\n".join(lines)
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from accuracy.cli import main
-
     t0 = time.perf_counter()
     res = run_demo(args.out, profile=args.profile, fault_op=args.fault_op,
                    fault_module=args.fault_module, fault_kind=args.fault_kind,
                    fault_value=args.fault_value, progress=lambda m: print(m, flush=True),
-                   show_bars=True)
-    _print_result(res)
+                   show_bars=progress_wanted(args))
+    print(res.format())
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
     if args.no_serve:
         return 0
+    from accuracy.server import serve
+
     print("\nserving the report (Ctrl-C to stop)")
     data = Path(args.out) / "server"
     shutil.rmtree(data, ignore_errors=True)  # a fresh index: one copy of this demo's runs
-    return main(["serve", "--data", str(data), "--port", str(args.port),
-                 "--run", str(res.device), "--run", str(res.golden),
-                 "--report", str(res.report_dir)])
+    serving = serve(data, port=args.port, runs=[str(res.device), str(res.golden)],
+                    reports=[str(res.report_dir)], verbose=args.verbose)
+    print(serving.format(), flush=True)
+    serving.run()
+    return 0
 
 
 def _value(text: str) -> Any:
@@ -231,11 +240,11 @@ def _value(text: str) -> Any:
         return text
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("demo", help="run the end-to-end demo on the emulated accelerator")
     s.add_argument("--out", default="demo_out", help="folder for the demo's files")
     s.add_argument("--no-serve", action="store_true", help="don't start the server at the end")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=port, default=8000)
     s.add_argument("--profile", default="fp16-cube", help="sim numerics profile")
     s.add_argument("--fault-op", default="aten.gelu.default", help="op to inject a fault into")
     s.add_argument("--fault-module", default="encoder.layers.2",
@@ -244,4 +253,5 @@ def register(sub) -> None:
                    help="replace, bias, noise, nan, inf, eps, arg (see docs/backends.md)")
     s.add_argument("--fault-value", default="gelu-tanh", type=_value,
                    help="the fault's value (replacement name, relative bias, eps...)")
+    add_progress_flags(s)
     s.set_defaults(func=_cmd)

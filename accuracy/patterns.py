@@ -29,7 +29,3 @@ def module_matches(pattern: str, module: str) -> bool:
         if fnmatchcase(name, pattern) or name == pattern or name.startswith(pattern + "."):
             return True
     return False
-
-
-def any_match(patterns: list[str] | tuple[str, ...] | None, value: str, matcher) -> bool:
-    return bool(patterns) and any(matcher(p, value) for p in patterns)

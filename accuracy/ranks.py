@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accuracy.dumpfile.reader import DumpError, load_dump
+from accuracy.errors import UsageError
 
 PLACEHOLDER = "{rank}"
 
@@ -51,7 +52,7 @@ def find_rank_files(spec: str | os.PathLike[str]) -> RankFiles:
     """
     spec = str(spec)
     if PLACEHOLDER not in spec and not Path(spec).is_dir():
-        raise ValueError(f"{spec}: neither a '{PLACEHOLDER}' pattern nor a folder of per-rank "
+        raise UsageError(f"{spec}: neither a '{PLACEHOLDER}' pattern nor a folder of per-rank "
                          "dumps")
     files: dict[int, Path] = {}
     worlds: dict[int, list[int]] = {}
@@ -61,22 +62,22 @@ def find_rank_files(spec: str | os.PathLike[str]) -> RankFiles:
                 rank = int(d.attrs.get("rank", 0))
                 world = int(d.attrs.get("world_size", 1))
         except DumpError as e:
-            raise ValueError(f"{e}; remove it from the folder or fix the pattern") from None
+            raise UsageError(f"{e}; remove it from the folder or fix the pattern") from None
         if rank in files:
-            raise ValueError(f"{files[rank]} and {p} both hold rank {rank}: are two runs mixed "
+            raise UsageError(f"{files[rank]} and {p} both hold rank {rank}: are two runs mixed "
                              "in one folder? Use a pattern that names one run")
         files[rank] = p
         worlds.setdefault(world, []).append(rank)
     if not files:
-        raise ValueError(f"{spec}: no dump files found (a pattern such as 'dev/run_{{rank}}.h5' "
+        raise UsageError(f"{spec}: no dump files found (a pattern such as 'dev/run_{{rank}}.h5' "
                          "or a folder of .h5 dumps)")
     if len(worlds) > 1:
         detail = "; ".join(f"world size {w}: ranks {sorted(r)}" for w, r in sorted(worlds.items()))
-        raise ValueError(f"{spec}: files from runs of different world sizes ({detail})")
+        raise UsageError(f"{spec}: files from runs of different world sizes ({detail})")
     world = next(iter(worlds))
     outside = [r for r in files if not 0 <= r < world]
     if outside:
-        raise ValueError(f"{spec}: ranks {outside} lie outside world size {world}")
+        raise UsageError(f"{spec}: ranks {outside} lie outside world size {world}")
     return RankFiles(spec, files, world)
 
 

@@ -327,7 +327,7 @@ def test_closed_pipe_ends_quietly(runs, in_tmp, command):
 def test_serve_names_the_missing_run_file(in_tmp, capsys):
     assert main(["serve", "--data", "data", "--run", "nope.h5"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "accuracy serve: --run nope.h5: no such file"
+    assert err == "accuracy serve: error: --run nope.h5: no such file"
 
 
 def test_compare_to_an_existing_file_says_so(runs, in_tmp, capsys):

@@ -17,6 +17,7 @@ from difflib import SequenceMatcher
 from pathlib import Path
 
 from accuracy.dumpfile.reader import OpRecord
+from accuracy.errors import UsageError
 
 
 @dataclass
@@ -51,15 +52,15 @@ def load_mapping(source: str | os.PathLike[str] | dict | Mapping | None) -> Mapp
         try:
             text = path.read_text()
         except OSError as e:
-            raise ValueError(f"mapping file {path}: {e.strerror or e}") from None
+            raise UsageError(f"mapping file {path}: {e.strerror or e}") from None
         try:
             data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         except (ValueError, tomllib.TOMLDecodeError) as e:
-            raise ValueError(f"mapping file {path}: not valid {path.suffix or 'JSON'}: {e}") \
+            raise UsageError(f"mapping file {path}: not valid {path.suffix or 'JSON'}: {e}") \
                 from None
     unknown = set(data) - {"ops", "modules"}
     if unknown:
-        raise ValueError(f"mapping: unknown sections {sorted(unknown)}; use 'ops' and 'modules'")
+        raise UsageError(f"mapping: unknown sections {sorted(unknown)}; use 'ops' and 'modules'")
     return Mapping(ops={str(k): str(v) for k, v in data.get("ops", {}).items()},
                    modules={str(k): str(v) for k, v in data.get("modules", {}).items()})
 

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from accuracy.dumpfile.reader import Dump
+from accuracy.errors import UsageError
 
 log = logging.getLogger(__name__)
 # Backends a golden run is normally recorded on.
@@ -33,7 +34,7 @@ def check_replay(my: Dump, replay: Dump) -> None:
     at the same position of `my`."""
     src = replay.attrs.get("replayed_from")
     if not src:
-        raise ValueError(f"{replay.path} is not a replay (no replayed_from attribute); -r takes "
+        raise UsageError(f"{replay.path} is not a replay (no replayed_from attribute); -r takes "
                          "the output of `accuracy replay` on the -m dump")
     if _same_file(src, my.path):
         return
@@ -44,7 +45,7 @@ def check_replay(my: Dump, replay: Dump) -> None:
         log.info("replay %s was made from %s, a copy of %s with the same ops", replay.path, src,
                  my.path)
         return
-    raise ValueError(f"replay {replay.path} was replayed from {src}, not from the -m dump "
+    raise UsageError(f"replay {replay.path} was replayed from {src}, not from the -m dump "
                      f"{my.path}: its local errors belong to other tensors. Replay {my.path} "
                      f"(`accuracy replay {my.path} -o replay.h5`) or pass the matching -m")
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 from typing import Any
 
+from accuracy.cliargs import add_progress_flags, at_least, progress_wanted
 from accuracy.compare.metrics import ALL_ALGORITHMS
 from accuracy.compare.report import FORMATS
 
@@ -88,30 +87,33 @@ def _compare_ranks(args: argparse.Namespace) -> int:
                                           cluster=args.cluster, **kwargs)
     else:
         report = compare_ranks(args.my, args.golden, args.replay, **kwargs)
-    paths = report.write(args.output, tuple(args.formats.split(","))) if args.output else {}
+    paths = (report.write(args.output, _formats(args), overwrite=args.overwrite)
+             if args.output else {})
     print_ranks(report.summary)
     for f, p in paths.items():
         print(f"  wrote {f}: {p}")
     return report.exit_code(args.fail_on)
 
 
+def _formats(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(f.strip() for f in args.formats.split(",") if f.strip())
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from accuracy.compare import compare
     from accuracy.compare.multirank import check_pair_ranks
+    from accuracy.compare.report import check_formats, check_report_dir
     from accuracy.ranks import is_multirank
 
-    if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
-        raise FileExistsError(f"-o {args.output} is a file, not a report folder; name a folder "
-                              "(--overwrite replaces a report there, never another file)")
-    if args.output and (Path(args.output) / "summary.json").exists() and not args.overwrite:
-        raise FileExistsError(f"{args.output} already holds a report; pass --overwrite or "
-                              "choose another -o folder")
+    if args.output:  # refused before the compare runs, not after
+        check_report_dir(args.output, args.overwrite)
+        check_formats(_formats(args))
     if is_multirank(args.my) or is_multirank(args.golden):
         return _compare_ranks(args)
     if not args.any_rank:
         check_pair_ranks(args.my, args.golden)
     kwargs = dict(config=args.config, algorithms=args.alg, mapping=args.mapping, jobs=args.jobs,
-                  progress=not args.no_progress and sys.stderr.isatty())
+                  progress=progress_wanted(args))
     if getattr(args, "cluster", None):  # Dask is imported only on this path
         from accuracy.compare.cluster import compare_on_cluster
 
@@ -119,7 +121,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                     **kwargs)
     else:
         report = compare(args.my, args.golden, args.replay, **kwargs)
-    paths = report.write(args.output, tuple(args.formats.split(","))) if args.output else {}
+    paths = (report.write(args.output, _formats(args), overwrite=args.overwrite)
+             if args.output else {})
     print_summary(report.summary, args.top)
     for f, p in paths.items():
         print(f"  wrote {f}: {p}")
@@ -148,12 +151,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "package.module:function (default: all but kl_div)")
     s.add_argument("--config", help="TOML thresholds merged over default_thresholds.toml")
     s.add_argument("--mapping", help="JSON/TOML pairing of op or module names (my -> golden)")
-    s.add_argument("-j", "--jobs", type=int, default=1, help="worker processes")
+    s.add_argument("-j", "--jobs", type=at_least(1), default=1, help="worker processes")
     s.add_argument("--cluster", metavar="local:N|tcp://HOST:PORT",
                    help="run the pair batches on Dask: N local worker processes, or an existing "
                         "scheduler (dumps must be on storage every worker reads at the same path)")
-    s.add_argument("--top", type=int, default=5, help="suspects to print")
-    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--top", type=at_least(0), default=5, help="suspects to print")
+    add_progress_flags(s)
     s.set_defaults(func=cmd_compare)
     register_suspects(sub)
 
@@ -174,10 +177,10 @@ def register_suspects(sub: argparse._SubParsersAction) -> None:
                                         "a second, tensor-mode run (two-tier flow)")
     s.add_argument("report", help="report directory written by `accuracy compare -o`")
     s.add_argument("-o", "--output", required=True, help="selection file to write (JSON)")
-    s.add_argument("--top", type=int, default=5, help="suspects to take (default 5)")
-    s.add_argument("--before", type=int, default=3,
+    s.add_argument("--top", type=at_least(1), default=5, help="suspects to take (default 5)")
+    s.add_argument("--before", type=at_least(0), default=3,
                    help="ops before each suspect to take too (default 3)")
-    s.add_argument("--after", type=int, default=1,
+    s.add_argument("--after", type=at_least(0), default=1,
                    help="ops after each suspect to take too (default 1)")
     s.add_argument("--overwrite", action="store_true", help="replace an existing -o file")
     s.set_defaults(func=cmd_suspects)

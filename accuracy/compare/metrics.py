@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from accuracy.errors import UsageError
+
 # Row keys of the metric columns, in report order.
 DEFAULT_ALGORITHMS: tuple[str, ...] = (
     "cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "rel_euc_dist", "euc_dist",
@@ -85,11 +87,11 @@ def resolve_algorithms(names: list[str] | tuple[str, ...] | str | None) -> tuple
             mod, _, fn_name = key.partition(":")
             fn = getattr(importlib.import_module(mod), fn_name, None)
             if not callable(fn):
-                raise ValueError(f"-alg {key}: {mod} has no function {fn_name}")
+                raise UsageError(f"-alg {key}: {mod} has no function {fn_name}")
             register_metric(fn_name, fn)
             out.append(fn_name)
             continue
-        raise ValueError(
+        raise UsageError(
             f"unknown metric {raw!r}; choose from {', '.join(ALL_ALGORITHMS)}, 'all', or "
             "'package.module:function' for your own")
     return tuple(dict.fromkeys(out))

@@ -19,9 +19,10 @@ from typing import Any
 
 from accuracy.compare import verdict as V
 from accuracy.compare.api import compare
-from accuracy.compare.report import ALL_FORMATS, Report
+from accuracy.compare.report import ALL_FORMATS, Report, check_report_dir
 from accuracy.compare.row import Row
 from accuracy.dumpfile.reader import Dump, load_dump
+from accuracy.errors import UsageError
 from accuracy.ranks import RankFiles, find_rank_files
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def check_pair_ranks(my: str | os.PathLike[str], golden: str | os.PathLike[str])
         rm, rg = dm.attrs.get("rank", 0), dg.attrs.get("rank", 0)
         wm, wg = dm.attrs.get("world_size", 1), dg.attrs.get("world_size", 1)
     if rm != rg:
-        raise ValueError(f"{my} is rank {rm} (of {wm}) but {golden} is rank {rg} (of {wg}): "
+        raise UsageError(f"{my} is rank {rm} (of {wm}) but {golden} is rank {rg} (of {wg}): "
                          "ranks hold different data. Compare the same rank, or every rank at "
                          "once with -m 'dev/run_{rank}.h5' -g 'gold/run_{rank}.h5' "
                          "(--any-rank compares them anyway)")
@@ -47,12 +48,12 @@ def _sides(my: str, golden: str, replay: str | None) -> tuple[RankFiles, RankFil
                                                              RankFiles | None]:
     fm, fg = find_rank_files(my), find_rank_files(golden)
     if fm.world_size != fg.world_size:
-        raise ValueError(f"world sizes differ: {my} holds a run of {fm.world_size} ranks, "
+        raise UsageError(f"world sizes differ: {my} holds a run of {fm.world_size} ranks, "
                          f"{golden} one of {fg.world_size}; compare runs with the same "
                          "parallel layout")
     fr = find_rank_files(replay) if replay else None
     if fr is not None and fr.world_size != fm.world_size:
-        raise ValueError(f"{replay} holds replays of a {fr.world_size}-rank run, {my} a "
+        raise UsageError(f"{replay} holds replays of a {fr.world_size}-rank run, {my} a "
                          f"{fm.world_size}-rank one")
     return fm, fg, fr
 
@@ -230,9 +231,9 @@ class MultiRankReport:
     def exit_code(self, fail_on: str | None) -> int:
         return self.merged.exit_code(fail_on)
 
-    def write(self, out_dir: str | os.PathLike[str], formats: tuple[str, ...] = ALL_FORMATS
-              ) -> dict[str, Path]:
-        out = Path(out_dir)
+    def write(self, out_dir: str | os.PathLike[str], formats: tuple[str, ...] = ALL_FORMATS,
+              *, overwrite: bool = True) -> dict[str, Path]:
+        out = check_report_dir(out_dir, overwrite)
         paths: dict[str, Path] = {}
         for rank, rep in self.per_rank.items():
             rep.write(out / f"rank{rank}", formats)
@@ -253,7 +254,7 @@ def compare_ranks(my: str | os.PathLike[str], golden: str | os.PathLike[str],
     fm, fg, fr = _sides(str(my), str(golden), str(replay) if replay else None)
     ranks = sorted(set(fm.files) & set(fg.files))
     if not ranks:
-        raise ValueError(f"no rank is in both {my} (ranks {fm.ranks}) and {golden} "
+        raise UsageError(f"no rank is in both {my} (ranks {fm.ranks}) and {golden} "
                          f"(ranks {fg.ranks})")
     unpaired = sorted(set(fm.files) ^ set(fg.files))
     reports: dict[int, Report] = {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from accuracy.errors import UsageError
 from accuracy.patterns import op_matches
 
 UNIT_ROUNDOFF = {
@@ -42,7 +43,7 @@ class ComputePrecision:
     def __init__(self, rules: list[tuple[str, str]]) -> None:
         unknown = sorted({d for _, d in rules if d not in UNIT_ROUNDOFF})
         if unknown:
-            raise ValueError(
+            raise UsageError(
                 f"[compute_precision]: unknown dtype {unknown}; use one of "
                 f"{sorted(UNIT_ROUNDOFF)}"
             )

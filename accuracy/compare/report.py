@@ -13,6 +13,8 @@ from accuracy.compare.row import JUDGED, Row
 from accuracy.compare.row import Verdict as V
 from accuracy.compare.writers import DEFAULT_FORMATS, WRITERS
 from accuracy.compare.writers import FORMATS as ALL_FORMATS
+from accuracy.errors import InputNotFoundError, OutputExistsError, UsageError
+from accuracy.outputs import writable_folder
 
 FORMATS = DEFAULT_FORMATS  # the compare command's default --formats (xlsx only when asked)
 
@@ -133,15 +135,13 @@ class Report:
             return 1
         return 0
 
-    def write(self, out_dir: str | os.PathLike[str], formats: tuple[str, ...] = ALL_FORMATS
-              ) -> dict[str, Path]:
+    def write(self, out_dir: str | os.PathLike[str], formats: tuple[str, ...] = ALL_FORMATS,
+              *, overwrite: bool = True) -> dict[str, Path]:
         """Write the selected formats (default: all of them) into out_dir; returns
-        {format: path}."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        bad = set(formats) - set(ALL_FORMATS)
-        if bad:
-            raise ValueError(f"unknown report formats {sorted(bad)}; choose from {ALL_FORMATS}")
+        {format: path}. With overwrite=False a folder already holding a report is refused
+        (check_report_dir)."""
+        out = check_report_dir(out_dir, overwrite)
+        check_formats(formats)
         paths: dict[str, Path] = {}
         for f in formats:
             p = WRITERS[f](self, out)
@@ -153,18 +153,39 @@ class Report:
         return f"Report(rows={len(self.rows)}, counts={self.summary['counts']})"
 
 
+def check_formats(formats: tuple[str, ...]) -> None:
+    """Refuse a report format we cannot write (UsageError naming the ones we can)."""
+    bad = set(formats) - set(ALL_FORMATS)
+    if bad:
+        raise UsageError(f"unknown report formats {sorted(bad)}; choose from {ALL_FORMATS}")
+
+
+def check_report_dir(out_dir: str | os.PathLike[str], overwrite: bool) -> Path:
+    """`out_dir`, created, if a report may be written there: never over a file, over an
+    earlier report only with overwrite, and only where files can be written (else an
+    OutputExistsError or OutputNotWritableError saying what to do)."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(f"-o {out} is a file, not a report folder; name a folder "
+                                "(--overwrite replaces a report there, never another file)")
+    if (out / "summary.json").exists() and not overwrite:
+        raise OutputExistsError(f"{out} already holds a report; pass --overwrite or choose "
+                                "another -o folder")
+    return writable_folder(out, "-o")
+
+
 def load_report(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Summary and rows read back from a written report's JSON (for the web server)."""
     p = Path(out_dir) / "summary.json"
     try:
         data = json.loads(p.read_text())
     except OSError as e:
-        raise FileNotFoundError(f"{p}: no report here ({e.strerror})") from None
+        raise InputNotFoundError(f"{p}: no report here ({e.strerror})") from None
     except ValueError as e:
-        raise ValueError(f"{p}: damaged report JSON: {e}") from None
+        raise UsageError(f"{p}: damaged report JSON: {e}") from None
     rows_path = Path(out_dir) / "rows.json"
     try:
         rows = json.loads(rows_path.read_text()) if rows_path.exists() else []
     except ValueError as e:
-        raise ValueError(f"{rows_path}: damaged report JSON: {e}") from None
+        raise UsageError(f"{rows_path}: damaged report JSON: {e}") from None
     return {"summary": data, "rows": rows}

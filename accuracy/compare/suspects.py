@@ -16,6 +16,8 @@ from typing import Any
 
 from accuracy.compare.report import load_report
 from accuracy.dumper.filters import SELECTION_FORMAT
+from accuracy.errors import OutputExistsError, UsageError
+from accuracy.outputs import writable_folder
 
 
 def _pick_keys(summary: dict[str, Any], top: int) -> list[tuple]:
@@ -40,11 +42,11 @@ def select_suspects(report_dir: str | os.PathLike[str], *, top: int = 5, before:
     end op of the modules it runs in (where the report's module rows are taken).
     """
     if top < 1 or before < 0 or after < 0:
-        raise ValueError("top must be at least 1, before and after at least 0")
+        raise UsageError("top must be at least 1, before and after at least 0")
     data = load_report(report_dir)
     summary, rows = data["summary"], data["rows"]
     if not rows:
-        raise ValueError(f"{report_dir}: the report has no rows.json; write it with "
+        raise UsageError(f"{report_dir}: the report has no rows.json; write it with "
                          "`accuracy compare ... --formats json`")
     order: list[tuple] = []  # matched ops in execution order: (seq_my, seq_golden)
     names: dict[tuple, tuple[str, str, str, str]] = {}  # op, golden op, module, phase
@@ -93,6 +95,7 @@ def write_selection(selection: dict[str, Any], path: str | os.PathLike[str],
                     overwrite: bool = False) -> Path:
     p = Path(path)
     if p.exists() and not overwrite:
-        raise FileExistsError(f"{p} already exists; pass --overwrite or choose another -o")
+        raise OutputExistsError(f"{p} already exists; pass --overwrite or choose another -o")
+    writable_folder(p.parent, f"-o {p}: folder")
     p.write_text(json.dumps(selection, indent=1) + "\n")
     return p

@@ -12,6 +12,7 @@ from typing import Any
 
 from accuracy.compare.row import Row, Verdict
 from accuracy.dumpfile.dtypes import is_float
+from accuracy.errors import UsageError
 
 DEFAULT_CONFIG = Path(__file__).with_name("default_thresholds.toml")
 PASS, WARNING, ERROR, UNMATCHED, SKIPPED = (Verdict.PASS, Verdict.WARNING, Verdict.ERROR,
@@ -37,12 +38,12 @@ def load_config(source: str | os.PathLike[str] | dict | None = None) -> dict[str
         try:
             user = tomllib.loads(path.read_text())
         except OSError as e:
-            raise ValueError(f"config {path}: {e.strerror or e}") from None
+            raise UsageError(f"config {path}: {e.strerror or e}") from None
         except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"config {path}: not valid TOML: {e}") from None
+            raise UsageError(f"config {path}: not valid TOML: {e}") from None
     for section, values in user.items():
         if not isinstance(values, dict):
-            raise ValueError(f"config: [{section}] must be a table of thresholds")
+            raise UsageError(f"config: [{section}] must be a table of thresholds")
         cfg.setdefault(section, {}).update(values)
     return cfg
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from accuracy.errors import UsageError
+
 KINDS = ("replace", "bias", "noise", "nan", "inf", "eps", "arg")
 OUTPUT_KINDS = ("bias", "noise", "nan", "inf")
 
@@ -116,29 +118,29 @@ def make_fault(
 ) -> Fault:
     """Validate and build a fault (exposed as `sim.fault`). `occurrence` is 0-based."""
     if kind not in KINDS:
-        raise ValueError(f"unknown fault kind {kind!r}; expected one of {', '.join(KINDS)}")
+        raise UsageError(f"unknown fault kind {kind!r}; expected one of {', '.join(KINDS)}")
     if occurrence is not None and (not isinstance(occurrence, int) or occurrence < 0):
-        raise ValueError(f"occurrence must be a 0-based int or None, got {occurrence!r}")
+        raise UsageError(f"occurrence must be a 0-based int or None, got {occurrence!r}")
     if kind == "replace":
         if not (callable(value) or value in _REPLACEMENTS):
-            raise ValueError(
+            raise UsageError(
                 f"replace needs a callable or one of {replacements()}, got {value!r}"
             )
     elif kind in ("bias", "noise"):
         if not isinstance(value, Real) or isinstance(value, bool) or not math.isfinite(value):
-            raise ValueError(f"{kind} needs a finite relative magnitude as value, got {value!r}")
+            raise UsageError(f"{kind} needs a finite relative magnitude as value, got {value!r}")
         value = float(value)
     elif kind in ("nan", "inf"):
         if value is not None and not isinstance(value, Real):
-            raise ValueError(f"{kind} takes no value (or a sign for inf), got {value!r}")
+            raise UsageError(f"{kind} takes no value (or a sign for inf), got {value!r}")
     elif kind == "eps":
         if arg not in (None, "eps"):
-            raise ValueError("kind='eps' always changes the 'eps' argument; use kind='arg'")
+            raise UsageError("kind='eps' always changes the 'eps' argument; use kind='arg'")
         if not isinstance(value, Real):
-            raise ValueError(f"eps needs a number as value, got {value!r}")
+            raise UsageError(f"eps needs a number as value, got {value!r}")
         arg, value = "eps", float(value)
     elif kind == "arg" and not arg:
-        raise ValueError("kind='arg' needs arg=<schema argument name>")
+        raise UsageError("kind='arg' needs arg=<schema argument name>")
     return Fault(op=op, kind=kind, value=value, module=module, occurrence=occurrence, arg=arg,
                  index=int(index), output=int(output), seed=int(seed))
 
@@ -153,7 +155,7 @@ def set_argument(func: Any, args: tuple, kwargs: dict, name: str, value: Any) ->
             return args[:pos] + (value,) + args[pos + 1 :], kwargs
         return args, {**kwargs, name: value}
     known = ", ".join(a.name for a in schema_args)
-    raise ValueError(f"{func} has no argument {name!r} (it has: {known})")
+    raise UsageError(f"{func} has no argument {name!r} (it has: {known})")
 
 
 def select_output(out: Any, position: int) -> torch.Tensor | None:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
+from accuracy.errors import UsageError
+
 from .rounding import get_rounding
 
 # Matrix ops and the schema arguments that feed the matrix unit. Bias and `self` of addmm are
@@ -97,7 +99,7 @@ def get_profile(name: str) -> Profile:
         return _PROFILES[name]
     except KeyError:
         known = ", ".join(sorted(_PROFILES))
-        raise ValueError(f"unknown profile {name!r}; known: {known}") from None
+        raise UsageError(f"unknown profile {name!r}; known: {known}") from None
 
 
 def profiles() -> list[Profile]:

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from accuracy.errors import UsageError
+
 from .base import Backend
 from .builtin import builtin_backends
 
@@ -50,7 +52,7 @@ def get_backend(name_or_device: str | torch.device) -> Backend:
     for candidate in _REGISTRY.values():
         if candidate.device_type == key:
             return candidate
-    raise ValueError(f"unknown backend {key!r}; known: {', '.join(sorted(_REGISTRY))}")
+    raise UsageError(f"unknown backend {key!r}; known: {', '.join(sorted(_REGISTRY))}")
 
 
 def backend_for_tensor(t: torch.Tensor) -> Backend:

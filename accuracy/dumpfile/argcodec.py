@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from accuracy.dumpfile.validate import parse_json
+from accuracy.errors import AccuracyError
 
 _MEMORY_FORMATS = {
     str(m): m
@@ -65,7 +66,7 @@ def encode_call(
     )
 
 
-class UnrebuildableArgument(ValueError):
+class UnrebuildableArgument(AccuracyError, ValueError):
     """An argument was recorded only by its repr and cannot be rebuilt."""
 
 
@@ -125,8 +126,3 @@ def decode_call(encoded: str, tensors: Sequence[Any]) -> tuple[list[Any], dict[s
             data.get("kwargs"), dict):
         raise ValueError("recorded call arguments are not {\"args\": [...], \"kwargs\": {...}}")
     return _decode(data["args"], tensors), _decode(data["kwargs"], tensors)
-
-
-def tensor_placeholders(encoded: str) -> int:
-    """How many tensor placeholders a recorded call holds."""
-    return encoded.count('"__tensor__"')

@@ -17,11 +17,14 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from accuracy.dumpfile.reader import Dump
+from accuracy.dumpfile.reader import Dump, load_dump
+from accuracy.errors import NoMatchError, OutputExistsError, OutputNotWritableError
+from accuracy.outputs import writable_folder
 
 INDEX = "index.json"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -36,6 +39,11 @@ class ConvertResult:
     written: int
     skipped: int  # tensors with statistics only
     index: Path
+
+    def format(self) -> str:
+        return (f"wrote {self.written} .npy files to {self.index.parent} (index: {self.index})"
+                + (f"; {self.skipped} tensors have statistics only (no values to write)"
+                   if self.skipped else ""))
 
 
 def npy_name(address: str) -> str:
@@ -66,12 +74,11 @@ def _json_number(v: float) -> float | str:
 
 def _prepare(out_dir: Path, overwrite: bool) -> Path:
     if out_dir.exists() and not out_dir.is_dir():
-        raise FileExistsError(f"{out_dir} is a file; -o names the folder for the .npy files")
+        raise OutputExistsError(f"{out_dir} is a file; -o names the folder for the .npy files")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out_dir} is not empty; pass --overwrite to write into it "
+        raise OutputExistsError(f"{out_dir} is not empty; pass --overwrite to write into it "
                               "(files of the same names are replaced) or choose another -o")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return out_dir.resolve()
+    return writable_folder(out_dir, "-o").resolve()
 
 
 def _save(folder: Path, name: str, arr: np.ndarray) -> None:
@@ -82,8 +89,8 @@ def _save(folder: Path, name: str, arr: np.ndarray) -> None:
     try:
         fd = os.open(folder / name, flags, 0o644)
     except OSError as e:
-        raise OSError(e.errno, f"cannot write {name} ({e.strerror}); is it a symlink?",
-                      str(folder / name)) from None
+        raise OutputNotWritableError(f"{folder / name}: cannot write {name} ({e.strerror}); "
+                                     "is it a symlink?") from None
     with os.fdopen(fd, "wb") as f:
         np.save(f, arr, allow_pickle=False)
 
@@ -100,7 +107,7 @@ def convert(
     """Write the matching ops' tensors as `.npy` files plus `index.json` into `out_dir`."""
     records = list(dump.select(op=op, module=module, seq=seq))
     if not records:
-        raise LookupError(f"no op in {dump.path} matches op={op!r} seq={seq} module={module!r}")
+        raise NoMatchError(f"no op in {dump.path} matches op={op!r} seq={seq} module={module!r}")
     folder = _prepare(Path(out_dir), overwrite)
     index: dict[str, dict] = {}
     written = skipped = 0
@@ -119,7 +126,14 @@ def convert(
             written += 1
     index_path = folder / INDEX
     if index_path.is_symlink():
-        raise OSError(f"{index_path} is a symlink; refusing to write through it")
+        raise OutputNotWritableError(f"{index_path} is a symlink; refusing to write through it")
     index_path.write_text(json.dumps({"source_dump": str(dump.path), "tensors": index},
                                      indent=1, default=str))
     return ConvertResult(written, skipped, index_path)
+
+
+def convert_file(dump_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
+                 **select: Any) -> ConvertResult:
+    """`convert` from the dump at `dump_path` (`op`, `seq`, `module`, `overwrite` as there)."""
+    with load_dump(dump_path) as d:
+        return convert(d, out_dir, **select)

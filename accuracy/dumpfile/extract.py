@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from accuracy.dumpfile import schema
-from accuracy.dumpfile.reader import Dump, DumpError
+from accuracy.dumpfile.reader import Dump, DumpError, load_dump
 from accuracy.dumpfile.writer import check_dump_path
+from accuracy.errors import NoMatchError
 
 FORMAT_NAME = "accuracy-extract"
 _RAW_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -54,7 +55,7 @@ def extract(
     out = check_dump_path(out_path, overwrite)
     records = list(dump.select(op=op, module=module, seq=seq))
     if not records:
-        raise LookupError(f"no op in {dump.path} matches op={op!r} seq={seq} module={module!r}")
+        raise NoMatchError(f"no op in {dump.path} matches op={op!r} seq={seq} module={module!r}")
     written: dict[int, str] = {}  # first row -> dataset path, for hard links
     with h5py.File(Path(out), "w") as f:
         f.attrs.update({"source_dump": str(dump.path), "format": FORMAT_NAME})
@@ -76,6 +77,24 @@ def extract(
                     ds.attrs[k] = v
                 written[t.first] = name
     return len(records)
+
+
+@dataclass
+class ExtractResult:
+    """How many ops `extract_file` wrote, and where."""
+
+    ops: int
+    path: Path
+
+    def format(self) -> str:
+        return f"wrote {self.ops} ops to {self.path}"
+
+
+def extract_file(dump_path: str | os.PathLike[str], out_path: str | os.PathLike[str],
+                 **select: Any) -> ExtractResult:
+    """`extract` from the dump at `dump_path` (`op`, `seq`, `module`, `overwrite` as there)."""
+    with load_dump(dump_path) as d:
+        return ExtractResult(extract(d, out_path, **select), Path(out_path))
 
 
 # -- reading an extracted file back (load mode) ----------------------------------------------

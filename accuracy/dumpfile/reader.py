@@ -21,10 +21,11 @@ import numpy as np
 
 from accuracy.dumpfile import dtypes, schema, validate
 from accuracy.dumpfile.checksum import Checksum, part_size
+from accuracy.errors import AccuracyError
+from accuracy.patterns import module_matches, op_matches
 
 if TYPE_CHECKING:  # torch is imported only by the calls that return tensors
     import torch
-from accuracy.patterns import module_matches, op_matches
 
 STATUS = "_status"
 _VERIFY_PIECE = 64 << 20  # bytes read at a time by `Dump.verify`
@@ -34,7 +35,7 @@ _H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexError
               RecursionError, OverflowError)
 
 
-class DumpError(ValueError):
+class DumpError(AccuracyError, ValueError):
     """A file that cannot be read as a dump; the message names the file and the problem."""
 
 

@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 
 from accuracy.dumpfile import dtypes, schema
+from accuracy.errors import AccuracyError
 
 STATUS = "_status"
 
@@ -37,7 +38,7 @@ MAX_ROWS = 1 << 40
 MAX_NUMEL = 1 << 53  # elements of one tensor: more than any device holds
 
 
-class LayoutError(ValueError):
+class LayoutError(AccuracyError, ValueError):
     """The file is HDF5 but not laid out as our writer lays out a dump."""
 
 

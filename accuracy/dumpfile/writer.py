@@ -25,6 +25,8 @@ import numpy as np
 import torch
 
 from accuracy.dumpfile import schema
+from accuracy.errors import AccuracyError, OutputExistsError
+from accuracy.outputs import writable_folder
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +76,11 @@ class OpEntry:
     epoch: int = schema.UNKNOWN_EPOCH  # collective epoch (see accuracy/dumper/collectives.py)
 
 
-class DumpWriteError(RuntimeError):
+class DumpWriteError(AccuracyError, RuntimeError):
     """Writing the dump failed (disk full, permissions...); the training step is not affected."""
 
 
-class DiskFullError(OSError):
+class DiskFullError(AccuracyError, OSError):
     """Free space fell below the writer's headroom: recording stops while the file is intact."""
 
 
@@ -91,18 +93,13 @@ def check_dump_path(path: str | os.PathLike[str], overwrite: bool) -> Path:
     """Validate a dump path before any op runs: create missing folders, refuse clobbering."""
     p = Path(path)
     if p.exists() and p.is_dir():
-        raise IsADirectoryError(f"dump_path {str(p)!r} is a directory; give a file name ending .h5")
+        raise OutputExistsError(f"dump_path {str(p)!r} is a directory; give a file name ending .h5")
     if p.exists() and not overwrite:
-        raise FileExistsError(
+        raise OutputExistsError(
             f"dump file {str(p)!r} already exists; pass overwrite=True (CLI: --overwrite) "
             "or choose another dump_path"
         )
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise PermissionError(f"cannot create folder {str(p.parent)!r} for the dump: {e}") from e
-    if not os.access(p.parent, os.W_OK):
-        raise PermissionError(f"folder {str(p.parent)!r} is not writable; choose another dump_path")
+    writable_folder(p.parent, "folder for the dump")
     return p
 
 

@@ -27,6 +27,7 @@ import torch
 from accuracy.compare import verdict as V
 from accuracy.compare.precision import ComputePrecision
 from accuracy.dumper.flatten import tensors_in
+from accuracy.errors import AccuracyError
 from accuracy.live.select import UNINITIALISED_REASON, Selection, Site, SiteMode, unrunnable
 from accuracy.replay.engine import reference_device
 from accuracy.replay.ops import (
@@ -150,7 +151,7 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-class LiveCheckError(RuntimeError):
+class LiveCheckError(AccuracyError, RuntimeError):
     """Raised by `live_check(stop_on=...)` at the first op judged at or above that level."""
 
     def __init__(self, result: OpResult) -> None:

@@ -13,19 +13,21 @@ import os
 import sys
 from typing import Any
 
+from accuracy.errors import InputNotFoundError, UsageError
+
 
 def load_callable(spec: str) -> Any:
     """`package.module:function` or `path/to/file.py:function` -> the function."""
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
-        raise ValueError(f"{spec!r}: write module:function, e.g. mysteps:device_step")
+        raise UsageError(f"{spec!r}: write module:function, e.g. mysteps:device_step")
     if target.endswith(".py"):
         if not os.path.isfile(target):
-            raise FileNotFoundError(f"{target}: no such file")
+            raise InputNotFoundError(f"{target}: no such file")
         name = "_accuracy_user_" + os.path.splitext(os.path.basename(target))[0]
         loader_spec = importlib.util.spec_from_file_location(name, target)
         if loader_spec is None or loader_spec.loader is None:
-            raise ValueError(f"{target}: cannot be imported")
+            raise UsageError(f"{target}: cannot be imported")
         module = importlib.util.module_from_spec(loader_spec)
         loader_spec.loader.exec_module(module)
     else:
@@ -34,11 +36,11 @@ def load_callable(spec: str) -> Any:
         try:
             module = importlib.import_module(target)
         except ModuleNotFoundError as e:
-            raise ValueError(f"{spec!r}: cannot import {target} ({e}); run from the folder "
+            raise UsageError(f"{spec!r}: cannot import {target} ({e}); run from the folder "
                              "that holds it or give a path/to/file.py") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"{spec!r}: {target} has no function {attr}")
+        raise UsageError(f"{spec!r}: {target} has no function {attr}")
     return fn
 
 
@@ -48,7 +50,7 @@ def _culprit_from_dumps(device: str, golden: str, replay: str | None) -> str:
     summary = compare(device, golden, replay=replay).summary
     c = summary.get("culprit")
     if not c or not c.get("op"):
-        raise ValueError(f"compare of {device} and {golden} names no culprit; give one with "
+        raise UsageError(f"compare of {device} and {golden} names no culprit; give one with "
                          "--culprit OP[@MODULE]")
     return c["op"] + (f"@{c['module']}" if c.get("module") else "")
 
@@ -59,7 +61,7 @@ def _cmd(args: Any) -> int:
     culprits = list(args.culprit or [])
     if not culprits:
         if not (args.device and args.golden):
-            raise ValueError("give --culprit OP[@MODULE], or the device and golden dumps to "
+            raise UsageError("give --culprit OP[@MODULE], or the device and golden dumps to "
                              "find it by comparing them")
         culprits = [_culprit_from_dumps(args.device, args.golden, args.replay)]
         print(f"culprit from compare: {culprits[0]}")

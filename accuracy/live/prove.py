@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from accuracy.errors import UsageError
 from accuracy.live.check import _jsonable
 from accuracy.live.select import Selection
 from accuracy.live.substitute import Call, Substitute
@@ -47,11 +48,11 @@ class Culprit:
             return spec
         if isinstance(spec, Mapping):
             if not spec.get("op"):
-                raise ValueError(f"a culprit needs an op: {dict(spec)!r}")
+                raise UsageError(f"a culprit needs an op: {dict(spec)!r}")
             return cls(str(spec["op"]), spec.get("module") or None)
         op, _, module = str(spec).partition("@")
         if not op.strip():
-            raise ValueError(f"culprit {spec!r}: write OP or OP@MODULE, e.g. "
+            raise UsageError(f"culprit {spec!r}: write OP or OP@MODULE, e.g. "
                              "aten.gelu.default@encoder.layers.2")
         return cls(op.strip(), module.strip() or None)
 
@@ -140,7 +141,7 @@ def _distance(a: list[torch.Tensor], b: list[torch.Tensor]) -> float | None:
     if not a or not b:
         return None
     if len(a) != len(b) or any(x.numel() != y.numel() for x, y in zip(a, b, strict=True)):
-        raise ValueError("the step's gradients differ in count or size from the golden ones; "
+        raise UsageError("the step's gradients differ in count or size from the golden ones; "
                          "return the same parameters' gradients from both steps")
     return math.sqrt(sum(float((x - y).pow(2).sum()) for x, y in zip(a, b, strict=True)))
 
@@ -181,14 +182,14 @@ def prove(step: Callable[[], StepResult], *, culprits: Iterable[str | Mapping[st
     specs = [Culprit.parse(c) for c in ([culprits] if isinstance(culprits, str | Mapping)
                                         else culprits)]
     if not specs:
-        raise ValueError("prove needs at least one culprit (OP or OP@MODULE)")
+        raise UsageError("prove needs at least one culprit (OP or OP@MODULE)")
     g_loss, g_grads = _outcome(golden() if callable(golden) else golden)
     survey = Substitute(calls=[], record=True)
     d_loss, d_grads = _run(step, context, survey)
     calls = survey.calls_seen
     hit = [c for c in calls if any(s.matches(c) for s in specs)]
     if not hit:
-        raise ValueError("no op call of the step matches the culprit(s) "
+        raise UsageError("no op call of the step matches the culprit(s) "
                          + ", ".join(s.label() for s in specs)
                          + "; check the op name and module path (accuracy ls dump.h5)")
     hit_seqs = {c.seq for c in hit}

@@ -22,6 +22,7 @@ import torch
 
 from accuracy.aten import is_view, written_ids
 from accuracy.dumper.flatten import tensors_in
+from accuracy.errors import UsageError
 from accuracy.live.check import _fill
 from accuracy.live.select import Selection, Site, SiteMode, unrunnable
 from accuracy.replay.engine import reference_device
@@ -48,7 +49,7 @@ def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
         return dtype
     value = getattr(torch, str(dtype).removeprefix("torch."), None)
     if not isinstance(value, torch.dtype) or not value.is_floating_point:
-        raise ValueError(f"dtype must name a floating dtype (float32, bfloat16...), not {dtype!r}")
+        raise UsageError(f"dtype must name a floating dtype (float32, bfloat16...), not {dtype!r}")
     return value
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from accuracy.cliargs import at_least
+
 
 def cmd_overflow(args: argparse.Namespace) -> int:
     from accuracy.overflow.scan import scan
@@ -25,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--confirm-on", metavar="DEVICE",
                    help="replay each birth op there (tensor dumps), same dtype and widened")
     s.add_argument("--json", action="store_true", help="the report as JSON")
-    s.add_argument("--limit", type=int, default=20, help="births to list (default 20)")
+    s.add_argument("--limit", type=at_least(0), default=20, help="births to list (default 20)")
     s.add_argument("--fail-on-birth", action="store_true",
                    help="exit 1 when a birth not handled by loss scaling is found (for CI)")
     s.set_defaults(func=cmd_overflow)

@@ -8,7 +8,7 @@ a scaling problem) from "the device kernel is wrong" (the reference stays finite
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -16,7 +16,9 @@ from torch.utils._pytree import tree_flatten
 from accuracy.dumpfile import Dump
 from accuracy.dumpfile.argcodec import decode_call
 from accuracy.dumpfile.reader import OpRecord
-from accuracy.overflow.scan import OverflowReport
+
+if TYPE_CHECKING:  # scan imports this module to confirm births: no import back
+    from accuracy.overflow.scan import OverflowReport
 
 log = logging.getLogger(__name__)
 

@@ -151,6 +151,10 @@ def scan_dump(d: Dump) -> OverflowReport:
 
 def scan(dump: str | os.PathLike[str] | Dump, confirm_on: str | None = None) -> OverflowReport:
     """Births and inherited non-finite ops of a dump; with `confirm_on`, replay each birth there."""
+    if confirm_on:  # an unknown device is refused before the scan, not after (UsageError)
+        from accuracy.device_backend import get_backend
+
+        get_backend(confirm_on)
     if isinstance(dump, Dump):
         rep = scan_dump(dump)
         if confirm_on:

@@ -12,12 +12,12 @@ ops (in-place, `out=`, registered references) private copies.
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from typing import Any
 
 import torch
 
 from accuracy.dumpfile.reader import TensorRecord
+from accuracy.lru import BoundedLRU
 
 _DEFAULT_BYTES = 1 << 30
 
@@ -34,8 +34,8 @@ class TensorCache:
 
     def __init__(self, max_bytes: int | None = None) -> None:
         self.max_bytes = _budget() if max_bytes is None else max_bytes
-        self._items: OrderedDict[Any, torch.Tensor] = OrderedDict()
-        self._bytes = 0
+        self._items: BoundedLRU[Any, torch.Tensor] = BoundedLRU(
+            max_cost=self.max_bytes, cost=lambda t: t.untyped_storage().nbytes())
         self.hits = self.misses = 0
 
     def _get(self, key: Any) -> torch.Tensor | None:
@@ -44,22 +44,10 @@ class TensorCache:
             self.misses += 1
             return None
         self.hits += 1
-        self._items.move_to_end(key)
         return t
 
     def _put(self, key: Any, t: torch.Tensor) -> torch.Tensor:
-        size = t.untyped_storage().nbytes()
-        if size > self.max_bytes:
-            return t
-        old = self._items.pop(key, None)
-        if old is not None:
-            self._bytes -= old.untyped_storage().nbytes()
-        self._items[key] = t
-        self._bytes += size
-        while self._bytes > self.max_bytes and self._items:
-            _, dropped = self._items.popitem(last=False)
-            self._bytes -= dropped.untyped_storage().nbytes()
-        return t
+        return self._items.put(key, t)
 
     def load(self, t: TensorRecord) -> torch.Tensor:
         """The recorded tensor (contiguous, CPU), read from the file at most once per `first`."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from accuracy.cliargs import add_progress_flags, at_least, progress_wanted
+from accuracy.errors import UsageError
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -13,7 +15,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     if is_multirank(args.dump):
         return _replay_ranks(args)
-    progress = not args.quiet and (sys.stderr.isatty() or args.progress)
+    progress = progress_wanted(args)
     kwargs = dict(on=args.on, upcast=args.upcast, jobs=args.jobs, resume=args.resume,
                   progress=progress, overwrite=args.overwrite, ops=args.op,
                   metrics_only=args.metrics_only)
@@ -39,7 +41,7 @@ def _replay_ranks(args: argparse.Namespace) -> int:
     from accuracy.replay.collectives import replay_ranks
 
     if PLACEHOLDER not in args.output and not Path(args.output).is_dir():
-        raise ValueError(f"-o {args.output}: with many ranks' dumps, give a '{PLACEHOLDER}' "
+        raise UsageError(f"-o {args.output}: with many ranks' dumps, give a '{PLACEHOLDER}' "
                          "pattern (e.g. 'dev/replay_{rank}.h5') or an existing folder")
     results, counts = replay_ranks(args.dump, args.output, on=args.on, upcast=args.upcast,
                                    jobs=args.jobs, resume=args.resume, overwrite=args.overwrite,
@@ -66,7 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("-o", "--output", required=True,
                    help="replay dump to write (replay.h5); for every rank's dumps a "
                         "'replay_{rank}.h5' pattern or a folder")
-    s.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default: 1)")
+    s.add_argument("-j", "--jobs", type=at_least(1), default=1,
+                   help="worker processes (default: 1)")
     s.add_argument("--metrics-only", action="store_true",
                    help="store only each op's error figures (what compare reads), no tensors")
     s.add_argument("--cluster", metavar="local:N|tcp://HOST:PORT",
@@ -76,6 +79,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--resume", action="store_true",
                    help="continue an interrupted replay without redoing finished ops")
     s.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    s.add_argument("--progress", action="store_true", help="progress bar even when not a tty")
-    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_progress_flags(s)
     s.set_defaults(func=cmd_replay)

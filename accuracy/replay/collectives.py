@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, TensorRecord, load_dump
+from accuracy.errors import AccuracyError
 from accuracy.ranks import find_rank_files, output_path
 from accuracy.replay.metrics import compare, error_ratio, exact_metrics, unit_roundoff
 from accuracy.replay.ops import OK, SKIPPED, OpOutcome
@@ -31,7 +32,7 @@ _REDUCE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-class Unchecked(ValueError):
+class Unchecked(AccuracyError, ValueError):
     """This collective's record does not allow the check (say why)."""
 
 

@@ -23,6 +23,8 @@ from accuracy.dumper.stats import tensor_stats
 from accuracy.dumpfile import schema
 from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, TensorRecord, load_dump
 from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
+from accuracy.errors import AccuracyError, OutputExistsError
+from accuracy.outputs import writable_folder
 from accuracy.patterns import op_matches
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.ops import OK, OpOutcome, caching, replay_op
@@ -32,7 +34,7 @@ log = logging.getLogger(__name__)
 _BATCH = 16  # ops per task handed to a worker process
 
 
-class ReplayError(ValueError):
+class ReplayError(AccuracyError, ValueError):
     """The dump cannot be replayed at all (statistics mode, bad options...)."""
 
 
@@ -211,11 +213,12 @@ def _partial_paths(out: Path) -> tuple[Path, Path]:
 def _prepare(out: Path, resume: bool, overwrite: bool) -> list[Path]:
     """Check the output paths; on resume, set aside the interrupted output(s) to copy from."""
     partial, prev = _partial_paths(out)
+    writable_folder(out.parent, f"-o {out}: folder")
     if out.exists() and not (overwrite or resume):
-        raise FileExistsError(f"{out} already exists; pass overwrite=True (CLI: --overwrite)")
+        raise OutputExistsError(f"{out} already exists; pass overwrite=True (CLI: --overwrite)")
     if not resume:
         if partial.exists() and not overwrite:
-            raise FileExistsError(
+            raise OutputExistsError(
                 f"{partial} holds an interrupted replay; pass resume=True (CLI: --resume) to "
                 "continue it, or overwrite=True (CLI: --overwrite) to start over")
         for p in (partial, prev):

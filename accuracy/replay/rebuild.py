@@ -9,11 +9,12 @@ from typing import Any
 import torch
 
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
+from accuracy.errors import AccuracyError
 
 UPCASTS = ("fp64", "fp32", "none")
 
 
-class Unreplayable(Exception):
+class Unreplayable(AccuracyError):
     """The op cannot be replayed; the message is the reason shown to the user."""
 
 
@@ -43,11 +44,6 @@ def upcast_dtype(dtype: torch.dtype, upcast: str) -> torch.dtype:
             return torch.float64
         return torch.float32
     return dtype
-
-
-def load_input(t: TensorRecord, device: torch.device) -> torch.Tensor:
-    """A private copy of a recorded input, with its recorded strides where they are plain."""
-    return restore_strides(t.load(), t, device)  # the reader's tensor is a private copy
 
 
 def restore_strides(value: torch.Tensor, t: TensorRecord, device: torch.device) -> torch.Tensor:

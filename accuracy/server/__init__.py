@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from accuracy.server.serve import serve as serve
+
 if TYPE_CHECKING:
     from fastapi import FastAPI
 

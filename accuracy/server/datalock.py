@@ -12,10 +12,12 @@ import fcntl
 import os
 from pathlib import Path
 
+from accuracy.errors import AccuracyError
+
 LOCK_NAME = "server.lock"
 
 
-class DataDirBusy(RuntimeError):
+class DataDirBusy(AccuracyError, RuntimeError):
     """Another live server holds this data directory."""
 
 

@@ -12,10 +12,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from accuracy.errors import AccuracyError
+
 log = logging.getLogger(__name__)
 
 
-class ApiError(Exception):
+class ApiError(AccuracyError):
     """An expected failure with a status code and a message fit for the client."""
 
     def __init__(self, status: int, message: str) -> None:

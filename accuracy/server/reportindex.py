@@ -14,7 +14,6 @@ import json
 import logging
 import re
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from sqlalchemy import insert, select
 
+from accuracy.lru import BoundedLRU
 from accuracy.patterns import strip_root
 from accuracy.server.db import METRIC_COLUMNS, Report, ReportRow, ReportRowData
 from accuracy.server.errors import ApiError, not_found
@@ -301,38 +301,26 @@ V = TypeVar("V")
 
 
 class SizedLru(Generic[K, V]):
-    """A thread-safe LRU mapping bounded by the total `size` of its values; the newest entry
-    always stays, however large."""
+    """A thread-safe `BoundedLRU` bounded by the total `size` of its values; the newest entry
+    always stays, however large (many request threads share one)."""
 
     def __init__(self, capacity: int, size: Callable[[V], int]) -> None:
-        self.capacity, self._size = capacity, size
-        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
-        self._total = 0
+        self._lru: BoundedLRU[K, V] = BoundedLRU(max_cost=capacity, cost=size,
+                                                 keep_oversized=True)
         self._lock = threading.Lock()
 
     def get(self, key: K) -> V | None:
         with self._lock:
-            hit = self._items.get(key)
-            if hit is None:
-                return None
-            self._items.move_to_end(key)
-            return hit[0]
+            return self._lru.get(key)
 
     def put(self, key: K, value: V) -> None:
-        n = self._size(value)
         with self._lock:
-            if key in self._items:
-                return
-            self._items[key] = (value, n)
-            self._total += n
-            while self._total > self.capacity and len(self._items) > 1:
-                _, (_, old) = self._items.popitem(last=False)
-                self._total -= old
+            if key not in self._lru:
+                self._lru.put(key, value)
 
     def drop(self, test: Callable[[K], bool]) -> None:
         with self._lock:
-            for k in [k for k in self._items if test(k)]:
-                self._total -= self._items.pop(k)[1]
+            self._lru.discard_where(test)
 
 
 class SingleFlight:

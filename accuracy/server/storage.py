@@ -11,7 +11,6 @@ import logging
 import os
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from sqlalchemy.orm import sessionmaker
 
 from accuracy.dumpfile import DumpError, load_dump
 from accuracy.dumpfile.reader import Dump
+from accuracy.lru import BoundedLRU
 from accuracy.server.db import (
     Job,
     Report,
@@ -76,7 +76,8 @@ class Storage:
         roots = list(allowed_roots) if allowed_roots else [self.data_dir]
         self.allowed_roots = [Path(r).resolve() for r in roots]
         self.max_upload_bytes = int(max_upload_bytes)
-        self._dumps: OrderedDict[str, Dump] = OrderedDict()
+        self._dumps: BoundedLRU[str, Dump] = BoundedLRU(
+            _OPEN_DUMPS, on_evict=lambda _run_id, old: old.close())
         self._lock = threading.Lock()
         self._clear_tmp()
 
@@ -194,7 +195,6 @@ class Storage:
         with self._lock:
             d = self._dumps.get(run_id)
             if d is not None:
-                self._dumps.move_to_end(run_id)
                 return d
         run = self.run(run_id)
         try:
@@ -204,10 +204,7 @@ class Storage:
             raise ApiError(410, f"the run's dump can no longer be read: "
                                 f"{scrub(str(e), run.path)}") from None
         with self._lock:
-            self._dumps[run_id] = d
-            while len(self._dumps) > _OPEN_DUMPS:
-                _, old = self._dumps.popitem(last=False)
-                old.close()
+            self._dumps.put(run_id, d)
         return d
 
     # -- reports ---------------------------------------------------------------------------

@@ -5,23 +5,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query
 
-from accuracy.dumpfile.reader import Dump, TensorRecord
 from accuracy.patterns import module_matches, op_matches
 from accuracy.server.boundedread import TensorSource, ViewLimits, downsample_of, histogram_of
 from accuracy.server.deps import get_storage, get_view_limits, require_read
 from accuracy.server.errors import ApiError
+from accuracy.server.routers._common import tensor_at
 from accuracy.server.schemas import HistogramOut, OpOut, Page, TensorOut, ValuesOut
 from accuracy.server.storage import Storage
 
 router = APIRouter(prefix="/api/runs/{run_id}", tags=["ops"],
                    dependencies=[Depends(require_read)])
-
-
-def tensor_at(d: Dump, address: str) -> TensorRecord:
-    try:
-        return d.tensor_record(address)
-    except (KeyError, ValueError):
-        raise ApiError(404, f"no tensor at {address!r} in this run") from None
 
 
 @router.get("/ops", response_model=Page[OpOut])

@@ -23,7 +23,7 @@ from accuracy.server.deps import (
 )
 from accuracy.server.errors import ApiError
 from accuracy.server.reportindex import RowIndex, RowQuery, index_report
-from accuracy.server.routers.ops import tensor_at
+from accuracy.server.routers._common import tensor_at
 from accuracy.server.schemas import (
     HeatmapOut,
     HistogramOut,

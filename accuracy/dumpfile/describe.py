@@ -1,0 +1,103 @@
+"""`accuracy info` and `accuracy ls` as library calls: what a dump holds, as text or JSON.
+
+Each call opens the dump, reads what it needs and closes it; the result's `format()` is the
+text the command prints, so the CLI only parses arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from accuracy.dumpfile.reader import load_dump
+from accuracy.errors import UsageError
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KB'."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+@dataclass
+class DumpInfo:
+    """A dump's summary (`Dump.summary()`): counts by op, phase, module and dtype, bytes."""
+
+    summary: dict[str, Any]
+
+    def to_json(self) -> str:
+        return json.dumps(self.summary, indent=2, default=str)
+
+    def format(self, top: int = 10) -> str:
+        """The summary as lines of text, with the `top` most frequent op names."""
+        s = self.summary
+        a = s["attrs"]
+        state = ("complete" if s["complete"]
+                 else "INCOMPLETE (the dumped block raised or was killed)")
+        lines = [
+            f"{s['path']}: {state}",
+            f"  mode {a.get('mode')}, backend {a.get('backend')}"
+            + (f" (profile {a['profile']})" if a.get("profile") else "")
+            + f", torch {a.get('torch_version')}, rank {a.get('rank')}, steps {s['steps']}",
+            f"  ops {s['ops']}  ({', '.join(f'{k} {v}' for k, v in s['by_phase'].items())})"
+            f", modules {s['modules']}",
+            f"  tensors {s['tensors']} ({s['tensors_with_data']} with data); dtypes "
+            + ", ".join(f"{k} {v}" for k, v in s["by_dtype"].items()),
+            f"  bytes written {human_bytes(s['bytes_written'])}, saved by links "
+            f"{human_bytes(s['bytes_saved_by_links'])}, file {human_bytes(s['file_bytes'])}",
+        ]
+        faults = a.get("faults_applied") or []
+        if faults:
+            lines.append(f"  faults injected: {len(faults)}")
+            lines += [f"    {f}" for f in faults]
+        lines.append("  top ops:")
+        lines += [f"    {n:6d}  {name}" for name, n in list(s["by_op"].items())[:top]]
+        return "\n".join(lines)
+
+
+def describe(path: str | os.PathLike[str]) -> DumpInfo:
+    """What the dump at `path` holds (raises DumpError for anything but a readable dump)."""
+    with load_dump(path) as d:
+        return DumpInfo(d.summary())
+
+
+@dataclass
+class OpListing:
+    """Recorded ops matching a filter, one line each (and each tensor's statistics)."""
+
+    lines: list[str] = field(default_factory=list)
+    count: int = 0  # ops matched, also those past the limit
+
+    def format(self) -> str:
+        return "\n".join(self.lines)
+
+
+def list_ops(path: str | os.PathLike[str], *, op: str | None = None,
+             module: str | None = None, phase: str | None = None, limit: int = 0,
+             tensors: bool = False, source: bool = False) -> OpListing:
+    """The ops of a dump matching `op`/`module` globs and `phase`, the first `limit` (0: all)
+    listed; with `tensors`, each tensor's statistics under its op."""
+    if limit < 0:
+        raise UsageError(f"limit must be 0 (all) or more, not {limit}")
+    listing = OpListing()
+    with load_dump(path) as d:
+        rows = list(d.select(op=op, module=module, phase=phase))
+        listing.count = len(rows)
+        for r in rows[:limit] if limit else rows:
+            outs = "; ".join(f"{t.dtype}{list(t.shape)}" for t in r.outputs)
+            listing.lines.append(
+                f"{r.seq:6d}  {r.op:40s} {r.phase:9s} {r.module or '-':45s} -> {outs}"
+                + (f"  [{r.source}]" if source and r.source else ""))
+            if tensors:
+                for t in r.tensors:
+                    st = t.stats
+                    listing.lines.append(
+                        f"          {t.address}  {t.dtype}{list(t.shape)} min {st['min']:.4g} "
+                        f"max {st['max']:.4g} mean {st['mean']:.4g} l2 {st['l2']:.4g}"
+                        + (" (link)" if t.is_link else ""))
+    return listing

@@ -1,0 +1,122 @@
+"""`serve()`: the policy for starting the report service, so the CLI only parses arguments.
+
+What may listen where (anything but loopback needs an API token, and reads are then protected
+too), which Host names are answered, which paths may be indexed at startup: refused here, with
+a one-line `UsageError`, before the data directory is locked or anything listens. FastAPI and
+uvicorn are imported only once the request is sound, so `import accuracy.server` stays light.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from accuracy.errors import InputNotFoundError, UsageError
+
+log = logging.getLogger(__name__)
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class Serving:
+    """A built app, ready to `run()`; `format()` is what was indexed and where to browse."""
+
+    app: Any
+    host: str
+    port: int
+    indexed: list[str] = field(default_factory=list)
+    log_level: str = "warning"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/"
+
+    def format(self) -> str:
+        return "\n".join([*self.indexed, f"accuracy serve: {self.url}  (API docs at /docs)"])
+
+    def run(self) -> None:
+        """Serve until interrupted (uvicorn handles Ctrl-C)."""
+        import uvicorn
+
+        uvicorn.run(self.app, host=self.host, port=self.port, log_level=self.log_level)
+
+
+def _check_paths(data: str | os.PathLike[str], runs: Sequence[str],
+                 reports: Sequence[str]) -> None:
+    """The operator's own paths: name each one that cannot be used (no placeholder)."""
+    if Path(data).exists() and not Path(data).is_dir():
+        raise UsageError(f"--data {data}: is a file; give the server's data directory (it is "
+                         "created if missing)")
+    for path in runs:
+        if not os.path.isfile(path):
+            problem = ("is a directory, not a dump file" if os.path.isdir(path)
+                       else "no such file")
+            raise InputNotFoundError(f"--run {path}: {problem}")
+    for path in reports:
+        if not (Path(path) / "summary.json").is_file():
+            raise InputNotFoundError(f"--report {path}: no report here (a folder written by "
+                                     "`accuracy compare -o`)")
+
+
+def serve(
+    data: str | os.PathLike[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    token: str | None = None,
+    db_url: str | None = None,
+    allow_roots: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
+    max_upload_mb: int = 4096,
+    max_json_kb: int = 1024,
+    read_timeout_s: float = 60.0,
+    view_memory_mb: int = 256,
+    runs: Sequence[str] = (),
+    reports: Sequence[str] = (),
+    verbose: bool = False,
+    cluster: str | None = None,
+) -> Serving:
+    """Check the request against the serve policy, build the app and index `runs`/`reports`.
+
+    `token` defaults to $ACCURACY_TOKEN; `cluster` (local:N or a scheduler's tcp:// address)
+    runs compare and replay jobs on Dask. Raises UsageError (or InputNotFoundError) for a bind
+    address without a token, unusable paths, or a data directory another server holds.
+    """
+    token = token or os.environ.get("ACCURACY_TOKEN") or None
+    if not is_loopback(host) and not token:
+        raise UsageError(f"refusing to listen on {host} without an API token (--token or "
+                         "ACCURACY_TOKEN); only loopback addresses may run without one")
+    _check_paths(data, runs, reports)
+
+    from accuracy.server.app import create_app
+    from accuracy.server.guard import WILDCARD_BINDS, allowed_hosts_for
+    from accuracy.server.startup import import_paths
+
+    hosts = allowed_hosts_for(host, allowed_hosts)
+    if host.strip() in WILDCARD_BINDS and not allowed_hosts:
+        log.warning("listening on %s but answering only to %s; add the names clients use "
+                    "with --allowed-hosts", host, ", ".join(hosts))
+    app = create_app(data, token=token, db_url=db_url,
+                     max_upload_bytes=max_upload_mb * 1024 * 1024,
+                     allowed_roots=list(allow_roots) or None,
+                     protect_reads=not is_loopback(host), allowed_hosts=hosts,
+                     max_json_bytes=max_json_kb * 1024, read_timeout_s=read_timeout_s,
+                     view_memory_bytes=view_memory_mb * 1024 * 1024, cluster=cluster)
+    indexed = import_paths(app.state.services.storage, runs=runs, reports=reports)
+    if app.state.job_cluster is not None:
+        indexed.append(f"accuracy serve: {app.state.job_cluster.describe()}")
+    return Serving(app, host, port, indexed, "info" if verbose else "warning")
