@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from accuracy.aten import is_collective
 from accuracy.compare import verdict as V
 from accuracy.compare.api import compare
 from accuracy.compare.report import FORMATS, Report
-from accuracy.dumper.collectives import is_collective
 from accuracy.dumpfile.reader import Dump, load_dump
 from accuracy.ranks import RankFiles, find_rank_files
 
