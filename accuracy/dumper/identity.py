@@ -8,9 +8,12 @@ and the overflow watcher's probe values.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from accuracy.aten import OpPlan
 
 
 def storage_ptr(t: torch.Tensor) -> int:
@@ -18,6 +21,23 @@ def storage_ptr(t: torch.Tensor) -> int:
         return t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):
         return 0
+
+
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` views the memory of `b` from the same element (strides may differ)."""
+    try:
+        return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+                and a.storage_offset() == b.storage_offset() and a.dtype == b.dtype)
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def same_elements(plan: OpPlan, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> bool:
+    """Whether an op's one output holds exactly its first input's elements: a view-like op
+    (`aten.SAME_ELEMENTS`) whose output starts at the input's memory, same count. Memory is
+    checked each time: a device or a sim fault may return fresh data from a "view"."""
+    return (plan.same_elements and not plan.mutable and len(outs) == 1 and bool(ins)
+            and outs[0].numel() == ins[0].numel() and same_memory(outs[0], ins[0]))
 
 
 class TensorStates:

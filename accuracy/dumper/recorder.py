@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from accuracy.dumper import collectives
-from accuracy.dumper.identity import TensorStates
+from accuracy.dumper.identity import TensorStates, same_memory
 from accuracy.dumper.opcall import OpCall
 from accuracy.dumpfile import schema
 from accuracy.dumpfile.argcodec import encode_call
@@ -43,15 +43,6 @@ def _host_copy(t: torch.Tensor):
         out.copy_(t)
         return out
     return backend_for_tensor(t).to_host(t)
-
-
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether `a` views the memory of `b` from the same element (strides may differ)."""
-    try:
-        return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-                and a.storage_offset() == b.storage_offset() and a.dtype == b.dtype)
-    except (RuntimeError, NotImplementedError):
-        return False
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -154,7 +145,7 @@ class Recorder:
         if self.want_outputs:
             same = None
             if (plan.same_elements and entries and len(outputs) == 1 and not mutable
-                    and _same_memory(outputs[0], call.inputs[0])):
+                    and same_memory(outputs[0], call.inputs[0])):
                 same = entries[0]
             seq, entry = call.seq, self.entry
             with torch._C._DisableTorchDispatch():
