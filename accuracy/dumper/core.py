@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import accuracy
-from accuracy.aten import plan_of
+from accuracy.aten import OpPlan, plan_of
 from accuracy.dumper import collectives, guide_args
 from accuracy.dumper.filters import Filter, Selection
 from accuracy.dumper.flatten import tensors_in
@@ -145,6 +145,11 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self._writer: DumpWriter | None = None
         self._recorder: Recorder | None = None
         self._observers: tuple[Observer, ...] = ()
+        f = self.filter
+        # no filter at all: the loop skips the per-op checks
+        self._everything = (not (f.ops or f.exclude_ops or f.modules) and f.steps is None
+                            and f.phases == Filter().phases and self.select is None)
+        self._op_wanted: dict[str, bool] = {}
         self._overflow = None
         if check_overflow:  # record only the ops where inf/nan is born
             from accuracy.dumper.overflow_watch import OverflowChecker
@@ -273,6 +278,15 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         return {"backend": backend.name, "backend_version": backend.version() or "",
                 "devices": devices}
 
+    def _wants(self, plan: OpPlan, seq: int, phase: str, module: str) -> bool:
+        f = self.filter
+        wanted = self._op_wanted.get(plan.name)
+        if wanted is None:
+            wanted = self._op_wanted[plan.name] = f.wants_op(plan.name)
+        return (wanted and f.wants_step(self.current_step) and phase in f.phases
+                and f.wants_module(module)
+                and (self.select is None or self.select.wants(seq, plan.name)))
+
     def _on_op(self, func, args, kwargs):
         """The dispatch loop: one OpCall, every observer's before/after around the op."""
         plan = plan_of(func)
@@ -300,11 +314,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
                 module = scope.optimizer_param(args, kwargs) or module
             source, stack = user_source(self.stack)
         rec = self._recorder
-        f = self.filter
-        if (rec is None or rec.failed
-                or not (f.wants_step(self.current_step) and phase in f.phases
-                        and f.wants_op(plan.name) and f.wants_module(module)
-                        and (self.select is None or self.select.wants(seq, plan.name)))):
+        if rec is None or rec.failed or not (self._everything or self._wants(plan, seq, phase,
+                                                                              module)):
             out = func(*args, **kwargs)
             if plan.collective is not None and rec is not None:
                 # it wrote its tensors, version unchanged

@@ -25,6 +25,7 @@ from accuracy.dumpfile.writer import DumpWriteError, DumpWriter, OpEntry, Tensor
 log = logging.getLogger(__name__)
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+_STRIDED = torch.strided
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -76,6 +77,7 @@ class Recorder:
         self.strict = strict
         self.seen = TensorStates(track_storage=True)
         self.devices: set[str] = set()
+        self._device_names: dict[torch.device, str] = {}
         self.ops_recorded = 0
         self.steps_seen: set[int] = set()
         self.failed = False
@@ -199,13 +201,13 @@ class Recorder:
             local = collectives.local_tensor(t)
             t, skip = (t, True) if local is None else (local, skip)
         dev = t.device
-        self.devices.add(dev.type)
-        strided = t.layout == torch.strided
-        entry = TensorEntry(
-            row=self.writer.new_row(), seq=seq, io=io, idx=idx, dtype=_dtype_name(t.dtype),
-            shape=tuple(t.shape), stride=tuple(t.stride()) if strided else (),
-            device=str(dev), stats=None,
-        )
+        device = self._device_names.get(dev)
+        if device is None:
+            device = self._device_names[dev] = str(dev)
+            self.devices.add(dev.type)
+        strided = t.layout == _STRIDED
+        entry = TensorEntry(self.writer.new_row(), seq, io, idx, _dtype_name(t.dtype),
+                            tuple(t.shape), tuple(t.stride()) if strided else (), device, None)
         if skip or not strided or t.dim() > schema.MAX_DIMS:
             return entry
         seen = None if fresh else self.seen.get(t)
