@@ -245,6 +245,8 @@ class OverflowChecker:
             self._judge(p)
 
     def _judge(self, p: _Pending) -> None:
+        if p.call.plan.uninitialised:  # empty*: whatever the memory held is no birth
+            return
         in_state = max((self._state(v, t) for v, t in zip(p.in_vals, p.ins, strict=True)),
                        default=FINITE)
         out_states = [self._state(v, t) for v, t in zip(p.out_vals, p.outs, strict=True)]
