@@ -1,24 +1,180 @@
-"""What we know about ATen ops from their schemas, in one place (the dumper's load mode, the
-overflow watcher and the live tools all ask the same questions)."""
+"""What we know about ops, in one registry the dumper, replay, compare and overflow all read.
+
+Like torch/utils/flop_counter.py's registry, facts are keyed by the op (here its recorded name,
+`aten.mm.default`), and users extend them with `register`. The name sets are plain strings, so
+`import accuracy.aten` imports no torch (the torch-free compare reads them); what needs a live
+op (`plan_of`, `written_ids`, `resolve_op`) imports torch inside the function.
+
+`plan_of(func)` answers every question the dump loop asks about an op once per op overload
+(an `OpPlan`), so the per-op hot path does no string work and no schema walks.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch.utils._pytree import tree_flatten
+# -- name facts (plain strings) ------------------------------------------------------------
+
+# Outputs of these are uninitialised memory: never stored, never compared.
+UNINITIALISED: set[str] = {
+    "aten.empty.memory_format", "aten.empty_like.default", "aten.empty_strided.default",
+    "aten.new_empty.default", "aten.new_empty_strided.default", "aten.empty.out",
+}
+# The same, by prefix, for names of any overload (what compare matches a recorded op with).
+UNINITIALISED_PREFIXES = ("aten.empty", "aten.new_empty")
+
+# Views whose output, when it shares the input's memory from the same offset, holds exactly
+# the input's elements: same statistics, no new computation. (Memory is checked each time: a
+# device or a sim fault may return fresh data from a "view".)
+SAME_ELEMENTS: set[str] = {
+    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
+    "aten.detach.default", "aten.alias.default", "aten.t.default", "aten.transpose.int",
+    "aten.permute.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default",
+    "aten.unsqueeze.default", "aten.flatten.using_ints", "aten._reshape_alias.default",
+    "aten.lift_fresh.default",
+}
+# ...and of these, a contiguous output also has the input's bytes in the same order.
+SAME_BYTES: set[str] = SAME_ELEMENTS - {"aten.t.default", "aten.transpose.int",
+                                        "aten.permute.default"}
+
+# Ops that only move or copy values: a reference run is exact by construction (replay skips
+# the upcast run). Views are found from the schema.
+MOVEMENT: set[str] = {
+    "aten.clone.default", "aten.cat.default", "aten.stack.default", "aten._unsafe_view.default",
+    "aten.index_select.default", "aten.gather.default", "aten.split.Tensor",
+    "aten.split_with_sizes.default", "aten.unbind.int", "aten.expand_copy.default",
+    "aten.t_copy.default", "aten.permute_copy.default", "aten.view_copy.default",
+    # zeros plus the input's values, or a choice between existing values: also exact
+    "aten.select_backward.default", "aten.slice_backward.default",
+    "aten.threshold_backward.default", "aten.relu.default",
+}
+
+# Prefixes (any overload) of ops returning an alias of input 0, and of in-place ops whose
+# result does not depend on input 0's values (they overwrite it): what compare needs to follow
+# uninitialised memory through a dump without torch.
+ALIAS_PREFIXES = ("aten.detach.", "aten.alias.", "aten.view.", "aten._reshape_alias.",
+                  "aten.as_strided.", "aten.t.", "aten.transpose.")
+OVERWRITE_PREFIXES = tuple(f"aten.{n}_" for n in (
+    "zero", "fill", "normal", "uniform", "random", "bernoulli", "exponential", "geometric",
+    "log_normal", "cauchy", "copy"))
+
+# GradScaler's deliberate non-finite checks: labelled in overflow reports, never culprits.
+AMP_CHECK_OPS = frozenset({
+    "aten._amp_foreach_non_finite_check_and_unscale_.default",
+    "aten._amp_non_finite_check_and_unscale_.default",
+})
+AMP_UPDATE_OP = "aten._amp_update_scale_.default"
+AMP_OPS = AMP_CHECK_OPS | {AMP_UPDATE_OP}
+# The labels overflow reports give them, and the births they make harmless.
+HANDLED = "handled by loss scaling"
+AMP_CHECK = "GradScaler non-finite check (deliberate, not a culprit)"
+AMP_UPDATE = "GradScaler scale update (deliberate, not a culprit)"
+
+
+def amp_label(op: str) -> str:
+    """The label for one of GradScaler's own ops ('' for any other op)."""
+    if op in AMP_CHECK_OPS:
+        return AMP_CHECK
+    if op == AMP_UPDATE_OP:
+        return AMP_UPDATE
+    return ""
+
+# Collectives: the namespaces that communicate, their ops that only synchronise or re-wrap,
+# and base op name (no namespace, no overload) -> what the collective computes.
+COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "_c10d_functional_autograd",
+                                   "c10d_functional"})
+COLLECTIVE_WAITS = frozenset({"wait_tensor", "_wrap_tensor_autograd"})
+COLLECTIVE_KINDS: dict[str, str] = {
+    **dict.fromkeys(("allreduce_", "allreduce_coalesced_", "all_reduce", "all_reduce_",
+                     "all_reduce_coalesced", "all_reduce_coalesced_"), "all_reduce"),
+    **dict.fromkeys(("allgather_", "_allgather_base_", "allgather_coalesced_",
+                     "allgather_into_tensor_coalesced_", "all_gather_into_tensor",
+                     "all_gather_into_tensor_out", "all_gather_into_tensor_coalesced"),
+                    "all_gather"),
+    **dict.fromkeys(("reduce_scatter_", "_reduce_scatter_base_", "reduce_scatter_tensor",
+                     "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_out"),
+                    "reduce_scatter"),
+    **dict.fromkeys(("broadcast_", "broadcast"), "broadcast"),
+    **dict.fromkeys(("barrier", "monitored_barrier_"), "barrier"),
+}
+
+_FACT_SETS = {"uninitialised": UNINITIALISED, "same_elements": SAME_ELEMENTS,
+              "same_bytes": SAME_BYTES, "movement": MOVEMENT}
+
+
+def register(name: str, **facts: bool) -> None:
+    """Teach the registry about an op (e.g. a custom op that only moves data):
+    `register("mylib.gather_rows.default", movement=True)`. Facts: uninitialised,
+    same_elements, same_bytes, movement; True adds the op, False removes it."""
+    for fact, value in facts.items():
+        names = _FACT_SETS.get(fact)
+        if names is None:
+            raise ValueError(f"unknown op fact {fact!r}: one of {sorted(_FACT_SETS)}")
+        if value:
+            names.add(name)
+        else:
+            names.discard(name)
+    _PLANS.clear()
+
+
+def is_collective(name: str) -> bool:
+    """Whether a recorded op name (`c10d.allreduce_.default`) is a collective or a wait."""
+    return name.split(".", 1)[0] in COLLECTIVE_NAMESPACES
+
+
+def collective_kind(func: Any) -> str | None:
+    """"wait" for a synchronising op, the collective kind ("all_reduce", ..., "other") for
+    one that communicates, None for any other op."""
+    if getattr(func, "namespace", "") not in COLLECTIVE_NAMESPACES:
+        return None
+    base = func._schema.name.split("::", 1)[-1]
+    if base in COLLECTIVE_WAITS:
+        return "wait"
+    return COLLECTIVE_KINDS.get(base, "other")
+
+
+# -- live ops (torch imported inside) ------------------------------------------------------
+
+
+def resolve_op(name: str) -> Any | None:
+    """`aten.addmm.default` -> torch.ops.aten.addmm.default, or None if this torch lacks it."""
+    import torch
+
+    parts = name.split(".")
+    if len(parts) < 3:
+        return None
+    ns, overload = parts[0], parts[-1]
+    packet_name = ".".join(parts[1:-1])
+    try:
+        packet = getattr(getattr(torch.ops, ns), packet_name)
+        return getattr(packet, overload)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _written_slots(func: Any) -> tuple[tuple[int, str, bool], ...]:
+    return tuple((pos, a.name, a.kwarg_only) for pos, a in enumerate(func._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
 
 
 def written_ids(func: Any, args: tuple, kwargs: dict) -> set[int]:
     """ids of the tensors an in-place or out= op writes (its `Tensor(a!)` arguments)."""
+    plan = _PLANS.get(func)
+    slots = plan.writes if plan is not None else _written_slots(func)
+    return _written(slots, args, kwargs)
+
+
+def _written(slots: tuple[tuple[int, str, bool], ...], args: tuple, kwargs: dict) -> set[int]:
+    import torch
+
     ids: set[int] = set()
-    for pos, a in enumerate(func._schema.arguments):
-        if a.alias_info is None or not a.alias_info.is_write:
-            continue
-        value = args[pos] if not a.kwarg_only and pos < len(args) else kwargs.get(a.name)
-        for v in tree_flatten(value)[0]:
-            if isinstance(v, torch.Tensor):
-                ids.add(id(v))
+    for pos, name, kwarg_only in slots:
+        value = args[pos] if not kwarg_only and pos < len(args) else kwargs.get(name)
+        if isinstance(value, torch.Tensor):
+            ids.add(id(value))
+        elif isinstance(value, list | tuple):
+            ids.update(id(v) for v in value if isinstance(v, torch.Tensor))
     return ids
 
 
@@ -26,3 +182,44 @@ def is_view(func: Any) -> bool:
     """True when the op returns a view of an input (an alias it does not write)."""
     return any(r.alias_info is not None and not r.alias_info.is_write
                for r in func._schema.returns)
+
+
+def is_rng(func: Any) -> bool:
+    """Whether the op draws random numbers (its output depends on the generator state)."""
+    import torch
+
+    return torch.Tag.nondeterministic_seeded in func.tags
+
+
+@dataclass(frozen=True, slots=True)
+class OpPlan:
+    """Everything the dump loop asks about one op overload, answered once."""
+
+    name: str
+    aten: bool  # namespace "aten": its in-place writes bump version counters
+    mutable: bool  # schema writes an argument (in-place or out=)
+    writes: tuple[tuple[int, str, bool], ...]  # (position, name, kwarg_only) of written args
+    view: bool
+    rng: bool
+    uninitialised: bool
+    same_elements: bool
+    same_bytes: bool
+    collective: str | None  # collective_kind
+    amp: bool  # one of GradScaler's own ops
+
+
+_PLANS: dict[Any, OpPlan] = {}
+
+
+def plan_of(func: Any) -> OpPlan:
+    """The `OpPlan` of an op overload (cached: one schema walk per overload per process)."""
+    plan = _PLANS.get(func)
+    if plan is None:
+        name = str(func)
+        plan = _PLANS[func] = OpPlan(
+            name=name, aten=func.namespace == "aten", mutable=func._schema.is_mutable,
+            writes=_written_slots(func), view=is_view(func), rng=is_rng(func),
+            uninitialised=name in UNINITIALISED, same_elements=name in SAME_ELEMENTS,
+            same_bytes=name in SAME_BYTES, collective=collective_kind(func),
+            amp=name in AMP_OPS)
+    return plan

@@ -11,10 +11,10 @@ from torch import nn
 
 from accuracy.cli import main
 from accuracy.dumper.core import dumper
+from accuracy.dumper.overflow_watch import OverflowChecker
 from accuracy.dumpfile import load_dump
 from accuracy.overflow import HANDLED, OverflowDetected, OverflowWarning, scan
 from accuracy.overflow.confirm import KERNEL, OUT_OF_RANGE
-from accuracy.overflow.online import OverflowChecker
 
 pytestmark = pytest.mark.filterwarnings("ignore::accuracy.overflow.OverflowWarning")
 

@@ -16,7 +16,7 @@ from torch import nn
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
 from accuracy.device_backend import sim
-from accuracy.dumper import stats as dstats
+from accuracy.dumpfile import stats as dstats
 from accuracy.overflow import scan
 from accuracy.replay import replay
 

@@ -11,6 +11,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
+from accuracy.aten import ALIAS_PREFIXES, OVERWRITE_PREFIXES, UNINITIALISED_PREFIXES
 from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
 from accuracy.compare.checks import check_replay, incomplete, swapped
@@ -27,7 +28,6 @@ from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, TensorRef, lo
 log = logging.getLogger(__name__)
 
 DumpLike = str | os.PathLike[str] | Dump
-_UNINITIALISED = ("aten.empty", "aten.new_empty")
 _STAT_KEYS = (("max", "max"), ("min", "min"), ("mean", "mean"), ("l2norm", "l2"))
 BATCH_BYTES = 32 << 20  # work unit sent to a worker process
 
@@ -98,16 +98,6 @@ def _specs(my: Dump, golden: Dump, mapping: Mapping) -> list[_Spec]:
     return out
 
 
-_ALIAS_OPS = ("aten.detach.", "aten.alias.", "aten.view.", "aten._reshape_alias.",
-              "aten.as_strided.", "aten.t.", "aten.transpose.")
-
-
-# In-place ops whose result does not depend on the values of input 0 (they overwrite it).
-_OVERWRITE_OPS = {f"aten.{n}_" for n in (
-    "zero", "fill", "normal", "uniform", "random", "bernoulli", "exponential", "geometric",
-    "log_normal", "cauchy", "copy")}
-
-
 def uninitialised(recs: list[OpRecord], window: int = 16) -> set[int]:
     """Rows holding uninitialised memory: empty* outputs, seen through views/detach, up to the
     in-place op that first writes them (nn.Parameter init: empty -> detach -> ... -> normal_).
@@ -118,10 +108,10 @@ def uninitialised(recs: list[OpRecord], window: int = 16) -> set[int]:
     marked: set[int] = set()
     pending: dict[tuple, int] = {}  # (shape, dtype) -> position of the empty op
     for pos, r in enumerate(recs):
-        if r.inputs and r.op.rsplit(".", 1)[0] in _OVERWRITE_OPS:
+        if r.inputs and r.op.rsplit(".", 1)[0] in OVERWRITE_PREFIXES:
             marked.add(r.inputs[0].row)  # overwritten whatever it held
         pending = {k: p for k, p in pending.items() if pos - p <= window}
-        if r.op.startswith(_UNINITIALISED):
+        if r.op.startswith(UNINITIALISED_PREFIXES):
             for t in r.outputs[:1]:
                 pending[(t.shape, t.dtype)] = pos
             marked.update(t.row for t in r.outputs)
@@ -131,7 +121,7 @@ def uninitialised(recs: list[OpRecord], window: int = 16) -> set[int]:
         sig = (r.inputs[0].shape, r.inputs[0].dtype)
         if sig not in pending:
             continue
-        if r.op.startswith(_ALIAS_OPS):
+        if r.op.startswith(ALIAS_PREFIXES):
             marked.update(t.row for t in r.tensors)
         elif r.op.split(".")[1].endswith("_"):
             marked.add(r.inputs[0].row)

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from accuracy.aten import is_collective
 from accuracy.compare import verdict as V
 from accuracy.compare.api import compare
 from accuracy.compare.report import ALL_FORMATS, Report, check_report_dir
@@ -78,14 +79,6 @@ def _first_deviation(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((r for r in rows if r["kind"] == "op" and r["io"] == "output"
                  and (r.get("accumulated_verdict") or r["verdict"]) in (V.WARNING, V.ERROR)),
                 None)
-
-
-def is_collective(op: str) -> bool:
-    """Whether a recorded op name is a collective (the dumper's list; it imports torch, so
-    only a multi-rank compare that reaches a collective question loads it)."""
-    from accuracy.dumper.collectives import is_collective as known
-
-    return known(op)
 
 
 def _collective_before(rows: list[dict[str, Any]], seq: int | None) -> dict[str, Any] | None:

@@ -22,49 +22,12 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from accuracy.aten import collective_kind
+
 log = logging.getLogger(__name__)
-
-NAMESPACES = frozenset({"c10d", "_c10d_functional", "_c10d_functional_autograd",
-                        "c10d_functional"})
-# Ops of those namespaces that synchronise or re-wrap and start no communication of their own.
-WAITS = frozenset({"wait_tensor", "_wrap_tensor_autograd"})
-
-# Base op name (no namespace, no overload) -> what the collective computes, for the offline
-# cross-rank check (accuracy/replay/collectives.py).
-KINDS: dict[str, str] = {
-    **dict.fromkeys(("allreduce_", "allreduce_coalesced_", "all_reduce", "all_reduce_",
-                     "all_reduce_coalesced", "all_reduce_coalesced_"), "all_reduce"),
-    **dict.fromkeys(("allgather_", "_allgather_base_", "allgather_coalesced_",
-                     "allgather_into_tensor_coalesced_", "all_gather_into_tensor",
-                     "all_gather_into_tensor_out", "all_gather_into_tensor_coalesced"),
-                    "all_gather"),
-    **dict.fromkeys(("reduce_scatter_", "_reduce_scatter_base_", "reduce_scatter_tensor",
-                     "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_out"),
-                    "reduce_scatter"),
-    **dict.fromkeys(("broadcast_", "broadcast"), "broadcast"),
-    **dict.fromkeys(("barrier", "monitored_barrier_"), "barrier"),
-}
 
 _REDUCE_OPS = {0: "sum", 1: "avg", 2: "product", 3: "min", 4: "max", 5: "band", 6: "bor",
                7: "bxor", 8: "premul_sum"}
-
-
-def op_kind(func: Any) -> str | None:
-    """"wait" for a synchronising op, the collective kind ("all_reduce", ..., "other") for
-    one that communicates, None for any other op."""
-    ns = getattr(func, "namespace", "")
-    if ns not in NAMESPACES:
-        return None
-    base = func._schema.name.split("::", 1)[-1]
-    if base in WAITS:
-        return "wait"
-    return KINDS.get(base, "other")
-
-
-def is_collective(name: str) -> bool:
-    """Whether a recorded op name (`c10d.allreduce_.default`) is a collective or a wait."""
-    return name.split(".", 1)[0] in NAMESPACES
-
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor | None:
     """The plain tensor holding a wrapper subclass's data on this rank (DTensor's local
@@ -193,7 +156,7 @@ class Collectives:
     def kind(self, func: Any) -> str | None:
         k = self._kinds.get(func, 0)
         if k == 0:
-            k = self._kinds[func] = op_kind(func)
+            k = self._kinds[func] = collective_kind(func)
         return k  # type: ignore[return-value]
 
     def enter(self, func: Any) -> str | None:

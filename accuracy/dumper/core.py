@@ -1,9 +1,10 @@
 """`dumper(...)`: record every ATen op run inside a `with` block into one HDF5 dump.
 
 A TorchDispatchMode sees each op after autograd, in forward, backward and optimizer alike.
-Inputs are captured before the op runs (so in-place ops keep their pre-op values), outputs
-after. Each distinct tensor state (object identity plus `_version`) is stored once; later
-uses point at those bytes. HDF5 work happens on the writer's background thread.
+The dispatch loop (`_on_op`) builds an `OpCall` per op it watches and hands it to its
+observers (accuracy/dumper/opcall.py): the golden feeder (load mode), then the recorder, or
+the overflow watcher instead of the recorder. Everything written goes through
+`Recorder.write`; HDF5 work happens on the writer's background thread.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import datetime as _dt
 import logging
 import os
 import platform
-import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,43 +20,19 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import accuracy
+from accuracy.aten import OpPlan, plan_of
 from accuracy.dumper import collectives, guide_args
 from accuracy.dumper.filters import Filter, Selection
 from accuracy.dumper.flatten import tensors_in
+from accuracy.dumper.opcall import Observer, OpCall
+from accuracy.dumper.recorder import Recorder
 from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
 from accuracy.dumper.source import user_source
-from accuracy.dumper.stats import tensor_stats
-from accuracy.dumpfile import schema
-from accuracy.dumpfile.argcodec import encode_call
-from accuracy.dumpfile.writer import DumpWriteError, DumpWriter, OpEntry, TensorEntry
+from accuracy.dumpfile.writer import DumpWriteError, DumpWriter
 
 log = logging.getLogger(__name__)
 
 MODES = ("tensor", "statistics")
-# Outputs of these are uninitialised memory: never stored, never compared.
-UNINITIALISED = {
-    "aten.empty.memory_format", "aten.empty_like.default", "aten.empty_strided.default",
-    "aten.new_empty.default", "aten.new_empty_strided.default", "aten.empty.out",
-}
-
-
-# Views whose output, when it shares the input's memory from the same offset, holds exactly
-# the input's elements: same statistics, no new computation. (Memory is checked each time: a
-# device or a sim fault may return fresh data from a "view".)
-SAME_ELEMENTS = {
-    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
-    "aten.detach.default", "aten.alias.default", "aten.t.default", "aten.transpose.int",
-    "aten.permute.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default",
-    "aten.unsqueeze.default", "aten.flatten.using_ints", "aten._reshape_alias.default",
-    "aten.lift_fresh.default",
-}
-# ...and of these, a contiguous output also has the input's bytes in the same order.
-SAME_BYTES = {
-    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
-    "aten.detach.default", "aten.alias.default", "aten.squeeze.dim", "aten.squeeze.dims",
-    "aten.squeeze.default", "aten.unsqueeze.default", "aten.flatten.using_ints",
-    "aten._reshape_alias.default", "aten.lift_fresh.default",
-}
 
 
 def _rank() -> tuple[int, int]:
@@ -66,17 +42,6 @@ def _rank() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def _host_copy(t: torch.Tensor):
-    """A private contiguous CPU copy, through the tensor's backend (async on devices)."""
-    try:
-        from accuracy.device_backend import backend_for_tensor
-    except ImportError:  # backends not importable: a plain synchronous copy still works
-        out = torch.empty(t.shape, dtype=t.dtype, device="cpu")
-        out.copy_(t)
-        return out
-    return backend_for_tensor(t).to_host(t)
-
-
 def _active_sim():
     try:
         from accuracy.device_backend import sim as sim_mod
@@ -84,84 +49,6 @@ def _active_sim():
         return None
     active = getattr(sim_mod, "active", None)
     return active() if active is not None else None
-
-
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether `a` views the memory of `b` from the same element (strides may differ)."""
-    try:
-        return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-                and a.storage_offset() == b.storage_offset() and a.dtype == b.dtype)
-    except (RuntimeError, NotImplementedError):
-        return False
-
-
-def _entry_dtype(entry: TensorEntry) -> torch.dtype:
-    return getattr(torch, entry.dtype)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _contiguous(entry: TensorEntry) -> bool:
-    """Whether a recorded shape/stride pair is row-major contiguous."""
-    expected = 1
-    for size, stride in zip(reversed(entry.shape), reversed(entry.stride), strict=True):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def _storage_ptr(t: torch.Tensor) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):
-        return 0
-
-
-class _Seen:
-    """Tensor states already recorded: id -> (weakref, _version, row, stats, storage)."""
-
-    def __init__(self) -> None:
-        self._map: dict[int, tuple[weakref.ref, int, int, Any, int]] = {}
-
-    def lookup(self, t: torch.Tensor) -> tuple[int, Any] | None:
-        hit = self._map.get(id(t))
-        if hit is None:
-            return None
-        ref, version, row, stats, _ = hit
-        if ref() is not t:
-            return None
-        try:
-            if t._version != version:
-                return None
-        except RuntimeError:  # inference tensors have no version counter
-            return None
-        return row, stats
-
-    def forget(self, t: torch.Tensor) -> None:
-        self._map.pop(id(t), None)
-
-    def forget_aliases(self, t: torch.Tensor) -> None:
-        """Forget every recorded tensor sharing `t`'s memory: for writers that bump no version
-        counter (collectives, custom ops), views and bases of what they wrote are stale too."""
-        self.forget(t)
-        ptr = _storage_ptr(t)
-        if ptr:
-            for key in [k for k, v in self._map.items() if v[4] == ptr]:
-                del self._map[key]
-
-    def remember(self, t: torch.Tensor, row: int, stats: Any) -> None:
-        try:
-            version = t._version
-            ref = weakref.ref(t)
-        except (RuntimeError, TypeError):
-            return
-        self._map[id(t)] = (ref, version, row, stats, _storage_ptr(t))
 
 
 class _DumpMode(TorchDispatchMode):
@@ -254,16 +141,18 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self.load_file_path = load_file_path
         self._loader = None
         self.current_step = 0
-        self.ops_recorded = 0
         self._seq = 0
-        self._names: dict[Any, str] = {}
-        self._devices: set[str] = set()
-        self._steps_seen: set[int] = set()
         self._writer: DumpWriter | None = None
-        self._failed = False
+        self._recorder: Recorder | None = None
+        self._observers: tuple[Observer, ...] = ()
+        f = self.filter
+        # no filter at all: the loop skips the per-op checks
+        self._everything = (not (f.ops or f.exclude_ops or f.modules) and f.steps is None
+                            and f.phases == Filter().phases and self.select is None)
+        self._op_wanted: dict[str, bool] = {}
         self._overflow = None
-        if check_overflow:  # record only the ops where inf/nan is born (accuracy.overflow)
-            from accuracy.overflow.online import OverflowChecker
+        if check_overflow:  # record only the ops where inf/nan is born
+            from accuracy.dumper.overflow_watch import OverflowChecker
             self._overflow = OverflowChecker(overflow_nums, overflow_raise, saturation)
 
     # -- public ----------------------------------------------------------------------------
@@ -279,8 +168,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             return self
         self._sim = _active_sim()
         self._coll = collectives.Collectives()
-        if self.load_file_path is not None:  # load mode: feed golden inputs (accuracy.replay)
-            from accuracy.replay.load_mode import GoldenFeeder
+        if self.load_file_path is not None:  # load mode: feed golden inputs
+            from accuracy.dumper.golden_feed import GoldenFeeder
             self._loader = GoldenFeeder(self.load_file_path)
         self._writer = DumpWriter(
             self.path,
@@ -290,7 +179,15 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             flush_seconds=self.flush_seconds,
             max_pending_bytes=self.max_pending_bytes,
         )
-        self._seen = _Seen()
+        self._recorder = Recorder(self._writer, self.mode, self.filter.io, self._coll,
+                                  sim=self._sim, strict=self.strict)
+        observers: list[Observer] = [] if self._loader is None else [self._loader]
+        if self._overflow is not None:  # records only births, through the recorder
+            self._overflow.attach(self._recorder, str(self.path))
+            observers.append(self._overflow)
+        else:
+            observers.append(self._recorder)
+        self._observers = tuple(observers)
         self._scope = Scope().__enter__()
         self._mode = _DumpMode(self)
         self._mode.__enter__()
@@ -336,24 +233,32 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             attrs["sim"] = self._sim.describe()
         return attrs
 
+    @property
+    def ops_recorded(self) -> int:
+        """Ops written to the dump so far."""
+        return self._recorder.ops_recorded if self._recorder is not None else 0
+
     def _close(self, complete: bool) -> None:
         writer, self._writer = self._writer, None
         if writer is None:
             return
-        attrs: dict[str, Any] = {"ops_recorded": self.ops_recorded, "ops_seen": self._seq,
-                                 "steps": sorted(self._steps_seen)}
-        attrs.update(self._backend_attrs())
-        attrs.update(self._coll.attrs())
-        if self._overflow is not None:
-            attrs.update(self._overflow.finish(self, writer))
+        attrs: dict[str, Any] = {}
+        try:
+            for o in self._observers:  # the overflow watcher still writes its pending births
+                attrs.update(o.finish())
+        finally:
+            if self._loader is not None:
+                attrs["load_file_path"] = str(self.load_file_path)
+                self._loader.close()
+                self._loader = None
+        rec = self._recorder
+        attrs = {"ops_recorded": rec.ops_recorded, "ops_seen": self._seq,
+                 "steps": sorted(rec.steps_seen), **self._backend_attrs(), **self._coll.attrs(),
+                 **attrs}
         if self._sim is not None:
             attrs["faults_applied"] = list(self._sim.applied)
-        if self._loader is not None:
-            attrs.update(load_file_path=str(self.load_file_path), ops_loaded=self._loader.fed)
-            self._loader.close()
-            self._loader = None
         try:
-            writer.close(attrs, complete=complete and not self._failed)
+            writer.close(attrs, complete=complete and not rec.failed)
         except DumpWriteError as e:
             if self.strict:
                 raise
@@ -364,7 +269,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     def _backend_attrs(self) -> dict[str, Any]:
         if self._sim is not None:
             return {}
-        devices = sorted(self._devices - {"cpu"}) or ["cpu"]
+        devices = sorted(self._recorder.devices - {"cpu"}) or ["cpu"]
         try:
             from accuracy.device_backend import get_backend
         except ImportError:
@@ -373,175 +278,63 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         return {"backend": backend.name, "backend_version": backend.version() or "",
                 "devices": devices}
 
-    def _op_name(self, func) -> str:
-        name = self._names.get(func)
-        if name is None:
-            name = self._names[func] = str(func)
-        return name
+    def _wants(self, plan: OpPlan, seq: int, phase: str, module: str) -> bool:
+        f = self.filter
+        wanted = self._op_wanted.get(plan.name)
+        if wanted is None:
+            wanted = self._op_wanted[plan.name] = f.wants_op(plan.name)
+        return (wanted and f.wants_step(self.current_step) and phase in f.phases
+                and f.wants_module(module)
+                and (self.select is None or self.select.wants(seq, plan.name)))
 
     def _on_op(self, func, args, kwargs):
+        """The dispatch loop: one OpCall, every observer's before/after around the op."""
+        plan = plan_of(func)
         seq = self._seq
         self._seq += 1
         scope = self._scope
-        self._coll.enter(func)  # the op's collective epoch
+        coll = self._coll
+        coll.current = coll.epoch  # the op's collective epoch
+        if plan.collective is not None and plan.collective != "wait":
+            coll.epoch += 1
         scope.tag_pending()
+        fwd_seq = -1
         if torch._C._current_graph_task_id() != -1:  # backward: the node tells everything
+            phase = BACKWARD
             origin = scope.backward_origin()
-            module = origin[0] if origin is not None else ""
             if origin is not None:
-                source, stack = origin[2], ""
+                module, fwd_seq, source = origin
+                stack = ""
             else:
+                module = ""
                 source, stack = user_source(self.stack)
-            return self._record(func, args, kwargs, seq, BACKWARD, module, source, stack,
-                                origin)[0]
-        phase, module = scope.phase, scope.module
-        if phase == OPTIMIZER:  # optimizer rows name the parameter they update
-            module = scope.optimizer_param(args, kwargs) or module
-        source, stack = user_source(self.stack)
-        out, out_tensors = self._record(func, args, kwargs, seq, phase, module, source, stack,
-                                        None)
+        else:
+            phase, module = scope.phase, scope.module
+            if phase == OPTIMIZER:  # optimizer rows name the parameter they update
+                module = scope.optimizer_param(args, kwargs) or module
+            source, stack = user_source(self.stack)
+        rec = self._recorder
+        if rec is None or rec.failed or not (self._everything or self._wants(plan, seq, phase,
+                                                                              module)):
+            out = func(*args, **kwargs)
+            if plan.collective is not None and rec is not None:
+                # it wrote its tensors, version unchanged
+                for t in tensors_in(kwargs, tensors_in(args)):
+                    rec.seen.forget_aliases(t)
+            outputs = None
+        else:
+            call = OpCall(func, plan, seq, phase, module, source, stack, self.current_step,
+                          coll.current, args, kwargs, tensors_in(kwargs, tensors_in(args)),
+                          fwd_seq)
+            for o in self._observers:
+                o.before(call)
+            out = func(*call.args, **call.kwargs)
+            if plan.collective is not None:  # waited: the outputs hold the collective's result
+                call.collective = coll.settle(plan.collective, func, call.args, call.kwargs, out)
+            outputs = tensors_in(out)
+            for o in self._observers:
+                o.after(call, outputs)
         if phase == FORWARD:
-            scope.forward_outputs(tensors_in(out) if out_tensors is None else out_tensors,
+            scope.forward_outputs(tensors_in(out) if outputs is None else outputs,
                                   (module, seq, source))
         return out
-
-    def _record(self, func, args, kwargs, seq, phase, module, source, stack, origin):
-        """Run the op, recording it unless filtered; returns (output, its tensors or None)."""
-        writer = self._writer
-        if writer is None or self._failed:
-            return func(*args, **kwargs), None
-        f = self.filter
-        name = self._op_name(func)
-        if not (f.wants_step(self.current_step) and phase in f.phases and f.wants_op(name)
-                and f.wants_module(module)
-                and (self.select is None or self.select.wants(seq, name))):
-            out = func(*args, **kwargs)
-            if self._coll.kind(func) is not None:  # it wrote its tensors, version unchanged
-                for t in tensors_in(kwargs, tensors_in(args)):
-                    self._seen.forget_aliases(t)
-            return out, None
-        if self._overflow is not None:
-            return self._overflow.on_op(self, writer, func, name, args, kwargs, seq, phase,
-                                        module, source, stack), None
-        loaded = False
-        if self._loader is not None:
-            args, kwargs, loaded = self._loader.feed(name, seq, func, args, kwargs)
-
-        in_tensors = tensors_in(kwargs, tensors_in(args))
-        entries: list[TensorEntry] = []
-        with torch._C._DisableTorchDispatch():
-            if "input" in f.io:
-                for i, t in enumerate(in_tensors):
-                    entries.append(self._entry(writer, seq, schema.INPUT, i, t))
-        n_faults = len(self._sim.applied) if self._sim is not None else 0
-        out = func(*args, **kwargs)
-        coll_kind = self._coll.kind(func)
-        coll = (self._coll.settle(coll_kind, func, args, kwargs, out) if coll_kind is not None
-                else None)  # waited: the outputs hold the collective's result
-        out_tensors = tensors_in(out)
-        uninit = name in UNINITIALISED
-        mutable = func._schema.is_mutable or coll is not None
-        if mutable:
-            # Some kernels write an argument without bumping its version counter (GradScaler's
-            # found_inf): never trust an earlier record of a tensor a mutable op received.
-            for t in in_tensors:
-                self._seen.forget(t)
-            if coll is not None or func.namespace != "aten":  # no version bump to see
-                for t in in_tensors:
-                    self._seen.forget_aliases(t)
-        same = None
-        if (name in SAME_ELEMENTS and entries and len(out_tensors) == 1 and not mutable
-                and _same_memory(out_tensors[0], in_tensors[0])):
-            same = entries[0]
-        with torch._C._DisableTorchDispatch():
-            if "output" in f.io:
-                for i, t in enumerate(out_tensors):
-                    entries.append(self._entry(writer, seq, schema.OUTPUT, i, t, skip=uninit,
-                                               fresh=mutable, same_as=same,
-                                               same_bytes=name in SAME_BYTES))
-                    if coll is not None and entries[-1].stats is not None:
-                        # no version bump will follow: later uses may share these bytes
-                        local = collectives.local_tensor(t)
-                        self._seen.remember(t if local is None else local, entries[-1].first,
-                                            entries[-1].stats)
-
-        counter = iter(range(len(in_tensors)))
-        extra: dict[str, Any] = {}
-        if uninit:
-            extra["uninitialized"] = True
-        if torch.Tag.nondeterministic_seeded in func.tags:
-            extra["rng"] = True
-        if mutable and coll is None:
-            extra["inplace"] = True
-        if coll is not None:
-            extra["collective"] = coll
-        meshes = [m for t in in_tensors if type(t) is not torch.Tensor
-                  and (m := self._coll.note_mesh(t)) is not None]
-        if meshes:  # an op on DTensors: recorded on the local shards
-            extra["dtensor"] = meshes
-        if loaded:
-            extra["loaded"] = True
-        if self._sim is not None and len(self._sim.applied) > n_faults:
-            extra["faults"] = list(self._sim.applied[n_faults:])
-        if origin is not None and origin[1] >= 0:
-            extra["fwd_seq"] = origin[1]
-        op = OpEntry(
-            seq=seq, op=name, phase=phase, module=module, source=source, stack=stack,
-            args=encode_call(args, kwargs, lambda _t: next(counter)), step=self.current_step,
-            n_in=len(in_tensors), n_out=len(out_tensors), extra=extra, epoch=self._coll.current,
-        )
-        try:
-            writer.add_op(op, entries)
-        except DumpWriteError as e:
-            self._failed = True
-            if self.strict:
-                raise
-            log.error("%s; dumping stops here, training goes on", e)
-        self.ops_recorded += 1
-        self._steps_seen.add(self.current_step)
-        return out, out_tensors
-
-    def _entry(self, writer: DumpWriter, seq: int, io: int, idx: int, t: torch.Tensor,
-               skip: bool = False, fresh: bool = False, same_as: TensorEntry | None = None,
-               same_bytes: bool = False) -> TensorEntry:
-        """Describe one tensor use.
-
-        `fresh` forbids dedupe (outputs of in-place ops, whose version counter is bumped only
-        after this mode returns). `same_as` is the input entry of a view-like op whose output
-        holds the same elements: its statistics are reused, and with `same_bytes` and both
-        tensors contiguous, its stored bytes too.
-        """
-        if type(t) is not torch.Tensor:  # wrapper subclasses: DTensor, async collective results
-            local = collectives.local_tensor(t)
-            t, skip = (t, True) if local is None else (local, skip)
-        device = str(t.device)
-        self._devices.add(t.device.type)
-        row = writer.new_row()
-        entry = TensorEntry(
-            row=row, seq=seq, io=io, idx=idx, dtype=schema.dtype_name(t.dtype),
-            shape=tuple(t.shape), stride=tuple(t.stride()) if t.layout == torch.strided else (),
-            device=device, stats=None,
-        )
-        if skip or t.layout != torch.strided or t.dim() > schema.MAX_DIMS:
-            return entry
-        seen = None if fresh else self._seen.lookup(t)
-        if seen is not None:
-            entry.first, entry.stats = seen
-            return entry
-        if same_as is not None and same_as.stats is not None and t.dtype == _entry_dtype(
-                same_as) and t.numel() == _numel(same_as.shape):
-            entry.stats = same_as.stats
-            if (self.mode == "tensor" and same_bytes and same_as.first >= 0
-                    and t.is_contiguous() and _contiguous(same_as)):
-                entry.first = same_as.first
-                self._seen.remember(t, entry.first, entry.stats)
-                return entry
-        else:
-            entry.stats = tensor_stats(t)
-        if self.mode == "tensor":
-            entry.data = _host_copy(t)
-            entry.first = row
-            entry.nbytes = t.numel() * t.element_size()
-        if not fresh:
-            self._seen.remember(t, row if self.mode == "tensor" else -1, entry.stats)
-        return entry

@@ -1,6 +1,6 @@
 """The stored checksum, recomputed from a tensor's bytes with numpy (no torch, any size).
 
-The dumper (accuracy/dumper/stats.py) sums the raw bit patterns of the elements: a 1-byte
+The dumper (accuracy/dumpfile/stats.py) sums the raw bit patterns of the elements: a 1-byte
 element as uint8, 2/4/8-byte elements as int16/int32/int64, the parts of a complex number
 separately; the sum wraps in int32 (int64 for 8-byte parts). Summation with wrap-around is
 order-free, so the same value comes from any split of the bytes into pieces.

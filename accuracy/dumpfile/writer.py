@@ -172,6 +172,12 @@ class DumpWriter:
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.error: BaseException | None = None
         self._next_row = 0
+        # ops handed to the writer thread in batches: waking it per op costs the training
+        # thread a GIL hand-over per op (~0.5 ms measured on a busy 2-core machine)
+        self._batch: list[tuple[OpEntry, list[TensorEntry], int]] = []
+        self._batch_lock = threading.Lock()  # the writer thread takes a batch left waiting
+        self._batch_ops = max(1, min(64, flush_ops))
+        self._batch_since = time.monotonic()
         self._open(attrs)
         self._thread = threading.Thread(target=self._run, name="accuracy-dump-writer", daemon=True)
         self._thread.start()
@@ -195,10 +201,26 @@ class DumpWriter:
                         break
                     self._cond.wait(0.5)
                 self._pending_bytes += size
-        self._queue.put(("op", (op, tensors, size)))
+        with self._batch_lock:
+            self._batch.append((op, tensors, size))
+            full = len(self._batch) >= self._batch_ops
+        if full or size or time.monotonic() - self._batch_since >= self.flush_seconds:
+            self._hand_over()
+
+    def _take_batch(self) -> list[tuple[OpEntry, list[TensorEntry], int]]:
+        with self._batch_lock:
+            batch, self._batch = self._batch, []
+        self._batch_since = time.monotonic()
+        return batch
+
+    def _hand_over(self) -> None:
+        batch = self._take_batch()
+        if batch:
+            self._queue.put(("ops", batch))
 
     def close(self, attrs: dict[str, Any], complete: bool) -> None:
         """Write the remaining rows and final attributes, and close the file."""
+        self._hand_over()
         self._queue.put(("close", (attrs, complete)))
         self._thread.join()
         if self.error is not None:
@@ -251,13 +273,21 @@ class DumpWriter:
         while True:
             try:
                 kind, payload = self._queue.get(timeout=self.flush_seconds)
-            except queue.Empty:
-                kind, payload = "tick", None
+            except queue.Empty:  # training is idle: take the ops waiting in the batch
+                batch = self._take_batch()
+                kind, payload = ("ops", batch) if batch else ("tick", None)
             try:
-                if kind == "op":
-                    if self.error is None:
-                        self._write_op(*payload)
-                    self._release(payload[2])
+                if kind == "ops":
+                    for i, item in enumerate(payload):
+                        try:
+                            if self.error is None:
+                                self._write_op(*item)
+                        except BaseException:
+                            for rest in payload[i + 1:]:  # dropped with the failure
+                                self._release(rest[2])
+                            raise
+                        finally:
+                            self._release(item[2])
                 elif kind == "close":
                     self._finish(*payload)
                     return
@@ -273,9 +303,7 @@ class DumpWriter:
                     log.error("dump writer failed on %s: %s; further records are dropped",
                               self.path, e)
                     self.error = e
-                if kind == "op":
-                    self._release(payload[2])
-                elif kind == "close":
+                if kind == "close":
                     self._abandon()
                     return
 

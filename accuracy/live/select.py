@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from accuracy.dumper.core import UNINITIALISED
+from accuracy.aten import UNINITIALISED
 from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
 from accuracy.dumper.source import user_source
 from accuracy.patterns import module_matches, op_matches

@@ -4,9 +4,9 @@ Online: `dumper(path, check_overflow=True, overflow_nums=1, overflow_raise=False
 saturation=None)`. Offline: `scan(dump)` / `accuracy overflow dump.h5 [--confirm-on cpu]`.
 """
 
-from accuracy.overflow.labels import HANDLED
-from accuracy.overflow.online import OverflowDetected, OverflowEvent, OverflowWarning
-from accuracy.overflow.probe import Saturation
+from accuracy.aten import HANDLED
+from accuracy.dumper.finite_probe import Saturation
+from accuracy.dumper.overflow_watch import OverflowDetected, OverflowEvent, OverflowWarning
 from accuracy.overflow.scan import Finding, OverflowReport, scan
 
 __all__ = ["HANDLED", "Finding", "OverflowDetected", "OverflowEvent", "OverflowReport",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from accuracy.aten import resolve_op
 from accuracy.dumpfile import Dump
 from accuracy.dumpfile.argcodec import decode_call
 from accuracy.dumpfile.reader import OpRecord
@@ -26,12 +27,6 @@ OUT_OF_RANGE = "data out of range (reference overflows too)"
 KERNEL = "device kernel problem (reference stays finite)"
 _WIDER = {torch.float16: torch.float32, torch.bfloat16: torch.float32,
           torch.float32: torch.float64}
-
-
-def resolve_op(name: str) -> Any:
-    """`aten.mm.default` -> torch.ops.aten.mm.default."""
-    ns, op, overload = name.split(".")
-    return getattr(getattr(getattr(torch.ops, ns), op), overload)
 
 
 def _nonfinite(out: Any) -> bool:
@@ -51,7 +46,10 @@ def _run(r: OpRecord, inputs: list[torch.Tensor], device: str, widen: bool) -> b
     if widen:  # explicit dtype arguments would narrow again
         if isinstance(kwargs.get("dtype"), torch.dtype) and kwargs["dtype"] in _WIDER:
             kwargs["dtype"] = _WIDER[kwargs["dtype"]]
-    return _nonfinite(resolve_op(r.op)(*args, **kwargs))
+    fn = resolve_op(r.op)
+    if fn is None:
+        raise LookupError(f"this torch has no op {r.op}")
+    return _nonfinite(fn(*args, **kwargs))
 
 
 def confirm_op(r: OpRecord, device: str = "cpu") -> dict[str, Any]:

@@ -12,9 +12,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from accuracy.aten import AMP_OPS, AMP_UPDATE_OP, HANDLED, amp_label
 from accuracy.dumpfile import Dump, load_dump
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
-from accuracy.overflow.labels import AMP_OPS, AMP_UPDATE_OP, HANDLED, amp_label
 
 
 @dataclass

@@ -19,9 +19,9 @@ import torch
 from tqdm import tqdm
 
 import accuracy
-from accuracy.dumper.stats import tensor_stats
 from accuracy.dumpfile import schema
 from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, TensorRecord, load_dump
+from accuracy.dumpfile.stats import tensor_stats
 from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
 from accuracy.errors import AccuracyError, OutputExistsError
 from accuracy.outputs import writable_folder

@@ -12,27 +12,16 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from accuracy.dumper.collectives import is_collective
+from accuracy.aten import MOVEMENT, is_collective, resolve_op
 from accuracy.dumpfile.reader import DamagedDataError, DumpError, OpRecord
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.metrics import agreeing_metrics, bit_equal, exact_metrics, output_metrics
-from accuracy.replay.rebuild import Unreplayable, build_call, check_inputs, resolve_op
+from accuracy.replay.rebuild import Unreplayable, build_call, check_inputs
 from accuracy.replay.registry import lookup_reference
 
 log = logging.getLogger(__name__)
 
 OK, SKIPPED, FAILED = "ok", "skipped", "failed"
-# Ops that only move or copy values: the reference is exact by construction, so no upcast run;
-# views (schema returns an alias) are detected from the schema.
-_MOVEMENT = {
-    "aten.clone.default", "aten.cat.default", "aten.stack.default", "aten._unsafe_view.default",
-    "aten.index_select.default", "aten.gather.default", "aten.split.Tensor",
-    "aten.split_with_sizes.default", "aten.unbind.int", "aten.expand_copy.default",
-    "aten.t_copy.default", "aten.permute_copy.default", "aten.view_copy.default",
-    # zeros plus the input's values, or a choice between existing values: also exact
-    "aten.select_backward.default", "aten.slice_backward.default",
-    "aten.threshold_backward.default", "aten.relu.default",
-}
 _NO_KERNEL_HINTS = ("could not run", "not implemented for", "no kernel", "notimplemented")
 
 
@@ -298,7 +287,7 @@ def is_movement(op: str) -> bool:
 
 
 def _is_movement(op: str) -> bool:
-    if op in _MOVEMENT:
+    if op in MOVEMENT:
         return True
     fn = resolve_op(op)
     return fn is not None and lookup_reference(op) is None and not fn._schema.is_mutable and any(

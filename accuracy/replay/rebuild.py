@@ -18,20 +18,6 @@ class Unreplayable(AccuracyError):
     """The op cannot be replayed; the message is the reason shown to the user."""
 
 
-def resolve_op(name: str) -> Any | None:
-    """`aten.addmm.default` -> torch.ops.aten.addmm.default, or None if this torch lacks it."""
-    parts = name.split(".")
-    if len(parts) < 3:
-        return None
-    ns, overload = parts[0], parts[-1]
-    packet_name = ".".join(parts[1:-1])
-    try:
-        packet = getattr(getattr(torch.ops, ns), packet_name)
-        return getattr(packet, overload)
-    except (AttributeError, RuntimeError):
-        return None
-
-
 def upcast_dtype(dtype: torch.dtype, upcast: str) -> torch.dtype:
     """The dtype the high-precision reference uses for a tensor or dtype argument."""
     if upcast == "none":

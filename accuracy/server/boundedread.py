@@ -80,10 +80,9 @@ class TensorSource:
             self._check_layout()
 
     def _check_layout(self) -> None:
-        blob = self.d._blob  # the reader's dataset; bounded reads need byte ranges of it
-        if self.t.offset + self.t.nbytes > blob.shape[0]:
+        if self.t.offset + self.t.nbytes > self.d.blob_len:
             raise ApiError(410, f"{self.t.address} points past the end of the data")
-        chunk = (blob.chunks[0] * blob.dtype.itemsize) if blob.chunks else 0
+        chunk = self.d.chunk_bytes
         if chunk * 4 > self.limits.budget_bytes:
             raise ApiError(413, f"{self.t.address}: the file stores its data in chunks of "
                                 f"{chunk} bytes, too large to read under this server's view "

@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from sqlalchemy import insert, select
 
+from accuracy.compare.row import Verdict
 from accuracy.lru import BoundedLRU
 from accuracy.patterns import strip_root
 from accuracy.server.db import METRIC_COLUMNS, Report, ReportRow, ReportRowData
@@ -34,8 +35,6 @@ log = logging.getLogger(__name__)
 
 TEXT_COLUMNS = ("op", "phase", "module", "verdict", "dtype_my")
 SORTABLE = ("idx", *TEXT_COLUMNS, *METRIC_COLUMNS)
-# How bad a verdict is, for the chart's bucket pick (the row table sorts verdicts by name).
-VERDICT_RANK = {"error": 3, "warning": 2, "unmatched": 1}
 _BATCH = 5000
 _LOAD_BATCH = 20_000
 PAGE_CACHE_BYTES = 32 * 1024 * 1024
@@ -489,7 +488,6 @@ class RowIndex:
         lower_is_worse = metric == "cosine"
         step = max(1, -(-len(rows) // max(1, max_points)))
         out: dict[str, list] = {"idx": [], "value": [], "verdict": [], "phase": [], "op": []}
-        rank = VERDICT_RANK
         for start in range(0, len(rows), step):
             bucket = rows[start:start + step]
             if step == 1:
@@ -498,8 +496,8 @@ class RowIndex:
                 def badness(r: Any) -> tuple[int, float]:
                     v = r[1]
                     if v is None:
-                        return (rank.get(r[2], 0), float("-inf"))
-                    return (rank.get(r[2], 0), -v if lower_is_worse else v)
+                        return (Verdict.rank_of(r[2]), float("-inf"))
+                    return (Verdict.rank_of(r[2]), -v if lower_is_worse else v)
                 pick = max(bucket, key=badness)
             for k, v in zip(("idx", "value", "verdict", "phase", "op"), pick, strict=True):
                 out[k].append(v)

@@ -1,5 +1,7 @@
 """Online overflow checking inside `dumper(check_overflow=True)`: find where inf/nan is born.
 
+An observer of the dump loop (accuracy/dumper/opcall.py) that writes through the recorder.
+
 Each tensor's state (finite, saturated, non-finite) comes from one reduction (`probe`) and is
 cached by tensor identity and `_version`, so an op's inputs are usually already known when it
 runs. An op is a birth when all its inputs were finite and an output is not; only births (and
@@ -13,20 +15,13 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-import weakref
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
-from accuracy.aten import written_ids
-from accuracy.dumper.flatten import tensors_in
-from accuracy.dumpfile import schema
-from accuracy.dumpfile.argcodec import encode_call
-from accuracy.dumpfile.writer import DumpWriteError, OpEntry
-from accuracy.overflow.labels import AMP_CHECK_OPS, AMP_UPDATE_OP, HANDLED, amp_label
-from accuracy.overflow.probe import (
+from accuracy.aten import AMP_UPDATE_OP, HANDLED, amp_label, written_ids
+from accuracy.dumper.finite_probe import (
     FINITE,
     NONFINITE,
     Saturation,
@@ -36,10 +31,11 @@ from accuracy.overflow.probe import (
     probe,
     state,
 )
+from accuracy.dumper.identity import TensorStates, same_elements
 
 if TYPE_CHECKING:
-    from accuracy.dumper.core import dumper as Dumper
-    from accuracy.dumpfile.writer import DumpWriter
+    from accuracy.dumper.opcall import OpCall
+    from accuracy.dumper.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -81,48 +77,15 @@ class OverflowEvent:
                 f"{self.module or '-'}) at {self.source or 'unknown source'}: {what}. {outs}")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
-    """An op whose probes still live on the device."""
+    """An op whose probes may still live on the device."""
 
-    func: Any
-    name: str
-    args: Any
-    kwargs: Any
-    ins: list[torch.Tensor]
+    call: OpCall
+    ins: list[torch.Tensor]  # inputs, pre-op copies of those the op writes
     outs: list[torch.Tensor]
     in_vals: list[Any]
     out_vals: list[Any]
-    ctx: tuple[int, str, str, str, str, int]  # seq, phase, module, source, stack, step
-
-
-class _States:
-    """Probe values of tensor states seen so far: id -> (weakref, _version, value)."""
-
-    def __init__(self) -> None:
-        self._map: dict[int, tuple[weakref.ref, int, Any]] = {}
-
-    def get(self, t: torch.Tensor) -> Any:
-        hit = self._map.get(id(t))
-        if hit is None or hit[0]() is not t:
-            return None
-        try:
-            return hit[2] if t._version == hit[1] else None
-        except RuntimeError:
-            return None
-
-    def put(self, t: torch.Tensor, value: Any) -> None:
-        try:
-            self._map[id(t)] = (weakref.ref(t), t._version, value)
-        except (RuntimeError, TypeError):
-            pass
-        if len(self._map) > 200_000:  # drop entries of dead tensors
-            self._map = {k: v for k, v in self._map.items() if v[0]() is not None}
-
-
-def _tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Tensors in args/kwargs/outputs, in pytree order; faster than tree_flatten per op."""
-    return tensors_in(obj, out)
 
 
 def _warn_at_user_line(msg: str, source: str) -> None:
@@ -137,7 +100,7 @@ def _warn_at_user_line(msg: str, source: str) -> None:
 
 
 class OverflowChecker:
-    """The per-op logic behind `dumper(check_overflow=True, ...)`."""
+    """The observer behind `dumper(check_overflow=True, ...)`: judges each op, writes births."""
 
     def __init__(self, nums: int = 1, raise_first: bool = False, saturation: object = None,
                  interval: int = 64, defer: bool | None = None) -> None:
@@ -153,54 +116,78 @@ class OverflowChecker:
         self.skipped_steps: list[int] = []
         self.ops_checked = 0
         self.done = False
-        self._states = _States()
+        self._recorder: Recorder | None = None
+        self._path = ""
+        self._states = TensorStates()
         self._pending: list[_Pending] = []
         self._window: list[OverflowEvent] = []  # births since GradScaler's last update
         self._n_overflow = 0
         self._n_saturation = 0
+        self._current: _Pending | None = None  # between before() and after()
 
-    # -- dumper hooks ------------------------------------------------------------------------
+    def attach(self, recorder: Recorder, path: str) -> None:
+        """Write births through `recorder` (the dump at `path`)."""
+        self._recorder = recorder
+        self._path = path
 
     def describe(self) -> dict[str, Any]:
         return {"overflow_nums": self.nums, "raise": self.raise_first,
                 "saturation": self.saturation.describe() if self.saturation else None}
 
-    def on_op(self, d: Dumper, writer: DumpWriter, func: Any, name: str, args: tuple,
-              kwargs: dict, seq: int, phase: str, module: str, source: str, stack: str) -> Any:
-        """Run one op, judge it, and write it to the dump if it is a birth."""
-        ctx = (seq, phase, module, source, stack, d.current_step)
-        if name in AMP_CHECK_OPS or name == AMP_UPDATE_OP:  # watched even after stopping
-            return self._amp_op(d, writer, func, name, args, kwargs, ctx)
+    # -- observer ----------------------------------------------------------------------------
+
+    def before(self, call: OpCall) -> None:
+        self._current = None
+        if call.plan.amp:  # GradScaler's own ops: watched even after stopping
+            self.amp_ops += 1
+            ins = call.inputs
+            if call.plan.name == AMP_UPDATE_OP:  # scale, growth tracker, found_inf: a few bytes
+                with torch._C._DisableTorchDispatch():
+                    ins = [t.clone() for t in ins]
+            self._current = _Pending(call, ins, [], [], [])
+            return
         if self.done:
-            return func(*args, **kwargs)
+            return
         self.ops_checked += 1
-        ins = _tensors(kwargs, _tensors(args, []))
+        ins = call.inputs
         with torch._C._DisableTorchDispatch():
             in_vals = [self._value_of(t) for t in ins]
-            written = written_ids(func, args, kwargs) if func._schema.is_mutable else ()
-            # in-place ops overwrite their inputs: keep the pre-op values of the written ones
-            ins_pre = [t.clone() if id(t) in written and checkable(t) else t for t in ins]
-        out = func(*args, **kwargs)
-        outs = _tensors(out, [])
+            if call.plan.mutable:  # in-place ops overwrite inputs: keep the written ones' values
+                written = written_ids(call.func, call.args, call.kwargs)
+                ins = [t.clone() if id(t) in written and checkable(t) else t for t in ins]
+        self._current = _Pending(call, ins, [], in_vals, [])
+
+    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+        p, self._current = self._current, None
+        if p is None or p.call is not call:
+            return
+        if call.plan.amp:
+            self._amp_op(p)
+            return
+        p.outs = outputs
         with torch._C._DisableTorchDispatch():
-            out_vals = [self._probe_and_cache(t) for t in outs]
-        p = _Pending(func, name, args, kwargs, ins_pre, outs, in_vals, out_vals, ctx)
-        if all(not isinstance(v, torch.Tensor) for v in in_vals + out_vals):
-            self._judge(d, writer, p)
+            if same_elements(call.plan, p.ins, outputs) and checkable(outputs[0]):
+                # a view holding its input's very elements has its input's state: no probe
+                # (about 60% of a transformer step's output elements)
+                p.out_vals = [p.in_vals[0]]
+                self._states.put(outputs[0], p.in_vals[0])
+            else:
+                p.out_vals = [self._probe_and_cache(t) for t in outputs]
+        if all(not isinstance(v, torch.Tensor) for v in p.in_vals + p.out_vals):
+            self._judge(p)
         else:
             self._pending.append(p)
             if len(self._pending) >= self.interval:
-                self.resolve(d, writer)
-        return out
+                self.resolve()
 
-    def finish(self, d: Dumper, writer: DumpWriter) -> dict[str, Any]:
+    def finish(self) -> dict[str, Any]:
         """Judge what is still pending; the summary attributes for the dump's root."""
         if not self.done:
-            self.resolve(d, writer)
+            self.resolve()
         n_handled = sum(1 for e in self.events if e.label == HANDLED)
         if self.events:
             log.warning("overflow check: %d birth(s) (%d handled by loss scaling) in %d ops; "
-                        "see %s", len(self.events), n_handled, self.ops_checked, d.path)
+                        "see %s", len(self.events), n_handled, self.ops_checked, self._path)
         else:
             log.info("overflow check: no inf/nan born in %d ops", self.ops_checked)
         return {"overflow": {
@@ -240,7 +227,7 @@ class OverflowChecker:
 
     # -- judging -----------------------------------------------------------------------------
 
-    def resolve(self, d: Dumper, writer: DumpWriter) -> None:
+    def resolve(self) -> None:
         """Read every pending probe with one host transfer and judge those ops in order."""
         pending, self._pending = self._pending, []
         if not pending:
@@ -255,9 +242,11 @@ class OverflowChecker:
                           for v in p.out_vals]
             if self.done:
                 return
-            self._judge(d, writer, p)
+            self._judge(p)
 
-    def _judge(self, d: Dumper, writer: DumpWriter, p: _Pending) -> None:
+    def _judge(self, p: _Pending) -> None:
+        if p.call.plan.uninitialised:  # empty*: whatever the memory held is no birth
+            return
         in_state = max((self._state(v, t) for v, t in zip(p.in_vals, p.ins, strict=True)),
                        default=FINITE)
         out_states = [self._state(v, t) for v, t in zip(p.out_vals, p.outs, strict=True)]
@@ -274,29 +263,28 @@ class OverflowChecker:
         kind = "overflow" if worst == NONFINITE else "saturation"
         if kind == "saturation" and self.nums != -1 and self._n_saturation >= self.nums:
             return
-        self._event(d, writer, p, kind, out_states)
+        self._event(p, kind, out_states)
 
-    def _event(self, d: Dumper, writer: DumpWriter, p: _Pending, kind: str,
-               out_states: list[int]) -> None:
-        seq, phase, module, source, stack, step = p.ctx
+    def _event(self, p: _Pending, kind: str, out_states: list[int]) -> None:
+        c = p.call
         outputs = []
         for i, (t, s) in enumerate(zip(p.outs, out_states, strict=True)):
             if s != FINITE and checkable(t):
                 with torch._C._DisableTorchDispatch():
-                    c = counts(t)
+                    n = counts(t)
                 outputs.append({"idx": i, "dtype": str(t.dtype).removeprefix("torch."),
-                                "shape": list(t.shape), **c})
-        ev = OverflowEvent(seq, p.name, phase, module, source, step, kind, outputs)
+                                "shape": list(t.shape), **n})
+        ev = OverflowEvent(c.seq, c.name, c.phase, c.module, c.source, c.step, kind, outputs)
         self.events.append(ev)
         self._window.append(ev)
         extra: dict[str, Any] = {"overflow": {"kind": kind, "born": True,
                                               "outputs": outputs}}
-        self._write(d, writer, p, extra)
+        self._write(p, extra)
         msg = ev.message()
         if kind == "overflow":
             self._n_overflow += 1
             log.warning("%s", msg)
-            _warn_at_user_line(msg, source)
+            _warn_at_user_line(msg, c.source)
             if self.raise_first:
                 self.done = True
                 raise OverflowDetected(msg, ev)
@@ -308,57 +296,34 @@ class OverflowChecker:
             self._n_saturation += 1
             log.warning("%s", msg)
 
-    def _write(self, d: Dumper, writer: DumpWriter, p: _Pending, extra: dict[str, Any],
-               with_tensors: bool = True) -> None:
-        seq, phase, module, source, stack, step = p.ctx
-        entries = []
-        if with_tensors:
-            with torch._C._DisableTorchDispatch():
-                entries = [d._entry(writer, seq, schema.INPUT, i, t)
-                           for i, t in enumerate(p.ins)]
-                entries += [d._entry(writer, seq, schema.OUTPUT, i, t)
-                            for i, t in enumerate(p.outs)]
-        counter = iter(range(len(p.ins)))
-        op = OpEntry(seq=seq, op=p.name, phase=phase, module=module, source=source, stack=stack,
-                     args=encode_call(p.args, p.kwargs, lambda _t: next(counter)), step=step,
-                     n_in=len(p.ins) if with_tensors else 0,
-                     n_out=len(p.outs) if with_tensors else 0, extra=extra)
-        try:
-            writer.add_op(op, entries)
-        except DumpWriteError as e:
-            if d.strict:
-                raise
-            log.error("%s; the overflow record of op %d is lost", e, seq)
+    def _write(self, p: _Pending, extra: dict[str, Any], with_tensors: bool = True) -> None:
+        rec = self._recorder
+        if rec is None or rec.failed:
             return
-        d.ops_recorded += 1
-        d._steps_seen.add(step)
+        if with_tensors:
+            rec.write_tensors(p.call, p.ins, p.outs, extra)
+        else:
+            rec.write(p.call, [], 0, 0, extra)
 
     # -- GradScaler --------------------------------------------------------------------------
 
-    def _amp_op(self, d: Dumper, writer: DumpWriter, func: Any, name: str, args: tuple,
-                kwargs: dict, ctx: tuple) -> Any:
+    def _amp_op(self, p: _Pending) -> None:
         """GradScaler's deliberate checks: labelled, recorded, never culprits."""
-        self.amp_ops += 1
-        ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
-        small = name == AMP_UPDATE_OP  # scale, growth tracker, found_inf: a few bytes
-        with torch._C._DisableTorchDispatch():
-            ins_pre = [t.clone() for t in ins] if small else ins
-        out = func(*args, **kwargs)
-        p = _Pending(func, name, args, kwargs, ins_pre, [], [], [], ctx)
-        extra: dict[str, Any] = {"amp": amp_label(name)}
-        if name == AMP_UPDATE_OP:
-            self.resolve(d, writer)
-            found_inf = args[2] if len(args) > 2 else kwargs["found_inf"]
+        c = p.call
+        small = c.name == AMP_UPDATE_OP
+        extra: dict[str, Any] = {"amp": amp_label(c.name)}
+        if small:
+            self.resolve()
+            found_inf = c.args[2] if len(c.args) > 2 else c.kwargs["found_inf"]
             with torch._C._DisableTorchDispatch():
                 skipped = float(found_inf.item()) > 0  # GradScaler itself synced on it
             extra["step_skipped"] = skipped
             if skipped:
-                self.skipped_steps.append(ctx[5])
+                self.skipped_steps.append(c.step)
                 for ev in self._window:
                     ev.label = HANDLED
                 if self._window:
                     log.warning("overflow check: GradScaler skipped this step; %d overflow(s) "
                                 "above were %s", len(self._window), HANDLED)
             self._window = []
-        self._write(d, writer, p, extra, with_tensors=small)
-        return out
+        self._write(p, extra, with_tensors=small)

@@ -2,7 +2,8 @@
 
 Ascend's dumper had it as `load_file_path=`: the model runs on the device, but every matching
 op computes on the golden run's inputs, so its recorded output measures the device kernel's
-local error on real hardware. `dumper(load_file_path=...)` calls `GoldenFeeder.feed` per op.
+local error on real hardware. `dumper(load_file_path=...)` adds a `GoldenFeeder` as the first
+observer of its dump loop (accuracy/dumper/opcall.py): its `before` swaps the inputs in.
 The golden file is a whole dump, or an `accuracy extract` file of just the ops to load (also
 after h5copy, as in Ascend's guide): ops it lacks run on their live inputs.
 """
@@ -16,15 +17,13 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from accuracy.aten import is_view, written_ids
+from accuracy.aten import plan_of, written_ids
+from accuracy.dumper.flatten import tensors_in
+from accuracy.dumper.opcall import OpCall
 from accuracy.dumpfile.extract import ExtractedOp, ExtractedOps, is_extract_file
 from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, load_dump
 
 log = logging.getLogger(__name__)
-
-
-
-
 
 
 def open_golden(path: str | os.PathLike[str]) -> Dump | ExtractedOps:
@@ -44,7 +43,6 @@ class GoldenFeeder:
             raise DumpError(f"{path}: load mode needs a tensor-mode golden dump, this one holds "
                             "statistics only")
         self.fed = 0
-        self.unmatched = 0
 
     def _golden(self, name: str, seq: int) -> OpRecord | ExtractedOp | None:
         try:
@@ -57,18 +55,15 @@ class GoldenFeeder:
              ) -> tuple[tuple, dict, bool]:
         """(args, kwargs, fed): the call with golden inputs, or unchanged when none match."""
         rec = self._golden(name, seq)
-        if rec is None or is_view(func):
-            self.unmatched += rec is None
+        if rec is None or plan_of(func).view:
             return args, kwargs, False
         flat, spec = tree_flatten((args, kwargs))
         slots = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
         if len(slots) != len(rec.inputs) or not all(t.has_data for t in rec.inputs):
-            self.unmatched += 1
             return args, kwargs, False
         if any(tuple(flat[i].shape) != tuple(g.shape)
                for i, g in zip(slots, rec.inputs, strict=True)):
             log.debug("load mode: %s seq %d shapes differ from the golden dump", name, seq)
-            self.unmatched += 1
             return args, kwargs, False
         written = written_ids(func, args, kwargs)
         with torch._C._DisableTorchDispatch(), torch.no_grad():
@@ -84,6 +79,21 @@ class GoldenFeeder:
         self.fed += 1
         args, kwargs = tree_unflatten(flat, spec)
         return tuple(args), kwargs, True
+
+    # -- observer ----------------------------------------------------------------------------
+
+    def before(self, call: OpCall) -> None:
+        args, kwargs, fed = self.feed(call.name, call.seq, call.func, call.args, call.kwargs)
+        if fed:
+            call.args, call.kwargs = args, kwargs
+            call.inputs = tensors_in(kwargs, tensors_in(args))
+            call.extra["loaded"] = True
+
+    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+        pass
+
+    def finish(self) -> dict[str, Any]:
+        return {"ops_loaded": self.fed}
 
     def close(self) -> None:
         self.dump.close()

@@ -1,0 +1,81 @@
+"""Values known about tensor *states*: keyed by object identity and checked against `_version`.
+
+A tensor written in place bumps its version counter, so a cached value for an older state is
+never returned. Used for the recorder's dedupe (row and statistics of a state already stored)
+and the overflow watcher's probe values.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from accuracy.aten import OpPlan
+
+
+def storage_ptr(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` views the memory of `b` from the same element (strides may differ)."""
+    try:
+        return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+                and a.storage_offset() == b.storage_offset() and a.dtype == b.dtype)
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def same_elements(plan: OpPlan, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> bool:
+    """Whether an op's one output holds exactly its first input's elements: a view-like op
+    (`aten.SAME_ELEMENTS`) whose output starts at the input's memory, same count. Memory is
+    checked each time: a device or a sim fault may return fresh data from a "view"."""
+    return (plan.same_elements and not plan.mutable and len(outs) == 1 and bool(ins)
+            and outs[0].numel() == ins[0].numel() and same_memory(outs[0], ins[0]))
+
+
+class TensorStates:
+    """id -> (weakref, _version, value, storage pointer or 0)."""
+
+    def __init__(self, track_storage: bool = False, prune_at: int = 200_000) -> None:
+        self._map: dict[int, tuple[weakref.ref, int, Any, int]] = {}
+        self._track = track_storage  # needed by forget_aliases
+        self._prune_at = prune_at
+
+    def get(self, t: torch.Tensor) -> Any:
+        """The value of `t`'s current state, or None."""
+        hit = self._map.get(id(t))
+        if hit is None or hit[0]() is not t:
+            return None
+        try:
+            return hit[2] if t._version == hit[1] else None
+        except RuntimeError:  # inference tensors have no version counter
+            return None
+
+    def put(self, t: torch.Tensor, value: Any) -> None:
+        try:
+            entry = (weakref.ref(t), t._version, value, storage_ptr(t) if self._track else 0)
+        except (RuntimeError, TypeError):
+            return
+        self._map[id(t)] = entry
+        if len(self._map) > self._prune_at:  # drop entries of dead tensors
+            self._map = {k: v for k, v in self._map.items() if v[0]() is not None}
+            self._prune_at = max(self._prune_at, 2 * len(self._map))
+
+    def forget(self, t: torch.Tensor) -> None:
+        self._map.pop(id(t), None)
+
+    def forget_aliases(self, t: torch.Tensor) -> None:
+        """Forget every tensor sharing `t`'s memory: for writers that bump no version counter
+        (collectives, custom ops), views and bases of what they wrote are stale too."""
+        self.forget(t)
+        ptr = storage_ptr(t)
+        if ptr:
+            for key in [k for k, v in self._map.items() if v[3] == ptr]:
+                del self._map[key]

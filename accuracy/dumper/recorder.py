@@ -1,0 +1,233 @@
+"""The recorder: the one write path into the dump, and the observer that records every op.
+
+`Recorder.write` turns an op call and its tensors into the writer's `OpEntry`/`TensorEntry`
+rows; the overflow watcher writes its births through it too. As an observer (`before`,
+`after`), the recorder describes each op's inputs before it runs (in-place ops keep their
+pre-op values) and its outputs after. Each distinct tensor state (object identity plus
+`_version`) is stored once; later uses point at those bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from accuracy.dumper import collectives
+from accuracy.dumper.identity import TensorStates, same_memory
+from accuracy.dumper.opcall import OpCall
+from accuracy.dumpfile import schema
+from accuracy.dumpfile.argcodec import encode_call
+from accuracy.dumpfile.stats import tensor_stats
+from accuracy.dumpfile.writer import DumpWriteError, DumpWriter, OpEntry, TensorEntry
+
+log = logging.getLogger(__name__)
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+_STRIDED = torch.strided
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = schema.dtype_name(dtype)
+    return name
+
+
+def _host_copy(t: torch.Tensor):
+    """A private contiguous CPU copy, through the tensor's backend (async on devices)."""
+    try:
+        from accuracy.device_backend import backend_for_tensor
+    except ImportError:  # backends not importable: a plain synchronous copy still works
+        out = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+        out.copy_(t)
+        return out
+    return backend_for_tensor(t).to_host(t)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _contiguous(entry: TensorEntry) -> bool:
+    """Whether a recorded shape/stride pair is row-major contiguous."""
+    expected = 1
+    for size, stride in zip(reversed(entry.shape), reversed(entry.stride), strict=True):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+class Recorder:
+    """Writes op calls into one dump; as an observer, records every op it is shown."""
+
+    def __init__(self, writer: DumpWriter, mode: str, io: frozenset[str] | set[str],
+                 coll: collectives.Collectives, sim: Any = None, strict: bool = False) -> None:
+        self.writer = writer
+        self.tensor_mode = mode == "tensor"
+        self.want_inputs = "input" in io
+        self.want_outputs = "output" in io
+        self.coll = coll
+        self.sim = sim
+        self.strict = strict
+        self.seen = TensorStates(track_storage=True)
+        self.devices: set[str] = set()
+        self._device_names: dict[torch.device, str] = {}
+        self.ops_recorded = 0
+        self.steps_seen: set[int] = set()
+        self.failed = False
+        # per call, between before() and after()
+        self._in_entries: list[TensorEntry] = []
+        self._n_faults = 0
+
+    # -- the one write path ------------------------------------------------------------------
+
+    def write(self, call: OpCall, entries: list[TensorEntry], n_in: int, n_out: int,
+              extra: dict[str, Any]) -> None:
+        """Queue one op record; a write failure stops the dump (or raises when strict)."""
+        counter = iter(range(len(call.inputs)))
+        op = OpEntry(
+            seq=call.seq, op=call.plan.name, phase=call.phase, module=call.module,
+            source=call.source, stack=call.stack,
+            args=encode_call(call.args, call.kwargs, lambda _t: next(counter)), step=call.step,
+            n_in=n_in, n_out=n_out, extra=extra, epoch=call.epoch)
+        try:
+            self.writer.add_op(op, entries)
+        except DumpWriteError as e:
+            self.failed = True
+            if self.strict:
+                raise
+            log.error("%s; dumping stops here, training goes on", e)
+            return
+        self.ops_recorded += 1
+        self.steps_seen.add(call.step)
+
+    def write_tensors(self, call: OpCall, inputs: list[torch.Tensor],
+                      outputs: list[torch.Tensor], extra: dict[str, Any]) -> None:
+        """Write `call` with these input and output tensors described afresh (the overflow
+        watcher's births, judged after the fact)."""
+        with torch._C._DisableTorchDispatch():
+            entries = [self.entry(call.seq, schema.INPUT, i, t) for i, t in enumerate(inputs)]
+            entries += [self.entry(call.seq, schema.OUTPUT, i, t)
+                        for i, t in enumerate(outputs)]
+        self.write(call, entries, len(inputs), len(outputs), extra)
+
+    # -- observer ----------------------------------------------------------------------------
+
+    def before(self, call: OpCall) -> None:
+        if self.want_inputs:
+            seq, entry = call.seq, self.entry
+            with torch._C._DisableTorchDispatch():
+                self._in_entries = [entry(seq, schema.INPUT, i, t)
+                                    for i, t in enumerate(call.inputs)]
+        else:
+            self._in_entries = []
+        if self.sim is not None:
+            self._n_faults = len(self.sim.applied)
+
+    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+        plan = call.plan
+        coll = call.collective
+        entries, self._in_entries = self._in_entries, []
+        mutable = plan.mutable or coll is not None
+        if mutable:
+            # Some kernels write an argument without bumping its version counter (GradScaler's
+            # found_inf): never trust an earlier record of a tensor a mutable op received.
+            seen = self.seen
+            for t in call.inputs:
+                seen.forget(t)
+            if coll is not None or not plan.aten:  # no version bump to see
+                for t in call.inputs:
+                    seen.forget_aliases(t)
+        if self.want_outputs:
+            same = None
+            if (plan.same_elements and entries and len(outputs) == 1 and not mutable
+                    and same_memory(outputs[0], call.inputs[0])):
+                same = entries[0]
+            seq, entry = call.seq, self.entry
+            with torch._C._DisableTorchDispatch():
+                for i, t in enumerate(outputs):
+                    e = entry(seq, schema.OUTPUT, i, t, skip=plan.uninitialised, fresh=mutable,
+                              same_as=same, same_bytes=plan.same_bytes)
+                    entries.append(e)
+                    if coll is not None and e.stats is not None:
+                        # no version bump will follow: later uses may share these bytes
+                        local = collectives.local_tensor(t)
+                        self.seen.put(t if local is None else local, (e.first, e.stats))
+
+        extra = call.extra
+        if plan.uninitialised:
+            extra["uninitialized"] = True
+        if plan.rng:
+            extra["rng"] = True
+        if mutable and coll is None:
+            extra["inplace"] = True
+        if coll is not None:
+            extra["collective"] = coll
+        for t in call.inputs:
+            if type(t) is not torch.Tensor:
+                meshes = [m for t in call.inputs if type(t) is not torch.Tensor
+                          and (m := self.coll.note_mesh(t)) is not None]
+                if meshes:  # an op on DTensors: recorded on the local shards
+                    extra["dtensor"] = meshes
+                break
+        if self.sim is not None and len(self.sim.applied) > self._n_faults:
+            extra["faults"] = list(self.sim.applied[self._n_faults:])
+        if call.fwd_seq >= 0:
+            extra["fwd_seq"] = call.fwd_seq
+        self.write(call, entries, len(call.inputs), len(outputs), extra)
+
+    def finish(self) -> dict[str, Any]:
+        return {}
+
+    # -- tensors -----------------------------------------------------------------------------
+
+    def entry(self, seq: int, io: int, idx: int, t: torch.Tensor, skip: bool = False,
+              fresh: bool = False, same_as: TensorEntry | None = None,
+              same_bytes: bool = False) -> TensorEntry:
+        """Describe one tensor use (call with python dispatch disabled).
+
+        `fresh` forbids dedupe (outputs of in-place ops, whose version counter is bumped only
+        after this mode returns). `same_as` is the input entry of a view-like op whose output
+        holds the same elements: its statistics are reused, and with `same_bytes` and both
+        tensors contiguous, its stored bytes too.
+        """
+        if type(t) is not torch.Tensor:  # wrapper subclasses: DTensor, async collective results
+            local = collectives.local_tensor(t)
+            t, skip = (t, True) if local is None else (local, skip)
+        dev = t.device
+        device = self._device_names.get(dev)
+        if device is None:
+            device = self._device_names[dev] = str(dev)
+            self.devices.add(dev.type)
+        strided = t.layout == _STRIDED
+        entry = TensorEntry(self.writer.new_row(), seq, io, idx, _dtype_name(t.dtype),
+                            tuple(t.shape), tuple(t.stride()) if strided else (), device, None)
+        if skip or not strided or t.dim() > schema.MAX_DIMS:
+            return entry
+        seen = None if fresh else self.seen.get(t)
+        if seen is not None:
+            entry.first, entry.stats = seen
+            return entry
+        if same_as is not None and same_as.stats is not None and entry.dtype == same_as.dtype \
+                and t.numel() == _numel(same_as.shape):
+            entry.stats = same_as.stats
+            if (self.tensor_mode and same_bytes and same_as.first >= 0
+                    and t.is_contiguous() and _contiguous(same_as)):
+                entry.first = same_as.first
+                self.seen.put(t, (entry.first, entry.stats))
+                return entry
+        else:
+            entry.stats = tensor_stats(t)
+        if self.tensor_mode:
+            entry.data = _host_copy(t)
+            entry.first = entry.row
+            entry.nbytes = t.numel() * t.element_size()
+        if not fresh:
+            self.seen.put(t, (entry.row if self.tensor_mode else -1, entry.stats))
+        return entry
