@@ -19,11 +19,12 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
+from accuracy.dumpfile import schema
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
 
 _DEFAULT_BYTES = 1 << 30
@@ -86,15 +87,35 @@ class TensorCache:
         key = self._raw_key(t)
         hit = self._get(key)
         if hit is None:
-            pending = self._ahead.pop(key, None)
-            self._ahead_total -= self._ahead_bytes.pop(key, 0)
-            # a prefetched read raises here what the read would have (a damaged tensor...)
-            value = t.dump.read_tensor_mapped(t) if pending is None else pending.result()
+            value = self._prefetched(key)
+            if value is None:
+                value = t.dump.read_tensor_mapped(t)
             hit = self._put(key, value.reshape(-1))
         return hit.view(t.shape) if tuple(hit.shape) != tuple(t.shape) else hit
 
-    def prefetch(self, records: Iterable[TensorRecord]) -> None:
-        """Start reading these tensors on the reader thread, unless cached or underway.
+    def _prefetched(self, key: Any) -> torch.Tensor | None:
+        """What the reader thread made for `key`, or None (never asked for, or dropped).
+
+        A failed read raises here what reading it now would (a damaged tensor...)."""
+        pending = self._ahead.pop(key, None)
+        if pending is None:
+            return None
+        self._ahead_total -= self._ahead_bytes.pop(key, 0)
+        try:
+            return pending.result()
+        except CancelledError:  # dropped unread (or the read it needed was)
+            return None
+
+    def _submit(self, key: Any, nbytes: int, fn: Any, *args: Any) -> None:
+        assert self._reader is not None
+        self._ahead[key] = self._reader.submit(fn, *args)
+        self._ahead_bytes[key] = nbytes
+        self._ahead_total += nbytes
+
+    def prefetch(self, records: Iterable[TensorRecord], device: torch.device | None = None
+                 ) -> None:
+        """Start reading these tensors on the reader thread, unless cached or underway, and
+        for inputs whose recorded strides `input` restores, that copy on `device` too.
 
         Bounded by the caller (a few ops ahead); outside `read_ahead` it does nothing.
         """
@@ -104,11 +125,17 @@ class TensorCache:
             if not t.has_data or t.nbytes > self.max_bytes:
                 continue
             key = self._raw_key(t)
-            if key in self._ahead or key in self._items:
+            raw: Any = self._items.get(key)
+            if raw is None:
+                raw = self._ahead.get(key)
+                if raw is None:
+                    self._submit(key, t.nbytes, t.dump.read_tensor_mapped, t)
+                    raw = self._ahead[key]
+            if device is None or t.io != schema.INPUT or not _restored_copy(t):
                 continue
-            self._ahead[key] = self._reader.submit(t.dump.read_tensor_mapped, t)
-            self._ahead_bytes[key] = t.nbytes
-            self._ahead_total += t.nbytes
+            in_key = ("in", key, t.shape, tuple(t.stride), str(device))
+            if in_key not in self._ahead and in_key not in self._items:
+                self._submit(in_key, t.nbytes, _restore, raw, t, device)
         # reads nobody took (ops skipped before reading their tensors) are dropped, oldest
         # first, so they never hold more than a few ops' worth of memory
         while self._ahead and (len(self._ahead) > _AHEAD_KEEP or self._ahead_total > min(
@@ -117,10 +144,11 @@ class TensorCache:
             self._ahead.pop(key).cancel()
             self._ahead_total -= self._ahead_bytes.pop(key)
 
-    def read_ahead(self, recs: Sequence[OpRecord], ops: int = _AHEAD_OPS,
-                   nbytes: int = _AHEAD_BYTES) -> Iterator[OpRecord]:
+    def read_ahead(self, recs: Sequence[OpRecord], device: torch.device | None = None,
+                   ops: int = _AHEAD_OPS, nbytes: int = _AHEAD_BYTES) -> Iterator[OpRecord]:
         """`recs`, in order, while a reader thread fetches the stored tensors of the next
-        `ops` ops (at most `nbytes` of them beyond the current op)."""
+        `ops` ops (at most `nbytes` of them beyond the current op), inputs with their
+        strides restored on `device`."""
         if self._reader is not None:  # already reading ahead for an enclosing loop
             yield from recs
             return
@@ -134,7 +162,7 @@ class TensorCache:
                     size = sum(t.nbytes for t in tensors)
                     if nxt > i and ahead and ahead + size > nbytes:
                         break
-                    self.prefetch(tensors)
+                    self.prefetch(tensors, device)
                     sizes[nxt] = size
                     ahead += size
                     nxt += 1
@@ -158,6 +186,9 @@ class TensorCache:
         hit = self._get(key)
         if hit is not None:
             return hit
+        made = self._prefetched(key)
+        if made is not None:
+            return self._put(key, made)
         value = self.load(t)
         out = restore_strides(value, t, device)
         return out if out is value else self._put(key, out)
@@ -171,3 +202,27 @@ class TensorCache:
         if hit is not None:
             return hit
         return self._put(key, value.to(dtype))
+
+
+def _restored_copy(t: TensorRecord) -> bool:
+    """Whether `input` gives `t` a strided copy (recorded strides, plain, not contiguous)."""
+    from accuracy.replay.rebuild import _non_overlapping
+
+    stride, shape = tuple(t.stride), tuple(t.shape)
+    if not stride or len(stride) != len(shape):
+        return False
+    expected, acc = [], 1
+    for n in reversed(shape):
+        expected.append(acc)
+        acc *= n
+    return stride != tuple(reversed(expected)) and _non_overlapping(shape, stride)
+
+
+def _restore(raw: torch.Tensor | Future[torch.Tensor], t: TensorRecord,
+             device: torch.device) -> torch.Tensor:
+    """On the reader thread: `t` with its recorded strides, from its read (done or queued
+    before this job on the same single thread)."""
+    from accuracy.replay.rebuild import restore_strides
+
+    value = raw.result() if isinstance(raw, Future) else raw
+    return restore_strides(value.reshape(-1).view(t.shape), t, device)

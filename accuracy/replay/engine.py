@@ -189,7 +189,7 @@ def _outcomes(d: Dump, recs: list[OpRecord], on: str, upcast: str, jobs: int,
         device = reference_device(on)
         cache = TensorCache()
         with caching(cache):
-            for rec in cache.read_ahead(recs):
+            for rec in cache.read_ahead(recs, device):
                 yield replay_op(rec, device, upcast)
         return
     import multiprocessing as mp
