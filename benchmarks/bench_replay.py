@@ -6,7 +6,7 @@ is dumped once in tensor mode, then replayed on CPU: in the op's own dtype and u
 --upcast none for comparison. Prints ops/s, MB/s of tensor data read, the ratio to the bare
 step's time next to the goal (at most 3x) and the load average (the machine may be shared).
 
-Run: .venv/bin/python benchmarks/bench_replay.py [--repeat 5] [--jobs 1]
+Run: .venv/bin/python benchmarks/bench_replay.py [--repeat 5] [--jobs 1] [--threads N]
 """
 
 from __future__ import annotations
@@ -34,7 +34,12 @@ def main() -> None:
     ap.add_argument("--profile", default=None,
                     help="dump on sim with this profile (e.g. fp16-cube) instead of plain CPU, "
                          "so device outputs differ from the reference and every op runs twice")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads for the bare step and the replay (default: torch's); "
+                         "1 gives steadier figures on a shared machine")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, batch = bench_setup()
     tmp = Path(tempfile.mkdtemp(prefix="bench_replay_"))
     dump = tmp / "tensor.h5"

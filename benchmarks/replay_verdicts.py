@@ -9,6 +9,7 @@ report row's local error ratio and verdicts must be equal, floats bit for bit.
 
     python benchmarks/replay_verdicts.py --base /tmp/replay-base      # base: an older checkout
     python benchmarks/replay_verdicts.py --base OLD --profile bf16 --no-fault --upcast none
+    python benchmarks/replay_verdicts.py --base OLD --model llama --profile bf16
 
 Exit status 1 when anything differs (the differences are printed).
 """
@@ -30,21 +31,52 @@ ROW_KEYS = ("index", "op", "io", "tensor_index", "seq_my", "replay_status", "loc
             "local_error", "local_bound", "local_excess", "local_verdict", "verdict")
 
 
-def _dump(golden: Path, device: Path, profile: str, fault: bool, small: bool) -> None:
-    """Golden on plain CPU, device on sim(profile) with one biased addmm if `fault`."""
+def _llama_step() -> Any:
+    """A tiny random-init transformers Llama, forward + backward + AdamW step."""
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   vocab_size=256, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).train()
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def step() -> None:
+        model.load_state_dict(state)  # both runs start from the same weights
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def _dump(golden: Path, device: Path, profile: str, fault: bool, small: bool,
+          model_name: str) -> None:
+    """Golden on plain CPU, device on sim(profile) with one biased matmul if `fault`."""
     from accuracy.device_backend import sim
     from accuracy.dumper import dumper
     from accuracy.examples import bench_setup, bench_step
 
-    kw = {"batch": 2, "seq": 32} if small else {}
-    model, batch = bench_setup(**kw)
+    if model_name == "llama":
+        step = _llama_step()
+        op, where = "aten.mm.default", "*layers.1.mlp.down_proj*"
+    else:
+        model, batch = bench_setup(**({"batch": 2, "seq": 32} if small else {}))
+
+        def step() -> None:
+            bench_step(model, batch)
+            model.zero_grad(set_to_none=True)
+        op, where = "aten.addmm.default", "*layers.1.*"
+    step()  # warm-up: lazy initialisation stays out of both dumps
     with dumper(dump_path=golden, mode="tensor"):
-        bench_step(model, batch)
-    model.zero_grad(set_to_none=True)
-    faults = [sim.fault("aten.addmm.default", module="*layers.1.*", kind="bias", value=1e-2,
-                        occurrence=0)] if fault else []
+        step()
+    faults = [sim.fault(op, module=where, kind="bias", value=1e-2, occurrence=0)] if fault else []
     with sim(profile=profile, faults=faults), dumper(dump_path=device, mode="tensor"):
-        bench_step(model, batch)
+        step()
 
 
 def _emit(device: str, golden: str, out: str, upcast: str, metrics_only: bool,
@@ -92,6 +124,9 @@ def main() -> int:
                     help="the code tree under test (default: this one)")
     ap.add_argument("--profile", default="fp16-cube", help="sim profile of the device run")
     ap.add_argument("--no-fault", action="store_true", help="no injected fault")
+    ap.add_argument("--model", default="bench", choices=["bench", "llama"],
+                    help="bench: the benchmark step; llama: a tiny random-init transformers "
+                         "Llama, forward + backward + AdamW step (needs transformers)")
     ap.add_argument("--small", action="store_true", help="batch 2, seq 32 (a quick check)")
     ap.add_argument("--upcast", default="fp64", choices=["fp64", "fp32", "none"])
     ap.add_argument("--metrics-only", action="store_true", help="replay with metrics_only")
@@ -110,7 +145,7 @@ def main() -> int:
         if not (work / "device.h5").exists():
             sys.path.insert(0, str(args.new))
             _dump(work / "golden.h5", work / "device.h5", args.profile, not args.no_fault,
-                  args.small)
+                  args.small, args.model)
         base = _run_tree(args.base.resolve(), args, work, "base")
         new = _run_tree(args.new.resolve(), args, work, "new")
     diffs = [f"replay figures of seq {s}: {base['replay'].get(s)} vs {new['replay'].get(s)}"
