@@ -2,15 +2,17 @@
 
 The step of bench_dump.py (4-layer TransformerEncoder, batch 8, seq 128, forward + backward)
 is dumped once in tensor mode, then replayed on CPU: in the op's own dtype and upcast to fp64
-(the default), and with --upcast none for comparison. Prints ops/s, MB/s of tensor data read
-and the ratio to the bare step's time (goal: at most 3x).
+(the default), with the same-dtype reference outputs stored too (`--tensors`), and with
+--upcast none for comparison. Prints ops/s, MB/s of tensor data read, the ratio to the bare
+step's time next to the goal (at most 3x) and the load average (the machine may be shared).
 
-Run: .venv/bin/python benchmarks/bench_replay.py [--repeat 5] [--jobs 1]
+Run: .venv/bin/python benchmarks/bench_replay.py [--repeat 5] [--jobs 1] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import tempfile
@@ -32,7 +34,12 @@ def main() -> None:
     ap.add_argument("--profile", default=None,
                     help="dump on sim with this profile (e.g. fp16-cube) instead of plain CPU, "
                          "so device outputs differ from the reference and every op runs twice")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads for the bare step and the replay (default: torch's); "
+                         "1 gives steadier figures on a shared machine")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, batch = bench_setup()
     tmp = Path(tempfile.mkdtemp(prefix="bench_replay_"))
     dump = tmp / "tensor.h5"
@@ -49,24 +56,29 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, jobs {args.jobs}; "
           f"dump {dump.stat().st_size / 1e6:.1f} MB. Each replay is paired with a bare step "
           f"timed just before it (this machine is shared); medians of {args.repeat} pairs")
-    print(f"{'run':22s} {'replay s':>9s} {'bare s':>7s} {'x bare':>7s} {'ops/s':>7s} "
-          f"{'MB/s read':>10s}  status")
-    for upcast in ("fp64", "none"):
-        times, bares, res = [], [], None
+    print(f"{'run':26s} {'replay s':>9s} {'bare s':>7s} {'x bare':>7s} {'goal':>5s} "
+          f"{'ops/s':>7s} {'MB/s read':>10s}  status")
+    runs = [("replay, upcast fp64", "fp64", True), ("replay, fp64, --tensors", "fp64", False),
+            ("replay, upcast none", "none", True)]
+    for label, upcast, metrics_only in runs:
+        times, bares, loads, res = [], [], [], None
         for i in range(args.repeat):
             bares.append(timed(lambda: bench_step(model, batch), repeat=3))
+            out = tmp / f"replay-{upcast}-{i}.h5"
             t0 = time.perf_counter()
-            res = replay(dump, tmp / f"replay-{upcast}-{i}.h5", upcast=upcast, jobs=args.jobs)
+            res = replay(dump, out, upcast=upcast, jobs=args.jobs, metrics_only=metrics_only)
             times.append(time.perf_counter() - t0)
-            (tmp / f"replay-{upcast}-{i}.h5").unlink()
+            loads.append(os.getloadavg()[0])
+            out.unlink()
         assert res is not None
         t, b = statistics.median(times), statistics.median(bares)
         rs = sorted(x / y for x, y in zip(times, bares, strict=True))
         ratio = statistics.median(rs)
-        print(f"{'replay, upcast ' + upcast:22s} {t:9.3f} {b:7.3f} {ratio:7.2f} "
+        print(f"{label:26s} {t:9.3f} {b:7.3f} {ratio:7.2f} {'≤3x':>5s} "
               f"{res.total / t:7.0f} {res.bytes_read / 1e6 / t:10.1f}  "
-              f"{res.ok} ok, {res.skipped} skipped, {res.failed} failed; x bare min–max "
-              f"{rs[0]:.2f}–{rs[-1]:.2f}, replay s {min(times):.2f}–{max(times):.2f}")
+              f"{'met' if ratio <= 3 else 'not met'}; {res.ok} ok, {res.skipped} skipped, "
+              f"{res.failed} failed; x bare min–max {rs[0]:.2f}–{rs[-1]:.2f}, replay s "
+              f"{min(times):.2f}–{max(times):.2f}; load {min(loads):.1f}–{max(loads):.1f}")
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -104,7 +104,7 @@ def test_metrics_only_replay_gives_full_replay_verdicts(dumps, client):
 
     d = dumps["dir"]
     ops = ["aten.native_layer_norm*", "aten.addmm*", "aten.mm*", "aten.add.*"]  # kept short
-    full = replay(dumps["device"], d / "full.h5", overwrite=True, ops=ops)
+    full = replay(dumps["device"], d / "full.h5", overwrite=True, ops=ops, metrics_only=False)
     slim = replay(dumps["device"], d / "slim.h5", metrics_only=True, overwrite=True, ops=ops,
                   runner=DaskReplayRunner(client))
     assert (slim.ok, slim.skipped, slim.failed) == (full.ok, full.skipped, full.failed)

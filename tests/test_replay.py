@@ -45,7 +45,7 @@ def _fault(module):
 
 def test_cpu_dump_replays_bit_exactly(cpu_dump, tmp_path):
     out = tmp_path / "replay.h5"
-    r = replay(cpu_dump, out)
+    r = replay(cpu_dump, out, metrics_only=False)  # the reference outputs, stored on request
     assert r.failed == 0 and r.ok > 100 and r.total == r.ok + r.skipped
     with load_dump(out) as d, load_dump(cpu_dump) as src:
         assert d.attrs["replayed_from"] == str(cpu_dump.resolve())

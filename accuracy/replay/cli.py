@@ -18,7 +18,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     progress = progress_wanted(args)
     kwargs = dict(on=args.on, upcast=args.upcast, jobs=args.jobs, resume=args.resume,
                   progress=progress, overwrite=args.overwrite, ops=args.op,
-                  metrics_only=args.metrics_only)
+                  metrics_only=not args.tensors)
     if args.cluster:  # Dask is imported only on this path
         from accuracy.replay.cluster import replay_on_cluster
 
@@ -70,8 +70,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "'replay_{rank}.h5' pattern or a folder")
     s.add_argument("-j", "--jobs", type=at_least(1), default=1,
                    help="worker processes (default: 1)")
+    s.add_argument("--tensors", action="store_true",
+                   help="also store the same-dtype reference outputs (by default only each "
+                        "op's error figures, all that compare reads, are stored)")
     s.add_argument("--metrics-only", action="store_true",
-                   help="store only each op's error figures (what compare reads), no tensors")
+                   help="store only each op's error figures: the default (kept for scripts)")
     s.add_argument("--cluster", metavar="local:N|tcp://HOST:PORT",
                    help="replay op batches on Dask: N local worker processes, or an existing "
                         "scheduler (the dump must be at the same path on every worker)")

@@ -189,8 +189,9 @@ def _outcomes(d: Dump, recs: list[OpRecord], on: str, upcast: str, jobs: int,
         return
     if jobs <= 1:
         device = reference_device(on)
-        with caching(TensorCache()):
-            for rec in recs:
+        cache = TensorCache()
+        with caching(cache):
+            for rec in cache.read_ahead(recs, device):
                 yield replay_op(rec, device, upcast)
         return
     import multiprocessing as mp
@@ -251,7 +252,7 @@ def replay(
     overwrite: bool = False,
     ops: str | Iterable[str] | None = None,
     checked: dict[int, OpOutcome] | None = None,
-    metrics_only: bool = False,
+    metrics_only: bool = True,
     runner: ReplayRunner | None = None,
 ) -> ReplayResult:
     """Replay each recorded op on `on` with the device's own inputs; write `out_path`.
@@ -260,8 +261,9 @@ def replay(
     per output, the device's and the same-dtype reference's errors against the upcast one
     and their ratio go in `extra["replay"]` (see docs/replay.md). `checked`: outcomes that
     replace the replay of some ops (seq -> outcome: collectives checked across ranks).
-    metrics_only: store only those figures, no reference tensors (what compare reads; see
-    docs/cluster.md). runner: where op batches run (a Dask cluster); see ReplayRunner.
+    metrics_only: store only those figures (all that compare reads), the default; False also
+    stores the same-dtype reference outputs (CLI: --tensors), writing about as many bytes as
+    the dump holds. runner: where op batches run (a Dask cluster); see ReplayRunner.
     """
     import time
 

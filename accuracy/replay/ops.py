@@ -13,6 +13,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from accuracy.aten import MOVEMENT, is_collective, resolve_op
+from accuracy.dumpfile import dtypes
 from accuracy.dumpfile.reader import DamagedDataError, DumpError, OpRecord
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.metrics import agreeing_metrics, bit_equal, exact_metrics, output_metrics
@@ -214,9 +215,10 @@ def rerun(seq: int, op: str, fn: Any, build: Any,
     reasons = [note] if note else []
     high = same
     movement = _is_movement(op)
+    tensors = [_host(t) for t in same]
     # A device output bit-identical to the same-dtype reference has, by definition, the
     # reference's own error: its ratio is exactly 1 and the fp64 run can't change that.
-    agree = not movement and _all_bit_exact(device_outputs, same)
+    agree = not movement and _all_bit_exact(device_outputs, tensors)
     if not movement and not agree and want_upcast:
         try:
             high = _run(fn, *build(upcast), str(device))
@@ -225,7 +227,6 @@ def rerun(seq: int, op: str, fn: Any, build: Any,
                            "same-dtype reference")
     if len(high) != len(same):
         high = same
-    tensors = [_host(t) for t in same]
     if not device_outputs:
         reasons.append("device outputs not in the dump: reference computed, nothing compared"
                        if same else "no tensor outputs: nothing to compare")
@@ -263,7 +264,7 @@ def rerun(seq: int, op: str, fn: Any, build: Any,
 
 def _all_bit_exact(device_outputs: list[tuple[int, torch.Tensor | None]],
                    same: list[torch.Tensor]) -> bool:
-    """Whether every device output equals the same-dtype reference bit for bit."""
+    """Whether every device output equals the same-dtype reference (on the host) bit for bit."""
     if not device_outputs or len(same) < len(device_outputs):
         return False
     for idx, dev in device_outputs:
@@ -272,13 +273,13 @@ def _all_bit_exact(device_outputs: list[tuple[int, torch.Tensor | None]],
         ref = same[idx]
         if not isinstance(ref, torch.Tensor) or ref.dtype != dev.dtype:
             return False
-        if not bit_equal(dev, _host(ref)):
+        if not bit_equal(dev, ref):
             return False
     return True
 
 
 def schema_dtype(t: Any) -> torch.dtype:
-    return getattr(torch, t.dtype)
+    return dtypes.torch_dtype(t.dtype)
 
 
 def is_movement(op: str) -> bool:
