@@ -88,16 +88,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_backends(args: argparse.Namespace) -> int:
     from accuracy.device_backend import backends_table
+    from accuracy.device_backend.registry import format_backends_table
 
     rows = backends_table()
-    if args.json:
-        print(json.dumps(rows, indent=2, default=str))
-        return 0
-    for r in rows:
-        mark = "yes" if r.get("available") else "no "
-        print(f"{r['name']:6s} {mark}  {r.get('version') or '-':20s} "
-              f"{r.get('extension') or '':12s} sync: "
-              + " ".join(f"{k}={v}" for k, v in (r.get("sync_env") or {}).items()))
+    print(json.dumps(rows, indent=2, default=str) if args.json else format_backends_table(rows))
     return 0
 
 

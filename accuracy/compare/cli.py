@@ -3,77 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from accuracy.cliargs import add_progress_flags, at_least, progress_wanted
 from accuracy.compare.metrics import ALL_ALGORITHMS
 from accuracy.compare.report import FORMATS
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else ("-" if v is None else str(v))
-
-
-def _where(r: dict[str, Any]) -> str:
-    return (f"seq {r['seq_my']} {r['op']} [{r['phase']}] in {r['module'] or '-'} "
-            f"at {r['source'] or '?'}\n      {r['my_address']}  vs  {r['golden_address']}")
-
-
-def print_summary(s: dict[str, Any], top: int = 5) -> None:
-    c = s["counts"]
-    print(f"compared {s['my']} (my) with {s['golden']} (golden)"
-          + (f", replay {s['replay']}" if s.get("replay") else ""))
-    for w in s.get("refusals") or []:
-        print(f"  WARNING: {w}")
-    print(f"  rows {s['rows']}: " + ", ".join(f"{k} {v}" for k, v in c.items())
-          + f"  ->  {s['verdict'].upper()}")
-    j = s.get("judged_counts")
-    if j:
-        print("  tensors judged where produced: "
-              + ", ".join(f"{k} {j[k]}" for k in ("pass", "warning", "error")))
-    gbps = s.get("gb_per_s")
-    print(f"  {s['bytes_compared'] / 1e6:.1f} MB of tensor data in {s['seconds']:.2f} s"
-          + (f" ({gbps:.2f} GB/s)" if gbps else ""))
-    if s.get("warning"):
-        print(f"  warning: {s['warning']}")
-    cul = s.get("culprit")
-    if cul:
-        print(f"  culprit: {_where(cul)}")
-        print(f"      {cul['verdict']}: {cul['message']}")
-    else:
-        print("  culprit: none (no op output is judged an error)")
-    sus = s.get("suspects") or []
-    if sus:
-        print(f"  top suspects (score = {s.get('ranking') or 'local error or amplification'}, "
-              "x what an honest kernel explains):")
-        for r in sus[:top]:
-            print(f"    {_fmt(r['score']):>10}  {r['verdict']:7s} seq {r['seq_my']} {r['op']} "
-                  f"[{r['phase']}] {r['module'] or '-'}")
-    for n in s.get("notes") or []:
-        print(f"  note: {n}")
-
-
-def print_ranks(s: dict[str, Any]) -> None:
-    """The merged summary of a multi-rank compare, one line per rank."""
-    print(f"compared {len(s['ranks'])} ranks (world size {s['world_size']}): {s['my']} (my) "
-          f"with {s['golden']} (golden)" + (f", replay {s['replay']}" if s.get("replay") else "")
-          + f"  ->  {s['verdict'].upper()}")
-    print(f"  {s['bytes_compared'] / 1e6:.1f} MB of tensor data in {s['seconds']:.2f} s")
-    if s.get("warning"):
-        print(f"  warning: {s['warning']}")
-    print("  diverged first: " + ("none" if s["first_rank"] is None else f"rank {s['first_rank']}"))
-    for e in s["ranks"]:
-        c, fd = e["culprit"], e["first_divergence"]
-        if e["label"] == "inherited":
-            i = e["inherited"]
-            what = f"inherited via {i['via']} (epoch {i['epoch']}) from rank {i['from_rank']}"
-        elif c is not None:
-            what = f"culprit #{c['rank_index']} {c['op']} [{c['phase']}] epoch {c['epoch']}: " \
-                   f"{c['message']}"
-        else:
-            what = e["label"]
-        print(f"  rank {e['rank']}: {e['verdict']:7s} {what}"
-              + (f" (first divergence epoch {fd['epoch']} seq {fd['seq_my']})" if fd else ""))
+from accuracy.compare.terminal import format_written
 
 
 def _compare_ranks(args: argparse.Namespace) -> int:
@@ -89,9 +23,9 @@ def _compare_ranks(args: argparse.Namespace) -> int:
         report = compare_ranks(args.my, args.golden, args.replay, **kwargs)
     paths = (report.write(args.output, _formats(args), overwrite=args.overwrite)
              if args.output else {})
-    print_ranks(report.summary)
-    for f, p in paths.items():
-        print(f"  wrote {f}: {p}")
+    print(report.format())
+    if paths:
+        print(format_written(paths))
     return report.exit_code(args.fail_on)
 
 
@@ -123,9 +57,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         report = compare(args.my, args.golden, args.replay, **kwargs)
     paths = (report.write(args.output, _formats(args), overwrite=args.overwrite)
              if args.output else {})
-    print_summary(report.summary, args.top)
-    for f, p in paths.items():
-        print(f"  wrote {f}: {p}")
+    print(report.format(args.top))
+    if paths:
+        print(format_written(paths))
     return report.exit_code(args.fail_on)
 
 
@@ -162,13 +96,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_suspects(args: argparse.Namespace) -> int:
-    from accuracy.compare.suspects import select_suspects, write_selection
+    from accuracy.compare.suspects import format_selection, select_suspects, write_selection
 
     sel = select_suspects(args.report, top=args.top, before=args.before, after=args.after)
     path = write_selection(sel, args.output, args.overwrite)
-    print(f"{len(sel['my'])} ops around {len(sel['suspects'])} suspects of {args.report}; "
-          f"wrote {path}")
-    print(f'  second run: with dumper("device.h5", select="{path}"): step()  (and golden)')
+    print(format_selection(sel, path))
     return 0
 
 

@@ -22,6 +22,7 @@ from accuracy.compare import verdict as V
 from accuracy.compare.api import compare
 from accuracy.compare.report import ALL_FORMATS, Report, check_report_dir
 from accuracy.compare.row import Row
+from accuracy.compare.terminal import format_ranks
 from accuracy.dumpfile.reader import Dump, load_dump
 from accuracy.errors import UsageError
 from accuracy.ranks import RankFiles, find_rank_files
@@ -223,6 +224,11 @@ class MultiRankReport:
 
     def exit_code(self, fail_on: str | None) -> int:
         return self.merged.exit_code(fail_on)
+
+    def format(self, top: int = 5) -> str:
+        """The merged summary as terminal text, one line per rank (`top` is unused: a
+        rank's own suspects are in its report)."""
+        return format_ranks(self.summary)
 
     def write(self, out_dir: str | os.PathLike[str], formats: tuple[str, ...] = ALL_FORMATS,
               *, overwrite: bool = True) -> dict[str, Path]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from accuracy.compare.row import JUDGED, Row
 from accuracy.compare.row import Verdict as V
+from accuracy.compare.terminal import format_summary
 from accuracy.compare.writers import DEFAULT_FORMATS, WRITERS
 from accuracy.compare.writers import FORMATS as ALL_FORMATS
 from accuracy.errors import InputNotFoundError, OutputExistsError, UsageError
@@ -148,6 +149,10 @@ class Report:
             if p is not None:
                 paths[f] = p
         return paths
+
+    def format(self, top: int = 5) -> str:
+        """The summary as terminal text (what `accuracy compare` prints)."""
+        return format_summary(self.summary, top)
 
     def __repr__(self) -> str:
         return f"Report(rows={len(self.rows)}, counts={self.summary['counts']})"

@@ -99,3 +99,10 @@ def write_selection(selection: dict[str, Any], path: str | os.PathLike[str],
     writable_folder(p.parent, f"-o {p}: folder")
     p.write_text(json.dumps(selection, indent=1) + "\n")
     return p
+
+
+def format_selection(selection: dict[str, Any], path: str | os.PathLike[str]) -> str:
+    """What was selected and how to use it in the second run."""
+    return (f"{len(selection['my'])} ops around {len(selection['suspects'])} suspects of "
+            f"{selection.get('report', 'the report')}; wrote {path}\n"
+            f'  second run: with dumper("device.h5", select="{path}"): step()  (and golden)')

@@ -99,3 +99,12 @@ def backends_table() -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def format_backends_table(rows: list[dict[str, Any]]) -> str:
+    """`backends_table()` as the aligned text `accuracy backends` prints."""
+    return "\n".join(
+        f"{r['name']:6s} {'yes' if r.get('available') else 'no '}  "
+        f"{r.get('version') or '-':20s} {r.get('extension') or '':12s} sync: "
+        + " ".join(f"{k}={v}" for k, v in (r.get("sync_env") or {}).items())
+        for r in rows)

@@ -1,4 +1,4 @@
-"""`accuracy verify`: argument parsing only; the work is `Dump.verify` and the layout check."""
+"""`accuracy verify`: argument parsing only; the work is `dumpfile.describe.verify_file`."""
 
 from __future__ import annotations
 
@@ -6,26 +6,13 @@ import argparse
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from accuracy.dumpfile.reader import DumpError, load_dump
+    from accuracy.dumpfile.describe import verify_file
 
     damaged = 0
     for path in args.dumps:
-        try:
-            with load_dump(path) as d:
-                n_ops = len(d.records)  # parses every op row (JSON included)
-                problems = d.verify()
-                stored = [t for t in d.tensors if t.has_data and not t.is_link]
-        except DumpError as e:  # refused at open: layout, links, index, damaged metadata
-            print(e)
-            damaged += 1
-            continue
-        for line in problems:
-            print(line)
-        if problems:
-            damaged += 1
-        else:
-            print(f"{path}: ok ({n_ops} ops, {len(stored)} stored tensors, "
-                  f"{sum(t.nbytes for t in stored)} bytes checked)")
+        result = verify_file(path)
+        print(result.format())
+        damaged += not result.ok
     return 1 if damaged else 0
 
 

@@ -101,3 +101,40 @@ def list_ops(path: str | os.PathLike[str], *, op: str | None = None,
                         f"max {st['max']:.4g} mean {st['mean']:.4g} l2 {st['l2']:.4g}"
                         + (" (link)" if t.is_link else ""))
     return listing
+
+
+@dataclass
+class Verification:
+    """What `accuracy verify` found in one dump: problems (empty when whole) and the counts."""
+
+    path: str
+    problems: list[str]
+    n_ops: int = 0
+    n_stored: int = 0
+    bytes_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def format(self) -> str:
+        if self.problems:
+            return "\n".join(self.problems)
+        return (f"{self.path}: ok ({self.n_ops} ops, {self.n_stored} stored tensors, "
+                f"{self.bytes_checked} bytes checked)")
+
+
+def verify_file(path: str | os.PathLike[str]) -> Verification:
+    """Check a dump's layout, index and every stored byte range once; a dump refused at open
+    (layout, links, index, damaged metadata) is one problem, not an exception."""
+    from accuracy.dumpfile.reader import DumpError
+
+    try:
+        with load_dump(path) as d:
+            n_ops = len(d.records)  # parses every op row (JSON included)
+            problems = d.verify()
+            stored = [t for t in d.tensors if t.has_data and not t.is_link]
+    except DumpError as e:
+        return Verification(str(path), [str(e)])
+    return Verification(str(path), list(problems), n_ops, len(stored),
+                        sum(t.nbytes for t in stored))

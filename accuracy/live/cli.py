@@ -70,10 +70,7 @@ def _cmd(args: Any) -> int:
     context = load_callable(args.context) if args.context else None
     proof = prove(step, culprits=culprits, golden=golden, context=context, on=args.on,
                   dtype=args.dtype, seed=args.seed, report=args.report)
-    print(proof.sentence)
-    for n in proof.notes:
-        print(f"  note: {n}")
-    print(f"report: {os.path.join(args.report, 'proof.html')}")
+    print(proof.format(os.path.join(args.report, "proof.html")))
     return 0 if proof.convincing or not args.fail_unconvincing else 1
 
 

@@ -96,6 +96,11 @@ class Proof:
     def to_dict(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
 
+    def format(self, page: str | os.PathLike[str] | None = None) -> str:
+        """The sentence and its notes (and where the written report's page is)."""
+        return "\n".join([self.sentence, *(f"  note: {n}" for n in self.notes),
+                          *([f"report: {page}"] if page else [])])
+
     def write(self, report_dir: str | os.PathLike[str]) -> Path:
         """proof.json and proof.html (Jinja2, autoescaped) in `report_dir`; returns the page."""
         out = Path(report_dir)

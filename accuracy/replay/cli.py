@@ -25,12 +25,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         r = replay_on_cluster(args.dump, args.output, cluster=args.cluster, **kwargs)
     else:
         r = replay(args.dump, args.output, **kwargs)
-    print(f"replayed {r.total} ops on {args.on} (upcast {args.upcast}) in {r.seconds:.2f}s: "
-          f"{r.ok} ok, {r.skipped} skipped, {r.failed} failed"
-          + (f", {r.resumed} carried over from the interrupted run" if r.resumed else ""))
-    for reason, n in sorted(r.reasons.items(), key=lambda kv: -kv[1]):
-        print(f"  {n:5d}  {reason}")
-    print(f"wrote {r.path}")
+    print(r.format())
     return 0
 
 
@@ -43,16 +38,10 @@ def _replay_ranks(args: argparse.Namespace) -> int:
     if PLACEHOLDER not in args.output and not Path(args.output).is_dir():
         raise UsageError(f"-o {args.output}: with many ranks' dumps, give a '{PLACEHOLDER}' "
                          "pattern (e.g. 'dev/replay_{rank}.h5') or an existing folder")
-    results, counts = replay_ranks(args.dump, args.output, on=args.on, upcast=args.upcast,
-                                   jobs=args.jobs, resume=args.resume, overwrite=args.overwrite,
-                                   ops=args.op, progress=False)
-    for rank, r in sorted(results.items()):
-        print(f"rank {rank}: replayed {r.total} ops in {r.seconds:.2f}s: {r.ok} ok, "
-              f"{r.skipped} skipped, {r.failed} failed -> {r.path}")
-        for reason, n in sorted(r.reasons.items(), key=lambda kv: -kv[1]):
-            print(f"  {n:5d}  {reason}")
-    print(f"collectives checked against all ranks' inputs: {counts['checked']} "
-          f"({counts['mismatched']} mismatched), not checkable: {counts['unchecked']}")
+    done = replay_ranks(args.dump, args.output, on=args.on, upcast=args.upcast,
+                        jobs=args.jobs, resume=args.resume, overwrite=args.overwrite,
+                        ops=args.op, progress=False)
+    print(done.format())
     return 0
 
 

@@ -13,7 +13,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -181,8 +181,28 @@ def summarise(checked: dict[int, dict[int, OpOutcome]], threshold: float = 10.0
     return counts
 
 
+class RanksReplay(NamedTuple):
+    """Every rank's ReplayResult and the collective counts (unpacks as a pair)."""
+
+    results: dict[int, Any]
+    counts: dict[str, int]
+
+    def format(self) -> str:
+        from accuracy.replay.engine import format_reasons
+
+        lines = []
+        for rank, r in sorted(self.results.items()):
+            lines.append(f"rank {rank}: replayed {r.total} ops in {r.seconds:.2f}s: {r.ok} ok, "
+                         f"{r.skipped} skipped, {r.failed} failed -> {r.path}")
+            lines += format_reasons(r.reasons)
+        c = self.counts
+        lines.append(f"collectives checked against all ranks' inputs: {c['checked']} "
+                     f"({c['mismatched']} mismatched), not checkable: {c['unchecked']}")
+        return "\n".join(lines)
+
+
 def replay_ranks(spec: str | os.PathLike[str], out_spec: str | os.PathLike[str],
-                 **kw: Any) -> tuple[dict[int, Any], dict[str, int]]:
+                 **kw: Any) -> RanksReplay:
     """Replay every rank's dump named by `spec` (a `{rank}` pattern or a folder) into
     `out_spec`, with the collectives checked across ranks. Returns (rank -> ReplayResult,
     collective counts)."""
@@ -197,4 +217,4 @@ def replay_ranks(spec: str | os.PathLike[str], out_spec: str | os.PathLike[str],
     finally:
         for d in dumps.values():
             d.close()
-    return results, summarise(checked)
+    return RanksReplay(results, summarise(checked))

@@ -50,10 +50,27 @@ class ReplayResult:
     seconds: float = 0.0
     bytes_read: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+    on: str = ""
+    upcast: str = ""
 
     @property
     def total(self) -> int:
         return self.ok + self.skipped + self.failed
+
+    def format(self) -> str:
+        """The terminal summary: counts, the reasons ops were skipped or failed, the file."""
+        lines = [f"replayed {self.total} ops on {self.on} (upcast {self.upcast}) in "
+                 f"{self.seconds:.2f}s: {self.ok} ok, {self.skipped} skipped, {self.failed} failed"
+                 + (f", {self.resumed} carried over from the interrupted run"
+                    if self.resumed else "")]
+        lines += format_reasons(self.reasons)
+        lines.append(f"wrote {self.path}")
+        return "\n".join(lines)
+
+
+def format_reasons(reasons: dict[str, int]) -> list[str]:
+    """One line per reason, the most frequent first."""
+    return [f"  {n:5d}  {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])]
 
 
 def reference_device(on: str) -> torch.device:
@@ -291,7 +308,7 @@ def replay(
             "source_profile": d.attrs.get("profile", ""), "backend": on,
         }
         writer = DumpWriter(partial, attrs, overwrite=True)
-        result = ReplayResult(path=out)
+        result = ReplayResult(path=out, on=on, upcast=upcast)
         complete = False
         try:
             done: set[int] = set()

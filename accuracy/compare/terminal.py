@@ -1,0 +1,80 @@
+"""A report's summary as terminal text (`Report.format`, `MultiRankReport.format`).
+
+Kept apart from the report files' writers: this is what `accuracy compare` prints, and what a
+notebook user gets from `print(report.format())`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else ("-" if v is None else str(v))
+
+
+def _where(r: dict[str, Any]) -> str:
+    return (f"seq {r['seq_my']} {r['op']} [{r['phase']}] in {r['module'] or '-'} "
+            f"at {r['source'] or '?'}\n      {r['my_address']}  vs  {r['golden_address']}")
+
+
+def format_summary(s: dict[str, Any], top: int = 5) -> str:
+    """A compare's summary: counts, speed, the culprit and the `top` suspects."""
+    out = [f"compared {s['my']} (my) with {s['golden']} (golden)"
+           + (f", replay {s['replay']}" if s.get("replay") else "")]
+    out += [f"  WARNING: {w}" for w in s.get("refusals") or []]
+    out.append(f"  rows {s['rows']}: " + ", ".join(f"{k} {v}" for k, v in s["counts"].items())
+               + f"  ->  {s['verdict'].upper()}")
+    judged = s.get("judged_counts")
+    if judged:
+        out.append("  tensors judged where produced: "
+                   + ", ".join(f"{k} {judged[k]}" for k in ("pass", "warning", "error")))
+    gbps = s.get("gb_per_s")
+    out.append(f"  {s['bytes_compared'] / 1e6:.1f} MB of tensor data in {s['seconds']:.2f} s"
+               + (f" ({gbps:.2f} GB/s)" if gbps else ""))
+    if s.get("warning"):
+        out.append(f"  warning: {s['warning']}")
+    cul = s.get("culprit")
+    if cul:
+        out.append(f"  culprit: {_where(cul)}")
+        out.append(f"      {cul['verdict']}: {cul['message']}")
+    else:
+        out.append("  culprit: none (no op output is judged an error)")
+    suspects = s.get("suspects") or []
+    if suspects:
+        out.append(f"  top suspects (score = {s.get('ranking') or 'local error or amplification'}"
+                   ", x what an honest kernel explains):")
+        out += [f"    {_fmt(r['score']):>10}  {r['verdict']:7s} seq {r['seq_my']} {r['op']} "
+                f"[{r['phase']}] {r['module'] or '-'}" for r in suspects[:top]]
+    out += [f"  note: {n}" for n in s.get("notes") or []]
+    return "\n".join(out)
+
+
+def format_ranks(s: dict[str, Any]) -> str:
+    """A multi-rank compare's merged summary, one line per rank."""
+    out = [f"compared {len(s['ranks'])} ranks (world size {s['world_size']}): {s['my']} (my) "
+           f"with {s['golden']} (golden)" + (f", replay {s['replay']}" if s.get("replay") else "")
+           + f"  ->  {s['verdict'].upper()}",
+           f"  {s['bytes_compared'] / 1e6:.1f} MB of tensor data in {s['seconds']:.2f} s"]
+    if s.get("warning"):
+        out.append(f"  warning: {s['warning']}")
+    out.append("  diverged first: "
+               + ("none" if s["first_rank"] is None else f"rank {s['first_rank']}"))
+    for e in s["ranks"]:
+        c, fd = e["culprit"], e["first_divergence"]
+        if e["label"] == "inherited":
+            i = e["inherited"]
+            what = f"inherited via {i['via']} (epoch {i['epoch']}) from rank {i['from_rank']}"
+        elif c is not None:
+            what = (f"culprit #{c['rank_index']} {c['op']} [{c['phase']}] epoch {c['epoch']}: "
+                    f"{c['message']}")
+        else:
+            what = e["label"]
+        out.append(f"  rank {e['rank']}: {e['verdict']:7s} {what}"
+                   + (f" (first divergence epoch {fd['epoch']} seq {fd['seq_my']})" if fd else ""))
+    return "\n".join(out)
+
+
+def format_written(paths: dict[str, Any]) -> str:
+    """The report files written, one line each."""
+    return "\n".join(f"  wrote {f}: {p}" for f, p in paths.items())
