@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from accuracy.dumpfile.dtypes import torch_dtype
+
 FINITE, SATURATED, NONFINITE = 0, 1, 2
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -44,11 +46,11 @@ class Saturation:
                 raise ValueError(f"saturation fraction must be in (0, 1], not {spec}")
             return cls(fraction=float(spec))
         items = [spec] if isinstance(spec, str | torch.dtype) else list(spec)  # type: ignore
-        dtypes = tuple(getattr(torch, d) if isinstance(d, str) else d for d in items)
-        for d in dtypes:
+        wanted = tuple(torch_dtype(d) if isinstance(d, str) else d for d in items)
+        for d in wanted:
             if not isinstance(d, torch.dtype) or not d.is_floating_point:
                 raise ValueError(f"saturation dtype must be a floating dtype, not {d!r}")
-        return cls(dtypes=dtypes)
+        return cls(dtypes=wanted)
 
     def targets(self, dtype: torch.dtype) -> Iterable[tuple[torch.dtype, float]]:
         """(target dtype, threshold) pairs that apply to a tensor of `dtype`."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from accuracy.dumpfile import dtypes
 from accuracy.dumpfile.validate import parse_json
 from accuracy.errors import AccuracyError
 
@@ -78,10 +79,9 @@ def _tagged(key: str, val: Any, tensors: Sequence[Any]) -> Any:
     if key == "__float__":
         return float(val)
     if key == "__dtype__":
-        dt = getattr(torch, val, None) if isinstance(val, str) else None
-        if not isinstance(dt, torch.dtype):
+        if not isinstance(val, str):
             raise ValueError(f"unknown dtype {val!r}")
-        return dt
+        return dtypes.torch_dtype(val)
     if key == "__device__":
         return torch.device(val)
     if key == "__memory_format__":

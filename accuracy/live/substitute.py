@@ -22,6 +22,7 @@ import torch
 
 from accuracy.aten import is_view, written_ids
 from accuracy.dumper.flatten import tensors_in
+from accuracy.dumpfile import dtypes
 from accuracy.errors import UsageError
 from accuracy.live.check import _fill
 from accuracy.live.select import Selection, Site, SiteMode, unrunnable
@@ -47,8 +48,11 @@ class Call:
 def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    value = getattr(torch, str(dtype).removeprefix("torch."), None)
-    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+    try:
+        value = dtypes.torch_dtype(str(dtype).removeprefix("torch."))
+    except ValueError:
+        value = None
+    if value is None or not value.is_floating_point:
         raise UsageError(f"dtype must name a floating dtype (float32, bfloat16...), not {dtype!r}")
     return value
 
