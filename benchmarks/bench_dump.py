@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -54,6 +55,9 @@ def main() -> None:
               f"{s['bytes_written'] / 1e6:.1f} MB, saved by links "
               f"{s['bytes_saved_by_links'] / 1e6:.1f} MB, file "
               f"{(tmp / f'{mode}.h5').stat().st_size / 1e6:.1f} MB")
+    stats_ratio = statistics.median(ratios(t["statistics"], t["bare"]))
+    print(f"accuracy statistics / bare step (median): {stats_ratio:.2f}x (goal <= 1.3x: "
+          f"{'met' if stats_ratio <= 1.3 else 'not met'})")
     if msprobe_available() and not args.no_msprobe:
         m = run_msprobe("interleaved", str(args.repeat), str(tmp / "msprobe"), timeout=3600)
         print(f"{'msprobe venv bare step':24s} {spread(m['bare']):>28s}")
@@ -65,7 +69,8 @@ def main() -> None:
         n = min(len(t["tensor"]), len(m["tensor"]))
         rel = ratios(t["tensor"][:n], m["tensor"][:n])
         print(f"accuracy tensor / msprobe tensor time, round by round: "
-              f"{spread(rel, '{:.2f}')} (goal <= 0.5)")
+              f"{spread(rel, '{:.2f}')} (goal <= 0.5: "
+              f"{'met' if statistics.median(rel) <= 0.5 else 'not met'})")
     else:
         print("msprobe not installed in benchmarks/.msprobe-venv: side-by-side skipped "
               "(python3.11 -m venv benchmarks/.msprobe-venv && "
