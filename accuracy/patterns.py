@@ -6,7 +6,10 @@ from fnmatch import fnmatchcase
 
 
 def op_matches(pattern: str, op: str) -> bool:
-    """`aten.mm` matches every overload (`aten.mm.default`, ...); globs like `aten.*norm*` work."""
+    """`aten.mm` matches every overload (`aten.mm.default`, ...); globs like `aten.*norm*` work;
+    a bare name (`mm`, `addmm`) means the aten op, as users write it."""
+    if "." not in pattern and not any(c in pattern for c in "*?["):
+        pattern = "aten." + pattern
     return op == pattern or op.startswith(pattern + ".") or fnmatchcase(op, pattern)
 
 

@@ -341,3 +341,15 @@ def test_compare_to_an_existing_file_says_so(runs, in_tmp, capsys):
         assert "taken is a file, not a report folder" in err and "Errno" not in err
         assert "\n" not in err
     assert Path("taken").read_text() == "someone's notes"
+
+
+def test_op_patterns_take_the_names_users_type():
+    """`--op addmm` means the aten op, every overload; globs and other namespaces as written."""
+    from accuracy.patterns import op_matches
+
+    assert op_matches("addmm", "aten.addmm.default")
+    assert op_matches("aten.addmm", "aten.addmm.default")
+    assert op_matches("aten.*norm*", "aten.native_layer_norm.default")
+    assert not op_matches("mm", "aten.addmm.default")
+    assert not op_matches("addmm", "c10d.addmm_.default")
+    assert op_matches("c10d.allreduce_", "c10d.allreduce_.default")
