@@ -330,6 +330,31 @@ def scaling() -> None:
         print(f"| {kind} | {one / 1e9:.2f} | {two / 1e9:.2f} | {two / one:.2f}x |")
 
 
+def contention(device: Path, golden: Path) -> None:
+    """One compare batch (every pair of the step) on one local:2 worker alone, then on both
+    workers at once: how much slower a worker's task gets when the other one runs too."""
+    from accuracy.cluster import dask_client
+    from accuracy.compare.metrics import resolve_algorithms
+
+    batch, algs = _one_batch(device, golden), resolve_algorithms(None)
+    gb = sum(m.nbytes + g.nbytes for m, g in batch) / 1e9
+    print(f"\ncompare batch of {gb:.2f} GB, local:2: one worker alone vs both at once ({_load()})")
+    print("| run | task CPU s per worker | wall s | GB/s (all workers) |")
+    print("| --- | --- | --- | --- |")
+    with dask_client("local:2") as client:
+        ws = sorted(client.nthreads())
+        client.gather([client.submit(_task_cost, batch, algs, True, workers=[w], pure=False)
+                       for w in ws])  # files open, every page mapped, in each worker
+        for who in ([ws[0]], ws):
+            t0 = time.perf_counter()
+            fs = [client.submit(_task_cost, batch, algs, True, workers=[w], pure=False)
+                  for w in who]
+            res = [f.result() for f in fs]
+            wall = time.perf_counter() - t0
+            print(f"| {len(who)} at once | {' / '.join(f'{r[0]:.2f}' for r in res)} | "
+                  f"{wall:.2f} | {len(who) * gb / wall:.2f} |")
+
+
 def _tree_cpu(pid: int) -> dict[str, float]:
     """CPU seconds of this process (the client, and a local cluster's scheduler and nannies,
     which run on threads of it) and of its child processes (the Dask workers)."""
@@ -423,6 +448,9 @@ def print_goals(runs: list[dict]) -> None:
           f"({'met' if slower <= 0.10 else 'NOT met'}{note})")
     print(f"goal: local:2 >= 1.8x local:1: {speedup:.2f}x "
           f"({'met' if speedup >= 1.8 else 'NOT met'}{note})")
+    cores = one["cpu"] / one["wall"]  # a replay worker reads ahead on a second thread
+    print(f"local:1 kept {cores:.2f} of {os.cpu_count()} cores busy (its workers' CPU s / wall "
+          f"s): local:2 can be at most {(os.cpu_count() or 1) / cores:.2f}x it on this machine")
     print(f"CPU seconds of the same work vs in-process: local:1 {one['cpu'] / inproc['cpu']:.2f}x, "
           f"local:2 {two['cpu'] / inproc['cpu']:.2f}x (what load does not change)")
     print(f"rows identical in every run: {all(r['same'] for r in runs)}")
@@ -440,7 +468,8 @@ def main() -> int:
     p.add_argument("--split", action="store_true",
                    help="only compare's CPU per process and worker busy time, local:1 and 2")
     p.add_argument("--scaling", action="store_true",
-                   help="only 1 vs 2 concurrent processes on in-cache and streaming work")
+                   help="only 1 vs 2 concurrent processes on in-cache and streaming work, "
+                   "and one compare batch on 1 vs 2 workers at once")
     p.add_argument("--two-tier", action="store_true",
                    help="only the two-tier flow's disk figures (batch 8 step)")
     args = p.parse_args()
@@ -459,6 +488,7 @@ def main() -> int:
             return 0
         if args.scaling:
             scaling()
+            contention(*make_dumps(work, args.replay_batch))
             return 0
         if args.two_tier:
             two_tier(work)
