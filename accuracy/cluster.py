@@ -251,7 +251,7 @@ def map_in_order(client: Any, fn: Callable[..., Any], batches: Sequence[Any], *a
     for i in range(len(batches)):
         w = workers[i] if workers is not None else None
         placements.setdefault(tuple(w) if w is not None else None, []).append(i)
-    n_workers = max(1, len(client.nthreads())) if group > 1 else 1
+    n_workers = max(1, sum(client.nthreads().values())) if group > 1 else 1  # threads
     tasks: list[list[int]] = []  # batch indices of each task
     futures: list[Any] = []
     for allowed, idx in placements.items():  # one submission per distinct placement

@@ -76,7 +76,7 @@ class DaskReplayRunner:
         if self.place:
             workers = [Placement(self.client, [path]).workers_for([path])]
         # with tensors, results stay on the workers until written: smaller runs
-        runs = guided_groups(len(batches), len(self.client.nthreads()),
+        runs = guided_groups(len(batches), sum(self.client.nthreads().values()),
                              _MOST if metrics_only else _MOST_TENSORS)
         tasks = [[s for i in run for s in batches[i]] for run in runs]
         results = map_in_order(self.client, run_ops, tasks, path, on, upcast, metrics_only,
