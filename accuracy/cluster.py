@@ -211,10 +211,29 @@ class Placement:
         return sorted(allowed)
 
 
+def guided_groups(n: int, workers: int, most: int) -> list[range]:
+    """Consecutive runs of `n` batch indices, one task each: large runs first, shrinking to
+    single batches at the end (guided self-scheduling: each run is the remaining work over
+    twice the workers, at most `most`), so a run costs few tasks' scheduling and result
+    messages yet the workers still finish together."""
+    out: list[range] = []
+    i = 0
+    while i < n:
+        k = max(1, min(most, (n - i) // (2 * max(1, workers))))
+        out.append(range(i, i + k))
+        i += k
+    return out
+
+
+def _run_group(fn: Callable[..., Any], group: list[Any], *args: Any) -> list[Any]:
+    """A task of several batches: `fn(batch, *args)` for each, results in batch order."""
+    return [fn(b, *args) for b in group]
+
+
 def map_in_order(client: Any, fn: Callable[..., Any], batches: Sequence[Any], *args: Any,
                  name: str, retries: int = RETRIES,
                  workers: Sequence[list[str] | None] | None = None,
-                 eager: bool = True) -> Iterator[Any]:
+                 eager: bool = True, group: int = 1) -> Iterator[Any]:
     """Run `fn(batch, *args)` for each batch on the cluster; yield the results in batch order.
 
     Tasks are impure (their keys are unique per call) so a second run recomputes; a task whose
@@ -222,37 +241,60 @@ def map_in_order(client: Any, fn: Callable[..., Any], batches: Sequence[Any], *a
     run on (None: any; from Placement.workers_for). eager: fetch each result as soon as it is
     done and let the workers forget it, so a worker that dies later loses no finished batch
     (the scheduler would recompute a lost result); False fetches in batch order, leaving
-    later results on the workers (for large results). Pending tasks are cancelled on exit.
+    later results on the workers (for large results). group: at most this many consecutive
+    batches of one placement per task (`guided_groups`; 1: a task per batch). Pending tasks
+    are cancelled on exit.
     """
     token = uuid.uuid4().hex[:12]
     batches = list(batches)
-    groups: dict[tuple[str, ...] | None, list[int]] = {}
+    placements: dict[tuple[str, ...] | None, list[int]] = {}
     for i in range(len(batches)):
         w = workers[i] if workers is not None else None
-        groups.setdefault(tuple(w) if w is not None else None, []).append(i)
-    futures: list[Any] = [None] * len(batches)
-    for allowed, idx in groups.items():  # one submission per distinct placement
+        placements.setdefault(tuple(w) if w is not None else None, []).append(i)
+    n_workers = max(1, sum(client.nthreads().values())) if group > 1 else 1  # threads
+    tasks: list[list[int]] = []  # batch indices of each task
+    futures: list[Any] = []
+    for allowed, idx in placements.items():  # one submission per distinct placement
         placed = {} if allowed is None else {"workers": list(allowed),
                                              "allow_other_workers": False}
-        fs = client.map(fn, [batches[i] for i in idx], *[[a] * len(idx) for a in args],
-                        key=[f"{name}-{token}-{i}" for i in idx], retries=retries,
-                        pure=False, **placed)
-        for i, f in zip(idx, fs, strict=True):
-            futures[i] = f
+        runs = [idx[r.start:r.stop] for r in guided_groups(len(idx), n_workers, group)]
+        first = len(tasks)
+        if group > 1:
+            fs = client.map(_run_group, [fn] * len(runs), [[batches[i] for i in run]
+                                                           for run in runs],
+                            *[[a] * len(runs) for a in args],
+                            key=[f"{name}-{token}-{first + j}" for j in range(len(runs))],
+                            retries=retries, pure=False, **placed)
+        else:
+            fs = client.map(fn, [batches[run[0]] for run in runs],
+                            *[[a] * len(runs) for a in args],
+                            key=[f"{name}-{token}-{first + j}" for j in range(len(runs))],
+                            retries=retries, pure=False, **placed)
+        tasks += runs
+        futures += fs
+    first_batch = [run[0] for run in tasks]
     try:
+        done: dict[int, Any] = {}
+        nxt = 0
+
+        def take(t: int, result: Any) -> None:
+            for i, r in zip(tasks[t], result if group > 1 else [result], strict=True):
+                done[i] = r
+
         if not eager:
-            for f in futures:
-                yield f.result()
+            for t in sorted(range(len(tasks)), key=first_batch.__getitem__):
+                take(t, futures[t].result())
+                while nxt in done:
+                    yield done.pop(nxt)
+                    nxt += 1
             return
         from distributed import as_completed
 
-        index = {f.key: i for i, f in enumerate(futures)}
-        done: dict[int, Any] = {}
-        nxt = 0
-        for f in as_completed(futures):
-            i = index[f.key]
-            done[i] = f.result()
-            futures[i] = None  # released: the worker drops its copy
+        index = {f.key: t for t, f in enumerate(futures)}
+        for f in as_completed(list(futures)):
+            t = index[f.key]
+            take(t, f.result())
+            futures[t] = None  # released: the worker drops its copy
             f.release()
             while nxt in done:
                 yield done.pop(nxt)

@@ -9,7 +9,8 @@ on one thread everywhere. The machine may be shared: the CPU-seconds rate (GB pe
 is what load does not change; wall-clock speed-ups need idle cores.
 
     .venv/bin/python benchmarks/bench_cluster.py [--batch 32] [--replay-batch 8]
-        [--workdir DIR] [--skip-replay] [--two-tier] [--idle] [--probe]
+        [--workdir DIR] [--skip-replay] [--two-tier] [--idle] [--probe] [--split]
+        [--scaling]
 """
 
 from __future__ import annotations
@@ -250,6 +251,162 @@ def probe(device: Path, golden: Path) -> None:
             _task_cost, batch, algs, True, pure=False).result())
 
 
+def _replay_batches(device: Path) -> list[list[int]]:
+    from accuracy.dumpfile import load_dump
+    from accuracy.replay.engine import _BATCH
+
+    with load_dump(device) as d:
+        seqs = [r.seq for r in d.records]
+    return [seqs[i:i + _BATCH] for i in range(0, len(seqs), _BATCH)]
+
+
+def _replay_task_cost(path: str, batches: list[list[int]]) -> tuple[float, float, float, int]:
+    """(process CPU s, this thread's CPU s, wall s, minor page faults) of `run_ops` over every
+    batch, here, as a worker runs them (its dump opened and its cache made by the first)."""
+    import torch
+
+    from accuracy.replay.cluster import run_ops
+
+    torch.set_num_threads(1)
+    c0, th0, t0 = _cpu_seconds(), time.thread_time(), time.perf_counter()
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for b in batches:
+        run_ops(b, path, "cpu", "fp64", True)
+    return (_cpu_seconds() - c0, time.thread_time() - th0, time.perf_counter() - t0,
+            resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+
+
+def probe_replay(device: Path) -> None:
+    """The replay worker task (`run_ops` over every batch) in this process vs in a worker."""
+    import subprocess
+
+    from accuracy.cluster import dask_client
+
+    batches = _replay_batches(device)
+    print(f"\nprobe: replay worker tasks, {len(batches)} batches of {device.name} ({_load()})")
+    print("| where | process CPU s | task thread CPU s | wall s | minor page faults |")
+    print("| --- | --- | --- | --- | --- |")
+
+    def show(label: str, r: tuple) -> None:
+        print(f"| {label} | {r[0]:.2f} | {r[1]:.2f} | {r[2]:.2f} | {r[3]:,} |")
+
+    code = ("import json,sys;from benchmarks.bench_cluster import _replay_task_cost as f;"
+            "print(json.dumps(f(sys.argv[1], json.loads(sys.argv[2]))))")
+    here = subprocess.run([sys.executable, "-c", code, str(device), json.dumps(batches)],
+                          capture_output=True, text=True, check=True)
+    show("fresh process (run_ops)", json.loads(here.stdout.strip().splitlines()[-1]))
+    with dask_client("local:1") as client:
+        client.run(_warm_replay_worker)
+        show("Dask worker, --cluster local:1", client.submit(
+            _replay_task_cost, str(device.resolve()), batches, pure=False).result())
+
+
+def _spin(kind: str, seconds: float = 3.0) -> float:
+    """Work units done in `seconds`: in-cache arithmetic ("cpu") or streaming over 256 MB
+    ("memory"), in one thread with single-threaded numpy."""
+    import numpy as np
+
+    a = np.ones(32 << 10 if kind == "cpu" else 32 << 20)  # 256 KiB (in L2) or 256 MiB
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a *= 1.0000001
+        n += 1
+    return n * a.nbytes / (time.perf_counter() - t0)
+
+
+def scaling() -> None:
+    """Whether 2 processes get 2x the work of 1 on this machine: in-cache arithmetic (the
+    cores) and streaming over memory (the memory bandwidth), 1 vs 2 processes at once."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    print(f"\nscaling of 1 vs 2 concurrent processes ({_load()})")
+    print("| work | 1 process GB/s | 2 processes GB/s (sum) | 2 vs 1 |")
+    print("| --- | --- | --- | --- |")
+    for kind in ("cpu", "memory"):
+        with ProcessPoolExecutor(2) as ex:
+            list(ex.map(_spin, [kind] * 2, [0.3] * 2))  # started, numpy imported
+            one = ex.submit(_spin, kind).result()
+            two = sum(ex.map(_spin, [kind] * 2))
+        print(f"| {kind} | {one / 1e9:.2f} | {two / 1e9:.2f} | {two / one:.2f}x |")
+
+
+def contention(device: Path, golden: Path) -> None:
+    """One compare batch (every pair of the step) on one local:2 worker alone, then on both
+    workers at once: how much slower a worker's task gets when the other one runs too."""
+    from accuracy.cluster import dask_client
+    from accuracy.compare.metrics import resolve_algorithms
+
+    batch, algs = _one_batch(device, golden), resolve_algorithms(None)
+    gb = sum(m.nbytes + g.nbytes for m, g in batch) / 1e9
+    print(f"\ncompare batch of {gb:.2f} GB, local:2: one worker alone vs both at once ({_load()})")
+    print("| run | task CPU s per worker | wall s | GB/s (all workers) |")
+    print("| --- | --- | --- | --- |")
+    with dask_client("local:2") as client:
+        ws = sorted(client.nthreads())
+        client.gather([client.submit(_task_cost, batch, algs, True, workers=[w], pure=False)
+                       for w in ws])  # files open, every page mapped, in each worker
+        for who in ([ws[0]], ws):
+            t0 = time.perf_counter()
+            fs = [client.submit(_task_cost, batch, algs, True, workers=[w], pure=False)
+                  for w in who]
+            res = [f.result() for f in fs]
+            wall = time.perf_counter() - t0
+            print(f"| {len(who)} at once | {' / '.join(f'{r[0]:.2f}' for r in res)} | "
+                  f"{wall:.2f} | {len(who) * gb / wall:.2f} |")
+
+
+def _tree_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of this process (the client, and a local cluster's scheduler and nannies,
+    which run on threads of it) and of its child processes (the Dask workers)."""
+    import psutil
+
+    me = psutil.Process(pid)
+    out: dict[str, float] = {}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        role = "client" if p.pid == pid else "workers" if "spawn_main" in cmd else "other"
+        out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
+
+
+def split(device: Path, golden: Path) -> None:
+    """Where compare's CPU goes on local:1 and local:2 (per process role) and how busy each
+    worker was (Dask's task stream): the client's share, the workers' idle time, the tail."""
+    from distributed import get_task_stream
+
+    from accuracy.cluster import dask_client
+    from accuracy.compare import compare
+    from accuracy.compare.cluster import DaskRunner
+
+    print(f"\ncompare CPU by process and worker busy time ({_load()})")
+    print("| run | wall s | client+scheduler+nannies CPU s | workers CPU s | "
+          "tasks | task busy s per worker | first finisher idle at end s | load |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for n in (1, 2):
+        with dask_client(f"local:{n}") as client:
+            client.run(lambda: __import__("accuracy.compare.cluster") and None)
+            before, t0 = _tree_cpu(os.getpid()), time.perf_counter()
+            with get_task_stream(client) as ts:
+                compare(device, golden, runner=DaskRunner(client))
+            wall, after = time.perf_counter() - t0, _tree_cpu(os.getpid())
+            busy: dict[str, list[tuple[float, float]]] = {}
+            for task in ts.data:
+                for s in task["startstops"]:
+                    if s["action"] == "compute":
+                        busy.setdefault(task["worker"], []).append((s["start"], s["stop"]))
+        d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        ends = sorted(max(b for _, b in iv) for iv in busy.values())
+        print(f"| local:{n} | {wall:.2f} | {d.get('client', 0):.2f} | "
+              f"{d.get('workers', 0):.2f} | "
+              f"{sum(len(iv) for iv in busy.values())} | "
+              f"{' / '.join(f'{sum(b - a for a, b in iv):.2f}' for iv in busy.values())} | "
+              f"{ends[-1] - ends[0]:.2f} | {_load().removeprefix('load ')} |")
+
+
 def idle_worker(seconds: float = 20.0) -> None:
     """CPU an idle local:1 worker uses per second of wall time (its housekeeping)."""
     from accuracy.cluster import dask_client
@@ -291,6 +448,9 @@ def print_goals(runs: list[dict]) -> None:
           f"({'met' if slower <= 0.10 else 'NOT met'}{note})")
     print(f"goal: local:2 >= 1.8x local:1: {speedup:.2f}x "
           f"({'met' if speedup >= 1.8 else 'NOT met'}{note})")
+    cores = one["cpu"] / one["wall"]  # a replay worker reads ahead on a second thread
+    print(f"local:1 kept {cores:.2f} of {os.cpu_count()} cores busy (its workers' CPU s / wall "
+          f"s): local:2 can be at most {(os.cpu_count() or 1) / cores:.2f}x it on this machine")
     print(f"CPU seconds of the same work vs in-process: local:1 {one['cpu'] / inproc['cpu']:.2f}x, "
           f"local:2 {two['cpu'] / inproc['cpu']:.2f}x (what load does not change)")
     print(f"rows identical in every run: {all(r['same'] for r in runs)}")
@@ -305,6 +465,11 @@ def main() -> int:
     p.add_argument("--idle", action="store_true", help="only an idle worker's CPU per second")
     p.add_argument("--probe", action="store_true",
                    help="only one batch's task CPU and page faults, in-process vs workers")
+    p.add_argument("--split", action="store_true",
+                   help="only compare's CPU per process and worker busy time, local:1 and 2")
+    p.add_argument("--scaling", action="store_true",
+                   help="only 1 vs 2 concurrent processes on in-cache and streaming work, "
+                   "and one compare batch on 1 vs 2 workers at once")
     p.add_argument("--two-tier", action="store_true",
                    help="only the two-tier flow's disk figures (batch 8 step)")
     args = p.parse_args()
@@ -316,6 +481,14 @@ def main() -> int:
             return 0
         if args.probe:
             probe(*make_dumps(work, args.replay_batch))
+            probe_replay(make_dumps(work, args.replay_batch)[0])
+            return 0
+        if args.split:
+            split(*make_dumps(work, args.batch))
+            return 0
+        if args.scaling:
+            scaling()
+            contention(*make_dumps(work, args.replay_batch))
             return 0
         if args.two_tier:
             two_tier(work)

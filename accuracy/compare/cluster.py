@@ -20,6 +20,9 @@ from accuracy.cluster import RETRIES, Placement, map_in_order, tune_worker_mallo
 from accuracy.compare.engine import BlobReader, TensorRef, compare_refs
 
 Batch = list[tuple[TensorRef, TensorRef]]
+# batches (about 32 MB each) per task at most: a task per batch cost the client and the
+# scheduler ~6 ms of CPU each, on the cores the workers use (see docs/cluster.md)
+_MOST = 16
 _LOCK = threading.Lock()
 _READER: dict[str, Any] = {"reader": None, "files": {}}
 
@@ -79,7 +82,8 @@ class DaskRunner:
             placement = Placement(self.client, {r.path for b in batches for p in b for r in p})
             workers = [placement.workers_for({r.path for p in b for r in p}) for b in batches]
         return map_in_order(self.client, run_batch, batches, algorithms,
-                            name="accuracy-compare", retries=self.retries, workers=workers)
+                            name="accuracy-compare", retries=self.retries, workers=workers,
+                            group=_MOST)
 
 
 def compare_on_cluster(my: Any, golden: Any, replay: Any = None, *, cluster: str,

@@ -1,9 +1,11 @@
 """Replay's op batches on a Dask cluster: each worker opens the dump itself and replays seqs.
 
-`replay(..., runner=DaskReplayRunner(client))` sends lists of seqs (16 ops each) to the
-workers and writes their outcomes in execution order, as a local replay does; the output is
-still written by this process, to `<out>.partial` first, so `--resume` carries finished ops
-over after an interruption, and a batch whose worker died is rerun by the scheduler.
+`replay(..., runner=DaskReplayRunner(client))` sends runs of consecutive seqs to the workers
+(several of replay's 16-op batches per task, fewer at the end: `cluster.guided_groups`), each
+replayed the way a local replay does (reading ahead on a thread), and writes their outcomes
+in execution order; the output is still written by this process, to `<out>.partial` first,
+so `--resume` carries finished ops over after an interruption, and a task whose worker died
+is rerun by the scheduler.
 With `metrics_only`, workers send back the figures without the reference tensors.
 """
 
@@ -14,8 +16,9 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from accuracy.cluster import RETRIES, Placement, map_in_order, tune_worker_malloc
+from accuracy.cluster import RETRIES, Placement, guided_groups, map_in_order, tune_worker_malloc
 
+_MOST, _MOST_TENSORS = 8, 2  # batches per task at most (figures only / with tensors)
 _LOCAL = threading.local()  # per worker thread: open dump, device, tensor cache
 
 
@@ -42,9 +45,10 @@ def run_ops(seqs: list[int], path: str, on: str, upcast: str, metrics_only: bool
 
     tune_worker_malloc()
     st = _state(path, on)
-    d = st["dump"]
-    with caching(st["cache"]):
-        out = [replay_op(d.record(s), st["device"], upcast) for s in seqs]
+    d, cache, device = st["dump"], st["cache"], st["device"]
+    with caching(cache):  # the read path of an in-process replay: reads run ahead on a thread
+        out = [replay_op(rec, device, upcast)
+               for rec in cache.read_ahead([d.record(s) for s in seqs], device)]
     if metrics_only:
         for o in out:
             o.tensors = []
@@ -65,12 +69,30 @@ class DaskReplayRunner:
     def __call__(self, path: str, batches: Sequence[list[int]], on: str, upcast: str,
                  metrics_only: bool) -> Iterator[list]:
         path = os.path.abspath(path)  # a worker's working directory is not this process's
+        batches = list(batches)
+        if not batches:
+            return iter(())
         workers = None
-        if self.place and batches:
-            workers = [Placement(self.client, [path]).workers_for([path])] * len(batches)
-        return map_in_order(self.client, run_ops, batches, path, on, upcast, metrics_only,
-                            name="accuracy-replay", retries=self.retries, workers=workers,
-                            eager=metrics_only)  # full replay: tensors stay on the workers
+        if self.place:
+            workers = [Placement(self.client, [path]).workers_for([path])]
+        # with tensors, results stay on the workers until written: smaller runs
+        runs = guided_groups(len(batches), sum(self.client.nthreads().values()),
+                             _MOST if metrics_only else _MOST_TENSORS)
+        tasks = [[s for i in run for s in batches[i]] for run in runs]
+        results = map_in_order(self.client, run_ops, tasks, path, on, upcast, metrics_only,
+                               name="accuracy-replay", retries=self.retries,
+                               workers=None if workers is None else workers * len(tasks),
+                               eager=metrics_only)  # full replay: tensors stay on the workers
+        return _split(results, [[len(batches[i]) for i in run] for run in runs])
+
+
+def _split(results: Iterator[list], sizes: list[list[int]]) -> Iterator[list]:
+    """Each task's outcomes cut back into the batches it ran, in batch order."""
+    for outcomes, lengths in zip(results, sizes, strict=True):
+        at = 0
+        for n in lengths:
+            yield outcomes[at:at + n]
+            at += n
 
 
 def replay_on_cluster(dump: Any, out_path: Any, *, cluster: str, **kwargs: Any) -> Any:
