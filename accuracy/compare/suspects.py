@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from accuracy.compare.report import load_report
-from accuracy.dumper.filters import SELECTION_FORMAT
+from accuracy.dumpfile.schema import SELECTION_FORMAT
 from accuracy.errors import OutputExistsError, UsageError
 from accuracy.outputs import writable_folder
 

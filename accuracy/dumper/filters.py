@@ -9,11 +9,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from accuracy.dumpfile.schema import SELECTION_FORMAT
 from accuracy.patterns import module_matches, op_matches
 
 log = logging.getLogger(__name__)
 
-SELECTION_FORMAT = "accuracy-selection/1"
 MAX_SELECTED = 1_000_000
 _IO_WORDS = {"input", "output"}
 _PHASE_WORDS = {"forward", "backward", "optimizer"}

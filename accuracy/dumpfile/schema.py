@@ -16,6 +16,8 @@ FORMAT_NAME = "accuracy-dump"
 SCHEMA_VERSION = 2  # 2: op rows gained `epoch`; version-1 files read with epoch unknown
 OLDEST_READABLE = 1
 UNKNOWN_EPOCH = -1  # an op row of a version-1 dump, or one written outside a dumper
+# The two-tier flow's selection file (written by `accuracy suspects`, read by dumper(select=))
+SELECTION_FORMAT = "accuracy-selection/1"
 
 BLOB = "_data/blob"  # every tensor's bytes, appended (log-structured)
 OPS = "_index/ops"  # one row per recorded op
