@@ -82,3 +82,12 @@ def test_unknown_report_and_token_go_to_the_route(tmp_path):
         assert got[0][0] == 200
         c.app.state.rows_fast_lane = True
         assert c.get(f"/api/reports/{rid}/rows").status_code == 401
+
+
+def test_fast_lane_sits_behind_the_host_check(served):
+    """A page from a foreign Host (DNS rebinding) is refused before the fast lane answers."""
+    c, rid = served
+    assert c.app.state.rows_fast_lane
+    r = c.get(f"/api/reports/{rid}/rows", headers={"Host": "evil.example"})
+    assert r.status_code == 400
+    assert b'"items"' not in r.content
