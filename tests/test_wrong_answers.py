@@ -372,3 +372,16 @@ def test_flipped_data_byte_fails_accuracy_verify(corrupted, capsys):
     said = out.out + out.err
     assert rc != 0 and "invalid choice" not in said  # a verdict on the file, not a usage error
     assert "c.h5" in said and "damaged" in said
+
+
+def test_a_nan_does_not_hide_a_difference_as_rounding_noise(tmp_path):
+    """[nan, 2] against [nan, 3] in bf16: the NaNs agree, the finite values differ by 50%.
+    A NaN makes the max/min statistics NaN; that must not read as 'all values below the zero
+    floor' (which passed this pair unjudged)."""
+    for name, k in (("golden", 2.0), ("my", 3.0)):
+        with dumper(dump_path=tmp_path / f"{name}.h5"):
+            b = torch.tensor([float("nan"), 1.0], dtype=torch.bfloat16)
+            (b * k).sum()
+    rows = compare(tmp_path / "my.h5", tmp_path / "golden.h5").rows
+    mul = next(r for r in rows if r["op"] == "aten.mul.Tensor" and r["io"] == "output")
+    assert mul["verdict"] == "error", mul["message"]
