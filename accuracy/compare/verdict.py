@@ -87,12 +87,10 @@ def metric_verdict(row: Row, cfg: dict[str, Any],
     if cos is None and red is None:
         return PASS, "no finite values to compare"
     floor = base.get("zero_floor", 0.0)  # a property of the tensors' dtype, not the kernel
-    # A NaN anywhere makes max/min NaN: the magnitude is then unknown, never "below the floor"
-    # (and an error larger than the floor is never rounding noise of values under it).
+    # A NaN anywhere makes max/min NaN: the magnitude is then unknown, never "below the floor".
     extremes = [v for v in (row.my_max, row.my_min, row.golden_max, row.golden_min)
                 if v is not None]
     magnitude = max((abs(v) if not math.isnan(v) else math.inf for v in extremes), default=0.0)
-    magnitude = max(magnitude, row.max_abs_err or 0.0)
     if floor and magnitude <= floor:
         return PASS, f"all values below zero_floor {floor:g}: rounding noise, not judged"
     msgs = []
