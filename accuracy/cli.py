@@ -13,6 +13,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -201,15 +202,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+# A library message names both spellings ("pass overwrite=True (CLI: --overwrite)"); the
+# command line shows its own ("pass --overwrite").
+_PY_AND_CLI = re.compile(r"\b\w+=\S+ \(CLI: ([^)]+)\)")
+
+
 def _one_line(e: BaseException) -> str:
-    """The message of an error, on one line ("[Errno 17] File exists: 'x'" made plain)."""
+    """The message of an error, on one line ("[Errno 17] File exists: 'x'" made plain), in
+    command-line wording."""
     if isinstance(e, OSError) and e.strerror and e.filename is not None:
         text = f"{e.filename}: {e.strerror}"
     elif isinstance(e, KeyError) and e.args:
         text = str(e.args[0])
     else:
         text = str(e) or type(e).__name__
-    return " ".join(text.split())
+    return _PY_AND_CLI.sub(r"\1", " ".join(text.split()))
 
 
 if __name__ == "__main__":

@@ -113,6 +113,17 @@ def test_folder_dump_path_gets_dump_rank_file(in_tmp):
         dumper(dump_path="runs").__enter__()
 
 
+def test_a_new_path_without_suffix_is_a_folder(in_tmp):
+    """`dump_path="out/run1"` (no trailing slash, not there yet) is a folder, as `runs/` is:
+    it used to become an HDF5 file named `run1`. A name with a suffix stays a file."""
+    with dumper(dump_path="out/run1"):
+        torch.ones(3).exp()
+    assert os.listdir("out/run1") == ["dump_0.h5"]
+    with dumper(dump_path="plain.hdf5"):
+        torch.ones(3).exp()
+    assert Path("plain.hdf5").is_file()
+
+
 def test_empty_or_none_load_file_path_means_no_load(in_tmp):
     for value in ("", None):
         d = dumper(dump_path=f"x{value!r}.h5", load_file_path=value)
