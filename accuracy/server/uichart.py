@@ -1,0 +1,84 @@
+"""The report page's default chart: the offline report's (compare/html.py), served as data.
+
+Log relative Euclidean distance of each op output along execution order, the culprit marked.
+That metric is not one of the index's narrow columns (db.METRIC_COLUMNS), so it is read once
+per report from the stored rows and cached: reports never change once indexed.
+
+A row judged "rounding noise, not judged" (every value below the dtype's zero floor, such as
+layer norm's mean output on a normalised input, ~1e-8) has a meaningless relative distance
+(1.4 for 5e-8 of noise); it is sent as not judged, so the page draws it apart (grey, at the
+floor) instead of as a passing op far above the others.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from typing import Any
+
+from sqlalchemy import select
+
+from accuracy.compare.row import Verdict
+from accuracy.lru import BoundedLRU
+from accuracy.server.db import ReportRowData
+from accuracy.server.storage import Storage
+
+FLOOR, CEILING = 1e-12, 10.0  # compare/html.py draws log10 distance in [-12, 1]
+NOT_JUDGED = "not judged"  # compare/verdict.py's message for values below the zero floor
+_CACHE: BoundedLRU[tuple[int, str, int], dict[str, Any]] = BoundedLRU(16)
+_LOCK = threading.Lock()
+
+
+def _distance(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def chart_series(storage: Storage, report_id: str, max_points: int) -> dict[str, Any]:
+    """idx, rel_euc_dist, verdict ('not judged' where the compare did not judge), phase and op
+    of each op output in execution order (bucketed to `max_points`, each bucket's worst kept),
+    and the culprit row. Raises ApiError (404) for an unknown report."""
+    rep = storage.report(report_id)
+    key = (id(storage), report_id, max_points)
+    with _LOCK:
+        hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    points: list[tuple[int, float | None, str, str, str]] = []
+    stmt = (select(ReportRowData.idx, ReportRowData.data)
+            .where(ReportRowData.report_id == report_id).order_by(ReportRowData.idx))
+    with storage.engine.connect() as con:
+        for idx, data in con.execute(stmt):
+            r = json.loads(data)
+            if r.get("kind") != "op" or r.get("io") != "output" or r.get("verdict") == "skipped":
+                continue
+            verdict = str(r.get("verdict") or "")
+            if NOT_JUDGED in str(r.get("message") or ""):
+                verdict = NOT_JUDGED
+            points.append((int(idx), _distance(r.get("rel_euc_dist")), verdict,
+                           str(r.get("phase") or ""), str(r.get("op") or "")))
+    step = max(1, -(-len(points) // max_points))
+    if step > 1:
+        points = [max(points[i:i + step], key=_badness) for i in range(0, len(points), step)]
+    summary = json.loads(rep.summary or "{}")
+    culprit = summary.get("culprit") if isinstance(summary, dict) else None
+    out = {
+        "metric": "rel_euc_dist", "floor": FLOOR, "ceiling": CEILING, "bucket": step,
+        "idx": [p[0] for p in points], "value": [p[1] for p in points],
+        "verdict": [p[2] for p in points], "phase": [p[3] for p in points],
+        "op": [p[4] for p in points],
+        "culprit": ({"index": culprit.get("index"), "op": culprit.get("op")}
+                    if isinstance(culprit, dict) else None),
+    }
+    with _LOCK:
+        _CACHE.put(key, out)
+    return out
+
+
+def _badness(p: tuple[int, float | None, str, str, str]) -> tuple[int, float]:
+    rank = Verdict.rank_of(p[2]) if p[2] != NOT_JUDGED else -1
+    return rank, p[1] if p[1] is not None else float("-inf")
