@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Sequence
 
 from accuracy.cliargs import at_least
-from accuracy.errors import AccuracyError
+from accuracy.errors import AccuracyError, UsageError
 
 _PART_CLIS = (
     "accuracy.dumpfile.cli",
@@ -67,7 +67,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
                        limit=args.limit, tensors=args.tensors, source=args.source)
     if listing.lines:
         print(listing.format())
-    print(f"{listing.count} ops", file=sys.stderr)
+    print(listing.counts(), file=sys.stderr)
     return 0
 
 
@@ -80,10 +80,17 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from accuracy.dumpfile.convert import convert_file
+    from accuracy.dumpfile.convert import convert_file, convert_folder
 
-    print(convert_file(args.dump, args.output, op=args.op, seq=args.seq, module=args.module,
-                       overwrite=args.overwrite).format())
+    if (args.dump is None) == (args.dump_d is None):
+        raise UsageError("give the dump once: `accuracy convert DUMP -o OUT` or, as msaccucmp, "
+                         "`-d DUMP_OR_FOLDER -out OUT`")
+    src = args.dump if args.dump is not None else args.dump_d
+    select = dict(op=args.op, seq=args.seq, module=args.module, overwrite=args.overwrite)
+    if os.path.isdir(src):  # a folder of dumps: one subfolder of .npy files per dump
+        print(convert_folder(src, args.output, **select).format())
+    else:
+        print(convert_file(src, args.output, **select).format())
     return 0
 
 
@@ -140,7 +147,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
     s = sub.add_parser("convert", help="write each tensor of a dump as a .npy file named by "
                                        "its address (like msaccucmp convert)")
-    s.add_argument("dump")
+    s.add_argument("dump", nargs="?", help="a dump, or a folder of dumps (each converted into "
+                                           "OUTPUT/<its name>/)")
+    s.add_argument("-d", "--dump-file", dest="dump_d", metavar="DUMP_OR_FOLDER",
+                   help="the dump or folder, msaccucmp's spelling")
+    s.add_argument("-v", "--version", dest="dump_version", type=int, choices=[1, 2], default=2,
+                   help="msaccucmp's dump-format version, accepted so its command lines run "
+                        "unchanged (an accuracy dump has one format: no effect)")
     s.add_argument("--op", help="op name or glob")
     s.add_argument("--seq", type=int, help="sequence number of one op")
     s.add_argument("--module", help="module path glob")

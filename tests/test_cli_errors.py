@@ -76,6 +76,8 @@ CASES = [
     (["convert", "{dump}", "--seq", "99999", "-o", "{tmp}/npy2"], "no op"),
     (["convert", "{dump}", "-o", "{full}"], "--overwrite"),
     (["convert", "{dump}", "-o", "{existing}"], "is a file"),
+    (["convert", "{dump}", "-d", "{dump}", "-o", "{tmp}/npy3"], "give the dump once"),
+    (["convert", "-d", "{full}", "-out", "{tmp}/npy4"], "no .h5 dump"),
     # replay
     (["replay", "{missing}", "-o", "{tmp}/r.h5"], "no such file"),
     (["replay", "{dir}", "-o", "{tmp}/r.h5"], "rank"),
