@@ -112,9 +112,21 @@ def _command_in(argv: Sequence[str]) -> str | None:
     return None
 
 
+DESCRIPTION = """\
+Find the op that broke the numbers when a PyTorch model moves to another backend.
+
+Wrap one training step in `with accuracy.dumper("npu.h5"):` on the device and on the golden
+backend, then:
+  accuracy replay npu.h5 -o replay.h5                    each op's own error
+  accuracy compare -m npu.h5 -g gpu.h5 -r replay.h5 -o report/   verdicts, culprit
+  accuracy serve --report report/                        browse it at http://127.0.0.1:8000/
+`accuracy demo` shows the whole story on an emulated accelerator."""
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The full parser; given argv, only the part owning the command in it is imported."""
-    p = argparse.ArgumentParser(prog="accuracy", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="accuracy", description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     p.add_argument("--traceback", action="store_true",
                    help="show the traceback of an error too (for a bug report)")

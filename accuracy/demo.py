@@ -233,7 +233,9 @@ def _cmd(args: argparse.Namespace) -> int:
     shutil.rmtree(data, ignore_errors=True)  # a fresh index: one copy of this demo's runs
     serving = serve(data, port=args.port, runs=[str(res.device), str(res.golden)],
                     reports=[str(res.report_dir)], verbose=args.verbose)
-    print(serving.format(), flush=True)
+    print(serving.format())
+    print("Ctrl-C stops the server (`make demo SERVE=0` or `accuracy demo --no-serve`: the demo "
+          "without serving)", flush=True)
     serving.run()
     return 0
 

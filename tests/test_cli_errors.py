@@ -309,3 +309,12 @@ def test_old_progress_spelling_is_hidden_from_help(capsys):
         main(["compare", "--help"])
     out = capsys.readouterr().out
     assert "--quiet" in out and "--progress" in out and "--no-progress" not in out
+
+
+def test_help_opens_with_what_the_tool_does(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    text = out.split("\n\n", 1)[1]  # after the usage block
+    assert text.startswith("Find the op that broke the numbers"), text[:200]
+    assert "argument parsing" not in out and "accuracy compare -m" in out
