@@ -84,3 +84,17 @@ def test_api_docs_come_from_the_package(served):
         assert url in page.text and c.get(url).status_code == 200
     assert c.get("/openapi.json").status_code == 200
     assert 'href="/docs"' in c.get("/").text  # the header's API link
+
+
+def test_offline_chart_draws_the_noise_row_at_the_floor_too():
+    """The served chart is the offline one: both draw a below-zero-floor row apart."""
+    from accuracy.compare.html import COLOURS, chart
+    from accuracy.compare.row import Row
+
+    c = chart([Row.from_dict(r) for r in ROWS], SUMMARY["culprit"])
+    by_index = {p["index"]: p for p in c["points"]}
+    floor_y = c["pad_t"] + c["ph"]
+    assert by_index[2]["y"] == pytest.approx(floor_y)  # was log10(1.4): near the top
+    assert by_index[2]["fill"] == COLOURS["skipped"] and "not judged" in by_index[2]["tip"]
+    assert by_index[0]["y"] < floor_y and by_index[0]["fill"] == COLOURS["pass"]
+    assert c["culprit_x"] is not None

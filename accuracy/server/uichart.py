@@ -19,13 +19,13 @@ from typing import Any
 
 from sqlalchemy import select
 
+from accuracy.compare.html import NOT_JUDGED, not_judged
 from accuracy.compare.row import Verdict
 from accuracy.lru import BoundedLRU
 from accuracy.server.db import ReportRowData
 from accuracy.server.storage import Storage
 
 FLOOR, CEILING = 1e-12, 10.0  # compare/html.py draws log10 distance in [-12, 1]
-NOT_JUDGED = "not judged"  # compare/verdict.py's message for values below the zero floor
 _CACHE: BoundedLRU[tuple[int, str, int], dict[str, Any]] = BoundedLRU(16)
 _LOCK = threading.Lock()
 
@@ -57,7 +57,7 @@ def chart_series(storage: Storage, report_id: str, max_points: int) -> dict[str,
             if r.get("kind") != "op" or r.get("io") != "output" or r.get("verdict") == "skipped":
                 continue
             verdict = str(r.get("verdict") or "")
-            if NOT_JUDGED in str(r.get("message") or ""):
+            if not_judged(str(r.get("message") or "")):
                 verdict = NOT_JUDGED
             points.append((int(idx), _distance(r.get("rel_euc_dist")), verdict,
                            str(r.get("phase") or ""), str(r.get("op") or "")))
