@@ -210,7 +210,8 @@
         const td = document.createElement("td");
         if (c instanceof Node) td.appendChild(c); else td.textContent = fmt(c);
         if (i === 5) { td.className = "src"; td.title = r.source || ""; }
-        if (i === 10 && typeof r.local_bound === "number") td.title = boundNote(r);
+        if (i === 10) { td.className = "ratio"; if (typeof r.local_bound === "number") td.title = boundNote(r); }
+        if (i === 11) td.className = "msg";
         tr.appendChild(td);
       });
       return tr;
