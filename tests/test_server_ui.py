@@ -98,3 +98,18 @@ def test_offline_chart_draws_the_noise_row_at_the_floor_too():
     assert by_index[2]["fill"] == COLOURS["skipped"] and "not judged" in by_index[2]["tip"]
     assert by_index[0]["y"] < floor_y and by_index[0]["fill"] == COLOURS["pass"]
     assert c["culprit_x"] is not None
+
+
+def test_chart_reads_rows_without_being_fooled_by_their_strings():
+    """The chart reads three keys from each stored row's text; a key spelled inside an op name
+    or message (escaped there) is not a key, and a row in another JSON layout is parsed whole."""
+    import json
+
+    from accuracy.server.uichart import _point
+
+    tricky = {"index": 1, "kind": "op", "op": 'x", "io": "input', "io": "output",
+              "rel_euc_dist": float("nan"), "message": 'a "rel_euc_dist": 5 not judged'}
+    assert _point(json.dumps(tricky)) == (True, None, tricky["message"])
+    tricky["rel_euc_dist"] = 0.25
+    assert _point(json.dumps(tricky, separators=(",", ":"))) == (True, 0.25, tricky["message"])
+    assert _point(json.dumps({"kind": "module", "io": "output"}))[0] is False
