@@ -19,8 +19,11 @@ $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -e ".[server,excel,cluster,test]"
 	@touch $(STAMP)
 
+# The demo ends by serving its report on http://127.0.0.1:8000/ until Ctrl-C;
+# `make demo SERVE=0` stops after the report is written.
+SERVE ?= 1
 demo: $(STAMP)
-	$(VENV)/bin/accuracy demo
+	$(VENV)/bin/accuracy demo $(if $(filter 0,$(SERVE)),--no-serve)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check accuracy tests benchmarks tools

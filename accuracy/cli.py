@@ -13,12 +13,13 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
 
 from accuracy.cliargs import at_least
-from accuracy.errors import AccuracyError
+from accuracy.errors import AccuracyError, UsageError
 
 _PART_CLIS = (
     "accuracy.dumpfile.cli",
@@ -66,7 +67,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
                        limit=args.limit, tensors=args.tensors, source=args.source)
     if listing.lines:
         print(listing.format())
-    print(f"{listing.count} ops", file=sys.stderr)
+    print(listing.counts(), file=sys.stderr)
     return 0
 
 
@@ -79,10 +80,17 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from accuracy.dumpfile.convert import convert_file
+    from accuracy.dumpfile.convert import convert_file, convert_folder
 
-    print(convert_file(args.dump, args.output, op=args.op, seq=args.seq, module=args.module,
-                       overwrite=args.overwrite).format())
+    if (args.dump is None) == (args.dump_d is None):
+        raise UsageError("give the dump once: `accuracy convert DUMP -o OUT` or, as msaccucmp, "
+                         "`-d DUMP_OR_FOLDER -out OUT`")
+    src = args.dump if args.dump is not None else args.dump_d
+    select = dict(op=args.op, seq=args.seq, module=args.module, overwrite=args.overwrite)
+    if os.path.isdir(src):  # a folder of dumps: one subfolder of .npy files per dump
+        print(convert_folder(src, args.output, **select).format())
+    else:
+        print(convert_file(src, args.output, **select).format())
     return 0
 
 
@@ -104,9 +112,21 @@ def _command_in(argv: Sequence[str]) -> str | None:
     return None
 
 
+DESCRIPTION = """\
+Find the op that broke the numbers when a PyTorch model moves to another backend.
+
+Wrap one training step in `with accuracy.dumper("npu.h5"):` on the device and on the golden
+backend, then:
+  accuracy replay npu.h5 -o replay.h5                    each op's own error
+  accuracy compare -m npu.h5 -g gpu.h5 -r replay.h5 -o report/   verdicts, culprit
+  accuracy serve --report report/                        browse it at http://127.0.0.1:8000/
+`accuracy demo` shows the whole story on an emulated accelerator."""
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The full parser; given argv, only the part owning the command in it is imported."""
-    p = argparse.ArgumentParser(prog="accuracy", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="accuracy", description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     p.add_argument("--traceback", action="store_true",
                    help="show the traceback of an error too (for a bug report)")
@@ -139,7 +159,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
     s = sub.add_parser("convert", help="write each tensor of a dump as a .npy file named by "
                                        "its address (like msaccucmp convert)")
-    s.add_argument("dump")
+    s.add_argument("dump", nargs="?", help="a dump, or a folder of dumps (each converted into "
+                                           "OUTPUT/<its name>/)")
+    s.add_argument("-d", "--dump-file", dest="dump_d", metavar="DUMP_OR_FOLDER",
+                   help="the dump or folder, msaccucmp's spelling")
+    s.add_argument("-v", "--version", dest="dump_version", type=int, choices=[1, 2], default=2,
+                   help="msaccucmp's dump-format version, accepted so its command lines run "
+                        "unchanged (an accuracy dump has one format: no effect)")
     s.add_argument("--op", help="op name or glob")
     s.add_argument("--seq", type=int, help="sequence number of one op")
     s.add_argument("--module", help="module path glob")
@@ -201,15 +227,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+# A library message names both spellings ("pass overwrite=True (CLI: --overwrite)"); the
+# command line shows its own ("pass --overwrite").
+_PY_AND_CLI = re.compile(r"\b\w+=\S+ \(CLI: ([^)]+)\)")
+
+
 def _one_line(e: BaseException) -> str:
-    """The message of an error, on one line ("[Errno 17] File exists: 'x'" made plain)."""
+    """The message of an error, on one line ("[Errno 17] File exists: 'x'" made plain), in
+    command-line wording."""
     if isinstance(e, OSError) and e.strerror and e.filename is not None:
         text = f"{e.filename}: {e.strerror}"
     elif isinstance(e, KeyError) and e.args:
         text = str(e.args[0])
     else:
         text = str(e) or type(e).__name__
-    return " ".join(text.split())
+    return _PY_AND_CLI.sub(r"\1", " ".join(text.split()))
 
 
 if __name__ == "__main__":

@@ -171,6 +171,11 @@ def _where(row: dict[str, Any]) -> str:
             f"        at {row.get('source') or '?'}   ({row.get('my_address')})")
 
 
+def _figure(v: Any, digits: int) -> str:
+    """A figure with `digits` significant digits (cosine needs 8 to show how far from 1)."""
+    return f"{v:.{digits}g}" if isinstance(v, float) else str(v)
+
+
 def format_result(res: DemoResult) -> str:
     """What the demo found, as the text `accuracy demo` prints."""
     s = res.summary
@@ -187,8 +192,8 @@ def format_result(res: DemoResult) -> str:
         ratio = culprit.get("local_error_ratio")
         lines.append(f"CULPRIT: {_where(culprit)}\n        "
                      + (f"local error ratio {ratio:.3g} (its own kernel), " if ratio else "")
-                     + f"cosine {culprit.get('cosine')}, max abs err "
-                       f"{culprit.get('max_abs_err')}")
+                     + f"cosine {_figure(culprit.get('cosine'), 8)}, max abs err "
+                       f"{_figure(culprit.get('max_abs_err'), 3)}")
     else:
         lines.append("no culprit found")
     lines.append("top suspects:")
@@ -228,7 +233,9 @@ def _cmd(args: argparse.Namespace) -> int:
     shutil.rmtree(data, ignore_errors=True)  # a fresh index: one copy of this demo's runs
     serving = serve(data, port=args.port, runs=[str(res.device), str(res.golden)],
                     reports=[str(res.report_dir)], verbose=args.verbose)
-    print(serving.format(), flush=True)
+    print(serving.format())
+    print("Ctrl-C stops the server (`make demo SERVE=0` or `accuracy demo --no-serve`: the demo "
+          "without serving)", flush=True)
     serving.run()
     return 0
 

@@ -39,6 +39,7 @@ def files(tmp_path_factory) -> dict[str, str]:
     (d / "full" / "keep.txt").write_text("precious")
     assert main(["compare", "-m", str(d / "run.h5"), "-g", str(d / "run.h5"),
                  "-o", str(d / "report")]) == 0
+    assert main(["extract", str(d / "run.h5"), "--seq", "0", "-o", str(d / "ops.h5")]) == 0
     (d / "bad.toml").write_text("[thresholds\n")
     (d / "steps.py").write_text("def step():\n    return 0\n")
     return {"dump": str(d / "run.h5"), "stats": str(d / "stats.h5"),
@@ -46,7 +47,7 @@ def files(tmp_path_factory) -> dict[str, str]:
             "missing": str(d / "nope.h5"), "dir": str(d / "folder"),
             "existing": str(d / "existing.h5"), "full": str(d / "full"),
             "report": str(d / "report"), "badtoml": str(d / "bad.toml"),
-            "steps": str(d / "steps.py"), "tmp": str(d)}
+            "steps": str(d / "steps.py"), "tmp": str(d), "extract": str(d / "ops.h5")}
 
 
 # (argv with {placeholders}, a word the error line must contain). A value argparse refuses
@@ -61,6 +62,10 @@ CASES = [
     (["ls", "{missing}"], "no such file"),
     (["ls", "{foreign}"], "not an accuracy dump"),
     (["ls", "{dump}", "--limit", "-3"], "--limit"),
+    # a file `accuracy extract` wrote is named as such, with what reads it
+    (["info", "{extract}"], "written by `accuracy extract`"),
+    (["ls", "{extract}"], "written by `accuracy extract`"),
+    (["compare", "-m", "{extract}", "-g", "{dump}"], "written by `accuracy extract`"),
     # extract / convert: inputs, selections, outputs in the way
     (["extract", "{missing}", "-o", "{tmp}/x.h5"], "no such file"),
     (["extract", "{text}", "-o", "{tmp}/x.h5"], "not an HDF5 file"),
@@ -71,6 +76,8 @@ CASES = [
     (["convert", "{dump}", "--seq", "99999", "-o", "{tmp}/npy2"], "no op"),
     (["convert", "{dump}", "-o", "{full}"], "--overwrite"),
     (["convert", "{dump}", "-o", "{existing}"], "is a file"),
+    (["convert", "{dump}", "-d", "{dump}", "-o", "{tmp}/npy3"], "give the dump once"),
+    (["convert", "-d", "{full}", "-out", "{tmp}/npy4"], "no .h5 dump"),
     # replay
     (["replay", "{missing}", "-o", "{tmp}/r.h5"], "no such file"),
     (["replay", "{dir}", "-o", "{tmp}/r.h5"], "rank"),
@@ -164,7 +171,81 @@ def test_bad_input_gets_one_line_and_exit_2(argv, word, files, capsys):
     assert err and err[-1].startswith(f"accuracy {argv[0]}: error: "), err
     assert len(err) == 1 or err[0].startswith("usage: "), err  # argparse's usage block only
     assert word.lower() in err[-1].lower(), err
+    assert "=True" not in err[-1] and "(CLI:" not in err[-1], err  # command-line wording
     _untouched(files)
+
+
+@pytest.mark.parametrize("device", ["cuda", "npu", "mlu", "musa"],
+                         ids=lambda d: f"on_{d}")  # an id "cuda" would read as the cuda mark
+def test_replay_on_a_device_this_machine_lacks(device, files, capsys):
+    from accuracy.device_backend import get_backend
+
+    if get_backend(device).is_available():
+        pytest.skip(f"{device} is present here")
+    code = main(["replay", files["dump"], "-o", files["tmp"] + "/r.h5", "--on", device])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("accuracy replay: error: ") and device in err[0], err
+    assert "not available" in err[0] and "accuracy backends" in err[0], err
+    assert not Path(files["tmp"], "r.h5").exists()
+
+
+def test_serve_on_a_busy_port_is_one_line(files, tmp_path):
+    """Refused before the URL is printed or the data directory is locked (it was the URL,
+    then uvicorn's `[Errno 98]`, exit 3)."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "accuracy.cli", "serve", "--data",
+                            str(tmp_path / "data"), "--port", str(port)],
+                           capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert r.returncode == 2, lines
+    assert len(lines) == 1 and lines[0].startswith("accuracy serve: error: "), lines
+    assert f"port {port}" in lines[0] and "--port" in lines[0], lines
+
+
+def test_swapped_sides_warning_prints_once(files, tmp_path):
+    """In a process of its own: under pytest the CLI's logging handler is pytest's."""
+    import subprocess
+    import sys
+
+    from accuracy.device_backend import sim
+
+    dev = tmp_path / "dev.h5"
+    model = torch.nn.Linear(4, 3)
+    with sim(profile="exact"), dumper(dev):
+        model(torch.ones(2, 4))
+    gold = tmp_path / "gold.h5"
+    with dumper(gold):
+        model(torch.ones(2, 4))
+    r = subprocess.run([sys.executable, "-m", "accuracy.cli", "compare", "-m", str(gold),
+                        "-g", str(dev)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (r.stdout + r.stderr).count("are they swapped?") == 1, r.stdout + r.stderr
+
+
+def test_overflow_birth_prints_once(tmp_path):
+    """A birth is one OverflowWarning, not also a log line with the same text."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import logging, torch\n"
+        "from accuracy import dumper\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "with dumper('ovf.h5', check_overflow=True):\n"
+        "    (torch.full((4,), 6e4, dtype=torch.float16) * 4).sum()\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("overflow born") == 1, r.stderr
 
 
 def test_a_bug_shows_its_traceback(files, monkeypatch):
@@ -228,3 +309,12 @@ def test_old_progress_spelling_is_hidden_from_help(capsys):
         main(["compare", "--help"])
     out = capsys.readouterr().out
     assert "--quiet" in out and "--progress" in out and "--no-progress" not in out
+
+
+def test_help_opens_with_what_the_tool_does(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    text = out.split("\n\n", 1)[1]  # after the usage block
+    assert text.startswith("Find the op that broke the numbers"), text[:200]
+    assert "argument parsing" not in out and "accuracy compare -m" in out

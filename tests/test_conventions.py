@@ -113,6 +113,17 @@ def test_folder_dump_path_gets_dump_rank_file(in_tmp):
         dumper(dump_path="runs").__enter__()
 
 
+def test_a_new_path_without_suffix_is_a_folder(in_tmp):
+    """`dump_path="out/run1"` (no trailing slash, not there yet) is a folder, as `runs/` is:
+    it used to become an HDF5 file named `run1`. A name with a suffix stays a file."""
+    with dumper(dump_path="out/run1"):
+        torch.ones(3).exp()
+    assert os.listdir("out/run1") == ["dump_0.h5"]
+    with dumper(dump_path="plain.hdf5"):
+        torch.ones(3).exp()
+    assert Path("plain.hdf5").is_file()
+
+
 def test_empty_or_none_load_file_path_means_no_load(in_tmp):
     for value in ("", None):
         d = dumper(dump_path=f"x{value!r}.h5", load_file_path=value)
@@ -191,6 +202,55 @@ def test_extracted_ops_are_valid_load_files(runs, in_tmp, capsys):
             for a, b in zip(rec.inputs, grec.inputs, strict=True):
                 assert torch.equal(a.load(), b.load())
         assert dump.path == os.path.join(".", "dump_0.h5")
+
+    # the guide: `accuracy ls dump_0.h5 --tensors` shows the loaded ops
+    capsys.readouterr()
+    assert main(["ls", "dump_0.h5", "--tensors"]) == 0
+    out, err = capsys.readouterr()
+    marked = [ln for ln in out.splitlines() if ln.rstrip().endswith("[loaded]")]
+    assert len(marked) == 1 and op in marked[0] and f"{seq:6d}" in marked[0], out
+    assert "(golden input)" in out
+    assert "(1 loaded from ./picked.h5)" in err, err
+
+
+def test_guide_torch_utils_dumper_snippet_runs_as_written(tmp_path):
+    """`import accuracy.torch_utils` registers torch.utils.dumper; the guide's block runs
+    verbatim (in its own process: the registration is process-wide), and plain `import
+    accuracy` leaves torch alone."""
+    blocks = [b for b in _python_blocks(DOC.read_text()) if "torch.utils.dumper(" in b]
+    assert len(blocks) == 1 and "import accuracy.torch_utils" in blocks[0]
+    setup = ("import torch\nfrom torch import nn\ntorch.manual_seed(0)\n"
+             "model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))\n"
+             "input = torch.randn(4, 8)\ncriterion = nn.CrossEntropyLoss()\n"
+             "target = torch.tensor([0, 1, 2, 3])\n"
+             "import accuracy\nfrom accuracy import dumper\n"
+             "assert not hasattr(torch.utils, 'dumper'), 'import accuracy touched torch'\n")
+    (tmp_path / "step.py").write_text(setup + blocks[0])
+    r = subprocess.run([sys.executable, "step.py"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with load_dump(tmp_path / "model_gpu.h5") as d:
+        assert d.attrs["complete"] and {r.phase for r in d.records} == {"forward", "backward"}
+
+
+def test_msaccucmp_convert_flags_on_a_folder_of_dumps(tmp_path, capsys):
+    """`convert -d DIR -out DIR -v 2`, as msaccucmp is called: every dump in the folder, each
+    into its own subfolder; a file that is not a dump is named and passed over."""
+    src = tmp_path / "dump"
+    src.mkdir()
+    for name in ("a", "b"):
+        with dumper(dump_path=src / f"{name}.h5"):
+            torch.ones(3).exp()
+    (src / "notes.h5").write_text("not hdf5")
+    assert main(["convert", "-d", str(src), "-out", str(tmp_path / "npy"), "-v", "2"]) == 0
+    out = capsys.readouterr().out
+    for name in ("a", "b"):
+        index = json.loads((tmp_path / "npy" / name / "index.json").read_text())
+        assert index["tensors"] and all((tmp_path / "npy" / name / t["file"]).is_file()
+                                        for t in index["tensors"].values())
+    assert "notes.h5: skipped" in out
+    assert main(["convert", "-d", str(src / "a.h5"), "-out", str(tmp_path / "one")]) == 0
+    assert (tmp_path / "one" / "index.json").is_file()
 
 
 def test_load_file_with_soft_link_is_refused(runs, in_tmp):

@@ -24,6 +24,8 @@ def test_demo_names_the_injected_culprit_and_the_overflow_birth(tmp_path, capsys
     assert culprit, out
     assert culprit.group(1) == "aten.gelu.default" and culprit.group(2) == "forward"
     assert culprit.group(3).endswith("encoder.layers.2")
+    figures = re.search(r"cosine (\S+), max abs err (\S+)", out[culprit.end():])
+    assert figures and len(figures.group(1)) <= 10 and len(figures.group(2)) <= 9, out
     path, _, line = culprit.group(4).rpartition(":")
     assert f"{Path(path).resolve()}:{line}" == _user_line(), culprit.group(4)
     # One verdict per tensor, judged where produced: the GELU output is the only error, and

@@ -59,9 +59,19 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+# compare/verdict.py's message for a tensor whose values are all below the zero floor: its
+# relative distance is noise (layer norm's mean output on a normalised input, ~1e-8 of noise,
+# reads 1.4), so the chart draws it at the floor, grey, not as a passing op near the top.
+NOT_JUDGED = "not judged"
+
+
+def not_judged(message: str | None) -> bool:
+    return NOT_JUDGED in (message or "")
+
+
 def _y(row: Row) -> float:
     red = row.rel_euc_dist
-    if red is None or (isinstance(red, float) and math.isnan(red)):
+    if not_judged(row.message) or red is None or (isinstance(red, float) and math.isnan(red)):
         return Y_MIN
     if red <= 0:
         return Y_MIN
@@ -104,9 +114,10 @@ def chart(rows: list[Row], culprit: dict[str, Any] | None) -> dict[str, Any]:
                                             and r.index == culprit["index"])
         points.append({
             "index": r.index, "x": x(i), "y": y(_y(r)), "big": big,
-            "fill": COLOURS.get(r.verdict, "#000"),
+            "fill": COLOURS["skipped"] if not_judged(r.message) else COLOURS.get(r.verdict, "#000"),
             "tip": f"#{r.index} {r.op} {r.module or ''} {r.phase}: "
-                   f"{r.verdict} rel_euc_dist={_fmt(r.rel_euc_dist)}",
+                   f"{NOT_JUDGED if not_judged(r.message) else r.verdict} "
+                   f"rel_euc_dist={_fmt(r.rel_euc_dist)}",
         })
     return {"W": W, "H": H, "pad_l": PAD_L, "pad_t": PAD_T, "pw": pw, "ph": ph,
             "bands": bands, "grid": grid, "culprit_x": culprit_x, "points": points}

@@ -27,11 +27,17 @@ class Resolved:
 
 
 def dump_file(dump_path: str | os.PathLike[str], rank: int) -> str:
-    """The file to write: `{rank}` expanded; a folder (existing, or written with a trailing
-    slash) gets `dump_{rank}.h5` inside it."""
+    """The file to write: `{rank}` expanded; a folder gets `dump_{rank}.h5` inside it.
+
+    A folder is: an existing folder, a path written with a trailing slash, or a path that is
+    not an existing file and whose name has no suffix (`dump`, `out/run1`: a name without
+    `.h5` silently became an HDF5 file called `dump`). A name with a suffix (`run.h5`) is a file.
+    """
     raw = os.fspath(dump_path)
     path = raw.replace("{rank}", str(rank))
-    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+    folder = (path.endswith(("/", os.sep)) or os.path.isdir(path)
+              or (not os.path.exists(path) and not os.path.splitext(os.path.basename(path))[1]))
+    if folder:
         return os.path.join(path, DUMP_FILE_IN_FOLDER.format(rank=rank))
     return path
 

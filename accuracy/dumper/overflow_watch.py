@@ -283,7 +283,7 @@ class OverflowChecker:
         msg = ev.message()
         if kind == "overflow":
             self._n_overflow += 1
-            log.warning("%s", msg)
+            log.info("%s", msg)  # the OverflowWarning below is what users see (once)
             _warn_at_user_line(msg, c.source)
             if self.raise_first:
                 self.done = True

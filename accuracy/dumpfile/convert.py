@@ -137,3 +137,45 @@ def convert_file(dump_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     """`convert` from the dump at `dump_path` (`op`, `seq`, `module`, `overwrite` as there)."""
     with load_dump(dump_path) as d:
         return convert(d, out_dir, **select)
+
+
+@dataclass
+class FolderConvertResult:
+    """`convert_folder`: one result per converted dump, and the files that were passed over."""
+
+    results: dict[str, ConvertResult]
+    passed_over: dict[str, str]  # file name -> why (not a dump, no matching op)
+
+    def format(self) -> str:
+        lines = [f"{name}: {r.format()}" for name, r in self.results.items()]
+        lines += [f"{name}: skipped ({why})" for name, why in self.passed_over.items()]
+        return "\n".join(lines)
+
+
+def convert_folder(dump_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
+                   **select: Any) -> FolderConvertResult:
+    """`convert` every dump (`*.h5`, `*.hdf5`) in `dump_dir`, each into `out_dir/<its stem>/`
+    (msaccucmp's `convert -d DIR`). Files that are not accuracy dumps, or hold no matching op,
+    are passed over and named; none converted at all is a NoMatchError."""
+    from accuracy.dumpfile.reader import DumpError
+
+    src = Path(dump_dir)
+    files = sorted(p for p in src.iterdir() if p.suffix in (".h5", ".hdf5") and p.is_file())
+    if not files:
+        raise NoMatchError(f"{src}: no .h5 dump files in this folder")
+    out = Path(out_dir)
+    results: dict[str, ConvertResult] = {}
+    passed: dict[str, str] = {}
+    for f in files:
+        try:
+            with load_dump(f) as d:
+                results[f.name] = convert(d, out / npy_name(f.stem).removesuffix(".npy"),
+                                          **select)
+        except NoMatchError:
+            passed[f.name] = "no op matches the selection"
+        except DumpError as e:
+            passed[f.name] = str(e).removeprefix(f"{f}: ")
+    if not results:
+        raise NoMatchError(f"{src}: no dump converted ("
+                           + "; ".join(f"{k}: {v}" for k, v in passed.items()) + ")")
+    return FolderConvertResult(results, passed)

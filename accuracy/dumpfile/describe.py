@@ -72,6 +72,14 @@ class OpListing:
 
     lines: list[str] = field(default_factory=list)
     count: int = 0  # ops matched, also those past the limit
+    loaded: int = 0  # of those, ops that computed on the golden run's inputs (load mode)
+    load_file: str | None = None  # the load mode's golden file
+
+    def counts(self) -> str:
+        """'12 ops', or '12 ops (3 loaded from ./model_gpu.h5)' for a load-mode dump."""
+        if not self.loaded:
+            return f"{self.count} ops"
+        return f"{self.count} ops ({self.loaded} loaded from {self.load_file or 'the load file'})"
 
     def format(self) -> str:
         return "\n".join(self.lines)
@@ -81,25 +89,33 @@ def list_ops(path: str | os.PathLike[str], *, op: str | None = None,
              module: str | None = None, phase: str | None = None, limit: int = 0,
              tensors: bool = False, source: bool = False) -> OpListing:
     """The ops of a dump matching `op`/`module` globs and `phase`, the first `limit` (0: all)
-    listed; with `tensors`, each tensor's statistics under its op."""
+    listed; with `tensors`, each tensor's statistics under its op. An op that load mode fed
+    with the golden run's inputs is marked `[loaded]` (its inputs: `golden input`)."""
     if limit < 0:
         raise UsageError(f"limit must be 0 (all) or more, not {limit}")
     listing = OpListing()
     with load_dump(path) as d:
         rows = list(d.select(op=op, module=module, phase=phase))
         listing.count = len(rows)
+        listing.loaded = sum(1 for r in rows if r.extra.get("loaded"))
+        lf = d.attrs.get("load_file_path")
+        listing.load_file = lf if isinstance(lf, str) else None
         for r in rows[:limit] if limit else rows:
+            loaded = bool(r.extra.get("loaded"))
             outs = "; ".join(f"{t.dtype}{list(t.shape)}" for t in r.outputs)
             listing.lines.append(
                 f"{r.seq:6d}  {r.op:40s} {r.phase:9s} {r.module or '-':45s} -> {outs}"
+                + ("  [loaded]" if loaded else "")
                 + (f"  [{r.source}]" if source and r.source else ""))
             if tensors:
+                golden_in = {id(t) for t in r.inputs} if loaded else set()
                 for t in r.tensors:
                     st = t.stats
                     listing.lines.append(
                         f"          {t.address}  {t.dtype}{list(t.shape)} min {st['min']:.4g} "
                         f"max {st['max']:.4g} mean {st['mean']:.4g} l2 {st['l2']:.4g}"
-                        + (" (link)" if t.is_link else ""))
+                        + (" (link)" if t.is_link else "")
+                        + (" (golden input)" if id(t) in golden_in else ""))
     return listing
 
 

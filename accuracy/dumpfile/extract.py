@@ -28,7 +28,7 @@ from accuracy.dumpfile.reader import Dump, DumpError, load_dump
 from accuracy.dumpfile.writer import check_dump_path
 from accuracy.errors import NoMatchError
 
-FORMAT_NAME = "accuracy-extract"
+FORMAT_NAME = schema.EXTRACT_FORMAT_NAME
 _RAW_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _NUMPY_OK = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
              torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128}

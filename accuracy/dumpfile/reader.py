@@ -227,14 +227,32 @@ class Dump:
 
     # -- opening ---------------------------------------------------------------------------
 
+    def _extract_file(self, fmt: Any) -> DumpError | None:
+        """An `accuracy extract` file (or groups h5copy'd out of one: `/aten.*` at the root)
+        is not a dump: say what it is and what reads it."""
+        if fmt != schema.EXTRACT_FORMAT_NAME and not (
+                fmt is None and any(k.startswith("aten.") for k in list(self._f.keys())[:64])):
+            return None
+        src = self._f.attrs.get("source_dump")
+        src = src.decode() if isinstance(src, bytes) else src
+        came = f" (from {src})" if isinstance(src, str) and len(src) < 500 else ""
+        return DumpError(
+            f"{self.path}: ops written by `accuracy extract`{came} as plain HDF5 groups, not a "
+            "dump: browse it with `h5ls -r`, load it with dumper(load_file_path=...), or run "
+            "this command on the dump it came from")
+
     def _validate(self) -> None:
         if "format" not in self._f.attrs or self._f.attrs.get_id("format").get_storage_size(
                 ) > validate.MAX_ATTR_BYTES:
+            if (err := self._extract_file(None)) is not None:
+                raise err
             raise DumpError(f"{self.path}: HDF5 file but not an accuracy dump (no format "
                             "attribute); was it written by another program?")
         fmt = self._f.attrs.get("format")
         if isinstance(fmt, bytes):
             fmt = fmt.decode()
+        if (err := self._extract_file(fmt)) is not None:
+            raise err
         if fmt != schema.FORMAT_NAME:
             raise DumpError(
                 f"{self.path}: HDF5 file but not an accuracy dump (format attribute is "

@@ -13,6 +13,7 @@ import numpy as np
 from accuracy.dumpfile.dtypes import dtype_name, torch_dtype  # noqa: F401
 
 FORMAT_NAME = "accuracy-dump"
+EXTRACT_FORMAT_NAME = "accuracy-extract"  # `accuracy extract` output: plain HDF5 groups
 SCHEMA_VERSION = 2  # 2: op rows gained `epoch`; version-1 files read with epoch unknown
 OLDEST_READABLE = 1
 UNKNOWN_EPOCH = -1  # an op row of a version-1 dump, or one written outside a dumper

@@ -97,7 +97,7 @@ def check_dump_path(path: str | os.PathLike[str], overwrite: bool) -> Path:
     if p.exists() and not overwrite:
         raise OutputExistsError(
             f"dump file {str(p)!r} already exists; pass overwrite=True (CLI: --overwrite) "
-            "or choose another dump_path"
+            "or choose another path"
         )
     writable_folder(p.parent, "folder for the dump")
     return p

@@ -11,8 +11,9 @@ from accuracy.errors import UsageError
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from accuracy.ranks import is_multirank
-    from accuracy.replay.engine import replay
+    from accuracy.replay.engine import replay, require_backend
 
+    require_backend(args.on)  # every path (ranks, cluster) refuses a missing device first
     if is_multirank(args.dump):
         return _replay_ranks(args)
     progress = progress_wanted(args)

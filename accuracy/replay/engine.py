@@ -82,6 +82,18 @@ def reference_device(on: str) -> torch.device:
         return torch.device(on)
 
 
+def require_backend(on: str) -> None:
+    """Refuse, in one line, a reference backend this machine lacks (torch would fail in the
+    first op with 'Torch not compiled with CUDA enabled'); an unknown name is a UsageError."""
+    from accuracy.device_backend import get_backend
+
+    backend = get_backend(on)
+    if not backend.is_available():
+        hint = f" (needs {backend.extension})" if backend.extension else ""
+        raise ReplayError(f"backend {backend.name!r} is not available on this machine{hint}; "
+                          "`accuracy backends` lists those that are (cpu always is)")
+
+
 def _open(dump: Dump | str | os.PathLike[str]) -> Dump:
     d = dump if isinstance(dump, Dump) else load_dump(dump)
     if d.attrs.get("mode") == "statistics":
@@ -288,6 +300,7 @@ def replay(
         raise ReplayError(f"upcast must be one of {UPCASTS}, not {upcast!r}")
     if jobs < 1:
         raise ReplayError(f"jobs must be at least 1, not {jobs}")
+    require_backend(on)
     t0 = time.perf_counter()
     out = Path(out_path)
     own = not isinstance(dump, Dump)

@@ -91,7 +91,8 @@ def create_app(
         lock.release()
 
     app = FastAPI(title="accuracy report service", version=__version__, lifespan=lifespan,
-                  description="Runs, ops, tensors, compare jobs and reports of `accuracy`.")
+                  description="Runs, ops, tensors, compare jobs and reports of `accuracy`.",
+                  docs_url=None, redoc_url=None)  # /docs: routers/ui.py, assets vendored
     app.state.services = svc
     app.state.data_lock = lock
     app.state.job_cluster = job_cluster

@@ -8,9 +8,11 @@ uvicorn are imported only once the request is sound, so `import accuracy.server`
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,7 @@ class Serving:
     port: int
     indexed: list[str] = field(default_factory=list)
     log_level: str = "warning"
+    sock: socket.socket | None = None  # bound by serve(), so a busy port is refused up front
 
     @property
     def url(self) -> str:
@@ -52,7 +55,37 @@ class Serving:
         """Serve until interrupted (uvicorn handles Ctrl-C)."""
         import uvicorn
 
-        uvicorn.run(self.app, host=self.host, port=self.port, log_level=self.log_level)
+        if self.sock is None:
+            uvicorn.run(self.app, host=self.host, port=self.port, log_level=self.log_level)
+            return
+        config = uvicorn.Config(self.app, host=self.host, port=self.port,
+                                log_level=self.log_level)
+        try:
+            uvicorn.Server(config).run(sockets=[self.sock])
+        finally:
+            self.sock.close()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening address, bound now: a port in use is one line (UsageError), not the URL
+    followed by uvicorn's `[Errno 98]` and exit 3."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UsageError(f"--host {host}: cannot resolve it ({e.strerror})") from None
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise UsageError(f"port {port} on {host} is already in use (another `accuracy "
+                             "serve`?); stop it or choose another with --port") from None
+        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _check_paths(data: str | os.PathLike[str], runs: Sequence[str],
@@ -101,7 +134,23 @@ def serve(
         raise UsageError(f"refusing to listen on {host} without an API token (--token or "
                          "ACCURACY_TOKEN); only loopback addresses may run without one")
     _check_paths(data, runs, reports)
+    sock = bind(host, port)
+    try:
+        return _build(sock, data, host=host, port=port, token=token, db_url=db_url,
+                      allow_roots=allow_roots, allowed_hosts=allowed_hosts,
+                      max_upload_mb=max_upload_mb, max_json_kb=max_json_kb,
+                      read_timeout_s=read_timeout_s, view_memory_mb=view_memory_mb, runs=runs,
+                      reports=reports, verbose=verbose, cluster=cluster)
+    except BaseException:
+        sock.close()
+        raise
 
+
+def _build(sock: socket.socket, data: str | os.PathLike[str], *, host: str, port: int,
+           token: str | None, db_url: str | None, allow_roots: Sequence[str],
+           allowed_hosts: Sequence[str], max_upload_mb: int, max_json_kb: int,
+           read_timeout_s: float, view_memory_mb: int, runs: Sequence[str],
+           reports: Sequence[str], verbose: bool, cluster: str | None) -> Serving:
     from accuracy.server.app import create_app
     from accuracy.server.guard import WILDCARD_BINDS, allowed_hosts_for
     from accuracy.server.startup import import_paths
@@ -119,4 +168,5 @@ def serve(
     indexed = import_paths(app.state.services.storage, runs=runs, reports=reports)
     if app.state.job_cluster is not None:
         indexed.append(f"accuracy serve: {app.state.job_cluster.describe()}")
-    return Serving(app, host, port, indexed, "info" if verbose else "warning")
+    return Serving(app, host, sock.getsockname()[1], indexed,
+                   "info" if verbose else "warning", sock)

@@ -8,23 +8,45 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
 
-from accuracy.server.db import Job
+from accuracy.server.db import Job, Run
 from accuracy.server.deps import TOKEN_COOKIE, Services, presented_token, services
 from accuracy.server.errors import ApiError
 from accuracy.server.reportindex import RowQuery
 from accuracy.server.routers.reports import _tensor
 from accuracy.server.schemas import run_rank
+from accuracy.server.uichart import chart_series
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent.parent / "templates")
 templates.env.filters["num"] = lambda v: (f"{v:.6g}" if isinstance(v, float) else
                                           ("" if v is None else str(v)))
 templates.env.globals["run_rank"] = run_rank  # the rank column of the runs list
+# cosine near 1 needs 8 digits to show how far from 1 it is (6 print 0.9999999 as "1")
+templates.env.filters["cosine"] = lambda v: f"{v:.8g}" if isinstance(v, float) else (v or "")
+templates.env.filters["num3"] = lambda v: f"{v:.3g}" if isinstance(v, float | int) else ""
+templates.env.filters["shortsrc"] = lambda v: Path(str(v)).name if v else ""  # file.py:line
+
+
+def bound_note(row: dict[str, Any]) -> str:
+    """What a local error ratio is measured against: the honest kernel's bound at the op's
+    compute precision (a pass at ratio 2075 is under a bound of 2733 for fp16, K=64)."""
+    ratio, bound = row.get("local_error_ratio"), row.get("local_bound")
+    if not isinstance(bound, float | int):
+        return ""
+    at = f" at {row['compute_precision']}" if row.get("compute_precision") else ""
+    k = f", K={row['reduction_length']}" if row.get("reduction_length") else ""
+    r = f"{ratio:.4g}" if isinstance(ratio, float | int) else "?"
+    return f"local error ratio {r}; an honest kernel reaches {bound:.4g}{at}{k}"
+
+
+templates.env.filters["boundnote"] = bound_note
 templates.env.filters["tojson_safe"] = lambda v: json.dumps(v).replace("</", "<\\/")
 
 
@@ -57,10 +79,60 @@ def home(request: Request, svc: Services = Depends(services)) -> Response:
         return _login(request)
     with svc.storage.Session() as ses:
         jobs = list(ses.scalars(select(Job).order_by(Job.created.desc()).limit(50)))
+    runs = svc.storage.runs()
+    my, golden = compare_defaults(runs)
     return _page(request, svc, "runs.html", {
-        "title": "runs", "runs": svc.storage.runs(), "reports": svc.storage.reports(),
+        "title": "runs", "runs": runs, "reports": svc.storage.reports(),
         "jobs": jobs, "auth": svc.token is not None,
+        "default_my": my, "default_golden": golden,
     })
+
+
+def is_reference(run: Run) -> bool:
+    """A run recorded on the CPU without a `sim` profile: the golden side of a compare."""
+    return (run.backend or "").lower() in ("", "cpu") and not run.profile
+
+
+def compare_defaults(runs: list[Run]) -> tuple[str | None, str | None]:
+    """The compare form's preselected (device, golden) run ids, from each run's recorded
+    backend and profile: a device run (sim, cuda, npu...) on the device side and a CPU run on
+    the golden side, whatever order they were uploaded in; the newest of each kind."""
+    if len(runs) < 2:
+        return None, None
+    devices = [r for r in runs if not is_reference(r)]
+    references = [r for r in runs if is_reference(r)]
+    my = (devices or runs)[0]
+    golden = next((r for r in references if r.id != my.id), None)
+    if golden is None:
+        golden = next(r for r in runs if r.id != my.id)
+    return my.id, golden.id
+
+
+@router.get("/docs", response_class=HTMLResponse)
+def api_docs(request: Request) -> Response:
+    """Swagger UI from the package's own copy (static/vendor/swagger-ui): no CDN, so the API
+    docs render offline."""
+    return get_swagger_ui_html(
+        openapi_url=request.app.openapi_url or "/openapi.json",
+        title=f"{request.app.title} - API docs",
+        swagger_js_url="/static/vendor/swagger-ui/swagger-ui-bundle.js",
+        swagger_css_url="/static/vendor/swagger-ui/swagger-ui.css",
+        swagger_favicon_url="/static/vendor/swagger-ui/favicon-32x32.png")
+
+
+@router.get("/ui/reports/{report_id}/chart")
+async def report_chart(request: Request, report_id: str,
+                       max_points: int = Query(8000, ge=10, le=200_000),
+                       svc: Services = Depends(services)) -> Response:
+    """The offline report's chart data: log relative Euclidean distance of each op output
+    along execution order, with the culprit (see uichart.py)."""
+    if not _authorized(request, svc):
+        return JSONResponse({"error": "token needed"}, status_code=401)
+    try:
+        body = await run_in_threadpool(chart_series, svc.storage, report_id, max_points)
+    except ApiError:
+        return JSONResponse({"error": "no such report"}, status_code=404)
+    return JSONResponse(body)
 
 
 @router.get("/ui/runs")
