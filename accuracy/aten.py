@@ -103,14 +103,19 @@ _FACT_SETS = {"uninitialised": UNINITIALISED, "same_elements": SAME_ELEMENTS,
               "same_bytes": SAME_BYTES, "movement": MOVEMENT}
 
 
-def register(name: str, **facts: bool) -> None:
+def register(name: str, **facts: Any) -> None:
     """Teach the registry about an op (e.g. a custom op that only moves data):
     `register("mylib.gather_rows.default", movement=True)`. Facts: uninitialised,
-    same_elements, same_bytes, movement; True adds the op, False removes it."""
+    same_elements, same_bytes, movement; True adds the op, False removes it.
+    `workspace_outputs=(3,)`: those outputs are scratch memory, never judged (() removes)."""
     for fact, value in facts.items():
+        if fact == "workspace_outputs":
+            _register_workspace(name, value)
+            continue
         names = _FACT_SETS.get(fact)
         if names is None:
-            raise ValueError(f"unknown op fact {fact!r}: one of {sorted(_FACT_SETS)}")
+            raise ValueError(f"unknown op fact {fact!r}: one of "
+                             f"{sorted([*_FACT_SETS, 'workspace_outputs'])}")
         if value:
             names.add(name)
         else:
@@ -223,3 +228,36 @@ def plan_of(func: Any) -> OpPlan:
             same_bytes=name in SAME_BYTES, collective=collective_kind(func),
             amp=name in AMP_OPS)
     return plan
+
+
+# -- workspaces and reserves (not data) ----------------------------------------------------
+
+# Outputs that are a kernel's private scratch memory (oneDNN/cuDNN/MIOpen RNN workspaces and
+# reserves, fused attention's RNG seed/offset and debug mask): op name -> output positions.
+# Their bytes are stored (a backward kernel may need them to replay) but are never compared,
+# replayed or judged: two honest runs hold different bytes there. Extend with
+# `register(name, workspace_outputs=(3,))`.
+WORKSPACE_OUTPUTS: dict[str, frozenset[int]] = {
+    "aten.mkldnn_rnn_layer.default": frozenset({3}),
+    "aten._cudnn_rnn.default": frozenset({3}),
+    "aten.miopen_rnn.default": frozenset({3}),
+    "aten._scaled_dot_product_flash_attention.default": frozenset({6, 7, 8}),
+    "aten._scaled_dot_product_cudnn_attention.default": frozenset({6, 7, 8}),
+    "aten._scaled_dot_product_fused_attention_overrideable.default": frozenset({6, 7, 8}),
+    "aten._scaled_dot_product_efficient_attention.default": frozenset({2, 3}),
+    "aten._flash_attention_forward.default": frozenset({2, 3, 4}),
+    "aten._efficient_attention_forward.default": frozenset({2, 3}),
+}
+WORKSPACE_REASON = "kernel workspace (scratch memory, not data): not compared"
+
+
+def workspace_outputs(name: str) -> frozenset[int]:
+    """Output positions of `name` (a recorded op name) that are workspaces, not data."""
+    return WORKSPACE_OUTPUTS.get(name, frozenset())
+
+
+def _register_workspace(name: str, positions: Any) -> None:
+    if positions:
+        WORKSPACE_OUTPUTS[name] = frozenset(int(p) for p in positions)
+    else:
+        WORKSPACE_OUTPUTS.pop(name, None)

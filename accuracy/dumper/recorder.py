@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from accuracy.aten import workspace_outputs
 from accuracy.dumper import collectives
 from accuracy.dumper.identity import TensorStates, same_memory
 from accuracy.dumper.opcall import OpCall
@@ -165,6 +166,9 @@ class Recorder:
             extra["uninitialized"] = True
         if plan.rng:
             extra["rng"] = True
+        scratch = workspace_outputs(plan.name)
+        if scratch:  # kernel scratch memory: stored (its backward replays with it), never judged
+            extra["workspace"] = sorted(scratch)
         if mutable and coll is None:
             extra["inplace"] = True
         if coll is not None:
