@@ -261,3 +261,29 @@ def _register_workspace(name: str, positions: Any) -> None:
         WORKSPACE_OUTPUTS[name] = frozenset(int(p) for p in positions)
     else:
         WORKSPACE_OUTPUTS.pop(name, None)
+
+
+# -- ops that return nothing and write their arguments (fused/foreach optimizers) ------------
+
+def returns_nothing(func: Any) -> bool:
+    """Whether the op returns no value and writes arguments instead (`_fused_adamw_`,
+    `_foreach_add_`): the tensors it wrote are its outputs."""
+    return not func._schema.returns and bool(_written_slots(func))
+
+
+def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """The tensors an op writes, in schema order, lists flattened (`_fused_adamw_`: every
+    parameter, then every gradient, exp_avg, exp_avg_sq...). Output i of such an op is
+    item i here, in the dump, in `sim` faults and in replay alike."""
+    import torch
+
+    plan = _PLANS.get(func)
+    slots = plan.writes if plan is not None else _written_slots(func)
+    out: list[Any] = []
+    for pos, name, kwarg_only in slots:
+        value = args[pos] if not kwarg_only and pos < len(args) else kwargs.get(name)
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif isinstance(value, list | tuple):
+            out.extend(v for v in value if isinstance(v, torch.Tensor))
+    return out

@@ -249,11 +249,23 @@ def _identity(i: int, s: _Spec) -> Row:
         seq_my=s.my_op.seq if s.my_op else None,
         seq_golden=s.golden_op.seq if s.golden_op else None,
         io=s.io, tensor_index=s.idx, phase=ref_op.phase if ref_op else None,
-        module=s.kind.removeprefix("module:") if s.kind != "op" else (
-            ref_op.module if ref_op else None),
+        module=s.kind.removeprefix("module:") if s.kind != "op" else _tensor_module(s, ref_op),
         source=ref_op.source if ref_op else None,
         dtype_my=m.dtype if m else None, dtype_golden=g.dtype if g else None,
         shape_my=list(m.shape) if m else None, shape_golden=list(g.shape) if g else None)
+
+
+def _tensor_module(s: _Spec, op: OpRecord | None) -> str | None:
+    """The op's module, or for one tensor of a fused/foreach optimizer call, the parameter
+    it belongs to (the dumper's `tensor_names`): one row per parameter, named by it."""
+    if op is None:
+        return None
+    names = op.extra.get("tensor_names")
+    if isinstance(names, dict):
+        per_io = names.get(s.io)
+        if isinstance(per_io, list) and 0 <= s.idx < len(per_io) and per_io[s.idx]:
+            return str(per_io[s.idx])
+    return op.module
 
 
 def _add_statistics(row: Row, m: TensorRecord | None, g: TensorRecord | None) -> None:

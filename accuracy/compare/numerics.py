@@ -51,6 +51,8 @@ def reduction_length(record: Any, out_idx: int = 0) -> int:
     ins = [tuple(t.shape) for t in sorted(record.inputs, key=lambda t: t.idx)]
     outs = {t.idx: tuple(t.shape) for t in record.outputs}
     try:
+        if op.startswith(("aten._fused_", "aten._foreach_")):  # elementwise, per parameter
+            return 1
         if op in ("aten.mm", "aten.bmm", "aten.matmul", "aten.linear", "aten.dot", "aten.mv"):
             return max(1, ins[0][-1])  # batched and broadcast: per element, the inner dim
         if op == "aten.addbmm":  # also sums over the batch

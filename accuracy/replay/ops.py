@@ -12,7 +12,14 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from accuracy.aten import MOVEMENT, is_collective, resolve_op, workspace_outputs
+from accuracy.aten import (
+    MOVEMENT,
+    is_collective,
+    resolve_op,
+    returns_nothing,
+    workspace_outputs,
+    written_tensors,
+)
 from accuracy.dumpfile import dtypes
 from accuracy.dumpfile.reader import DamagedDataError, DumpError, OpRecord
 from accuracy.replay import rnn as _rnn  # noqa: F401  (registers the RNN references)
@@ -107,7 +114,20 @@ def _kernel(rec: OpRecord) -> tuple[Any, str]:
     if fn is None:
         raise Unreplayable(f"no kernel on the reference: {rec.op} is unknown to torch "
                            f"{torch.__version__}; register one with register_reference()")
+    if returns_nothing(fn):
+        return _returning_writes(fn), ""
     return fn, ""
+
+
+def _returning_writes(fn: Any) -> Any:
+    """A fused/foreach op returns nothing: run it and return what it wrote, in the order
+    the dumper recorded as its outputs (`aten.written_tensors`)."""
+
+    def run(*args: Any, **kwargs: Any) -> list[torch.Tensor]:
+        fn(*args, **kwargs)
+        return written_tensors(fn, args, kwargs)
+
+    return run
 
 
 def _run(fn: Any, args: list[Any], kwargs: dict[str, Any], on: str) -> list[torch.Tensor]:
