@@ -287,3 +287,58 @@ def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[Any]:
         elif isinstance(value, list | tuple):
             out.extend(v for v in value if isinstance(v, torch.Tensor))
     return out
+
+
+# -- intended non-finite values (attention masks) ------------------------------------------
+
+# Ops that write a constant from an argument: name prefix -> (position, name) of that value.
+# A fill of +-inf, or of a value at least half the format's largest (finfo.min masks), makes
+# intended values: masks, never an overflow birth.
+FILL_VALUE_ARGS: dict[str, tuple[int, str]] = {
+    "aten.full.": (1, "fill_value"), "aten.full_like.": (1, "fill_value"),
+    "aten.new_full.": (2, "fill_value"), "aten.fill.": (1, "value"),
+    "aten.fill_.": (1, "value"), "aten.masked_fill.": (2, "value"),
+    "aten.masked_fill_.": (2, "value"), "aten.scalar_tensor.": (0, "s"),
+    "aten.where.ScalarOther": (2, "other"), "aten.where.ScalarSelf": (1, "self"),
+}
+# Ops that only shape, cut, copy or combine a mask: their output is still the mask (a causal
+# mask's triu, its expand to the batch, its cast to the model's dtype).
+MASK_SHAPING_PREFIXES = (
+    "aten.triu", "aten.tril", "aten.expand", "aten._to_copy.", "aten.to.", "aten.clone.",
+    "aten.contiguous.", "aten.slice.", "aten.select.", "aten.unsqueeze.", "aten.squeeze.",
+    "aten.view.", "aten._unsafe_view.", "aten.reshape.", "aten.detach.", "aten.alias.",
+    "aten.permute.", "aten.transpose.", "aten.t.", "aten.repeat.", "aten.cat.",
+    "aten.stack.", "aten.copy_.", "aten.masked_fill", "aten.where.", "aten.lift_fresh",
+    "aten.index.", "aten.minimum.", "aten.maximum.", "aten.logical_", "aten.bitwise_",
+)
+INTENDED = "intended (a mask's -inf / finfo.min fill and its propagation), not an overflow"
+_FORMAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38,
+               "float64": 1.7977e308}
+
+
+def _extreme(value: Any, dtype: str | None) -> bool:
+    if isinstance(value, dict) and "__float__" in value:  # the dump's encoding of inf/nan
+        value = value["__float__"]
+    if isinstance(value, str):
+        return value in ("inf", "-inf")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if value in (float("inf"), float("-inf")):
+        return True
+    top = _FORMAT_MAX.get((dtype or "").removeprefix("torch."))
+    return top is not None and abs(value) >= 0.5 * top
+
+
+def intended_fill(name: str, args: Any, kwargs: Any, dtype: str | None) -> bool:
+    """Whether this call fills with +-inf or a near-limit value (a mask), from its arguments
+    (live values or a dump's decoded JSON); `dtype` is the output's dtype name."""
+    for prefix, (pos, arg) in FILL_VALUE_ARGS.items():
+        if name.startswith(prefix):
+            value = args[pos] if pos < len(args) else (kwargs or {}).get(arg)
+            return _extreme(value, dtype)
+    return False
+
+
+def shapes_mask(name: str) -> bool:
+    """Whether the op's output is still its (intended) mask input, reshaped or combined."""
+    return name.startswith(MASK_SHAPING_PREFIXES)
