@@ -107,3 +107,22 @@ def test_rnn_reference_recomputes_the_oneDNN_layer_in_fp64(reverse):
                                    None, None, *bargs, torch.empty(0, dtype=torch.uint8))
     for a, b in zip(nb, rb, strict=True):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_lstm_cell_reference_matches_autograd_of_the_cell():
+    from accuracy.replay.rnn import thnn_fused_lstm_cell, thnn_fused_lstm_cell_backward_impl
+
+    torch.manual_seed(0)
+    ig, hg, cx, b1, b2 = (torch.randn(*s, dtype=torch.float64, requires_grad=True)
+                          for s in ((3, 8), (3, 8), (3, 2), (8,), (8,)))
+    hy, cy, ws = thnn_fused_lstm_cell(ig, hg, cx, b1, b2)
+    ref_c = torch.sigmoid((ig + hg + b1 + b2)[:, 2:4]) * cx + torch.sigmoid(
+        (ig + hg + b1 + b2)[:, :2]) * torch.tanh((ig + hg + b1 + b2)[:, 4:6])
+    torch.testing.assert_close(cy, ref_c)
+    ghy, gcy = torch.randn(3, 2, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)
+    gi, gcx, gb = torch.autograd.grad([hy, cy], [ig, cx, b1], [ghy, gcy])
+    dg, dcx, db = thnn_fused_lstm_cell_backward_impl(ghy, gcy, cx.detach(), cy.detach(),
+                                                     ws.detach(), True)
+    torch.testing.assert_close(dg, gi)
+    torch.testing.assert_close(dcx, gcx)
+    torch.testing.assert_close(db, gb)

@@ -5,7 +5,9 @@ unsupported data type"), so replay's upcast run would fail and the LSTM's local 
 unjudged. These functions recompute a layer (and its backward, through autograd) with matmuls
 and pointwise ops, which run in any dtype: the same-dtype run keeps the native kernel when it
 has one (its error is the one a device kernel should match), the fp64 run uses the recompute.
-The workspace output (`aten.WORKSPACE_OUTPUTS`) is scratch memory: the reference returns an
+CUDA's fused LSTM cell (`_thnn_fused_lstm_cell` and its backward), which has no CPU kernel,
+gets one here too, so a CUDA dump replays on CPU. The oneDNN workspace output
+(`aten.WORKSPACE_OUTPUTS`) is scratch memory: the reference returns an
 empty placeholder there and replay never measures it.
 
 They are registered as built-in references (`replay.registry`), so a user's own registration
@@ -111,5 +113,40 @@ def mkldnn_rnn_layer_backward(input: torch.Tensor, w1: torch.Tensor, w2: torch.T
                                                                                strict=True))
 
 
+def thnn_fused_lstm_cell(input_gates: torch.Tensor, hidden_gates: torch.Tensor,
+                         cx: torch.Tensor, input_bias: torch.Tensor | None = None,
+                         hidden_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """`aten._thnn_fused_lstm_cell` (CUDA's fused LSTM cell; no CPU kernel): (hy, cy, the
+    activated gates it keeps for backward: sigmoid i, sigmoid f, tanh g, sigmoid o)."""
+    gates = input_gates + hidden_gates
+    if input_bias is not None:
+        gates = gates + input_bias
+    if hidden_bias is not None:
+        gates = gates + hidden_bias
+    i, f, g, o = gates.chunk(4, -1)
+    i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+    cy = f * cx + i * g
+    return o * torch.tanh(cy), cy, torch.cat([i, f, g, o], -1)
+
+
+def thnn_fused_lstm_cell_backward_impl(grad_hy: torch.Tensor | None,
+                                       grad_cy: torch.Tensor | None, cx: torch.Tensor,
+                                       cy: torch.Tensor, workspace: torch.Tensor,
+                                       has_bias: bool) -> tuple[torch.Tensor | None, ...]:
+    """`aten._thnn_fused_lstm_cell_backward_impl`: (grad of the pre-activation gates,
+    grad_cx, grad_bias), from the activated gates in `workspace`."""
+    i, f, g, o = workspace.chunk(4, -1)
+    tanh_cy = torch.tanh(cy)
+    ghy = torch.zeros_like(cy) if grad_hy is None else grad_hy
+    gcy = (torch.zeros_like(cy) if grad_cy is None else grad_cy) + ghy * o * (1 - tanh_cy ** 2)
+    grad_gates = torch.cat([gcy * g * i * (1 - i), gcy * cx * f * (1 - f),
+                            gcy * i * (1 - g ** 2), ghy * tanh_cy * o * (1 - o)], -1)
+    grad_bias = grad_gates.sum(0) if has_bias else None
+    return grad_gates, gcy * f, grad_bias
+
+
 register_builtin_reference("aten.mkldnn_rnn_layer.default", mkldnn_rnn_layer)
+register_builtin_reference("aten._thnn_fused_lstm_cell.default", thnn_fused_lstm_cell)
+register_builtin_reference("aten._thnn_fused_lstm_cell_backward_impl.default",
+                           thnn_fused_lstm_cell_backward_impl)
 register_builtin_reference("aten.mkldnn_rnn_layer_backward.default", mkldnn_rnn_layer_backward)
