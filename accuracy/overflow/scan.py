@@ -15,6 +15,7 @@ from typing import Any
 from accuracy.aten import (
     AMP_OPS,
     AMP_UPDATE_OP,
+    FILL_VALUE_ARGS,
     HANDLED,
     INTENDED,
     amp_label,
@@ -23,6 +24,8 @@ from accuracy.aten import (
 )
 from accuracy.dumpfile import Dump, load_dump
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
+
+FILL_PREFIXES = tuple(FILL_VALUE_ARGS)
 
 
 @dataclass
@@ -150,17 +153,22 @@ class _Masks:
 
     def intended(self, r: OpRecord) -> bool:
         """Whether `r`'s outputs are intended mask values (marks them if so)."""
-        try:
-            args, kwargs = r.call([None] * len(r.inputs))
-        except (ValueError, TypeError, KeyError, IndexError):
-            args, kwargs = [], {}
-        dtype = r.outputs[0].dtype if r.outputs else None
         fed = any(_row(t) in self.rows for t in r.inputs)
-        if intended_fill(r.op, args, kwargs, dtype) or (fed and shapes_mask(r.op)) or (
+        if self._fill(r) or (fed and shapes_mask(r.op)) or (
                 fed and any(_bad(t) for t in r.outputs) and _mask_values(r)):
             self.rows.update(_row(t) for t in r.outputs)
             return True
         return False
+
+    @staticmethod
+    def _fill(r: OpRecord) -> bool:
+        if not r.op.startswith(FILL_PREFIXES):  # decode arguments only for fill ops
+            return False
+        try:
+            args, kwargs = r.call([None] * len(r.inputs))
+        except (ValueError, TypeError, KeyError, IndexError):
+            return False
+        return intended_fill(r.op, args, kwargs, r.outputs[0].dtype if r.outputs else None)
 
 
 def scan_dump(d: Dump) -> OverflowReport:
