@@ -12,6 +12,8 @@ without replay.
 
     python benchmarks/bench_detection.py            # the full matrix
     python benchmarks/bench_detection.py --quick    # a small subset (the test suite runs it)
+    python benchmarks/bench_detection.py --stacks   # LSTM, GRU, depthwise CNN, fused AdamW,
+                                                    # fp16 autocast under bf16, masks (issue 25)
 """
 
 from __future__ import annotations

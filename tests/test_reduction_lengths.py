@@ -123,3 +123,14 @@ def test_depthwise_conv_backward_noise_is_the_culprit(tmp_path):
         _step()
     replay(clean_d, clean_r)
     assert compare(clean_d, g, replay=clean_r).summary["counts"]["error"] == 0
+
+
+def test_lstm_layer_lengths():
+    fwd = _Rec("aten.mkldnn_rnn_layer.default",
+               [(5, 2, 16), (96, 16), (96, 24), (96,), (96,), (2, 24), (2, 24)],
+               [(5, 2, 24), (2, 24), (2, 24), (1000,)])
+    assert reduction_length(fwd, 0) == 16 + 24
+    back = _Rec("aten.mkldnn_rnn_layer_backward.default",
+                [(5, 2, 16), (96, 16), (96, 24), (96,), (96,), (2, 24), (2, 24)],
+                [(5, 2, 16), (96, 16), (96, 24), (96,), (96,), (2, 24), (2, 24)])
+    assert reduction_length(back, 0) == 96 and reduction_length(back, 1) == 10

@@ -66,6 +66,12 @@ def reduction_length(record: Any, out_idx: int = 0) -> int:
         if "scaled_dot_product" in op or op.startswith(("aten._flash_attention",
                                                         "aten._efficient_attention")):
             return _attention_length(op, ins, out_idx)
+        if op == "aten.mkldnn_rnn_layer":  # gates sum input features and hidden units
+            return max(1, ins[1][-1] + ins[2][-1])
+        if op == "aten.mkldnn_rnn_layer_backward":  # (input, w_ih, w_hh, b_ih, b_hh, ...)
+            gates = ins[1][0]
+            steps = _numel(ins[0][:-1])  # weight gradients sum over time and batch
+            return max(1, steps if out_idx in (1, 2, 3, 4) else gates)
         if op == "aten.embedding_dense_backward":  # each row sums the gradient of its tokens
             return max(1, _numel(ins[1]))
         if "softmax" in op:
