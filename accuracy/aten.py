@@ -233,17 +233,20 @@ def plan_of(func: Any) -> OpPlan:
 # -- workspaces and reserves (not data) ----------------------------------------------------
 
 # Outputs that are a kernel's private scratch memory (oneDNN/cuDNN/MIOpen RNN workspaces and
-# reserves, fused attention's RNG seed/offset and debug mask): op name -> output positions.
-# Their bytes are stored (a backward kernel may need them to replay) but are never compared,
-# replayed or judged: two honest runs hold different bytes there. Extend with
-# `register(name, workspace_outputs=(3,))`.
+# reserves, fused attention's RNG seed/offset and debug mask): op name -> output indices as
+# the dump numbers them (tensor outputs in order; SymInt returns and undefined tensors, such as
+# dense attention's cum_seq_q/k, take no index). Their bytes are stored (a backward kernel may
+# need them to replay) but are never compared, replayed or judged: two honest runs hold
+# different bytes there. Extend with `register(name, workspace_outputs=(3,))`.
 WORKSPACE_OUTPUTS: dict[str, frozenset[int]] = {
     "aten.mkldnn_rnn_layer.default": frozenset({3}),
     "aten._cudnn_rnn.default": frozenset({3}),
     "aten.miopen_rnn.default": frozenset({3}),
-    "aten._scaled_dot_product_flash_attention.default": frozenset({6, 7, 8}),
-    "aten._scaled_dot_product_cudnn_attention.default": frozenset({6, 7, 8}),
-    "aten._scaled_dot_product_fused_attention_overrideable.default": frozenset({6, 7, 8}),
+    # (output, logsumexp, [cum_seq_q, cum_seq_k: undefined when dense], rng_state / philox
+    # seed, unused / philox offset, debug_attn_mask): never output 0 or 1, whichever layout
+    "aten._scaled_dot_product_flash_attention.default": frozenset({2, 3, 4}),
+    "aten._scaled_dot_product_cudnn_attention.default": frozenset({2, 3, 4}),
+    "aten._scaled_dot_product_fused_attention_overrideable.default": frozenset({2, 3, 4}),
     "aten._scaled_dot_product_efficient_attention.default": frozenset({2, 3}),
     "aten._flash_attention_forward.default": frozenset({2, 3, 4}),
     "aten._efficient_attention_forward.default": frozenset({2, 3}),
