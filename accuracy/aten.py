@@ -103,14 +103,19 @@ _FACT_SETS = {"uninitialised": UNINITIALISED, "same_elements": SAME_ELEMENTS,
               "same_bytes": SAME_BYTES, "movement": MOVEMENT}
 
 
-def register(name: str, **facts: bool) -> None:
+def register(name: str, **facts: Any) -> None:
     """Teach the registry about an op (e.g. a custom op that only moves data):
     `register("mylib.gather_rows.default", movement=True)`. Facts: uninitialised,
-    same_elements, same_bytes, movement; True adds the op, False removes it."""
+    same_elements, same_bytes, movement; True adds the op, False removes it.
+    `workspace_outputs=(3,)`: those outputs are scratch memory, never judged (() removes)."""
     for fact, value in facts.items():
+        if fact == "workspace_outputs":
+            _register_workspace(name, value)
+            continue
         names = _FACT_SETS.get(fact)
         if names is None:
-            raise ValueError(f"unknown op fact {fact!r}: one of {sorted(_FACT_SETS)}")
+            raise ValueError(f"unknown op fact {fact!r}: one of "
+                             f"{sorted([*_FACT_SETS, 'workspace_outputs'])}")
         if value:
             names.add(name)
         else:
@@ -223,3 +228,120 @@ def plan_of(func: Any) -> OpPlan:
             same_bytes=name in SAME_BYTES, collective=collective_kind(func),
             amp=name in AMP_OPS)
     return plan
+
+
+# -- workspaces and reserves (not data) ----------------------------------------------------
+
+# Outputs that are a kernel's private scratch memory (oneDNN/cuDNN/MIOpen RNN workspaces and
+# reserves, fused attention's RNG seed/offset and debug mask): op name -> output indices as
+# the dump numbers them (tensor outputs in order; SymInt returns and undefined tensors, such as
+# dense attention's cum_seq_q/k, take no index). Their bytes are stored (a backward kernel may
+# need them to replay) but are never compared, replayed or judged: two honest runs hold
+# different bytes there. Extend with `register(name, workspace_outputs=(3,))`.
+WORKSPACE_OUTPUTS: dict[str, frozenset[int]] = {
+    "aten.mkldnn_rnn_layer.default": frozenset({3}),
+    "aten._cudnn_rnn.default": frozenset({3}),
+    "aten.miopen_rnn.default": frozenset({3}),
+    # (output, logsumexp, [cum_seq_q, cum_seq_k: undefined when dense], rng_state / philox
+    # seed, unused / philox offset, debug_attn_mask): never output 0 or 1, whichever layout
+    "aten._scaled_dot_product_flash_attention.default": frozenset({2, 3, 4}),
+    "aten._scaled_dot_product_cudnn_attention.default": frozenset({2, 3, 4}),
+    "aten._scaled_dot_product_fused_attention_overrideable.default": frozenset({2, 3, 4}),
+    "aten._scaled_dot_product_efficient_attention.default": frozenset({2, 3}),
+    "aten._flash_attention_forward.default": frozenset({2, 3, 4}),
+    "aten._efficient_attention_forward.default": frozenset({2, 3}),
+}
+WORKSPACE_REASON = "kernel workspace (scratch memory, not data): not compared"
+
+
+def workspace_outputs(name: str) -> frozenset[int]:
+    """Output positions of `name` (a recorded op name) that are workspaces, not data."""
+    return WORKSPACE_OUTPUTS.get(name, frozenset())
+
+
+def _register_workspace(name: str, positions: Any) -> None:
+    if positions:
+        WORKSPACE_OUTPUTS[name] = frozenset(int(p) for p in positions)
+    else:
+        WORKSPACE_OUTPUTS.pop(name, None)
+
+
+# -- ops that return nothing and write their arguments (fused/foreach optimizers) ------------
+
+def returns_nothing(func: Any) -> bool:
+    """Whether the op returns no value and writes arguments instead (`_fused_adamw_`,
+    `_foreach_add_`): the tensors it wrote are its outputs."""
+    return not func._schema.returns and bool(_written_slots(func))
+
+
+def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """The tensors an op writes, in schema order, lists flattened (`_fused_adamw_`: every
+    parameter, then every gradient, exp_avg, exp_avg_sq...). Output i of such an op is
+    item i here, in the dump, in `sim` faults and in replay alike."""
+    import torch
+
+    plan = _PLANS.get(func)
+    slots = plan.writes if plan is not None else _written_slots(func)
+    out: list[Any] = []
+    for pos, name, kwarg_only in slots:
+        value = args[pos] if not kwarg_only and pos < len(args) else kwargs.get(name)
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif isinstance(value, list | tuple):
+            out.extend(v for v in value if isinstance(v, torch.Tensor))
+    return out
+
+
+# -- intended non-finite values (attention masks) ------------------------------------------
+
+# Ops that write a constant from an argument: name prefix -> (position, name) of that value.
+# A fill of +-inf, or of a value at least half the format's largest (finfo.min masks), makes
+# intended values: masks, never an overflow birth.
+FILL_VALUE_ARGS: dict[str, tuple[int, str]] = {
+    "aten.full.": (1, "fill_value"), "aten.full_like.": (1, "fill_value"),
+    "aten.new_full.": (2, "fill_value"), "aten.fill.": (1, "value"),
+    "aten.fill_.": (1, "value"), "aten.masked_fill.": (2, "value"),
+    "aten.masked_fill_.": (2, "value"), "aten.scalar_tensor.": (0, "s"),
+    "aten.where.ScalarOther": (2, "other"), "aten.where.ScalarSelf": (1, "self"),
+}
+# Ops that only shape, cut, copy or combine a mask: their output is still the mask (a causal
+# mask's triu, its expand to the batch, its cast to the model's dtype).
+MASK_SHAPING_PREFIXES = (
+    "aten.triu", "aten.tril", "aten.expand", "aten._to_copy.", "aten.to.", "aten.clone.",
+    "aten.contiguous.", "aten.slice.", "aten.select.", "aten.unsqueeze.", "aten.squeeze.",
+    "aten.view.", "aten._unsafe_view.", "aten.reshape.", "aten.detach.", "aten.alias.",
+    "aten.permute.", "aten.transpose.", "aten.t.", "aten.repeat.", "aten.cat.",
+    "aten.stack.", "aten.copy_.", "aten.masked_fill", "aten.where.", "aten.lift_fresh",
+    "aten.index.", "aten.minimum.", "aten.maximum.", "aten.logical_", "aten.bitwise_",
+)
+INTENDED = "intended (a mask's -inf / finfo.min fill and its propagation), not an overflow"
+_FORMAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38,
+               "float64": 1.7977e308}
+
+
+def _extreme(value: Any, dtype: str | None) -> bool:
+    if isinstance(value, dict) and "__float__" in value:  # the dump's encoding of inf/nan
+        value = value["__float__"]
+    if isinstance(value, str):
+        return value in ("inf", "-inf")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if value in (float("inf"), float("-inf")):
+        return True
+    top = _FORMAT_MAX.get((dtype or "").removeprefix("torch."))
+    return top is not None and abs(value) >= 0.5 * top
+
+
+def intended_fill(name: str, args: Any, kwargs: Any, dtype: str | None) -> bool:
+    """Whether this call fills with +-inf or a near-limit value (a mask), from its arguments
+    (live values or a dump's decoded JSON); `dtype` is the output's dtype name."""
+    for prefix, (pos, arg) in FILL_VALUE_ARGS.items():
+        if name.startswith(prefix):
+            value = args[pos] if pos < len(args) else (kwargs or {}).get(arg)
+            return _extreme(value, dtype)
+    return False
+
+
+def shapes_mask(name: str) -> bool:
+    """Whether the op's output is still its (intended) mask input, reshaped or combined."""
+    return name.startswith(MASK_SHAPING_PREFIXES)

@@ -52,28 +52,21 @@ class DemoResult:
         return format_result(self)
 
 
-class OverflowingMLP(nn.Module):
-    """An fp16 block whose second projection overflows: large activations times large weights."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = nn.Linear(64, 256)
-        self.act = nn.GELU()
-        self.down = nn.Linear(256, 64)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.act(self.up(x)))
+OVERFLOW_MODULE = "encoder.layers.1.linear2"
 
 
 def overflow_step(path: Path) -> None:
-    """Run one fp16 forward/backward that overflows in `down`, under overflow checking."""
-    torch.manual_seed(0)
-    model = OverflowingMLP().half()
+    """Run the demo's LM in fp16 with one badly scaled projection (`OVERFLOW_MODULE`: outputs
+    reach ~1e5, fine in fp32, inf in fp16) under overflow checking. Its causal mask's -inf is
+    intended, not a birth, so overflow_nums=1 stops at the projection."""
+    model = tiny_lm(layers=DEMO_LAYERS).half()
     with torch.no_grad():
-        model.down.weight.mul_(4e4)  # badly scaled: outputs reach ~2.6e5, fine in fp32, inf in fp16
-    x = (torch.randn(8, 64) * 8).half()
+        model.get_submodule(OVERFLOW_MODULE).weight.mul_(2e5)
+    x, y = lm_batch(batch=2, seq=16)
     with dumper(dump_path=path, overwrite=True, check_overflow=True, overflow_nums=1):
-        model(x).float().pow(2).mean().backward()
+        logits = model(x).float()
+        nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                    y.reshape(-1)).backward()
 
 
 def run_demo(

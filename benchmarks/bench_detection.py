@@ -12,6 +12,8 @@ without replay.
 
     python benchmarks/bench_detection.py            # the full matrix
     python benchmarks/bench_detection.py --quick    # a small subset (the test suite runs it)
+    python benchmarks/bench_detection.py --stacks   # LSTM, GRU, depthwise CNN, fused AdamW,
+                                                    # fp16 autocast under bf16, masks (issue 25)
 """
 
 from __future__ import annotations
@@ -260,6 +262,10 @@ def _device(profile: str, fault: FaultSpec | None) -> Iterator[None]:
         with sim(profile="exact", faults=[fault.fault()] if fault else []), \
                 torch.autocast("cpu", dtype=torch.bfloat16):
             yield
+    elif profile == "autocast-fp16-bf16":  # an fp16 autocast model on a bf16 device
+        with sim(profile="bf16", faults=[fault.fault()] if fault else []), \
+                torch.autocast("cpu", dtype=torch.float16):
+            yield
     else:
         with sim(profile=profile, faults=[fault.fault()] if fault else []):
             yield
@@ -268,7 +274,7 @@ def _device(profile: str, fault: FaultSpec | None) -> Iterator[None]:
 def _golden(model: str, work: Path) -> Path | None:
     path = work / f"{model}-golden.h5"
     if not path.exists():
-        step = MODELS[model]()
+        step = (MODELS.get(model) or STACKS_MODELS[model])()
         if step is None:
             return None
         with dumper(str(path)):
@@ -304,7 +310,7 @@ def run_case(case: Case, work: Path) -> Outcome:
     dev, rep = work / "device.h5", work / "replay.h5"
     for p in (dev, rep):
         p.unlink(missing_ok=True)
-    step = MODELS[case.model]()
+    step = (MODELS.get(case.model) or STACKS_MODELS[case.model])()
     assert step is not None
     with _device(case.profile, case.fault), dumper(str(dev)):
         step()
@@ -435,10 +441,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="*", help=f"subset of {list(MODELS)}")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per case")
     ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    ap.add_argument("--stacks", nargs="*", metavar="FAMILY",
+                    help="the issue-25 families instead (lstm gru dwcnn llama-fused lm-fp16 "
+                         "masks; none named: all)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
-    cases = matrix(args.quick, args.models)
+    stacks = None if args.stacks is None else (args.stacks or list(STACKS_MODELS))
+    cases = stacks_matrix(stacks) if stacks is not None else matrix(args.quick, args.models)
     outs = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench_detection_") as tmp:
@@ -448,11 +458,227 @@ def main(argv: list[str] | None = None) -> int:
             if args.verbose:
                 print(f"{case.name}: rows {o.rows} errors {o.errors} warnings {o.warnings} "
                       f"top1 {o.top1} top3 {o.top3} {o.note}", flush=True)
+        if stacks is not None:
+            overflow_line = _stacks_clean_overflow(Path(tmp), stacks)
     print(summarise(outs))
+    if stacks is not None:
+        print("\n" + overflow_line)
     print(f"\n{len(cases)} cases in {time.perf_counter() - t0:.0f} s")
     missed = goals_met(outs)
     print("goals: " + ("all met" if not missed else "missed: " + "; ".join(missed)))
     return 1 if args.check and missed else 0
+
+
+# -- issue 25 families: RNNs, depthwise CNN, fused AdamW, fp16 autocast under bf16, masks ----
+# (`--stacks`; separate from the matrix above so its figures stay comparable)
+
+
+class _RNNLM(nn.Module):
+    def __init__(self, cell: type[nn.Module]) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(64, 16)
+        self.rnn = cell(16, 24, num_layers=2, batch_first=True)
+        self.head = nn.Linear(24, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(self.emb(x))[0])
+
+
+def _rnn_step(cell: type[nn.Module]) -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = _RNNLM(cell)
+    tokens = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1))
+
+    def step() -> None:
+        out = model(tokens)
+        nn.functional.cross_entropy(out.reshape(-1, 64), tokens.reshape(-1)).backward()
+    return step
+
+
+class _DepthwiseCNN(nn.Module):
+    """Depthwise-separable blocks (3x3 depthwise, GroupNorm, ReLU, 1x1 pointwise, GroupNorm)."""
+
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.blocks = nn.Sequential(*[nn.Sequential(
+            nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False), nn.GroupNorm(4, c), nn.ReLU(),
+            nn.Conv2d(c, c, 1, bias=False), nn.GroupNorm(4, c), nn.ReLU()) for _ in range(2)])
+        self.head = nn.Linear(c, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+def _dwcnn_step() -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = _DepthwiseCNN()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 3, 12, 12, generator=g), torch.randint(0, 10, (4,), generator=g)
+    return lambda: nn.functional.cross_entropy(model(x), y).backward()
+
+
+def _llama_fused_step() -> Callable[[], None] | None:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   vocab_size=128, max_position_embeddings=32,
+                                   attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False, fused=True)
+    tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+
+    def step() -> None:
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        opt.step()
+    return step
+
+
+class _MaskedAttention(nn.Module):
+    """Self-attention written out with a -inf causal mask (masked_fill) and a finfo.min
+    padding mask (added), as hand-written and `transformers` models build them."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, -1)
+        scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        seq = x.shape[1]
+        causal = torch.ones(seq, seq, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(causal, float("-inf"))
+        scores = scores + torch.where(pad[:, None, :], torch.finfo(scores.dtype).min, 0.0)
+        return self.out(torch.softmax(scores, -1) @ v)
+
+
+class _MaskLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(64, 32)
+        self.attn = nn.ModuleList(_MaskedAttention() for _ in range(2))
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, tokens: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        h = self.emb(tokens)
+        for a in self.attn:
+            h = h + a(h, pad)
+        return self.head(h)
+
+
+def _masks_step() -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = _MaskLM()
+    tokens = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    pad = torch.zeros(2, 12, dtype=torch.bool)
+    pad[1, -3:] = True
+
+    def step() -> None:
+        out = model(tokens, pad)
+        nn.functional.cross_entropy(out.reshape(-1, 64), tokens.reshape(-1)).backward()
+    return step
+
+
+STACKS_MODELS: dict[str, Callable[[], Callable[[], None] | None]] = {
+    "lstm": lambda: _rnn_step(nn.LSTM),
+    "gru": lambda: _rnn_step(nn.GRU),
+    "dwcnn": _dwcnn_step,
+    "llama-fused": _llama_fused_step,
+    "lm-fp16": _lm_step,  # the LM under fp16 autocast on a bf16 device
+    "masks": _masks_step,
+}
+# family -> its device profiles (the first is used for faults at even positions)
+STACKS_PROFILES: dict[str, tuple[str, ...]] = {
+    "lstm": ("bf16", "fp16-cube"), "gru": ("bf16", "fp16-cube"),
+    "dwcnn": ("bf16", "fp16-cube"), "llama-fused": ("bf16", "fp16-cube"),
+    "lm-fp16": ("autocast-fp16-bf16",), "masks": ("bf16", "fp16-cube"),
+}
+# (target, phase) -> (op, module pattern, occurrence or output index via {d})
+STACKS_SITES: dict[str, dict[tuple[str, str], tuple[str, str | None]]] = {
+    "lstm": {
+        ("rnn", "forward"): ("aten.mkldnn_rnn_layer.default", "*rnn"),
+        ("rnn", "backward"): ("aten.mkldnn_rnn_layer_backward.default", "*rnn"),
+        ("matmul", "forward"): ("aten.mm.default", "*head"),
+    },
+    "gru": {
+        ("matmul", "forward"): ("aten.addmm.default", "*rnn"),
+        ("matmul", "backward"): ("aten.mm.default", "*rnn"),
+        ("activation", "backward"): ("aten.sigmoid_backward.default", "*rnn"),
+    },
+    "dwcnn": {
+        ("conv", "forward"): ("aten.convolution.default", "*blocks.{d}.0"),
+        ("conv", "backward"): ("aten.convolution_backward.default", "*blocks.{d}.0"),
+        ("pointwise", "forward"): ("aten.convolution.default", "*blocks.{d}.3"),
+        ("norm", "forward"): ("aten.native_group_norm.default", "*blocks.{d}.1"),
+        ("norm", "backward"): ("aten.native_group_norm_backward.default", "*blocks.{d}.4"),
+    },
+    "llama-fused": {
+        ("optimizer", "optimizer"): ("aten._fused_adamw_.default", None),
+        ("matmul", "forward"): ("aten.mm.default", "*layers.{d}.mlp.down_proj"),
+    },
+    "lm-fp16": {k: SITES["lm"][k] for k in (("matmul", "forward"), ("matmul", "backward"),
+                                              ("norm", "forward"), ("activation", "forward"))},
+    "masks": {
+        ("softmax", "forward"): ("aten._softmax.default", "*attn.{d}"),
+        ("matmul", "forward"): ("aten.bmm.default", "*attn.{d}"),
+        ("matmul", "backward"): ("aten.mm.default", "*attn.{d}.qkv"),
+    },
+}
+
+
+@dataclass(frozen=True)
+class StackFaultSpec(FaultSpec):
+    """A fault with an output index (a fused optimizer's i-th parameter)."""
+
+    output: int = 0
+
+    def fault(self) -> Any:
+        return sim.fault(self.op, self.module, kind=self.kind, value=self.value,
+                         occurrence=self.occurrence, output=self.output)
+
+
+def stacks_matrix(families: list[str] | None = None) -> list[Case]:
+    """Each family clean on each of its profiles, then every site x size, kind and depth
+    rotating (bias/noise, layer 0/1; the RNN layers by occurrence, fused AdamW by output)."""
+    names = families or list(STACKS_MODELS)
+    cases: list[Case] = []
+    for m in names:
+        for p in STACKS_PROFILES[m]:
+            cases.append(Case(m, p))
+    for m in names:
+        profiles = STACKS_PROFILES[m]
+        for i, (target, phase) in enumerate(STACKS_SITES[m]):
+            op, mod = STACKS_SITES[m][(target, phase)]
+            for j, size in enumerate(SIZES):
+                depth = (i + j) % 2
+                kind = ("bias", "noise")[(i + j) % 2]
+                profile = profiles[(i + j) % len(profiles)]
+                module = mod.format(d=depth) if mod else None
+                occurrence = depth if target == "rnn" or m == "gru" else 0
+                output = (3, 12)[depth] if target == "optimizer" else 0
+                cases.append(Case(m, profile, StackFaultSpec(
+                    target, phase, op, module, kind, size, occurrence, output)))
+    return cases
+
+
+def _stacks_clean_overflow(work: Path, families: list[str]) -> str:
+    """Births `accuracy overflow` reports on each family's clean golden dump (masks: 0)."""
+    from accuracy.overflow import scan
+
+    parts = []
+    for m in families:
+        path = work / f"{m}-golden.h5"
+        if path.exists():
+            rep = scan(path)
+            parts.append(f"{m} {len(rep.births)} births ({len(rep.intended)} intended)")
+    return "overflow births on clean golden dumps: " + ", ".join(parts)
+
 
 
 if __name__ == "__main__":

@@ -11,7 +11,13 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from accuracy.aten import ALIAS_PREFIXES, OVERWRITE_PREFIXES, UNINITIALISED_PREFIXES
+from accuracy.aten import (
+    ALIAS_PREFIXES,
+    OVERWRITE_PREFIXES,
+    UNINITIALISED_PREFIXES,
+    WORKSPACE_REASON,
+    workspace_outputs,
+)
 from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
 from accuracy.compare.checks import check_replay, incomplete, swapped
@@ -45,6 +51,7 @@ class _Spec:
     golden: TensorRecord | None
     reason: str = ""
     uninit: bool = False
+    workspace: bool = False
 
 
 def _open(d: DumpLike | None, owned: list[Dump]) -> Dump | None:
@@ -95,7 +102,25 @@ def _specs(my: Dump, golden: Dump, mapping: Mapping) -> list[_Spec]:
     um, ug = uninitialised(my.records), uninitialised(golden.records)
     for s in out:
         s.uninit = bool((s.my and s.my.row in um) or (s.golden and s.golden.row in ug))
+    wm, wg = workspace_rows(my.records), workspace_rows(golden.records)
+    for s in out:
+        s.workspace = bool((s.my and _first(s.my) in wm) or (s.golden and _first(s.golden) in wg))
     return out
+
+
+def _first(t: TensorRecord) -> int:
+    return t.first if t.has_data else t.row
+
+
+def workspace_rows(recs: list[OpRecord]) -> set[int]:
+    """Rows of kernel workspaces (`aten.WORKSPACE_OUTPUTS`), and of every later use of the
+    same bytes (a backward op's workspace input): scratch memory, never judged."""
+    rows: set[int] = set()
+    for r in recs:
+        idx = workspace_outputs(r.op)
+        if idx:
+            rows.update(_first(t) for t in r.outputs if t.idx in idx)
+    return rows
 
 
 def uninitialised(recs: list[OpRecord], window: int = 16) -> set[int]:
@@ -136,7 +161,7 @@ def _key(t: TensorRecord) -> tuple:
 def _needs_data(s: _Spec) -> bool:
     if s.my is None or s.golden is None or not (s.my.has_data and s.golden.has_data):
         return False
-    if s.uninit or not (decodable(s.my.dtype) and decodable(s.golden.dtype)):
+    if s.uninit or s.workspace or not (decodable(s.my.dtype) and decodable(s.golden.dtype)):
         return False
     return s.my.numel == s.golden.numel and s.my.numel > 0
 
@@ -224,11 +249,23 @@ def _identity(i: int, s: _Spec) -> Row:
         seq_my=s.my_op.seq if s.my_op else None,
         seq_golden=s.golden_op.seq if s.golden_op else None,
         io=s.io, tensor_index=s.idx, phase=ref_op.phase if ref_op else None,
-        module=s.kind.removeprefix("module:") if s.kind != "op" else (
-            ref_op.module if ref_op else None),
+        module=s.kind.removeprefix("module:") if s.kind != "op" else _tensor_module(s, ref_op),
         source=ref_op.source if ref_op else None,
         dtype_my=m.dtype if m else None, dtype_golden=g.dtype if g else None,
         shape_my=list(m.shape) if m else None, shape_golden=list(g.shape) if g else None)
+
+
+def _tensor_module(s: _Spec, op: OpRecord | None) -> str | None:
+    """The op's module, or for one tensor of a fused/foreach optimizer call, the parameter
+    it belongs to (the dumper's `tensor_names`): one row per parameter, named by it."""
+    if op is None:
+        return None
+    names = op.extra.get("tensor_names")
+    if isinstance(names, dict):
+        per_io = names.get(s.io)
+        if isinstance(per_io, list) and 0 <= s.idx < len(per_io) and per_io[s.idx]:
+            return str(per_io[s.idx])
+    return op.module
 
 
 def _add_statistics(row: Row, m: TensorRecord | None, g: TensorRecord | None) -> None:
@@ -262,6 +299,10 @@ def _not_comparable(row: Row, s: _Spec, msgs: list[str]) -> bool:
     if s.uninit:
         row.verdict = V.SKIPPED
         row.message = "uninitialised memory (empty*, before its first write): not compared"
+        return True
+    if s.workspace:
+        row.verdict = V.SKIPPED
+        row.message = WORKSPACE_REASON
         return True
     if m.numel != g.numel:
         # Not the same computation (another batch, or ops paired across a fused/inserted

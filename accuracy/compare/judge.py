@@ -83,17 +83,24 @@ def _groups(rows: list[Row]) -> list[tuple[list[Row], list[Row]]]:
     return list(groups.values())
 
 
+def _kind(r: Row) -> tuple[str, int]:
+    """The population a row's outlier score is taken in: its op type and output index (a
+    convolution's grad_input and grad_weight are different kernels with different honest
+    errors; pooled, their spread hides a faulty one)."""
+    return _base(r.op), r.tensor_index or 0
+
+
 def _with_outlier_scores(rows: list[Row], key: str, floor: float, pool: bool = True
                          ) -> dict[int, float]:
     """Robust score of each row's log `key` among the same op type in this run; an op type
     with fewer than MIN_GROUP calls is scored against every row of its compute precision
     (the key is already normalised by the op's own bound, so they are comparable)."""
-    by_type: dict[str, dict[int, float]] = defaultdict(dict)
+    by_type: dict[tuple[str, int], dict[int, float]] = defaultdict(dict)
     by_precision: dict[str, dict[int, float]] = defaultdict(dict)
     for r in rows:
         v = getattr(r, key)
         if v is not None:
-            by_type[_base(r.op)][r.index] = _log(v)
+            by_type[_kind(r)][r.index] = _log(v)
             by_precision[r.compute_precision or ""][r.index] = _log(v)
     z: dict[int, float] = {}
     for vals in by_type.values():
@@ -108,10 +115,10 @@ def _with_outlier_scores(rows: list[Row], key: str, floor: float, pool: bool = T
 
 def _centres(rows: list[Row], key: str) -> dict[int, float]:
     """Median log `key` of the group each row is scored in (as _with_outlier_scores)."""
-    by_type: dict[str, list[Row]] = defaultdict(list)
+    by_type: dict[tuple[str, int], list[Row]] = defaultdict(list)
     by_precision: dict[str, list[float]] = defaultdict(list)
     for r in rows:
-        by_type[_base(r.op)].append(r)
+        by_type[_kind(r)].append(r)
         by_precision[r.compute_precision or ""].append(_log(getattr(r, key)))
     out: dict[int, float] = {}
     for grp in by_type.values():

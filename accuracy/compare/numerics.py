@@ -21,6 +21,7 @@ has expected 1. See docs/metrics.md.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -50,19 +51,29 @@ def reduction_length(record: Any, out_idx: int = 0) -> int:
     ins = [tuple(t.shape) for t in sorted(record.inputs, key=lambda t: t.idx)]
     outs = {t.idx: tuple(t.shape) for t in record.outputs}
     try:
-        if op in ("aten.mm", "aten.bmm", "aten.matmul", "aten.linear", "aten.dot"):
-            return max(1, ins[0][-1])
-        if op in ("aten.addmm", "aten.addmm_", "aten.baddbmm", "aten.baddbmm_",
-                  "aten.addbmm", "aten.addmv"):
+        if op.startswith(("aten._fused_", "aten._foreach_")):  # elementwise, per parameter
+            return 1
+        if op in ("aten.mm", "aten.bmm", "aten.matmul", "aten.linear", "aten.dot", "aten.mv"):
+            return max(1, ins[0][-1])  # batched and broadcast: per element, the inner dim
+        if op == "aten.addbmm":  # also sums over the batch
+            return max(1, ins[1][0] * ins[1][-1])
+        if op in ("aten.addmm", "aten.addmm_", "aten.baddbmm", "aten.baddbmm_", "aten.addmv"):
             return max(1, ins[1][-1])
         if op in ("aten.convolution", "aten._convolution"):
-            w = ins[1]
-            return max(1, _numel(w[1:]))
+            return _conv_length(record, ins)
         if op == "aten.convolution_backward":
-            go, _x, w = ins[0], ins[1], ins[2]
-            if out_idx == 0:  # grad_input sums over output channels and the kernel window
-                return max(1, w[0] * _numel(w[2:]))
-            return max(1, go[0] * _numel(go[2:]))  # grad_weight / grad_bias: batch x space
+            return _conv_backward_length(record, ins, out_idx)
+        if "scaled_dot_product" in op or op.startswith(("aten._flash_attention",
+                                                        "aten._efficient_attention")):
+            return _attention_length(op, ins, out_idx)
+        if op == "aten.mkldnn_rnn_layer":  # gates sum input features and hidden units
+            return max(1, ins[1][-1] + ins[2][-1])
+        if op == "aten.mkldnn_rnn_layer_backward":  # (input, w_ih, w_hh, b_ih, b_hh, ...)
+            gates = ins[1][0]
+            steps = _numel(ins[0][:-1])  # weight gradients sum over time and batch
+            return max(1, steps if out_idx in (1, 2, 3, 4) else gates)
+        if op == "aten.embedding_dense_backward":  # each row sums the gradient of its tokens
+            return max(1, _numel(ins[1]))
         if "softmax" in op:
             return max(1, ins[0][-1]) if ins and ins[0] else 1
         if op in ("aten.native_batch_norm", "aten._native_batch_norm_legit",
@@ -83,6 +94,58 @@ def reduction_length(record: Any, out_idx: int = 0) -> int:
     except (IndexError, TypeError, ZeroDivisionError):
         pass
     return 1
+
+
+def _args(record: Any) -> list[Any]:
+    """The recorded call's positional arguments (tensors as markers), torch-free."""
+    try:
+        args = json.loads(record.args_json).get("args", [])
+    except (AttributeError, TypeError, ValueError):
+        return []
+    return args if isinstance(args, list) else []
+
+
+def _arg(args: list[Any], pos: int, default: Any) -> Any:
+    return args[pos] if pos < len(args) and args[pos] is not None else default
+
+
+def _conv_length(record: Any, ins: list[tuple[int, ...]]) -> int:
+    """Terms per output element of a (grouped, depthwise, transposed) convolution:
+    C_in/groups * kh * kw."""
+    args = _args(record)
+    w, transposed, groups = ins[1], bool(_arg(args, 6, False)), int(_arg(args, 8, 1) or 1)
+    if transposed:  # weight (C_in, C_out/groups, k...)
+        return max(1, w[0] // max(1, groups) * _numel(w[2:]))
+    return max(1, _numel(w[1:]))  # weight (C_out, C_in/groups, k...)
+
+
+def _conv_backward_length(record: Any, ins: list[tuple[int, ...]], out_idx: int) -> int:
+    """grad_input sums over the output channels of its group and the kernel window;
+    grad_weight and grad_bias over batch and space. Outputs are numbered among those the
+    output mask asked for (a first layer has no grad_input)."""
+    args = _args(record)
+    go, x, w = ins[0], ins[1], ins[2]
+    transposed, groups = bool(_arg(args, 7, False)), int(_arg(args, 9, 1) or 1)
+    mask = _arg(args, 10, [True, True, True])
+    roles = [i for i in range(3) if i >= len(mask) or mask[i]]
+    role = roles[out_idx] if out_idx < len(roles) else out_idx
+    if role == 0:
+        if transposed:  # weight (C_in, C_out/groups, k...)
+            return max(1, w[1] * _numel(w[2:]))
+        return max(1, w[0] // max(1, groups) * _numel(w[2:]))
+    src = x if transposed and role == 1 else go
+    return max(1, src[0] * _numel(src[2:]))
+
+
+def _attention_length(op: str, ins: list[tuple[int, ...]], out_idx: int) -> int:
+    """Scaled dot-product attention: scores sum over the head dim E, the output over the key
+    length; in backward, grad_q over keys and grad_k / grad_v over queries."""
+    if "backward" in op:  # (grad_out, query, key, value, ...)
+        q, k = ins[1], ins[2]
+        length = k[-2] if out_idx == 0 else q[-2]
+        return max(1, length, q[-1])
+    q, k = ins[0], ins[1]
+    return max(1, k[-2], q[-1]) if out_idx == 0 else max(1, k[-2])
 
 
 def input_rms(record: Any) -> float | None:

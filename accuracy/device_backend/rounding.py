@@ -41,7 +41,12 @@ def roundings() -> dict[str, str]:
 
 
 def _wider_float(t: torch.Tensor, target: torch.dtype) -> bool:
-    return t.is_floating_point() and t.dtype.itemsize > target.itemsize
+    """Whether rounding `t` to `target` loses anything: a wider format, or one of the same
+    width with more mantissa bits (fp16 values rounded to bf16's 7 bits)."""
+    if not t.is_floating_point() or t.dtype == target:
+        return False
+    return (t.dtype.itemsize > target.itemsize
+            or torch.finfo(t.dtype).eps < torch.finfo(target).eps)
 
 
 def to_fp16(t: torch.Tensor) -> torch.Tensor:
@@ -55,7 +60,10 @@ def to_bf16(t: torch.Tensor) -> torch.Tensor:
     """Round to the nearest bfloat16 (8 exponent bits, 7 mantissa bits)."""
     if not _wider_float(t, torch.bfloat16):
         return t
-    return t.to(torch.bfloat16).to(t.dtype)
+    out = t.to(torch.bfloat16).to(t.dtype)
+    if t.dtype == torch.float16:  # 65504 rounds to bf16's 65536, past fp16's range: keep it
+        out = torch.where(torch.isinf(out) & torch.isfinite(t), t, out)
+    return out
 
 
 def to_tf32(t: torch.Tensor) -> torch.Tensor:

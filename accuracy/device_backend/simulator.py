@@ -27,6 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 if TYPE_CHECKING:
     from torch.distributed._tools.mod_tracker import ModTracker
 
+from accuracy.aten import returns_nothing, written_tensors
+
 from .faults import (
     _REPLACEMENTS,
     OUTPUT_KINDS,
@@ -264,6 +266,10 @@ class SimMode(TorchDispatchMode):
         for fault, record in hits:
             if fault.kind in OUTPUT_KINDS:
                 target = select_output(out, fault.output)
+                if target is None and returns_nothing(func):
+                    # a fused/foreach op (`_fused_adamw_`): its outputs are what it wrote,
+                    # output i the i-th written tensor (parameter i of the first list)
+                    target = select_output(written_tensors(func, args, kwargs), fault.output)
                 if target is None or not target.is_floating_point():
                     log.warning("sim: fault %s skipped on %s: output %d is not a float tensor",
                                 fault.kind, name, fault.output)

@@ -189,6 +189,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             observers.append(self._recorder)
         self._observers = tuple(observers)
         self._scope = Scope().__enter__()
+        self._recorder.tensor_name = self._scope.optimizer_tensor_name
         self._mode = _DumpMode(self)
         self._mode.__enter__()
         log.info("dumping %s mode to %s", self.mode, self.path)

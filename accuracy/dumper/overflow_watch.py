@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accuracy.aten import AMP_UPDATE_OP, HANDLED, amp_label, written_ids
+from accuracy.aten import (
+    AMP_UPDATE_OP,
+    HANDLED,
+    amp_label,
+    intended_fill,
+    shapes_mask,
+    written_ids,
+)
 from accuracy.dumper.finite_probe import (
     FINITE,
     NONFINITE,
@@ -86,6 +93,7 @@ class _Pending:
     outs: list[torch.Tensor]
     in_vals: list[Any]
     out_vals: list[Any]
+    masked: bool = False  # an input holds intended mask values (-inf / finfo.min fills)
 
 
 def _warn_at_user_line(msg: str, source: str) -> None:
@@ -119,6 +127,7 @@ class OverflowChecker:
         self._recorder: Recorder | None = None
         self._path = ""
         self._states = TensorStates()
+        self._masks = TensorStates()  # tensors holding intended values: attention masks
         self._pending: list[_Pending] = []
         self._window: list[OverflowEvent] = []  # births since GradScaler's last update
         self._n_overflow = 0
@@ -152,10 +161,11 @@ class OverflowChecker:
         ins = call.inputs
         with torch._C._DisableTorchDispatch():
             in_vals = [self._value_of(t) for t in ins]
+            masked = any(self._masks.get(t) for t in ins)
             if call.plan.mutable:  # in-place ops overwrite inputs: keep the written ones' values
                 written = written_ids(call.func, call.args, call.kwargs)
                 ins = [t.clone() if id(t) in written and checkable(t) else t for t in ins]
-        self._current = _Pending(call, ins, [], in_vals, [])
+        self._current = _Pending(call, ins, [], in_vals, [], masked)
 
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
         p, self._current = self._current, None
@@ -165,6 +175,8 @@ class OverflowChecker:
             self._amp_op(p)
             return
         p.outs = outputs
+        if self._mask_made(p):
+            return  # intended values: never a birth, and overflow_nums does not count them
         with torch._C._DisableTorchDispatch():
             if same_elements(call.plan, p.ins, outputs) and checkable(outputs[0]):
                 # a view holding its input's very elements has its input's state: no probe
@@ -244,6 +256,34 @@ class OverflowChecker:
                 return
             self._judge(p)
 
+    def _mark_mask(self, outputs: list[torch.Tensor]) -> None:
+        with torch._C._DisableTorchDispatch():
+            for t in outputs:
+                self._masks.put(t, True)
+                self._states.forget(t)  # its values are known intended, not finite
+
+    def _mask_made(self, p: _Pending) -> bool:
+        """A fill of -inf / finfo.min (a mask), or an op that only shapes a mask: its outputs
+        are intended values."""
+        c = p.call
+        dtype = str(p.outs[0].dtype).removeprefix("torch.") if p.outs else None
+        if intended_fill(c.name, c.args, c.kwargs, dtype) or (p.masked and shapes_mask(c.name)):
+            self._mark_mask(p.outs)
+            return True
+        return False
+
+    def _mask_propagated(self, p: _Pending) -> bool:
+        """A mask combined with finite values (scores + mask): -inf where it masks is
+        intended; +inf or NaN is an overflow of the values themselves."""
+        if not p.masked:
+            return False
+        with torch._C._DisableTorchDispatch():
+            for t in p.outs:
+                if checkable(t) and (torch.isnan(t).any() or torch.isposinf(t).any()):
+                    return False
+        self._mark_mask(p.outs)
+        return True
+
     def _judge(self, p: _Pending) -> None:
         if p.call.plan.uninitialised:  # empty*: whatever the memory held is no birth
             return
@@ -260,6 +300,8 @@ class OverflowChecker:
             worst = max(exact)
             if worst <= in_state or worst == FINITE:
                 return
+        if self._mask_propagated(p):
+            return
         kind = "overflow" if worst == NONFINITE else "saturation"
         if kind == "saturation" and self.nums != -1 and self._n_saturation >= self.nums:
             return

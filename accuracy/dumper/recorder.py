@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from accuracy.aten import returns_nothing, workspace_outputs, written_tensors
 from accuracy.dumper import collectives
 from accuracy.dumper.identity import TensorStates, same_memory
 from accuracy.dumper.opcall import OpCall
@@ -76,6 +77,8 @@ class Recorder:
         self.sim = sim
         self.strict = strict
         self.seen = TensorStates(track_storage=True)
+        # optimizer tensor -> its parameter's name (set by the dumper from its Scope)
+        self.tensor_name: Any = None
         self.devices: set[str] = set()
         self._device_names: dict[torch.device, str] = {}
         self.ops_recorded = 0
@@ -132,6 +135,9 @@ class Recorder:
 
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
         plan = call.plan
+        if not outputs and plan.mutable and returns_nothing(call.func):
+            # a fused/foreach op returns nothing: what it wrote is its result
+            outputs = written_tensors(call.func, call.args, call.kwargs)
         coll = call.collective
         entries, self._in_entries = self._in_entries, []
         mutable = plan.mutable or coll is not None
@@ -165,6 +171,9 @@ class Recorder:
             extra["uninitialized"] = True
         if plan.rng:
             extra["rng"] = True
+        scratch = workspace_outputs(plan.name)
+        if scratch:  # kernel scratch memory: stored (its backward replays with it), never judged
+            extra["workspace"] = sorted(scratch)
         if mutable and coll is None:
             extra["inplace"] = True
         if coll is not None:
@@ -176,11 +185,23 @@ class Recorder:
                 if meshes:  # an op on DTensors: recorded on the local shards
                     extra["dtensor"] = meshes
                 break
+        if self.tensor_name is not None and call.phase == "optimizer" and len(outputs) > 1:
+            self._name_tensors(call, outputs, extra)
         if self.sim is not None and len(self.sim.applied) > self._n_faults:
             extra["faults"] = list(self.sim.applied[self._n_faults:])
         if call.fwd_seq >= 0:
             extra["fwd_seq"] = call.fwd_seq
         self.write(call, entries, len(call.inputs), len(outputs), extra)
+
+    def _name_tensors(self, call: OpCall, outputs: list[torch.Tensor],
+                      extra: dict[str, Any]) -> None:
+        """A fused/foreach optimizer call updates many parameters: name each tensor by its
+        parameter, so each gets its own row (compare) and a fault its own culprit."""
+        name = self.tensor_name
+        names = {"input": [name(t) for t in call.inputs],
+                 "output": [name(t) for t in outputs]}
+        if len({n for n in names["output"] if n}) > 1:
+            extra["tensor_names"] = names
 
     def finish(self) -> dict[str, Any]:
         return {}

@@ -143,6 +143,11 @@ class Scope:
                     return name
         return ""
 
+    def optimizer_tensor_name(self, t: torch.Tensor) -> str:
+        """The parameter a tensor of an optimizer op belongs to (the parameter, its gradient
+        or one of its states), '' when unknown: names each tensor of a fused/foreach call."""
+        return self._opt_names.get(id(t), "") if self._opt_names else ""
+
     def _opt_exit(self, *_: Any) -> None:
         self._in_optimizer = max(0, self._in_optimizer - 1)
         if not self._in_optimizer:

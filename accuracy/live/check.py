@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from accuracy.aten import workspace_outputs
 from accuracy.compare import verdict as V
 from accuracy.compare.precision import ComputePrecision
 from accuracy.dumper.flatten import tensors_in
@@ -310,8 +311,9 @@ class LiveCheck(SiteMode):
         result.status, result.reason = outcome.status, outcome.reason
         if outcome.status != OK:
             return
+        by_idx = dict(host)
         for m in outcome.outputs:
-            dev = host[m["idx"]][1]
+            dev = by_idx[m["idx"]]
             entry = dict(m, dtype=_dtype_name(dev.dtype), shape=list(dev.shape),
                          verdict=None, compute_precision=None)
             if dev.numel() > 0:  # compare leaves empty tensors unjudged too
@@ -343,8 +345,10 @@ class LiveCheck(SiteMode):
 
         want = _needs_upcast(inputs, [t.dtype for _, t in host],
                              _has_dtype((args, kwargs)), self.upcast)
+        scratch = workspace_outputs(name)  # kernel workspaces are not data: never measured
+        measured = [(i, t) for i, t in host if i not in scratch]
         with torch._C._DisableTorchDispatch():  # the reference runs below no mode (sim...)
-            return rerun(result.seq, name, fn, build, host, self.device, self.upcast, want,
+            return rerun(result.seq, name, fn, build, measured, self.device, self.upcast, want,
                          note=note)
 
     def _check_stacking(self) -> None:

@@ -12,9 +12,20 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from accuracy.aten import AMP_OPS, AMP_UPDATE_OP, HANDLED, amp_label
+from accuracy.aten import (
+    AMP_OPS,
+    AMP_UPDATE_OP,
+    FILL_VALUE_ARGS,
+    HANDLED,
+    INTENDED,
+    amp_label,
+    intended_fill,
+    shapes_mask,
+)
 from accuracy.dumpfile import Dump, load_dump
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
+
+FILL_PREFIXES = tuple(FILL_VALUE_ARGS)
 
 
 @dataclass
@@ -53,6 +64,7 @@ class OverflowReport:
     inherited: list[Finding] = field(default_factory=list)
     amp: list[Finding] = field(default_factory=list)
     skipped_steps: list[int] = field(default_factory=list)
+    intended: list[Finding] = field(default_factory=list)  # masks: -inf fills and their uses
 
     @property
     def culprits(self) -> list[Finding]:
@@ -80,6 +92,9 @@ class OverflowReport:
             lines.append(f"inherited ({len(self.inherited)} ops carried non-finite inputs "
                          "onward), first ones:")
             lines += ["  " + f.line() for f in self.inherited[: min(limit, 10)]]
+        if self.intended:
+            lines.append(f"intended non-finite values ({len(self.intended)} ops: attention "
+                         "masks' -inf / finfo.min fills and their propagation), not overflows")
         if self.amp:
             lines.append(f"GradScaler checks ({len(self.amp)}, deliberate, not culprits)")
         if self.skipped_steps:
@@ -114,11 +129,54 @@ def _found_inf(r: OpRecord) -> bool:
     return bool(fi) and (fi[0].stats.get("max") or 0) > 0
 
 
+def _row(t: TensorRecord) -> int:
+    return t.first if t.first >= 0 else t.row
+
+
+def _mask_values(r: OpRecord) -> bool:
+    """No NaN and no +inf among the non-finite outputs: what a -inf mask combined with finite
+    values gives (an overflow of the values themselves shows +inf or NaN)."""
+    for t in r.outputs:
+        if (t.stats.get("nan_count") or 0) > 0:
+            return False
+        top = t.stats.get("max")
+        if top is not None and top == float("inf"):
+            return False
+    return True
+
+
+class _Masks:
+    """Rows holding intended values (masks), followed through the dump in order."""
+
+    def __init__(self) -> None:
+        self.rows: set[int] = set()
+
+    def intended(self, r: OpRecord) -> bool:
+        """Whether `r`'s outputs are intended mask values (marks them if so)."""
+        fed = any(_row(t) in self.rows for t in r.inputs)
+        if self._fill(r) or (fed and shapes_mask(r.op)) or (
+                fed and any(_bad(t) for t in r.outputs) and _mask_values(r)):
+            self.rows.update(_row(t) for t in r.outputs)
+            return True
+        return False
+
+    @staticmethod
+    def _fill(r: OpRecord) -> bool:
+        if not r.op.startswith(FILL_PREFIXES):  # decode arguments only for fill ops
+            return False
+        try:
+            args, kwargs = r.call([None] * len(r.inputs))
+        except (ValueError, TypeError, KeyError, IndexError):
+            return False
+        return intended_fill(r.op, args, kwargs, r.outputs[0].dtype if r.outputs else None)
+
+
 def scan_dump(d: Dump) -> OverflowReport:
     """Scan an opened dump."""
     online = bool(d.attrs.get("check_overflow"))
     rep = OverflowReport(str(d.path), str(d.attrs.get("mode", "?")), online, len(d.records))
     window: list[Finding] = []
+    masks = _Masks()
     grads_bad = False  # an unscale check in this window saw non-finite gradients
     for r in d.records:
         if r.op in AMP_OPS:
@@ -131,7 +189,13 @@ def scan_dump(d: Dump) -> OverflowReport:
                         f.label = HANDLED
                 window, grads_bad = [], False
             continue
-        if r.extra.get("uninitialized") or not any(_bad(t) for t in r.outputs):
+        if r.extra.get("uninitialized"):
+            continue
+        if masks.intended(r):
+            if any(_bad(t) for t in r.outputs):
+                rep.intended.append(_finding(r, INTENDED))
+            continue
+        if not any(_bad(t) for t in r.outputs):
             continue
         f = _finding(r)
         born = r.extra.get("overflow", {}).get("born") if online else not any(

@@ -12,9 +12,17 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from accuracy.aten import MOVEMENT, is_collective, resolve_op
+from accuracy.aten import (
+    MOVEMENT,
+    is_collective,
+    resolve_op,
+    returns_nothing,
+    workspace_outputs,
+    written_tensors,
+)
 from accuracy.dumpfile import dtypes
 from accuracy.dumpfile.reader import DamagedDataError, DumpError, OpRecord
+from accuracy.replay import rnn as _rnn  # noqa: F401  (registers the RNN references)
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.metrics import agreeing_metrics, bit_equal, exact_metrics, output_metrics
 from accuracy.replay.rebuild import Unreplayable, build_call, check_inputs
@@ -106,7 +114,20 @@ def _kernel(rec: OpRecord) -> tuple[Any, str]:
     if fn is None:
         raise Unreplayable(f"no kernel on the reference: {rec.op} is unknown to torch "
                            f"{torch.__version__}; register one with register_reference()")
+    if returns_nothing(fn):
+        return _returning_writes(fn), ""
     return fn, ""
+
+
+def _returning_writes(fn: Any) -> Any:
+    """A fused/foreach op returns nothing: run it and return what it wrote, in the order
+    the dumper recorded as its outputs (`aten.written_tensors`)."""
+
+    def run(*args: Any, **kwargs: Any) -> list[torch.Tensor]:
+        fn(*args, **kwargs)
+        return written_tensors(fn, args, kwargs)
+
+    return run
 
 
 def _run(fn: Any, args: list[Any], kwargs: dict[str, Any], on: str) -> list[torch.Tensor]:
@@ -193,7 +214,9 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache
             return cache.upcast(rec.inputs[i], t, dtype)
         return build_call(rec, inputs, device, up, mutable, convert)
 
-    device_outputs = [(t.idx, cache.load(t) if t.has_data else None) for t in rec.outputs]
+    scratch = workspace_outputs(rec.op)  # workspaces are not data: never measured
+    device_outputs = [(t.idx, cache.load(t) if t.has_data else None) for t in rec.outputs
+                      if t.idx not in scratch]
     want_upcast = _needs_upcast(inputs, [t.dtype for t in rec.outputs],
                                 '"__dtype__"' in rec.args_json, upcast)
     return rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,

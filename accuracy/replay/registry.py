@@ -37,6 +37,11 @@ def register_reference(pattern: str, fn: ReferenceFn | None = None) -> Any:
     return add(fn) if fn is not None else add
 
 
+def register_builtin_reference(pattern: str, fn: ReferenceFn) -> None:
+    """A reference this package ships (e.g. `replay.rnn`): below every user registration."""
+    _REGISTRY.insert(0, (pattern, fn))
+
+
 def unregister_reference(pattern: str) -> None:
     """Remove every registration made with exactly `pattern`."""
     _REGISTRY[:] = [(p, f) for p, f in _REGISTRY if p != pattern]
