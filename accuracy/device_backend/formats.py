@@ -1,0 +1,262 @@
+"""Number formats in one place: their limits, how values round to them, and block scaling.
+
+`sim`'s fp8/MX profiles quantise with these, the replay re-quantises honestly with them, and
+the compare's bounds take their unit roundoff from them, so a format's max, smallest normal,
+subnormal spacing and mantissa bits are written down exactly once.
+
+Scaling follows TransformerEngine's convention: `scale` multiplies a tensor before the cast
+(amax -> the format's max for per-tensor current scaling), `scale_inv = 1 / scale` multiplies
+the GEMM's result back. MX formats (OCP Microscaling v1.0) share one power-of-two (e8m0) scale
+per block of 32 consecutive elements along the reduction dimension.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Format:
+    """A floating-point element format.
+
+    Attributes:
+        name: our short name ("e4m3", "e5m2", "e2m1", "fp16", ...).
+        dtype: the dtype name the compare uses ("float8_e4m3fn", "float16", ...).
+        exponent_bits, mantissa_bits: field widths (mantissa without the implicit bit).
+        max: largest finite value; min_normal: smallest normal; min_subnormal: smallest
+            positive subnormal (the spacing of the subnormal range).
+        emax: exponent of the largest normal binade (MX: element emax).
+    """
+
+    name: str
+    dtype: str
+    exponent_bits: int
+    mantissa_bits: int
+    max: float
+    min_normal: float
+    min_subnormal: float
+    emax: int
+
+    @property
+    def unit_roundoff(self) -> float:
+        """Relative rounding error bound of a normal value (round to nearest)."""
+        return 2.0 ** -(self.mantissa_bits + 1)
+
+    @property
+    def torch_dtype(self) -> torch.dtype | None:
+        return getattr(torch, self.dtype, None) if self.dtype != "tf32" else None
+
+
+FP32 = Format("fp32", "float32", 8, 23, float(torch.finfo(torch.float32).max), 2.0 ** -126,
+              2.0 ** -149, 127)
+FP16 = Format("fp16", "float16", 5, 10, 65504.0, 2.0 ** -14, 2.0 ** -24, 15)
+BF16 = Format("bf16", "bfloat16", 8, 7, float(torch.finfo(torch.bfloat16).max), 2.0 ** -126,
+              2.0 ** -133, 127)
+TF32 = Format("tf32", "tf32", 8, 10, float(torch.finfo(torch.float32).max), 2.0 ** -126,
+              2.0 ** -136, 127)
+E4M3 = Format("e4m3", "float8_e4m3fn", 4, 3, 448.0, 2.0 ** -6, 2.0 ** -9, 8)
+E5M2 = Format("e5m2", "float8_e5m2", 5, 2, 57344.0, 2.0 ** -14, 2.0 ** -16, 15)
+E2M1 = Format("e2m1", "float4_e2m1", 2, 1, 6.0, 1.0, 0.5, 2)
+# The MX block scale: 8 exponent bits, no mantissa, 2^-127 .. 2^127 (0xFF is NaN).
+E8M0_MIN_EXP, E8M0_MAX_EXP = -127, 127
+MX_BLOCK = 32
+
+FORMATS: dict[str, Format] = {f.name: f for f in (FP32, FP16, BF16, TF32, E4M3, E5M2, E2M1)}
+FORMATS.update({f.dtype: f for f in list(FORMATS.values())})
+
+
+def get_format(name: str) -> Format:
+    """A format by our name ("e4m3") or its dtype name ("float8_e4m3fn")."""
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown number format {name!r}; known: "
+                         f"{', '.join(sorted(FORMATS))}") from None
+
+
+def unit_roundoffs() -> dict[str, float]:
+    """dtype name -> unit roundoff, for every format here (the compare's bound uses it)."""
+    return {f.dtype: f.unit_roundoff for f in FORMATS.values()}
+
+
+def round_to(x: torch.Tensor, fmt: Format, saturate: bool = True) -> torch.Tensor:
+    """fp32 values rounded to the nearest value of `fmt` (ties to even), as fp32.
+
+    Out of range: clipped to +-max when `saturate` (what fp8 training casts do), else inf.
+    Non-finite values stay as they are.
+    """
+    x = x.to(torch.float32)
+    if saturate:
+        x = torch.where(torch.isfinite(x), x.clamp(-fmt.max, fmt.max), x)
+    dt = fmt.torch_dtype
+    if dt is not None and dt.is_floating_point and dt.itemsize <= 2:
+        out = x.to(dt).to(torch.float32)
+        if not saturate and fmt.name == "e4m3":  # e4m3fn has no inf: out of range is NaN
+            out = torch.where(x.abs() > fmt.max, x.sign() * math.inf, out)
+        return out
+    # generic: the spacing of x's binade (the subnormal spacing below min_normal)
+    mag = x.abs()
+    _, e = torch.frexp(torch.where(mag > 0, mag, torch.ones_like(mag)))
+    exp = torch.clamp(e.to(torch.float32) - 1, min=math.log2(fmt.min_normal))
+    step = torch.exp2(exp - fmt.mantissa_bits)
+    q = torch.round(mag / step) * step
+    if not saturate:
+        q = torch.where(q > fmt.max, torch.full_like(q, math.inf), q)
+    else:
+        q = q.clamp(max=fmt.max)
+    return torch.where(torch.isfinite(x), torch.copysign(q, x), x)
+
+
+def _finite_abs(x: torch.Tensor) -> torch.Tensor:
+    a = x.abs()
+    return torch.where(torch.isfinite(a), a, torch.zeros_like(a))
+
+
+def tensor_scale(amax: float, fmt: Format, margin: int = 0) -> float:
+    """Per-tensor scale (TE): fmt.max / amax / 2^margin; 1 where amax is 0 or not finite."""
+    if not (amax > 0 and math.isfinite(amax)):
+        return 1.0
+    s = fmt.max / amax / (2.0 ** margin)
+    return s if math.isfinite(s) and s > 0 else 1.0
+
+
+def blocks(x: torch.Tensor, axis: int, size: int) -> torch.Tensor:
+    """`x` as (n_blocks, size) along `axis` (zero-padded at the end of that axis)."""
+    x = x.movedim(axis, -1)
+    n = x.shape[-1]
+    pad = (-n) % size
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad))
+    return x.reshape(-1, size)
+
+
+def unblock(b: torch.Tensor, like: torch.Tensor, axis: int) -> torch.Tensor:
+    """Inverse of `blocks` for a tensor shaped like `like`."""
+    moved = like.movedim(axis, -1)
+    n = moved.shape[-1]
+    padded = list(moved.shape[:-1]) + [n + (-n) % b.shape[-1]]
+    return b.reshape(padded)[..., :n].movedim(-1, axis)
+
+
+def mx_scales(b: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """One e8m0 scale per block row of `b`, as the factor that multiplies the block before the
+    cast (the inverse of the shared scale X). X = 2^ceil(log2(amax / max)), rounded up as
+    TransformerEngine's MXFP8 does, so no element saturates (the OCP spec's
+    2^(floor(log2 amax) - emax) clips the top of the block: up to 12.5% for e4m3)."""
+    amax = _finite_abs(b).amax(dim=-1, keepdim=True)
+    safe = torch.where(amax > 0, amax, torch.full_like(amax, fmt.max))
+    shared = torch.ceil(torch.log2(safe / fmt.max))
+    shared = shared.clamp(E8M0_MIN_EXP, E8M0_MAX_EXP)
+    return torch.exp2(-shared)
+
+
+@dataclass
+class Quantized:
+    """A quantised operand: dequantised values (x's dtype) and the figures of the cast."""
+
+    value: torch.Tensor
+    figures: dict[str, Any]
+
+
+def quantize(x: torch.Tensor, fmt: Format, *, block: int = 0, axis: int = -1,
+             scale: float | None = None, scale_factor: float = 1.0,
+             inv_factor: float = 1.0, saturate: bool = True,
+             figures: bool = True) -> Quantized:
+    """Quantise `x` to `fmt` and back (fp32 accumulate follows in the caller's GEMM).
+
+    block=0: one per-tensor `scale` (None: current scaling, amax -> max). block=N: MX, one
+    e8m0 scale per N elements along `axis`. `scale_factor` multiplies the scale used to cast
+    and `inv_factor` the scale_inv used to dequantise (faults; both 1 for an honest kernel).
+    """
+    wide = x.detach().to(torch.float32)
+    finite = torch.isfinite(wide)
+    if block:
+        ax = axis % wide.dim() if wide.dim() else 0
+        shaped = wide if wide.dim() else wide.reshape(1)
+        b = blocks(shaped, ax, block)
+        honest = mx_scales(b, fmt)
+        s_used = honest * scale_factor
+        scaled = b * s_used
+        q_b = round_to(scaled, fmt, saturate)
+        deq = unblock(q_b / (honest * inv_factor), shaped, ax).reshape(wide.shape)
+        scaled_full = unblock(scaled, shaped, ax).reshape(wide.shape)
+        q_full = unblock(q_b, shaped, ax).reshape(wide.shape)
+        inv = 1.0 / (honest * inv_factor)
+    else:
+        if scale is None:
+            amax = float(_finite_abs(wide).max()) if wide.numel() else 0.0
+            scale = tensor_scale(amax, fmt)
+        s_used = torch.tensor(scale * scale_factor)
+        scaled_full = wide * s_used
+        q_full = round_to(scaled_full, fmt, saturate)
+        inv = torch.tensor(1.0 / (scale * inv_factor))
+        deq = q_full * inv
+    deq = torch.where(finite, deq, wide)
+    out = deq.to(x.dtype)
+    if not figures:
+        return Quantized(out, {})
+    return Quantized(out, operand_figures(wide, deq, scaled_full, q_full, fmt, s_used, inv,
+                                          block, axis))
+
+
+def operand_figures(x: torch.Tensor, deq: torch.Tensor, scaled: torch.Tensor,
+                    q: torch.Tensor, fmt: Format, scale: torch.Tensor,
+                    scale_inv: torch.Tensor, block: int, axis: int) -> dict[str, Any]:
+    """What TE's debug tools show per GEMM operand, computed on the finite elements.
+
+    underflow_pct: nonzero elements cast to 0; overflow_pct: elements that after scaling lie
+    beyond max's rounding boundary (saturated, or inf without saturation); scale and
+    scale_inv min and max; dynamic_range: log2(amax / smallest nonzero |x|);
+    block_dynamic_range: the largest such range within one block of 32 along `axis`; mse and
+    rel_error of the dequantised operand against the operand.
+    """
+    finite = torch.isfinite(x)
+    n = int(finite.sum())
+    nz = finite & (x != 0)
+    n_nz = int(nz.sum())
+    under = int((nz & (q == 0)).sum())
+    # beyond the rounding boundary above max: clipped, not merely rounded down to max
+    over = int((finite & (scaled.abs() > fmt.max * (1.0 + fmt.unit_roundoff))).sum())
+    a = _finite_abs(x)
+    amax = float(a.max()) if x.numel() else 0.0
+    amin = float(a[nz].min()) if n_nz else 0.0
+    diff = torch.where(finite, deq - x, torch.zeros_like(x)).double()
+    xd = torch.where(finite, x, torch.zeros_like(x)).double()
+    err2 = float((diff * diff).sum())
+    norm2 = float((xd * xd).sum())
+    s_min, s_max = float(scale.min()), float(scale.max())
+    figs = {
+        "format": fmt.name,
+        "block": int(block),
+        "numel": n,
+        "underflow_pct": 100.0 * under / n_nz if n_nz else 0.0,
+        "overflow_pct": 100.0 * over / n if n else 0.0,
+        "scale_min": s_min,
+        "scale_max": s_max,
+        "scale_inv_min": float(scale_inv.min()),
+        "scale_inv_max": float(scale_inv.max()),
+        "amax": amax,
+        "dynamic_range": math.log2(amax / amin) if n_nz and amin > 0 else 0.0,
+        "block_dynamic_range": _block_range(x, axis),
+        "mse": err2 / n if n else 0.0,
+        "rel_error": math.sqrt(err2 / norm2) if norm2 > 0 else 0.0,
+    }
+    return figs
+
+
+def _block_range(x: torch.Tensor, axis: int) -> float:
+    """The largest log2(max/min nonzero) within one block of MX_BLOCK along `axis`."""
+    if x.numel() == 0:
+        return 0.0
+    ax = axis % x.dim() if x.dim() else 0
+    b = blocks(_finite_abs(x if x.dim() else x.reshape(1)), ax, MX_BLOCK)
+    hi = b.amax(dim=-1)
+    lo = torch.where(b > 0, b, torch.full_like(b, math.inf)).amin(dim=-1)
+    ok = (hi > 0) & torch.isfinite(lo)
+    if not bool(ok.any()):
+        return 0.0
+    return float(torch.log2(hi[ok] / lo[ok]).max())

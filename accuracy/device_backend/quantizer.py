@@ -1,0 +1,168 @@
+"""`sim`'s fp8/MX GEMMs: each operand quantised (scaled cast and back), fp32 accumulation.
+
+Per GEMM call: which operands are gradients (e5m2 in the HYBRID recipe) is read from the call
+(convolution_backward names grad_output; a backward mm's gradient operand is the one whose
+memory no forward GEMM used: activations and weights are saved by the forward GEMMs that
+used them). Scales come from the operand itself (current), from an amax history per GEMM
+operand (delayed), or per block of 32 (MX). Faults of kind scale / stale-amax / saturate
+change one operand's cast. Chosen GEMMs run in high precision: by module pattern, or when
+their figures cross a threshold (the figures are still computed and recorded).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from . import quant_figures
+from .formats import get_format, quantize, tensor_scale
+from .profiles import QUANT_OPERANDS, Quant, Rule
+
+log = logging.getLogger(__name__)
+
+_AXES = {op.split(".")[1]: dict(args) for op, args in QUANT_OPERANDS.items()}
+THRESHOLD_KEYS = ("underflow_pct", "overflow_pct", "mse", "rel_error")
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return -1
+
+
+def _is_weight(t: torch.Tensor) -> bool:
+    base = t._base if t._base is not None else t
+    return isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad)
+
+
+class GemmQuantizer:
+    """The state of one `sim` run's quantised GEMMs (amax histories, forward operands)."""
+
+    def __init__(self, high_precision: Iterable[str] = (),
+                 high_precision_over: dict[str, float] | None = None,
+                 amax_history: dict[tuple, collections.deque] | None = None) -> None:
+        self.high_precision = tuple(high_precision)
+        self.over = dict(high_precision_over or {})
+        bad = sorted(set(self.over) - set(THRESHOLD_KEYS))
+        if bad:
+            from accuracy.errors import UsageError
+            raise UsageError(f"high_precision_over: unknown figure {bad}; use "
+                             f"{', '.join(THRESHOLD_KEYS)}")
+        # shared with the caller's dict when given, so a later sim can carry it on
+        self.amax_history: dict[tuple, collections.deque] = (
+            amax_history if amax_history is not None else {})
+        self.switched: list[dict[str, Any]] = []  # GEMMs run in high precision
+        self._fwd: dict[int, weakref.ref] = {}
+
+    # -- roles -----------------------------------------------------------------------------
+
+    def _note_forward(self, t: torch.Tensor) -> None:
+        if len(self._fwd) > 4096:
+            self._fwd = {k: r for k, r in self._fwd.items() if r() is not None}
+        self._fwd[_storage_key(t)] = weakref.ref(t)
+
+    def _from_forward(self, t: torch.Tensor) -> bool:
+        ref = self._fwd.get(_storage_key(t))
+        return ref is not None and ref() is not None
+
+    def _role(self, name: str, t: torch.Tensor, backward: bool) -> str:
+        if name == "grad_output" or (backward and not self._from_forward(t)):
+            return "gradient"
+        return "weight" if _is_weight(t) else "activation"
+
+    # -- one call --------------------------------------------------------------------------
+
+    def apply(self, func: Any, rule: Rule, args: tuple, kwargs: dict, modules: list[str],
+              faults: list[tuple[Any, dict]], wants_module: Any) -> tuple[tuple, dict,
+                                                                           list[dict]]:
+        """(args, kwargs) with the rule's operands quantised, and their figures (published
+        for the dumper too). `faults`: (fault, record) of quant kinds hitting this call."""
+        quant = rule.quant
+        assert quant is not None
+        backward = torch._C._current_graph_task_id() != -1
+        op = str(func)
+        base = op.split(".")[1] if op.count(".") >= 2 else op
+        axes = _AXES.get(base, {})
+        module = max(modules, key=lambda m: m.count("."), default="")
+        new_args, new_kwargs = list(args), dict(kwargs)
+        figures: list[dict[str, Any]] = []
+        operands = []
+        for pos, a in enumerate(func._schema.arguments):
+            if a.name not in axes:
+                continue
+            in_args = not a.kwarg_only and pos < len(new_args)
+            value = new_args[pos] if in_args else new_kwargs.get(a.name)
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                operands.append((pos, a.name, in_args, value))
+        roles = {name: self._role(name, t, backward) for _, name, _, t in operands}
+        kind = "fprop" if not backward else (
+            "wgrad" if "weight" not in roles.values() else "dgrad")
+        if base == "convolution_backward":
+            kind = "dgrad+wgrad"
+        with torch._C._DisableTorchDispatch(), torch.no_grad():
+            for pos, name, in_args, t in operands:
+                role = roles[name]
+                fmt = get_format(quant.gradient if role == "gradient" else quant.forward)
+                factor, inv, amax_factor = 1.0, 1.0, 1.0
+                for fault, _rec in faults:
+                    if (fault.arg or operands[0][1]) != name:
+                        continue
+                    if fault.kind == "scale":
+                        factor *= fault.value
+                    elif fault.kind == "saturate":  # scale_inv consistent: clipping only
+                        factor *= fault.value
+                        inv *= fault.value
+                    elif fault.kind == "stale-amax":
+                        amax_factor *= fault.value
+                scale = self._scale(quant, (module, base, name, role, backward), t, fmt,
+                                    amax_factor)
+                q = quantize(t, fmt, block=quant.block, axis=axes[name], scale=scale,
+                             scale_factor=factor, inv_factor=inv)
+                figs = {"arg": name, "role": role, "gemm": kind, "scaling": quant.scaling,
+                        **q.figures}
+                if quant.block == 0:
+                    figs["scale"] = float(scale) * factor if scale is not None else None
+                    figs["scale_inv"] = 1.0 / (float(scale) * inv) if scale else None
+                figures.append(figs)
+                if not backward:
+                    self._note_forward(t)
+                if in_args:
+                    new_args[pos] = q.value
+                else:
+                    new_kwargs[name] = q.value
+            high = bool(self.high_precision) and any(wants_module(p, modules)
+                                                     for p in self.high_precision)
+            if not high and self.over:
+                high = any(f.get(k, 0.0) > v for f in figures for k, v in self.over.items())
+        if high:
+            for f in figures:
+                f["high_precision"] = True
+            self.switched.append({"op": op, "module": module, "gemm": kind})
+            new_args, new_kwargs = list(args), dict(kwargs)
+        quant_figures.publish(figures)
+        return tuple(new_args), new_kwargs, figures
+
+    def _scale(self, quant: Quant, key: tuple, t: torch.Tensor, fmt: Any,
+               amax_factor: float) -> float | None:
+        """The per-tensor scale (None: MX blocks, computed inside quantize)."""
+        if quant.block:
+            if amax_factor != 1.0:
+                log.warning("sim: stale-amax has no meaning for block scaling; ignored")
+            return None
+        finite = t.detach().abs().float()
+        finite = torch.where(torch.isfinite(finite), finite, torch.zeros_like(finite))
+        amax = float(finite.max()) if t.numel() else 0.0
+        used = amax
+        if quant.scaling == "delayed":
+            hist = self.amax_history.get(key)
+            if hist is None:
+                hist = self.amax_history[key] = collections.deque(maxlen=quant.history)
+            used = max(hist) if hist else amax
+            hist.append(amax)
+        return tensor_scale(used * amax_factor, fmt, quant.margin)
