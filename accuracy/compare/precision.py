@@ -29,10 +29,12 @@ UNIT_ROUNDOFF = {
     "tf32": 2.0 ** -11, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8,
     "float8_e4m3fn": 2.0 ** -4, "float8_e4m3fnuz": 2.0 ** -4,
     "float8_e5m2": 2.0 ** -3, "float8_e5m2fnuz": 2.0 ** -3,
+    "float4_e2m1": 2.0 ** -2,
 }
 # sim rounding rule names -> the dtype whose precision they give.
 _ROUNDING_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "tf32": "tf32",
-                   "fp8-e4m3": "float8_e4m3fn", "fp8-e5m2": "float8_e5m2"}
+                   "fp8-e4m3": "float8_e4m3fn", "fp8-e5m2": "float8_e5m2",
+                   "fp4-e2m1": "float4_e2m1"}
 # Thresholds sections have no tf32 entry: TF32 keeps fp16's 10 mantissa bits.
 _SECTION = {"tf32": "float16"}
 

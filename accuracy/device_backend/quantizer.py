@@ -59,6 +59,8 @@ class GemmQuantizer:
             amax_history if amax_history is not None else {})
         self.switched: list[dict[str, Any]] = []  # GEMMs run in high precision
         self._fwd: dict[int, weakref.ref] = {}
+        self._pass: tuple[bool, int] = (False, -1)
+        self._seen: dict[tuple, int] = {}
 
     # -- roles -----------------------------------------------------------------------------
 
@@ -120,8 +122,8 @@ class GemmQuantizer:
                         inv *= fault.value
                     elif fault.kind == "stale-amax":
                         amax_factor *= fault.value
-                scale = self._scale(quant, (module, base, name, role, backward), t, fmt,
-                                    amax_factor)
+                scale = self._scale(quant, self._key(module, base, name, role, backward, t),
+                                    t, fmt, amax_factor)
                 q = quantize(t, fmt, block=quant.block, axis=axes[name], scale=scale,
                              scale_factor=factor, inv_factor=inv)
                 figs = {"arg": name, "role": role, "gemm": kind, "scaling": quant.scaling,
@@ -148,6 +150,21 @@ class GemmQuantizer:
         quant_figures.publish(figures)
         return tuple(new_args), new_kwargs, figures
 
+    def _key(self, module: str, op: str, arg: str, role: str, backward: bool,
+             t: torch.Tensor) -> tuple:
+        """Which amax history an operand belongs to: its GEMM's place (module, op, operand,
+        role, shape) and its ordinal among such calls in this pass (a forward pass, or one
+        backward graph task), as TE keeps one history per GEMM operand of each layer."""
+        current = (backward, torch._C._current_graph_task_id() if backward else -1)
+        if current != self._pass:
+            if not (current[0] is False and self._pass[0] is False):
+                self._seen = {}
+            self._pass = current
+        place = (module, op, arg, role, backward, tuple(t.shape))
+        n = self._seen.get(place, 0)
+        self._seen[place] = n + 1
+        return (*place, n)
+
     def _scale(self, quant: Quant, key: tuple, t: torch.Tensor, fmt: Any,
                amax_factor: float) -> float | None:
         """The per-tensor scale (None: MX blocks, computed inside quantize)."""
@@ -166,3 +183,40 @@ class GemmQuantizer:
             used = max(hist) if hist else amax
             hist.append(amax)
         return tensor_scale(used * amax_factor, fmt, quant.margin)
+
+
+def requantize(func: Any, args: list[Any] | tuple, kwargs: dict[str, Any],
+               figures: list[dict[str, Any]]) -> tuple[list[Any], dict[str, Any], int]:
+    """An honest kernel's operands for a recorded fp8/MX GEMM call (the replay's reference).
+
+    Each operand named in the recorded figures is quantised again as an honest kernel would:
+    current and block scaling recompute the scale from the operand itself; delayed scaling
+    takes the recorded scale (it depends on history) with scale_inv = 1 / scale. Operands that
+    ran in high precision stay. Returns (args, kwargs, how many operands were quantised).
+    """
+    base = str(func).split(".")[1] if str(func).count(".") >= 2 else str(func)
+    axes = _AXES.get(base, {})
+    by_name = {f.get("arg"): f for f in figures if isinstance(f, dict)}
+    new_args, new_kwargs, done = list(args), dict(kwargs), 0
+    with torch.no_grad():
+        for pos, a in enumerate(func._schema.arguments):
+            f = by_name.get(a.name)
+            if f is None or a.name not in axes or f.get("high_precision"):
+                continue
+            in_args = not a.kwarg_only and pos < len(new_args)
+            value = new_args[pos] if in_args else new_kwargs.get(a.name)
+            if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+                continue
+            fmt = get_format(str(f.get("format")))
+            block = int(f.get("block") or 0)
+            scale = f.get("scale") if f.get("scaling") == "delayed" else None
+            if scale is not None and not (isinstance(scale, float | int) and scale > 0):
+                scale = None
+            q = quantize(value, fmt, block=block, axis=axes[a.name], scale=scale,
+                         figures=False).value
+            if in_args:
+                new_args[pos] = q
+            else:
+                new_kwargs[a.name] = q
+            done += 1
+    return new_args, new_kwargs, done

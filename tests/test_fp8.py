@@ -1,0 +1,143 @@
+"""fp8 and MX: formats, quantisation figures, sim profiles, verdicts, the high-precision proof."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from accuracy.device_backend import sim
+from accuracy.device_backend.formats import E2M1, E4M3, E5M2, quantize, round_to
+from accuracy.dumper import dumper
+from accuracy.dumpfile import load_dump
+from accuracy.dumpfile.quant import quant_figures
+
+
+def test_format_limits_and_subnormals():
+    assert (E4M3.max, E5M2.max, E2M1.max) == (448.0, 57344.0, 6.0)
+    assert (E4M3.min_normal, E4M3.min_subnormal) == (2.0 ** -6, 2.0 ** -9)
+    assert (E5M2.min_normal, E5M2.min_subnormal) == (2.0 ** -14, 2.0 ** -16)
+    x = torch.tensor([500.0, 448.0, 2.0 ** -9, 0.49 * 2.0 ** -9, 0.51 * 2.0 ** -9, 3.3, -1e6])
+    assert round_to(x, E4M3).tolist() == [448.0, 448.0, 2.0 ** -9, 0.0, 2.0 ** -9, 3.25, -448.0]
+    assert round_to(torch.tensor([7e4, 2.0 ** -17 * 1.1]), E5M2).tolist() == [57344.0, 2.0 ** -16]
+    assert round_to(torch.tensor([0.3, 0.75, 1.25, 2.6, 5.1, 9.0]), E2M1).tolist() == \
+        [0.5, 1.0, 1.0, 3.0, 6.0, 6.0]
+
+
+def test_per_tensor_figures_equal_a_hand_computation():
+    # amax 448 -> scale 1: values keep their e4m3 rounding; 2^-11 is below half the smallest
+    # subnormal (2^-10) and flushes to 0, 0.6 * 2^-9 rounds up to the subnormal 2^-9.
+    x = torch.tensor([448.0, -3.3, 2.0 ** -11, 0.6 * 2.0 ** -9, 0.0, 1.0])
+    q = quantize(x, E4M3)
+    f = q.figures
+    assert q.value.tolist() == [448.0, -3.25, 0.0, 2.0 ** -9, 0.0, 1.0]
+    assert f["scale_min"] == f["scale_max"] == 1.0 and f["scale_inv_min"] == 1.0
+    assert f["underflow_pct"] == pytest.approx(100 * 1 / 5)  # of the 5 nonzero values
+    assert f["overflow_pct"] == 0.0
+    assert f["dynamic_range"] == pytest.approx(math.log2(448.0 / 2.0 ** -11))
+    err = (q.value - x).double()
+    assert f["mse"] == pytest.approx(float((err ** 2).mean()))
+    assert f["rel_error"] == pytest.approx(float(err.norm() / x.double().norm()))
+    # current scaling: amax 2 -> scale 28672; a scale 4x too large clips what exceeds 0.5
+    y = torch.tensor([2.0, 1.0, 0.25, -0.5])
+    g = quantize(y, E5M2, scale_factor=4.0).figures
+    assert g["scale_max"] == pytest.approx(57344.0 / 2 * 4)
+    assert g["scale_inv_max"] == pytest.approx(2 / 57344.0)  # the dequantisation stayed right
+    assert g["overflow_pct"] == pytest.approx(50.0)  # 2.0 and 1.0 clip; -0.5 lands on the max
+
+
+def test_mx_block_scales_are_powers_of_two_per_32():
+    torch.manual_seed(0)
+    x = torch.randn(2, 64)
+    x[0, :32] *= 1000.0  # one block 1000x larger: its own scale, the others untouched
+    q = quantize(x, E4M3, block=32)
+    f = q.figures
+    blocks = x.reshape(-1, 32).abs().amax(1)
+    expected = torch.exp2(-torch.ceil(torch.log2(blocks / 448.0)))
+    assert f["scale_max"] == float(expected.max()) and f["scale_min"] == float(expected.min())
+    assert all(math.log2(s) == int(math.log2(s)) for s in expected.tolist())
+    assert f["overflow_pct"] == 0.0  # TE rounds the e8m0 scale up: nothing clips
+    ref = torch.cat([round_to(b * s, E4M3) / s for b, s in zip(x.reshape(-1, 32), expected,
+                                                                strict=True)])
+    assert torch.equal(q.value.reshape(-1), ref)
+    # per tensor, the small blocks lose their subnormals; per block they do not
+    assert quantize(x, E4M3).figures["rel_error"] > 0
+    assert f["block_dynamic_range"] < f["dynamic_range"] + 1e-9
+    # mxfp4: e2m1 elements, the same machinery
+    assert quantize(x, E2M1, block=32).figures["scale_max"] == float(torch.exp2(
+        -torch.ceil(torch.log2(blocks / 6.0))).max())
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    return loss
+
+
+def test_fp8_profile_uses_e5m2_for_gradients_and_records_figures(tmp_path):
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(8, 16)
+    with sim(profile="fp8"), dumper(str(tmp_path / "d.h5"), mode="statistics"):
+        _step(model, x)
+    with load_dump(tmp_path / "d.h5") as d:
+        ops = quant_figures(d)
+    fwd = [o for o in ops if o.phase == "forward"]
+    bwd = [o for o in ops if o.phase == "backward"]
+    assert [o.op for o in fwd] == ["aten.addmm.default"] * 2
+    assert {f["format"] for o in fwd for f in o.operands} == {"e4m3"}
+    kinds = {(f["gemm"], f["role"], f["format"]) for o in bwd for f in o.operands}
+    assert ("dgrad", "gradient", "e5m2") in kinds and ("dgrad", "weight", "e4m3") in kinds
+    assert ("wgrad", "gradient", "e5m2") in kinds and ("wgrad", "activation", "e4m3") in kinds
+    assert all(f["overflow_pct"] == 0 for o in ops for f in o.operands)
+
+
+def test_fp8_gemm_computes_on_quantised_operands():
+    torch.manual_seed(1)
+    a, b = torch.randn(8, 64), torch.randn(64, 8)
+    with sim(profile="fp8"):
+        c = torch.mm(a, b)
+    assert torch.equal(c, torch.mm(quantize(a, E4M3).value, quantize(b, E4M3).value))
+    with sim(profile="mxfp8"):
+        m = torch.mm(a, b)
+    assert torch.equal(m, torch.mm(quantize(a, E4M3, block=32, axis=-1).value,
+                                   quantize(b, E4M3, block=32, axis=0).value))
+    exact = torch.mm(a, b)
+    with sim(profile="fp8-e4m3"):  # the old profile still works
+        old = torch.mm(a, b)
+    assert not torch.equal(old, exact) and float((old - exact).norm() / exact.norm()) < 0.1
+
+
+def test_delayed_scaling_uses_the_amax_history():
+    a, b = torch.ones(4, 4), torch.eye(4)
+    hist: dict = {}
+    with sim(profile="fp8-delayed", amax_history=hist):
+        torch.mm(a, b)  # history: amax 1
+    with sim(profile="fp8-delayed", amax_history=hist):
+        c = torch.mm(a * 4, b)  # scale from amax 1: 4 is cast 4x beyond the max and clips
+    assert torch.equal(c, torch.ones(4, 4))
+    with sim(profile="fp8"):
+        assert torch.equal(torch.mm(a * 4, b), a * 4)
+
+
+def test_quant_faults_scale_and_saturate():
+    x, w = torch.tensor([[1.0, 0.5, 0.25, 0.125]]), torch.eye(4)
+    with sim(profile="fp8", faults=[sim.fault("aten.mm.default", kind="scale", value=4.0)]):
+        y = torch.mm(x, w)
+    assert y.tolist() == [[1.0, 1.0, 1.0, 0.5]]  # 4x, clipped at max (= the old amax)
+    with sim(profile="fp8", faults=[sim.fault("aten.mm.default", kind="saturate",
+                                              value=4.0)]):
+        z = torch.mm(x, w)
+    assert z.tolist() == [[0.25, 0.25, 0.25, 0.125]]  # clipped at max / 4, not scaled
+    with pytest.raises(Exception, match="positive factor"):
+        sim.fault("aten.mm.default", kind="scale", value=0)
