@@ -141,3 +141,49 @@ def test_quant_faults_scale_and_saturate():
     assert z.tolist() == [[0.25, 0.25, 0.25, 0.125]]  # clipped at max / 4, not scaled
     with pytest.raises(Exception, match="positive factor"):
         sim.fault("aten.mm.default", kind="scale", value=0)
+
+
+def _gpt2_step():
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=128,
+                                  n_positions=32, attn_implementation="eager")
+    model = transformers.GPT2LMHeadModel(cfg)
+    tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    return lambda: model(input_ids=tokens, labels=tokens).loss.backward()
+
+
+def _judge(tmp_path, profile, faults, name):
+    from accuracy.compare import compare
+    from accuracy.replay import replay
+
+    golden = tmp_path / "golden.h5"
+    if not golden.exists():
+        with dumper(str(golden)):
+            _gpt2_step()()
+    dev, rep = tmp_path / f"{name}.h5", tmp_path / f"{name}-replay.h5"
+    with sim(profile=profile, faults=faults), dumper(str(dev)):
+        _gpt2_step()()
+    replay(dev, rep)
+    with load_dump(dev) as d:
+        seq = next((r.seq for r in d.records if r.extra.get("faults")), None)
+    return compare(dev, golden, replay=rep), seq
+
+
+def test_fp8_verdicts_on_a_tiny_transformers_gpt2(tmp_path):
+    """The issue's case: under fp8 a 10% bias in one addmm's output gave 0 errors."""
+    site = ("aten.addmm.default", "*h.1.mlp.c_proj")
+    report, _ = _judge(tmp_path, "fp8", [], "clean")
+    assert report.summary["counts"]["error"] == 0
+    rows = [r for r in report.rows if r["quant"]]
+    assert rows and "e4m3" in rows[0]["quant"] and "scale_inv" in rows[0]["quant"]
+    for kind, value, says in (("bias", 0.1, "local error"),
+                              ("scale", 4.0, "scale x scale_inv = 4"),
+                              ("saturate", 8.0, "saturated at e4m3's max")):
+        fault = sim.fault(site[0], site[1], kind=kind, value=value, occurrence=0)
+        report, seq = _judge(tmp_path, "fp8", [fault], kind)
+        culprit = report.summary["culprit"]
+        assert seq is not None and culprit["seq_my"] == seq, kind
+        row = next(r for r in report.rows if r["seq_my"] == seq and r["io"] == "output")
+        assert row["verdict"] == "error" and says in row["message"], row["message"]
