@@ -187,3 +187,53 @@ def test_fp8_verdicts_on_a_tiny_transformers_gpt2(tmp_path):
         assert seq is not None and culprit["seq_my"] == seq, kind
         row = next(r for r in report.rows if r["seq_my"] == seq and r["io"] == "output")
         assert row["verdict"] == "error" and says in row["message"], row["message"]
+
+
+class Outlier(nn.Module):
+    """fc2's input has one outlier feature 1e6x the others (its weight column 1e6x smaller):
+    one scale per tensor flushes every other feature to 0 in e4m3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 4)
+        self.fc4 = nn.Linear(4, 4)
+        gain = torch.ones(32)
+        gain[0] = 1e6
+        self.register_buffer("gain", gain)
+        with torch.no_grad():
+            self.fc2.weight[:, 0] /= 1e6
+            self.fc2.weight[:, 1:] *= 4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x)) * self.gain
+        return self.fc4(self.fc3(torch.relu(self.fc2(h))))
+
+
+def _outlier_step():
+    model = Outlier()
+    x = torch.randn(16, 16, generator=torch.Generator().manual_seed(4))
+    y = torch.randn(16, 4, generator=torch.Generator().manual_seed(5))
+
+    def step():
+        model.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss, model
+    return step
+
+
+def test_switching_one_layers_fp8_gemms_to_high_precision_closes_the_gap():
+    from accuracy.live.high_precision import prove_high_precision
+
+    proof = prove_high_precision(_outlier_step(), golden=_outlier_step(), profile="fp8",
+                                 modules=["*fc2"], seed=0)
+    assert proof.device.loss_gap > 1e-3
+    assert proof.convincing, proof.sentence
+    assert proof.culprit.loss_closed > 0.9 and proof.control.loss_closed < 0.1
+    assert [c["module"] for c in proof.culprit.calls] == ["Outlier.fc2"]
+    assert proof.culprit.calls[0]["underflow_pct"] > 50  # the figure that explains it
+    # automatic: the GEMMs whose operands underflow past 50% are fc2's, and only them
+    auto = prove_high_precision(_outlier_step(), golden=_outlier_step(), profile="fp8",
+                                over={"underflow_pct": 50.0})
+    assert [c["module"] for c in auto.culprit.calls] == ["Outlier.fc2"] and auto.convincing

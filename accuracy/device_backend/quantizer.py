@@ -58,6 +58,8 @@ class GemmQuantizer:
         self.amax_history: dict[tuple, collections.deque] = (
             amax_history if amax_history is not None else {})
         self.switched: list[dict[str, Any]] = []  # GEMMs run in high precision
+        # module -> calls and the worst figures of its quantised GEMMs (bounded by modules)
+        self.modules: dict[str, dict[str, float]] = {}
         self._fwd: dict[int, weakref.ref] = {}
         self._pass: tuple[bool, int] = (False, -1)
         self._seen: dict[tuple, int] = {}
@@ -142,6 +144,13 @@ class GemmQuantizer:
                                                      for p in self.high_precision)
             if not high and self.over:
                 high = any(f.get(k, 0.0) > v for f in figures for k, v in self.over.items())
+        seen = self.modules.setdefault(module, {"calls": 0.0})
+        seen["calls"] += 1
+        for f in figures:
+            for k in THRESHOLD_KEYS:
+                v = f.get(k)
+                if isinstance(v, float) and v > seen.get(k, -1.0):
+                    seen[k] = v
         if high:
             for f in figures:
                 f["high_precision"] = True
