@@ -237,3 +237,27 @@ def test_switching_one_layers_fp8_gemms_to_high_precision_closes_the_gap():
     auto = prove_high_precision(_outlier_step(), golden=_outlier_step(), profile="fp8",
                                 over={"underflow_pct": 50.0})
     assert [c["module"] for c in auto.culprit.calls] == ["Outlier.fc2"] and auto.convincing
+
+
+def test_scaled_mm_is_recorded_and_replayed_against_an_fp64_reference(tmp_path):
+    from accuracy.replay import replay
+
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 32), torch.randn(32, 16)
+    sa, sb = 448 / a.abs().max(), 448 / b.abs().max()
+    ratios = {}
+    for name, faults in (("clean", []), ("bias", [sim.fault("aten._scaled_mm.default",
+                                                            kind="bias", value=0.01)])):
+        dev, rep = tmp_path / f"{name}.h5", tmp_path / f"{name}-r.h5"
+        with sim(faults=faults), dumper(str(dev)):
+            a8 = (a * sa).to(torch.float8_e4m3fn)
+            b8 = (b * sb).to(torch.float8_e4m3fn).t().contiguous().t()
+            torch._scaled_mm(a8, b8, scale_a=1 / sa, scale_b=1 / sb, out_dtype=torch.float32)
+        replay(dev, rep)
+        with load_dump(dev) as d:
+            rec = next(r for r in d.records if r.op == "aten._scaled_mm.default")
+            assert [t.dtype for t in rec.inputs][:2] == ["float8_e4m3fn", "float8_e4m3fn"]
+        with load_dump(rep) as d:
+            out = next(r for r in d.records if r.op == "aten._scaled_mm.default")
+            ratios[name] = out.extra["replay"]["outputs"][0]["error_ratio"]
+    assert ratios["clean"] < 4 and ratios["bias"] > 1e4

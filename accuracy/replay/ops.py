@@ -99,6 +99,9 @@ def _kernel(rec: OpRecord) -> tuple[Any, str]:
     fn = lookup_reference(rec.op)
     if fn is not None:
         return fn, "registered reference"
+    if rec.op.startswith("aten._scaled_mm."):
+        from accuracy.replay.scaled_mm import scaled_mm_reference
+        return scaled_mm_reference, "fp8 _scaled_mm: reference accumulates the scaled product"
     if rec.op == "aten.native_dropout.default":
         return _dropout_reference(rec), "rng op checked against its recorded mask"
     if rec.op.startswith("profiler."):  # optimizer.step()'s record_function markers
