@@ -261,3 +261,36 @@ def test_scaled_mm_is_recorded_and_replayed_against_an_fp64_reference(tmp_path):
             out = next(r for r in d.records if r.op == "aten._scaled_mm.default")
             ratios[name] = out.extra["replay"]["outputs"][0]["error_ratio"]
     assert ratios["clean"] < 4 and ratios["bias"] > 1e4
+
+
+def test_figures_reach_the_report_files_escaped(tmp_path):
+    from accuracy.compare import compare
+    from accuracy.compare.quant import findings
+    from accuracy.dumpfile.quant import figures_of, summary
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    with dumper(str(tmp_path / "g.h5")):
+        _step(MLP(), x)
+    torch.manual_seed(0)
+    with sim(profile="mxfp8"), dumper(str(tmp_path / "d.h5")):
+        _step(MLP(), x)
+    report = compare(tmp_path / "d.h5", tmp_path / "g.h5")
+    report.write(tmp_path / "out", formats=("html", "csv"))
+    csv_text = (tmp_path / "out" / "rows.csv").read_text()
+    assert "Quantization" in csv_text.splitlines()[0] and "e4m3/32" in csv_text
+    assert "e4m3/32" in next((tmp_path / "out").glob("*.html")).read_text()
+    # figures come from an untrusted file: malformed values are dropped, text is escaped
+    figs = figures_of({"quant": [{"arg": "<script>x</script>", "underflow_pct": "lots",
+                                  "overflow_pct": 50.0, "format": "e4m3"}, "junk"]})
+    assert len(figs) == 1 and figs[0]["underflow_pct"] is None
+    verdict, notes = findings(figs, {"overflow_warning_pct": 0.01, "overflow_error_pct": 1.0,
+                                     "underflow_warning_pct": 1.0, "underflow_error_pct": 10.0,
+                                     "scale_mismatch": 0.01})
+    assert verdict == "error" and "saturated" in notes[0]
+    from accuracy.compare.html import render
+
+    row = next(r for r in report.rows if r.quant)
+    row.quant = summary(figs)
+    page = render(report)
+    assert "&lt;script&gt;x" in page and "<script>x" not in page

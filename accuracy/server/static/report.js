@@ -111,7 +111,7 @@
       const a = document.createElement("a");
       a.href = `/ui/reports/${rid}/rows/${r.index}`; a.textContent = r.index;
       const cells = [a, r.op, `${r.io} ${r.tensor_index}`, r.phase, r.module, r.verdict, r.cosine, r.max_abs_err,
-                     r.max_rel_err, r.local_error_ratio, r.message];
+                     r.max_rel_err, r.local_error_ratio, r.message, r.quant];
       for (const c of cells) {
         const td = document.createElement("td");
         if (c instanceof Node) td.appendChild(c); else td.textContent = fmt(c);
