@@ -9,6 +9,10 @@ device recorded, against `[quantization]` thresholds, and named with the figure:
 - scale x scale_inv != 1 (per-tensor scaling): the cast and the dequantisation disagree;
 - overflow_pct: elements clipped at the format's max (0 for honest current and MX scaling);
 - underflow_pct: nonzero elements cast to 0.
+
+A sub-table named after an element format (`[quantization.e2m1]`) overrides the limits for
+operands in that format: fp4 keeps 1 mantissa bit and flushes what lies 24x below its block's
+amax, so its honest underflow is far above fp8's.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ def _scale_mismatch(f: dict[str, Any]) -> float | None:
     return abs(math.log2(s * si))
 
 
-def findings(figures: list[dict[str, Any]], sec: dict[str, float]) -> tuple[V, list[str]]:
+def findings(figures: list[dict[str, Any]], sec: dict[str, Any]) -> tuple[V, list[str]]:
     """The worst verdict the figures give, and one sentence per finding."""
     worst, notes = V.PASS, []
 
@@ -48,18 +52,20 @@ def findings(figures: list[dict[str, Any]], sec: dict[str, float]) -> tuple[V, l
             continue
         arg = f.get("arg")
         fmt = f.get("format", "?")
+        own = sec.get(fmt) if isinstance(fmt, str) else None
+        lim = {**sec, **own} if isinstance(own, dict) else sec
         mis = _scale_mismatch(f)
-        if mis is not None and mis > sec["scale_mismatch"]:
+        if mis is not None and mis > lim["scale_mismatch"]:
             raise_to(V.ERROR, f"{arg}: scale x scale_inv = {2.0 ** mis:.3g} (wrong scale: the "
                               "cast and its dequantisation disagree)")
         over = f.get("overflow_pct") or 0.0
-        if over > sec["overflow_warning_pct"]:
-            v = V.ERROR if over > sec["overflow_error_pct"] else V.WARNING
+        if over > lim["overflow_warning_pct"]:
+            v = V.ERROR if over > lim["overflow_error_pct"] else V.WARNING
             raise_to(v, f"{arg}: {over:.3g}% of elements saturated at {fmt}'s max "
                         "(overflows%: a stale amax or a saturating cast)")
         under = f.get("underflow_pct") or 0.0
-        if under > sec["underflow_warning_pct"]:
-            v = V.ERROR if under > sec["underflow_error_pct"] else V.WARNING
+        if under > lim["underflow_warning_pct"]:
+            v = V.ERROR if under > lim["underflow_error_pct"] else V.WARNING
             raise_to(v, f"{arg}: {under:.3g}% of nonzero elements underflowed to 0 in {fmt} "
                         "(underflows%)")
     return worst, notes

@@ -41,6 +41,30 @@ def _is_weight(t: torch.Tensor) -> bool:
     return isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad)
 
 
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_storages() -> set[int] | None:
+    """Storages of the tensors the running autograd node saved in forward (its activations
+    and weights; the gradient it was given is not among them), or None outside a node."""
+    node = torch._C._current_autograd_node()
+    if node is None:
+        return None
+    names = _SAVED_NAMES.get(type(node))
+    if names is None:
+        names = _SAVED_NAMES[type(node)] = tuple(
+            n for n in dir(node) if n.startswith("_saved_") and not n.endswith("_sym_sizes"))
+    out = set()
+    for n in names:
+        try:
+            v = getattr(node, n)
+        except (RuntimeError, AttributeError):  # freed, or not a tensor slot
+            continue
+        if isinstance(v, torch.Tensor):
+            out.add(_storage_key(v))
+    return out or None
+
+
 class GemmQuantizer:
     """The state of one `sim` run's quantised GEMMs (amax histories, forward operands)."""
 
@@ -75,9 +99,13 @@ class GemmQuantizer:
         ref = self._fwd.get(_storage_key(t))
         return ref is not None and ref() is not None
 
-    def _role(self, name: str, t: torch.Tensor, backward: bool) -> str:
-        if name == "grad_output" or (backward and not self._from_forward(t)):
+    def _role(self, name: str, t: torch.Tensor, backward: bool, saved: set[int] | None) -> str:
+        if name == "grad_output":
             return "gradient"
+        if backward:
+            known = (_storage_key(t) in saved) if saved is not None else self._from_forward(t)
+            if not known:
+                return "gradient"
         return "weight" if _is_weight(t) else "activation"
 
     # -- one call --------------------------------------------------------------------------
@@ -104,7 +132,8 @@ class GemmQuantizer:
             value = new_args[pos] if in_args else new_kwargs.get(a.name)
             if isinstance(value, torch.Tensor) and value.is_floating_point():
                 operands.append((pos, a.name, in_args, value))
-        roles = {name: self._role(name, t, backward) for _, name, _, t in operands}
+        saved = _saved_storages() if backward else None
+        roles = {name: self._role(name, t, backward, saved) for _, name, _, t in operands}
         kind = "fprop" if not backward else (
             "wgrad" if "weight" not in roles.values() else "dgrad")
         if base == "convolution_backward":
