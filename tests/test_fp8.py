@@ -108,10 +108,13 @@ def test_fp8_gemm_computes_on_quantised_operands():
     with sim(profile="fp8"):
         c = torch.mm(a, b)
     assert torch.equal(c, torch.mm(quantize(a, E4M3).value, quantize(b, E4M3).value))
+    a[:, :16] *= 2.0 ** 12  # 16 large then 16 small values share one block of 32
     with sim(profile="mxfp8"):
         m = torch.mm(a, b)
     assert torch.equal(m, torch.mm(quantize(a, E4M3, block=32, axis=-1).value,
                                    quantize(b, E4M3, block=32, axis=0).value))
+    assert not torch.equal(m, torch.mm(quantize(a, E4M3, block=16, axis=-1).value,
+                                       quantize(b, E4M3, block=16, axis=0).value))
     exact = torch.mm(a, b)
     with sim(profile="fp8-e4m3"):  # the old profile still works
         old = torch.mm(a, b)
