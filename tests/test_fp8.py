@@ -24,6 +24,10 @@ def test_format_limits_and_subnormals():
     assert round_to(torch.tensor([7e4, 2.0 ** -17 * 1.1]), E5M2).tolist() == [57344.0, 2.0 ** -16]
     assert round_to(torch.tensor([0.3, 0.75, 1.25, 2.6, 5.1, 9.0]), E2M1).tolist() == \
         [0.5, 1.0, 1.0, 3.0, 6.0, 6.0]
+    # non-finite values pass through a cast untouched and stay out of the figures
+    q = quantize(torch.tensor([1.0, math.inf, math.nan, -2.0]), E4M3)
+    assert q.value[0] == 1.0 and q.value[1] == math.inf and math.isnan(q.value[2])
+    assert q.figures["numel"] == 2 and q.figures["amax"] == 2.0
 
 
 def test_per_tensor_figures_equal_a_hand_computation():

@@ -36,15 +36,17 @@ from accuracy.numformats import (  # noqa: F401  (re-exported: the formats' one 
 )
 
 
-def round_to(x: torch.Tensor, fmt: Format, saturate: bool = True) -> torch.Tensor:
+def round_to(x: torch.Tensor, fmt: Format, saturate: bool = True,
+             finite: bool = False) -> torch.Tensor:
     """fp32 values rounded to the nearest value of `fmt` (ties to even), as fp32.
 
     Out of range: clipped to +-max when `saturate` (what fp8 training casts do), else inf.
-    Non-finite values stay as they are.
+    Non-finite values stay as they are (`finite=True`: the caller knows there are none).
     """
     x = x.to(torch.float32)
     if saturate:
-        x = torch.where(torch.isfinite(x), x.clamp(-fmt.max, fmt.max), x)
+        clipped = x.clamp(-fmt.max, fmt.max)
+        x = clipped if finite else torch.where(torch.isinf(x), x, clipped)
     dt = fmt.torch_dtype
     if dt is not None and dt.is_floating_point and dt.itemsize <= 2:
         out = x.to(dt).to(torch.float32)
@@ -122,11 +124,13 @@ def quantize(x: torch.Tensor, fmt: Format, *, block: int = 0, axis: int = -1,
     """Quantise `x` to `fmt` and back (fp32 accumulate follows in the caller's GEMM).
 
     block=0: one per-tensor `scale` (None: current scaling, amax -> max). block=N: MX, one
-    e8m0 scale per N elements along `axis`. `scale_factor` multiplies the scale used to cast
-    and `inv_factor` the scale_inv used to dequantise (faults; both 1 for an honest kernel).
+    e8m0 scale per N elements along `axis`. `scale_factor` multiplies the scale used to cast,
+    leaving scale_inv as the honest scale's inverse, and `inv_factor` divides scale_inv
+    (faults; both 1 for an honest kernel). Figures report the scale and scale_inv used.
+    Non-finite elements pass through unchanged and are left out of the figures.
     """
     wide = x.detach().to(torch.float32)
-    finite = torch.isfinite(wide)
+    all_finite = bool(torch.isfinite(wide).all()) if wide.numel() else True
     if block:
         ax = axis % wide.dim() if wide.dim() else 0
         shaped = wide if wide.dim() else wide.reshape(1)
@@ -134,7 +138,7 @@ def quantize(x: torch.Tensor, fmt: Format, *, block: int = 0, axis: int = -1,
         honest = mx_scales(b, fmt)
         s_used = honest * scale_factor
         scaled = b * s_used
-        q_b = round_to(scaled, fmt, saturate)
+        q_b = round_to(scaled, fmt, saturate, all_finite)
         deq = unblock(q_b / (honest * inv_factor), shaped, ax).reshape(wide.shape)
         scaled_full = unblock(scaled, shaped, ax).reshape(wide.shape)
         q_full = unblock(q_b, shaped, ax).reshape(wide.shape)
@@ -145,20 +149,22 @@ def quantize(x: torch.Tensor, fmt: Format, *, block: int = 0, axis: int = -1,
             scale = tensor_scale(amax, fmt)
         s_used = torch.tensor(scale * scale_factor)
         scaled_full = wide * s_used
-        q_full = round_to(scaled_full, fmt, saturate)
+        q_full = round_to(scaled_full, fmt, saturate, all_finite)
         inv = torch.tensor(1.0 / (scale * inv_factor))
         deq = q_full * inv
-    deq = torch.where(finite, deq, wide)
+    if not all_finite:
+        deq = torch.where(torch.isfinite(wide), deq, wide)
     out = deq.to(x.dtype)
     if not figures:
         return Quantized(out, {})
     return Quantized(out, operand_figures(wide, deq, scaled_full, q_full, fmt, s_used, inv,
-                                          block, axis))
+                                          block, axis, all_finite))
 
 
 def operand_figures(x: torch.Tensor, deq: torch.Tensor, scaled: torch.Tensor,
                     q: torch.Tensor, fmt: Format, scale: torch.Tensor,
-                    scale_inv: torch.Tensor, block: int, axis: int) -> dict[str, Any]:
+                    scale_inv: torch.Tensor, block: int, axis: int,
+                    all_finite: bool = False) -> dict[str, Any]:
     """What TE's debug tools show per GEMM operand, computed on the finite elements.
 
     underflow_pct: nonzero elements cast to 0; overflow_pct: elements that after scaling lie
@@ -167,48 +173,53 @@ def operand_figures(x: torch.Tensor, deq: torch.Tensor, scaled: torch.Tensor,
     block_dynamic_range: the largest such range within one block of 32 along `axis`; mse and
     rel_error of the dequantised operand against the operand.
     """
-    finite = torch.isfinite(x)
-    n = int(finite.sum())
-    nz = finite & (x != 0)
+    if not all_finite:  # leave non-finite elements out: as zeros, which count nowhere
+        finite = torch.isfinite(x)
+        n = int(finite.sum())
+        zero = torch.zeros_like(x)
+        x, deq = torch.where(finite, x, zero), torch.where(finite, deq, zero)
+        scaled = torch.where(finite, scaled, zero)
+    else:
+        n = x.numel()
+    a = x.abs()
+    nz = x != 0
     n_nz = int(nz.sum())
     under = int((nz & (q == 0)).sum())
     # beyond the rounding boundary above max: clipped, not merely rounded down to max
-    over = int((finite & (scaled.abs() > fmt.max * (1.0 + fmt.unit_roundoff))).sum())
-    a = _finite_abs(x)
+    over = int((scaled.abs() > fmt.max * (1.0 + fmt.unit_roundoff)).sum())
     amax = float(a.max()) if x.numel() else 0.0
-    amin = float(a[nz].min()) if n_nz else 0.0
-    diff = torch.where(finite, deq - x, torch.zeros_like(x)).double()
-    xd = torch.where(finite, x, torch.zeros_like(x)).double()
-    err2 = float((diff * diff).sum())
-    norm2 = float((xd * xd).sum())
-    s_min, s_max = float(scale.min()), float(scale.max())
+    amin = float(torch.where(nz, a, math.inf).min()) if n_nz else 0.0
+    diff = deq - x
+    err2 = float(torch.sum(diff * diff, dtype=torch.float64))
+    norm2 = float(torch.sum(x * x, dtype=torch.float64))
     figs = {
         "format": fmt.name,
         "block": int(block),
         "numel": n,
         "underflow_pct": 100.0 * under / n_nz if n_nz else 0.0,
         "overflow_pct": 100.0 * over / n if n else 0.0,
-        "scale_min": s_min,
-        "scale_max": s_max,
+        "scale_min": float(scale.min()),
+        "scale_max": float(scale.max()),
         "scale_inv_min": float(scale_inv.min()),
         "scale_inv_max": float(scale_inv.max()),
         "amax": amax,
         "dynamic_range": math.log2(amax / amin) if n_nz and amin > 0 else 0.0,
-        "block_dynamic_range": _block_range(x, axis),
+        "block_dynamic_range": _block_range(a, axis),
         "mse": err2 / n if n else 0.0,
         "rel_error": math.sqrt(err2 / norm2) if norm2 > 0 else 0.0,
     }
     return figs
 
 
-def _block_range(x: torch.Tensor, axis: int) -> float:
-    """The largest log2(max/min nonzero) within one block of MX_BLOCK along `axis`."""
-    if x.numel() == 0:
+def _block_range(a: torch.Tensor, axis: int) -> float:
+    """The largest log2(max/min nonzero) within one block of MX_BLOCK along `axis` of the
+    finite magnitudes `a`."""
+    if a.numel() == 0:
         return 0.0
-    ax = axis % x.dim() if x.dim() else 0
-    b = blocks(_finite_abs(x if x.dim() else x.reshape(1)), ax, MX_BLOCK)
+    ax = axis % a.dim() if a.dim() else 0
+    b = blocks(a if a.dim() else a.reshape(1), ax, MX_BLOCK)
     hi = b.amax(dim=-1)
-    lo = torch.where(b > 0, b, torch.full_like(b, math.inf)).amin(dim=-1)
+    lo = torch.where(b > 0, b, math.inf).amin(dim=-1)
     ok = (hi > 0) & torch.isfinite(lo)
     if not bool(ok.any()):
         return 0.0
