@@ -12,6 +12,21 @@ import threading
 from typing import Any
 
 _LOCAL = threading.local()
+_SUBSCRIBERS = [0]  # recorders listening (any thread): figures cost ~1.5x the cast itself
+
+
+def subscribe() -> None:
+    """A recorder wants figures from now on (pair with `unsubscribe`)."""
+    _SUBSCRIBERS[0] += 1
+
+
+def unsubscribe() -> None:
+    _SUBSCRIBERS[0] = max(0, _SUBSCRIBERS[0] - 1)
+
+
+def wanted() -> bool:
+    """Whether anyone records figures; a quantiser may skip computing them when not."""
+    return _SUBSCRIBERS[0] > 0
 
 
 def publish(figures: list[dict[str, Any]]) -> None:

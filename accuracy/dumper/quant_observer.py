@@ -20,6 +20,8 @@ class QuantFigures:
 
     def __init__(self) -> None:
         self.ops = 0
+        self._subscribed = True
+        quant_figures.subscribe()
 
     def before(self, call: OpCall) -> None:
         quant_figures.take()  # figures of ops not recorded (filtered out) are not this op's
@@ -31,4 +33,7 @@ class QuantFigures:
             self.ops += 1
 
     def finish(self) -> dict[str, Any]:
+        if self._subscribed:
+            self._subscribed = False
+            quant_figures.unsubscribe()
         return {"quant_ops": self.ops} if self.ops else {}

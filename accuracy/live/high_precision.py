@@ -37,6 +37,7 @@ def _run(step: Callable[[], StepResult], profile: str, faults: Iterable[Any],
          high: list[str]) -> tuple[float, list, dict[str, dict[str, float]]]:
     mode = sim(profile=profile, faults=list(faults), high_precision=high)
     with mode:
+        mode.quantizer.survey = True  # the figures that choose and explain the culprits
         loss, grads = _outcome(step())
     return loss, grads, mode.quantizer.modules
 
