@@ -146,8 +146,19 @@ def test_quant_faults_scale_and_saturate():
                                               value=4.0)]):
         z = torch.mm(x, w)
     assert z.tolist() == [[0.25, 0.25, 0.25, 0.125]]  # clipped at max / 4, not scaled
-    with pytest.raises(Exception, match="positive factor"):
+    stale = sim(profile="fp8", faults=[sim.fault("aten.mm.default", kind="stale-amax",
+                                                 value=0.25)])
+    with stale:
+        s = torch.mm(x, w)
+    assert s.tolist() == z.tolist()  # an amax 4x too small: the same clipping
+    assert [a["kind"] for a in stale.applied] == ["stale-amax"]
+    from accuracy.device_backend.profiles import Quant
+    from accuracy.errors import UsageError
+
+    with pytest.raises(UsageError, match="positive factor"):
         sim.fault("aten.mm.default", kind="scale", value=0)
+    with pytest.raises(UsageError, match="unknown number format"):
+        Quant("e3m4")
 
 
 def _gpt2_step():

@@ -57,8 +57,11 @@ class Quant:
     def __post_init__(self) -> None:
         from .formats import get_format
 
-        get_format(self.forward)
-        get_format(self.gradient)
+        try:
+            get_format(self.forward)
+            get_format(self.gradient)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         if self.scaling not in ("current", "delayed", "block"):
             raise UsageError(f"scaling must be current, delayed or block, not {self.scaling!r}")
         if (self.block > 0) != (self.scaling == "block"):
