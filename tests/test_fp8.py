@@ -69,6 +69,9 @@ def test_mx_block_scales_are_powers_of_two_per_32():
     # per tensor, the small blocks lose their subnormals; per block they do not
     assert quantize(x, E4M3).figures["rel_error"] > 0
     assert f["block_dynamic_range"] < f["dynamic_range"] + 1e-9
+    # the operand keeps its layout (a changed stride changed the op stream: new_empty_strided)
+    t = torch.randn(64, 8).t()
+    assert quantize(t, E4M3, block=32, axis=0).value.stride() == t.stride()
     # mxfp4: e2m1 elements, the same machinery
     assert quantize(x, E2M1, block=32).figures["scale_max"] == float(torch.exp2(
         -torch.ceil(torch.log2(blocks / 6.0))).max())

@@ -154,7 +154,8 @@ def quantize(x: torch.Tensor, fmt: Format, *, block: int = 0, axis: int = -1,
         deq = q_full * inv
     if not all_finite:
         deq = torch.where(torch.isfinite(wide), deq, wide)
-    out = deq.to(x.dtype)
+    # the operand's own strides: a kernel sees its layout unchanged (the op stream too)
+    out = torch.empty_like(x, memory_format=torch.preserve_format).copy_(deq)
     if not figures:
         return Quantized(out, {})
     return Quantized(out, operand_figures(wide, deq, scaled_full, q_full, fmt, s_used, inv,
