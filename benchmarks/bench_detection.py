@@ -444,9 +444,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stacks", nargs="*", metavar="FAMILY",
                     help="the issue-25 families instead (lstm gru dwcnn llama-fused lm-fp16 "
                          "masks; none named: all)")
+    ap.add_argument("--fp8", action="store_true", help="the fp8/MX rows only (issue 29)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
+    if args.fp8:
+        fp8_main(args.verbose)
+        return 0
     stacks = None if args.stacks is None else (args.stacks or list(STACKS_MODELS))
     cases = stacks_matrix(stacks) if stacks is not None else matrix(args.quick, args.models)
     outs = []
@@ -679,6 +683,99 @@ def _stacks_clean_overflow(work: Path, families: list[str]) -> str:
             parts.append(f"{m} {len(rep.births)} births ({len(rep.intended)} intended)")
     return "overflow births on clean golden dumps: " + ", ".join(parts)
 
+
+
+# -- fp8 and MX (issue 29) ------------------------------------------------------------------
+# Clean runs under the fp8 profiles, and three faults per model: a 10% bias in one GEMM's
+# output, a scale off by 4x in one GEMM (a backward one: its gradient operand, e5m2) and a
+# saturating cast (8x beyond its scale) in one layer's forward GEMM. fp8-delayed runs one
+# warm-up step (a fresh copy of the model) to fill its amax histories first.
+
+FP8_PROFILES = ("fp8", "fp8-delayed", "mxfp8")
+FP8_SITES: dict[str, dict[str, tuple[str, str]]] = {
+    "lm": {"forward": ("aten.addmm.default", "*encoder.layers.1.linear1"),
+           "backward": ("aten.mm.default", "*encoder.layers.0.linear2")},
+    "gpt2": {"forward": ("aten.addmm.default", "*h.1.mlp.c_proj"),
+             "backward": ("aten.mm.default", "*h.0.mlp.c_fc")},
+}
+FP8_FAULTS = (("forward", "bias", 0.1), ("backward", "scale", 4.0), ("forward", "saturate", 8.0))
+
+
+def fp8_matrix() -> list[Case]:
+    """Each model x fp8 profile: clean, then each fp8 fault."""
+    cases = []
+    for m in FP8_SITES:
+        for p in FP8_PROFILES:
+            cases.append(Case(m, p))
+            for phase, kind, value in FP8_FAULTS:
+                op, mod = FP8_SITES[m][phase]
+                cases.append(Case(m, p, FaultSpec("matmul", phase, op, mod, kind, value)))
+    return cases
+
+
+def run_fp8_case(case: Case, work: Path) -> Outcome:
+    """`run_case` for an fp8 profile: fp8-delayed first warms its amax histories up on a
+    fresh copy of the model (the dumped step starts from the same weights as golden)."""
+    if case.profile != "fp8-delayed":
+        return run_case(case, work)
+    out = Outcome(case)
+    golden, warm = _golden(case.model, work), MODELS[case.model]()
+    if golden is None or warm is None:
+        out.note = "skipped: transformers not installed"
+        return out
+    history: dict = {}
+    with sim(profile="fp8-delayed", amax_history=history):
+        warm()
+    dev, rep = work / "device.h5", work / "replay.h5"
+    for p in (dev, rep):
+        p.unlink(missing_ok=True)
+    step = MODELS[case.model]()
+    assert step is not None
+    faults = [case.fault.fault()] if case.fault else []
+    with sim(profile="fp8-delayed", faults=faults, amax_history=history), dumper(str(dev)):
+        step()
+    if case.fault is not None:
+        out.fault_seq = _fault_seq(dev)
+        if out.fault_seq is None:
+            out.note = "fault matched no op"
+    replay(dev, rep)
+    for label, r in (("replay", rep), ("no-replay", None)):
+        report = compare(dev, golden, replay=r)
+        out.rows = len([x for x in report.rows if x["verdict"] in ("pass", "warning", "error")])
+        out.errors[label] = report.summary["counts"]["error"]
+        out.warnings[label] = report.summary["counts"]["warning"]
+        out.top1[label] = _hit(report, out.fault_seq, 1)
+        out.top3[label] = _hit(report, out.fault_seq, 3)
+    return out
+
+
+def fp8_main(verbose: bool = False) -> list[Outcome]:
+    """Run the fp8 rows; print their table (the goals: 0 errors clean, every fault top-1)."""
+    outs = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench_fp8_") as tmp:
+        for case in fp8_matrix():
+            o = run_fp8_case(case, Path(tmp))
+            outs.append(o)
+            if verbose:
+                print(f"{case.name}: errors {o.errors} top1 {o.top1} {o.note}", flush=True)
+    print("## fp8 / MX\n")
+    print("| model | profile | case | rows | errors (replay) | warnings (replay) | "
+          "top-1 (replay) | top-1 (no replay) |")
+    print("| --- | --- | --- | ---: | ---: | ---: | --- | --- |")
+    for o in outs:
+        f = o.case.fault
+        what = "clean" if f is None else f"{f.kind} {f.value:g} {f.phase} @{f.module}"
+        top = ("" if f is None else str(o.top1.get("replay")))
+        top_nr = ("" if f is None else str(o.top1.get("no-replay")))
+        print(f"| {o.case.model} | {o.case.profile} | {what} | {o.rows} | "
+              f"{o.errors.get('replay')} | {o.warnings.get('replay')} | {top} | {top_nr} |")
+    missed = [o.case.name for o in outs if not o.note and (
+        (o.case.fault is None and (o.errors.get("replay") or o.errors.get("no-replay")))
+        or (o.case.fault is not None and not o.top1.get("replay")))]
+    print(f"\n{len(outs)} cases in {time.perf_counter() - t0:.0f} s")
+    print("fp8 goals: " + ("all met" if not missed else "missed: " + ", ".join(missed)))
+    return outs
 
 
 if __name__ == "__main__":

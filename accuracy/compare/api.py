@@ -26,6 +26,7 @@ from accuracy.compare.judge import judge
 from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statistics_metrics
 from accuracy.compare.numerics import expected_ratio, input_rms, reduction_length
 from accuracy.compare.precision import ComputePrecision
+from accuracy.compare.quant import judge_quant
 from accuracy.compare.report import Report, analyse
 from accuracy.compare.row import Row
 from accuracy.dumpfile.dtypes import decodable
@@ -342,6 +343,9 @@ def _add_replay(row: Row, s: _Spec, rp: dict[str, Any], compute: str | None,
             row.local_error = out.get("err_device")
             k = reduction_length(s.my_op, s.idx)
             row.reduction_length = k
+            if rp.get("emulated") == "quant":  # references ran on the fp8/MX operands
+                compute = None
+                msgs.append("replayed on its honestly re-quantised fp8/MX operands")
             row.local_bound = expected_ratio(compute, s.my.dtype, k, input_rms(s.my_op),
                                              out.get("err_reference"))
     elif rp.get("reason"):
@@ -441,6 +445,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             res = results.get((_key(s.my), _key(s.golden))) if _needs_data(s) else None
             rows.append(_row(i, s, res, cfg, rp, precision))
         judge(rows, _producers(specs), cfg)
+        judge_quant(rows, {r.seq: r for r in dm.records if r.extra.get("quant")}, cfg)
         seconds = time.perf_counter() - t0
         meta = {
             "my": str(dm.path), "golden": str(dg.path),

@@ -23,7 +23,7 @@ PHASE_BG = {"forward": "#eef4fb", "backward": "#fbf1ea", "optimizer": "#f1f1f1"}
 TABLE_COLS = ("index", "kind", "op", "phase", "module", "io", "tensor_index", "dtype_my",
               "dtype_golden", "shape_my", "cosine", "rel_euc_dist", "max_abs_err",
               "max_rel_err", "one_thousandth_err_ratio", "local_error_ratio", "amplification",
-              "verdict", "message", "source")
+              "verdict", "message", "source", "quant")
 Y_MIN, Y_MAX = -12.0, 1.0  # log10(rel_euc_dist) range drawn
 W, H, PAD_L, PAD_B, PAD_T = 1100, 300, 50, 30, 20
 

@@ -26,6 +26,7 @@ import math
 from typing import Any
 
 from accuracy.compare.precision import UNIT_ROUNDOFF
+from accuracy.numformats import subnormal_spacings
 
 C_INPUT = 0.8
 C_REDUCTION = 1.0 / 3.0
@@ -34,9 +35,8 @@ C_BLOCKS = 0.12  # growth of the reference's error per doubling of K beyond one 
 C_SUBNORMAL = 0.3
 # Spacing of the subnormal numbers of narrow compute formats: inputs whose magnitude is near
 # it lose relative precision (fp16 gradients of 1e-6 keep 4 bits, not 11).
-SUBNORMAL_SPACING = {"float16": 2.0 ** -24, "float8_e4m3fn": 2.0 ** -9,
-                     "float8_e4m3fnuz": 2.0 ** -10, "float8_e5m2": 2.0 ** -16,
-                     "float8_e5m2fnuz": 2.0 ** -17}
+SUBNORMAL_SPACING = {**subnormal_spacings(),  # float16, fp8 e4m3/e5m2, fp4: numformats
+                     "float8_e4m3fnuz": 2.0 ** -10, "float8_e5m2fnuz": 2.0 ** -17}
 
 
 def _numel(shape: tuple[int, ...] | list[int]) -> int:

@@ -21,18 +21,19 @@ from functools import lru_cache
 from typing import Any
 
 from accuracy.errors import UsageError
+from accuracy.numformats import unit_roundoffs
 from accuracy.patterns import op_matches
 
+# float32, tf32, float16, bfloat16, fp8 e4m3/e5m2 and fp4 e2m1 from the one formats table
 UNIT_ROUNDOFF = {
-    "float64": 2.0 ** -53, "complex128": 2.0 ** -53,
-    "float32": 2.0 ** -24, "complex64": 2.0 ** -24,
-    "tf32": 2.0 ** -11, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8,
-    "float8_e4m3fn": 2.0 ** -4, "float8_e4m3fnuz": 2.0 ** -4,
-    "float8_e5m2": 2.0 ** -3, "float8_e5m2fnuz": 2.0 ** -3,
+    "float64": 2.0 ** -53, "complex128": 2.0 ** -53, "complex64": 2.0 ** -24,
+    **unit_roundoffs(),
+    "float8_e4m3fnuz": 2.0 ** -4, "float8_e5m2fnuz": 2.0 ** -3,
 }
 # sim rounding rule names -> the dtype whose precision they give.
 _ROUNDING_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "tf32": "tf32",
-                   "fp8-e4m3": "float8_e4m3fn", "fp8-e5m2": "float8_e5m2"}
+                   "fp8-e4m3": "float8_e4m3fn", "fp8-e5m2": "float8_e5m2",
+                   "fp4-e2m1": "float4_e2m1"}
 # Thresholds sections have no tf32 entry: TF32 keeps fp16's 10 mantissa bits.
 _SECTION = {"tf32": "float16"}
 

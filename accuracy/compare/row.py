@@ -123,6 +123,7 @@ class Row:
     reduction_length: int | None = None
     amplification_z: float | None = None
     produced_by: str | None = None
+    quant: str | None = None  # fp8/MX figures of the op's GEMM operands (dumpfile/quant.py)
     # -- multi-rank compare only (absent from a single rank's files) -----------------------
     rank: int | None = None
     epoch: int | None = None

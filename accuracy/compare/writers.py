@@ -39,6 +39,7 @@ CSV_COLUMNS: dict[str, str] = {
     "accumulated_verdict": "Accumulated Result", "verdict": "Result",
     "message": "Err_message", "source": "Source",
     "accuracy_reached": "Accuracy Reached or Not", "stack": "NPU_Stack_Info",
+    "quant": "Quantization",  # fp8/MX figures per GEMM operand (docs/fp8.md)
 }
 
 

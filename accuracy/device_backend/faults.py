@@ -9,7 +9,14 @@ and occurrence (0-based index among the calls that match op and module), and doe
 - ``noise``: multiply the output by ``1 + value * N(0, 1)``, from a private seeded generator
   (the global RNG is never touched);
 - ``nan`` / ``inf``: write NaN / Inf (``-inf`` when ``value < 0``) at flat ``index`` of the output;
-- ``eps`` / ``arg``: call the op with a named argument changed (``eps`` is ``arg="eps"``).
+- ``eps`` / ``arg``: call the op with a named argument changed (``eps`` is ``arg="eps"``);
+- on GEMMs an fp8/MX profile quantises (``arg`` names the operand, default its first):
+  ``scale``: the cast uses a scale ``value`` times the right one while scale_inv stays right
+  (the operand comes out ``value`` times too large, saturating at the format's max);
+  ``stale-amax``: the scale comes from an amax ``value`` times the true one (a stale amax;
+  below 1 the top of the operand saturates, above 1 its small values underflow);
+  ``saturate``: the operand is cast ``value`` times larger than its scale allows and clipped
+  at the format's max (a saturating cast), scale_inv consistent.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ import torch
 
 from accuracy.errors import UsageError
 
-KINDS = ("replace", "bias", "noise", "nan", "inf", "eps", "arg")
+QUANT_KINDS = ("scale", "stale-amax", "saturate")
+KINDS = ("replace", "bias", "noise", "nan", "inf", "eps", "arg", *QUANT_KINDS)
 OUTPUT_KINDS = ("bias", "noise", "nan", "inf")
 
 Replacement = Callable[[Any, tuple, dict], Any]
@@ -139,6 +147,11 @@ def make_fault(
         if not isinstance(value, Real):
             raise UsageError(f"eps needs a number as value, got {value!r}")
         arg, value = "eps", float(value)
+    elif kind in QUANT_KINDS:
+        if not isinstance(value, Real) or isinstance(value, bool) or not (
+                math.isfinite(value) and value > 0):
+            raise UsageError(f"{kind} needs a positive factor as value, got {value!r}")
+        value = float(value)
     elif kind == "arg" and not arg:
         raise UsageError("kind='arg' needs arg=<schema argument name>")
     return Fault(op=op, kind=kind, value=value, module=module, occurrence=occurrence, arg=arg,

@@ -114,3 +114,15 @@ register_rounding("bf16", to_bf16)
 register_rounding("tf32", to_tf32)
 register_rounding("fp8-e4m3", to_fp8_e4m3)
 register_rounding("fp8-e5m2", to_fp8_e5m2)
+
+
+def to_fp4_e2m1(t: torch.Tensor) -> torch.Tensor:
+    """Quantise to fp4 e2m1 with one e8m0 scale per 32 elements of the last dimension (MX)."""
+    from .formats import E2M1, quantize
+
+    if not t.is_floating_point() or t.numel() == 0:
+        return t
+    return quantize(t, E2M1, block=32, figures=False).value
+
+
+register_rounding("fp4-e2m1", to_fp4_e2m1)

@@ -32,6 +32,7 @@ from accuracy.aten import returns_nothing, written_tensors
 from .faults import (
     _REPLACEMENTS,
     OUTPUT_KINDS,
+    QUANT_KINDS,
     Fault,
     apply_output_fault,
     describe_value,
@@ -40,6 +41,7 @@ from .faults import (
     set_argument,
 )
 from .profiles import Profile, Rule, get_profile
+from .quantizer import GemmQuantizer
 from .rounding import get_rounding
 
 log = logging.getLogger(__name__)
@@ -115,7 +117,14 @@ class SimMode(TorchDispatchMode):
     fault = staticmethod(make_fault)
     active = staticmethod(active)
 
-    def __init__(self, profile: str | Profile = "exact", faults: Iterable[Fault] = ()) -> None:
+    def __init__(self, profile: str | Profile = "exact", faults: Iterable[Fault] = (), *,
+                 high_precision: Iterable[str] = (),
+                 high_precision_over: dict[str, float] | None = None,
+                 amax_history: dict | None = None) -> None:
+        """fp8/MX profiles also take `high_precision` (module patterns whose GEMMs run
+        unquantised), `high_precision_over` (figure -> threshold, e.g. {"underflow_pct": 5}:
+        GEMMs over it run unquantised) and `amax_history` (a dict delayed scaling keeps its
+        histories in; pass the same one to a later sim to carry them on)."""
         super().__init__()
         self.profile = get_profile(profile) if isinstance(profile, str) else profile
         if not isinstance(self.profile, Profile):
@@ -129,7 +138,11 @@ class SimMode(TorchDispatchMode):
         self._occurrences = [0] * len(self.faults)
         self._plans: dict[Any, tuple[Rule | None, tuple[int, ...]]] = {}
         self._tracker: ModTracker | None = None
-        self._by_module = any(f.module is not None for f in self.faults)
+        self.quantizes = any(r.quant is not None for r in self.profile.rules)
+        self._quant_args = (tuple(high_precision), high_precision_over, amax_history)
+        self.quantizer = GemmQuantizer(*self._quant_args)
+        # fp8 GEMMs key amax histories and high-precision choices by module, in backward too
+        self._by_module = self.quantizes or any(f.module is not None for f in self.faults)
         self._untagged: list[weakref.ref] = []
         self._pending_modules: tuple[str, ...] = ()
 
@@ -139,7 +152,7 @@ class SimMode(TorchDispatchMode):
 
     def describe(self) -> dict[str, Any]:
         """Profile and fault specifications, JSON-serialisable, for the dump's root attributes."""
-        return {
+        d = {
             "backend": "sim",
             "profile": self.profile.name,
             "profile_description": self.profile.description,
@@ -147,6 +160,10 @@ class SimMode(TorchDispatchMode):
             "faults": [f.to_dict() for f in self.faults],
             "occurrence_base": 0,
         }
+        hp, over, _ = self._quant_args
+        if hp or over:
+            d["high_precision"] = {"modules": list(hp), "over": dict(over or {})}
+        return d
 
     def __enter__(self) -> SimMode:
         if self in _ACTIVE:
@@ -155,6 +172,9 @@ class SimMode(TorchDispatchMode):
         self.applied = []
         self.calls = 0
         self._occurrences = [0] * len(self.faults)
+        hp, over, hist = self._quant_args
+        self.quantizer = GemmQuantizer(hp, over, self.quantizer.amax_history if hist is None
+                                       else hist)
         # imported when a sim starts: its package pulls in DTensor and inductor (~1 s)
         from torch.distributed._tools.mod_tracker import ModTracker
 
@@ -248,8 +268,18 @@ class SimMode(TorchDispatchMode):
             if fault.kind in ("eps", "arg"):
                 args, kwargs = set_argument(func, args, kwargs, fault.arg, fault.value)
                 self._record(record, name)
-        if rule is not None:
+        if rule is not None and rule.quant is not None:
+            qhits = [(f, r) for f, r in hits if f.kind in QUANT_KINDS]
+            args, kwargs, _ = self.quantizer.apply(func, rule, args, kwargs, self._modules(),
+                                                   qhits, _module_matches)
+            for _f, record in qhits:
+                self._record(record, name)
+        elif rule is not None:
             args, kwargs = _round_inputs(func, rule, args, kwargs)
+        for f, _record in hits:
+            if f.kind in QUANT_KINDS and (rule is None or rule.quant is None):
+                log.warning("sim: fault %s skipped on %s: the profile does not quantise it",
+                            f.kind, name)
 
         replacement = next(((f, r) for f, r in hits if f.kind == "replace"), None)
         if replacement is not None:

@@ -25,6 +25,7 @@ from accuracy.dumper import collectives, guide_args
 from accuracy.dumper.filters import Filter, Selection
 from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.opcall import Observer, OpCall
+from accuracy.dumper.quant_observer import QuantFigures
 from accuracy.dumper.recorder import Recorder
 from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
 from accuracy.dumper.source import user_source
@@ -182,6 +183,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self._recorder = Recorder(self._writer, self.mode, self.filter.io, self._coll,
                                   sim=self._sim, strict=self.strict)
         observers: list[Observer] = [] if self._loader is None else [self._loader]
+        observers.append(QuantFigures())  # before the recorder: fills extra["quant"]
         if self._overflow is not None:  # records only births, through the recorder
             self._overflow.attach(self._recorder, str(self.path))
             observers.append(self._overflow)

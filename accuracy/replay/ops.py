@@ -43,9 +43,13 @@ class OpOutcome:
     reason: str = ""
     outputs: list[dict[str, Any]] = field(default_factory=list)
     tensors: list[torch.Tensor | None] = field(default_factory=list)
+    emulated: str = ""  # "quant": the reference ran on honestly re-quantised fp8/MX operands
 
     def replay_extra(self) -> dict[str, Any]:
-        return {"status": self.status, "reason": self.reason, "outputs": self.outputs}
+        d = {"status": self.status, "reason": self.reason, "outputs": self.outputs}
+        if self.emulated:
+            d["emulated"] = self.emulated
+        return d
 
 
 def _dropout_reference(rec: OpRecord) -> Any:
@@ -103,6 +107,9 @@ def _kernel(rec: OpRecord) -> tuple[Any, str]:
     fn = lookup_reference(rec.op)
     if fn is not None:
         return fn, "registered reference"
+    if rec.op.startswith("aten._scaled_mm."):
+        from accuracy.replay.scaled_mm import scaled_mm_reference
+        return scaled_mm_reference, "fp8 _scaled_mm: reference accumulates the scaled product"
     if rec.op == "aten.native_dropout.default":
         return _dropout_reference(rec), "rng op checked against its recorded mask"
     if rec.op.startswith("profiler."):  # optimizer.step()'s record_function markers
@@ -219,8 +226,34 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache
                       if t.idx not in scratch]
     want_upcast = _needs_upcast(inputs, [t.dtype for t in rec.outputs],
                                 '"__dtype__"' in rec.args_json, upcast)
+    quant = rec.extra.get("quant")
+    if isinstance(quant, list) and quant and not note:
+        return _rerun_quantised(rec, fn, build, device_outputs, device, upcast, quant)
     return rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
                  note=note)
+
+
+def _rerun_quantised(rec: OpRecord, fn: Any, build: Any,
+                     device_outputs: list[tuple[int, torch.Tensor | None]],
+                     device: torch.device, upcast: str, quant: list[Any]) -> OpOutcome:
+    """A GEMM the device ran on fp8/MX operands: the references run on the same operands,
+    quantised honestly (accuracy.device_backend.quantizer.requantize), so the error ratio
+    measures the kernel at the precision it really used, not the quantisation itself."""
+    from accuracy.device_backend.quantizer import requantize
+
+    count = [0]
+
+    def qbuild(up: str) -> tuple[list[Any], dict[str, Any]]:
+        args, kwargs = build(up)
+        args, kwargs, n = requantize(fn, args, kwargs, quant)
+        count[0] = n
+        return args, kwargs
+
+    out = rerun(rec.seq, rec.op, fn, qbuild, device_outputs, device, upcast, upcast != "none",
+                note="references on honestly re-quantised operands (fp8/MX)")
+    if count[0]:
+        out.emulated = "quant"
+    return out
 
 
 def rerun(seq: int, op: str, fn: Any, build: Any,

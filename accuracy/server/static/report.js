@@ -205,7 +205,7 @@
       const a = document.createElement("a");
       a.href = `/ui/reports/${rid}/rows/${r.index}`; a.textContent = r.index;
       const cells = [a, r.op, `${r.io} ${r.tensor_index}`, r.phase, r.module, shortSource(r.source),
-                     r.verdict, r.cosine, r.max_abs_err, r.max_rel_err, ratioCell(r), r.message];
+                     r.verdict, r.cosine, r.max_abs_err, r.max_rel_err, ratioCell(r), r.message, r.quant];
       cells.forEach((c, i) => {
         const td = document.createElement("td");
         if (c instanceof Node) td.appendChild(c); else td.textContent = fmt(c);
