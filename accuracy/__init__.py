@@ -15,9 +15,9 @@ from accuracy._lazy import lazy_getattr
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from accuracy.debugger import PrecisionDebugger
     from accuracy.dumper import dumper
     from accuracy.dumpfile import Dump, DumpError, load_dump
-    from accuracy.debugger import PrecisionDebugger
     from accuracy.live import live_check, substitute
     from accuracy.steps import Schedule, schedule
 

@@ -147,15 +147,19 @@ def build(data: dict[str, Any], where: str = "config", **overrides: Any) -> Debu
     if not isinstance(dump_path, (str, os.PathLike)) or not str(dump_path):
         raise _fail(where, f"dump_path must be a folder name, not {dump_path!r}")
     cfg = DebugConfig(task=task, level=level, dump_path=Path(dump_path))
-    cfg.ranks = parse_ids(data.get("rank"), "rank")
-    if data.get("schedule") is not None:
-        if data.get("step"):
-            raise _fail(where, "give either a step list or a schedule, not both")
-        cfg.steps = (data["schedule"] if isinstance(data["schedule"], Schedule)
-                     else _schedule(data["schedule"], where))
-    else:
-        step = data.get("step")
-        cfg.steps = step if isinstance(step, Schedule) else parse_ids(step, "step")
+    try:
+        cfg.ranks = parse_ids(data.get("rank"), "rank")
+        if data.get("schedule") is not None:
+            if data.get("step"):
+                raise UsageError("give either a step list or a schedule, not both")
+            cfg.steps = (data["schedule"] if isinstance(data["schedule"], Schedule)
+                         else _schedule(data["schedule"], where))
+        else:
+            step = data.get("step")
+            cfg.steps = step if isinstance(step, Schedule) else parse_ids(step, "step")
+    except UsageError as e:
+        msg = str(e)
+        raise (e if msg.startswith(where) else _fail(where, msg)) from None
     async_dump = data.get("async_dump", False)
     if not isinstance(async_dump, bool):
         raise _fail(where, f"async_dump must be true or false, not {async_dump!r}")
