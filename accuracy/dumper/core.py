@@ -206,7 +206,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         if not self.active:
             return False
         try:
-            self._set_installed(False, exc_type, exc, tb)
+            self._set_installed(False, (exc_type, exc, tb))
         finally:
             self._close(complete=exc_type is None)
         return False
@@ -214,7 +214,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     _installed = False
     _idle_allowed = True
 
-    def _set_installed(self, on: bool, *exc: Any) -> None:
+    def _set_installed(self, on: bool, exit_info: tuple[Any, Any, Any] | None = None) -> None:
         """Install the dispatch mode and module scope for a recorded step, or take them off
         for an idle one. Taken off only when ours is the innermost mode (another mode entered
         inside the block stays, and ours with it: recording then goes on, said once)."""
@@ -227,16 +227,17 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             return
         from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-        if not exc and _get_current_dispatch_mode() is not self._mode:
+        if exit_info is None and _get_current_dispatch_mode() is not self._mode:  # idle step
             log.warning("another dispatch mode was entered inside the dumper's block: the "
                         "dumper stays installed on idle steps (slower, records nothing more)")
             self._idle_allowed = False
             return
         self._installed = False
+        exit_info = exit_info or (None, None, None)
         try:
-            self._mode.__exit__(*(exc or (None, None, None)))
+            self._mode.__exit__(*exit_info)
         finally:
-            self._scope.__exit__(*(exc or (None, None, None)))
+            self._scope.__exit__(*exit_info)
 
     # -- internals -------------------------------------------------------------------------
 
