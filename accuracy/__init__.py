@@ -15,15 +15,20 @@ from accuracy._lazy import lazy_getattr
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from accuracy.debugger import PrecisionDebugger
     from accuracy.dumper import dumper
     from accuracy.dumpfile import Dump, DumpError, load_dump
     from accuracy.live import live_check, substitute
+    from accuracy.steps import Schedule, schedule
 
 _LAZY = {"load_dump": "accuracy.dumpfile", "Dump": "accuracy.dumpfile",
          "DumpError": "accuracy.dumpfile",
-         "live_check": "accuracy.live", "substitute": "accuracy.live"}
+         "live_check": "accuracy.live", "substitute": "accuracy.live",
+         "PrecisionDebugger": "accuracy.debugger", "schedule": "accuracy.steps",
+         "Schedule": "accuracy.steps"}
 
-__all__ = ["dumper", "load_dump", "Dump", "DumpError", "live_check", "substitute", "__version__"]
+__all__ = ["dumper", "load_dump", "Dump", "DumpError", "live_check", "substitute",
+           "PrecisionDebugger", "schedule", "Schedule", "__version__"]
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY)

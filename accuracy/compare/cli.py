@@ -29,6 +29,19 @@ def _compare_ranks(args: argparse.Namespace) -> int:
     return report.exit_code(args.fail_on)
 
 
+def _compare_steps(args: argparse.Namespace) -> int:
+    from accuracy.compare.steps import compare_steps
+
+    report = compare_steps(args.my, args.golden, args.replay, config=args.config,
+                           algorithms=args.alg, mapping=args.mapping, jobs=args.jobs)
+    paths = (report.write(args.output, _formats(args), overwrite=args.overwrite)
+             if args.output else {})
+    print(report.format())
+    if paths:
+        print(format_written(paths))
+    return report.exit_code(args.fail_on)
+
+
 def _formats(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(f.strip() for f in args.formats.split(",") if f.strip())
 
@@ -42,6 +55,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.output:  # refused before the compare runs, not after
         check_report_dir(args.output, args.overwrite)
         check_formats(_formats(args))
+    from accuracy.compare.steps import is_step_tree
+
+    if is_step_tree(args.my) or is_step_tree(args.golden):  # PrecisionDebugger's dump_path
+        return _compare_steps(args)
     if is_multirank(args.my) or is_multirank(args.golden):
         return _compare_ranks(args)
     if not args.any_rank:

@@ -30,6 +30,7 @@ from accuracy.dumper.recorder import Recorder
 from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
 from accuracy.dumper.source import user_source
 from accuracy.dumpfile.writer import DumpWriteError, DumpWriter
+from accuracy.steps import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,9 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     mode: "tensor" stores every tensor plus statistics; "statistics" stores statistics only.
     ops / exclude_ops / modules: glob patterns (`aten.mm`, `aten.*norm*`, `encoder.layers.0.*`).
     data_mode: "all", or any of "input", "output", "forward", "backward", "optimizer".
-    steps: step numbers to record when the block spans several steps (advance with `step()`).
+    steps: step numbers to record when the block spans several steps (advance with `step()`),
+    or `accuracy.schedule(wait=, warmup=, active=, repeat=, skip_first=)`; on other steps no
+    dispatch mode is installed.
     stack: also store each op's full user stack. overwrite: replace an existing file.
     strict: raise if writing fails (disk full...) instead of carrying on without the dump.
     max_pending_bytes: memory allowed for tensors waiting for the disk before training waits.
@@ -98,7 +101,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         exclude_ops: str | Iterable[str] | None = None,
         modules: str | Iterable[str] | None = None,
         data_mode: str | Iterable[str] = "all",
-        steps: int | Iterable[int] | None = None,
+        steps: int | Iterable[int] | Schedule | None = None,
         stack: bool = False,
         overwrite: bool = False,
         strict: bool = False,
@@ -159,8 +162,11 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     # -- public ----------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Mark the end of a training step (for the `steps` window)."""
+        """Mark the end of a training step (for the `steps` window). Between recorded steps
+        no dispatch mode is installed: an unselected step runs at the bare speed."""
         self.current_step += 1
+        if self._writer is not None and self._idle_allowed:
+            self._set_installed(self.filter.wants_step(self.current_step))
 
     def __enter__(self) -> dumper:
         if not self.active:  # use_dump=False, or a rank outside `ranks=`: no file
@@ -190,10 +196,11 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         else:
             observers.append(self._recorder)
         self._observers = tuple(observers)
-        self._scope = Scope().__enter__()
-        self._recorder.tensor_name = self._scope.optimizer_tensor_name
         self._mode = _DumpMode(self)
-        self._mode.__enter__()
+        # load and select mode match ops by their seq, which counts every op of every step:
+        # they keep the mode installed; otherwise it is off on the steps the window skips
+        self._idle_allowed = self._loader is None and self.select is None
+        self._set_installed(not self._idle_allowed or self.filter.wants_step(self.current_step))
         log.info("dumping %s mode to %s", self.mode, self.path)
         return self
 
@@ -201,11 +208,39 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         if not self.active:
             return False
         try:
-            self._mode.__exit__(exc_type, exc, tb)
+            self._set_installed(False, (exc_type, exc, tb))
         finally:
-            self._scope.__exit__(exc_type, exc, tb)
             self._close(complete=exc_type is None)
         return False
+
+    _installed = False
+    _idle_allowed = True
+
+    def _set_installed(self, on: bool, exit_info: tuple[Any, Any, Any] | None = None) -> None:
+        """Install the dispatch mode and module scope for a recorded step, or take them off
+        for an idle one. Taken off only when ours is the innermost mode (another mode entered
+        inside the block stays, and ours with it: recording then goes on, said once)."""
+        if on == self._installed:
+            return
+        if on:
+            self._scope = Scope().__enter__()
+            self._recorder.tensor_name = self._scope.optimizer_tensor_name
+            self._mode.__enter__()
+            self._installed = True
+            return
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        if exit_info is None and _get_current_dispatch_mode() is not self._mode:  # idle step
+            log.warning("another dispatch mode was entered inside the dumper's block: the "
+                        "dumper stays installed on idle steps (slower, records nothing more)")
+            self._idle_allowed = False
+            return
+        self._installed = False
+        exit_info = exit_info or (None, None, None)
+        try:
+            self._mode.__exit__(*exit_info)
+        finally:
+            self._scope.__exit__(*exit_info)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -227,7 +262,9 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
                 "ops": list(self.filter.ops), "exclude_ops": list(self.filter.exclude_ops),
                 "modules": list(self.filter.modules), "io": sorted(self.filter.io),
                 "phases": sorted(self.filter.phases),
-                "steps": sorted(self.filter.steps) if self.filter.steps is not None else None,
+                "steps": (None if self.filter.steps is None else self.filter.steps.describe()
+                          if isinstance(self.filter.steps, Schedule)
+                          else sorted(self.filter.steps)),
             },
         }
         if self._sim is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from accuracy.dumpfile.schema import SELECTION_FORMAT
 from accuracy.patterns import module_matches, op_matches
+from accuracy.steps import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class Filter:
     modules: tuple[str, ...] = ()
     io: frozenset[str] = frozenset(_IO_WORDS)
     phases: frozenset[str] = frozenset(_PHASE_WORDS)
-    steps: frozenset[int] | None = None
+    steps: frozenset[int] | Schedule | None = None
 
     @classmethod
     def build(
@@ -45,7 +46,7 @@ class Filter:
         exclude_ops: str | Iterable[str] | None = None,
         modules: str | Iterable[str] | None = None,
         data_mode: str | Iterable[str] = "all",
-        steps: int | Iterable[int] | None = None,
+        steps: int | Iterable[int] | Schedule | None = None,
     ) -> Filter:
         words = set(_as_tuple(data_mode)) - {"all"}
         unknown = words - _IO_WORDS - _PHASE_WORDS
@@ -64,7 +65,8 @@ class Filter:
             modules=_as_tuple(modules),
             io=io,
             phases=phases,
-            steps=frozenset(steps) if steps is not None else None,
+            steps=(steps if steps is None or isinstance(steps, Schedule)
+                   else frozenset(steps)),
         )
 
     def wants_step(self, step: int) -> bool:

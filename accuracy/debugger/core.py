@@ -1,0 +1,125 @@
+"""`PrecisionDebugger`: msprobe's start/stop/step driver around the dumper.
+
+A driver, not a recorder: on a step the config selects (and a rank it selects), `start()`
+opens a `dumper` writing `dump_path/step{N}/rank{R}/dump.h5` and `stop()` closes it; on every
+other step nothing is installed, so the step runs at the bare speed. Mistakes in the call
+order are logged, one line each, and training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from accuracy.debugger import config as _config
+from accuracy.steps import Schedule
+
+log = logging.getLogger(__name__)
+
+
+class PrecisionDebugger:
+    """msprobe's `PrecisionDebugger(config_path=..., task=..., dump_path=..., level=...,
+    model=..., step=...)`; `schedule=` (ours) takes `accuracy.schedule(...)`.
+
+    Keywords win over the file, as in msprobe. `overwrite`: replace a step's dump left by an
+    earlier run (otherwise that step is skipped with an error in the log).
+    """
+
+    def __init__(self, config_path: str | os.PathLike[str] | None = None, task: str | None = None,
+                 dump_path: str | os.PathLike[str] | None = None, level: str | None = None,
+                 model: Any = None, step: list[int | str] | None = None, *,
+                 schedule: Schedule | None = None, overwrite: bool = False) -> None:
+        over = dict(task=task, dump_path=str(dump_path) if dump_path is not None else None,
+                    level=level, step=step, schedule=schedule)
+        if config_path is not None:
+            self.config = _config.load(config_path, **over)
+        else:
+            self.config = _config.build({}, "PrecisionDebugger", **over)
+        if self.config.ignored:
+            log.info("config fields with no effect here: %s", ", ".join(self.config.ignored))
+        self.model = model
+        self.overwrite = overwrite
+        self.current_step = 0
+        self._started = False
+        self._dumper: Any = None
+        self._rank: int | None = None
+
+    # -- msprobe's calls -----------------------------------------------------------------
+
+    def start(self, model: Any = None) -> None:
+        """Begin the step's recorded region (nothing is installed on an unselected step)."""
+        if model is not None:
+            self.model = model
+        if self._started:
+            log.warning("PrecisionDebugger.start() called twice without stop() (step %d): "
+                        "the second call is ignored", self.current_step)
+            return
+        self._started = True
+        if not self.config.wants(self.current_step, self.rank):
+            return
+        try:
+            self._dumper = self._open()
+        except Exception as e:  # noqa: BLE001 - the training goes on without this step's dump
+            self._dumper = None
+            log.error("step %d: not recorded: %s", self.current_step, e)
+
+    def stop(self) -> None:
+        """End the recorded region; the step's dump is complete on disk when this returns."""
+        if not self._started:
+            log.warning("PrecisionDebugger.stop() without start() (step %d): nothing to stop",
+                        self.current_step)
+            return
+        self._started = False
+        self._close()
+
+    def step(self) -> None:
+        """End of a training step: the next `start()` counts as step N+1."""
+        if self._started and self._dumper is not None:
+            log.warning("PrecisionDebugger.step() inside a recorded region (start() without "
+                        "stop()) at step %d: the region is closed here", self.current_step)
+        self._started = False
+        self._close()
+        self.current_step += 1
+
+    # -- ours ----------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        if self._rank is None:
+            from accuracy.dumper.core import _rank
+
+            self._rank = _rank()[0]
+        return self._rank
+
+    def path_for(self, step: int, rank: int) -> Path:
+        """Where step `step` of rank `rank` is written."""
+        return self.config.dump_path / f"step{step}" / f"rank{rank}" / "dump.h5"
+
+    @property
+    def recording(self) -> bool:
+        """Whether a dump is open now."""
+        return self._dumper is not None
+
+    def _open(self) -> Any:
+        from accuracy.dumper.core import dumper
+
+        c = self.config
+        path = self.path_for(self.current_step, self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        d = dumper(path, c.mode, ops=c.ops or None, modules=c.modules or None,
+                   data_mode=list(c.data_mode), overwrite=self.overwrite,
+                   check_overflow=c.task == "overflow_check", overflow_nums=c.overflow_nums)
+        d.current_step = self.current_step
+        d.__enter__()
+        return d
+
+    def _close(self) -> None:
+        d, self._dumper = self._dumper, None
+        if d is None:
+            return
+        try:
+            d.__exit__(None, None, None)
+        except Exception as e:  # noqa: BLE001 - training goes on; the log says what was lost
+            log.error("step %d: closing the dump failed: %s", self.current_step, e)

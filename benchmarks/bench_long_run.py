@@ -1,0 +1,206 @@
+"""Long runs: what a debugger costs on the steps it does not record.
+
+50 steps of the benchmark transformer step (accuracy.examples.bench_setup/bench_step) per
+case, each step timed on its own; cases run in turn (bare, case A, case B, bare, ...) for
+`--repeat` rounds so a shared machine slows each alike. A case is a name and a driver with
+msprobe's three calls (start/stop/step) around each step: add a row by appending to CASES.
+
+Printed per case: the median step time over its idle steps (steps it does not record) against
+the bare median, the median of its recorded steps, and the direct cost of its calls on an
+idle step (start+stop+step timed alone, many times: the figure the noise cannot hide). Run
+once with the default threads and once with OMP_NUM_THREADS=1 (each in its own process).
+
+Run: .venv/bin/python benchmarks/bench_long_run.py [--steps 50] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Case:
+    """A named driver: `make(tmp)` returns an object with start(model), stop(), step(), and
+    `recorded(step)` says which steps it records."""
+
+    name: str
+    make: Callable[[Path], Any]
+    recorded: Callable[[int], bool]
+
+
+class _Bare:
+    def start(self, model: Any = None) -> None: ...
+    def stop(self) -> None: ...
+    def step(self) -> None: ...
+
+
+class _DumperDriver:
+    """The old way in: one `dumper(steps=...)` around the whole run, `d.step()` per step."""
+
+    def __init__(self, path: Path, steps: list[int]) -> None:
+        from accuracy import dumper
+
+        self.d = dumper(path, "statistics", steps=steps, overwrite=True).__enter__()
+
+    def start(self, model: Any = None) -> None: ...
+    def stop(self) -> None: ...
+
+    def step(self) -> None:
+        self.d.step()
+
+    def close(self) -> None:
+        self.d.__exit__(None, None, None)
+
+
+def _debugger(tmp: Path, **kw: Any) -> Any:
+    from accuracy import PrecisionDebugger
+
+    return PrecisionDebugger(dump_path=tmp, task="statistics", level="L1", overwrite=True, **kw)
+
+
+def _cases(steps: int) -> list[Case]:
+    from accuracy import schedule
+
+    sched = schedule(skip_first=steps // 2, wait=0, warmup=0, active=2, repeat=1)
+    never = [10 * steps]  # a step list the run never reaches: idle on every step
+    return [
+        Case("bare", lambda tmp: _Bare(), lambda s: False),
+        Case("PrecisionDebugger, idle (step list not reached)",
+             lambda tmp: _debugger(tmp / "idle", step=never), lambda s: False),
+        Case("PrecisionDebugger, schedule recording 2 steps",
+             lambda tmp: _debugger(tmp / "sched", schedule=sched), lambda s: s in sched),
+        Case("dumper(steps=[not reached]) around the run",
+             lambda tmp: _DumperDriver(tmp / "dumper.h5", never), lambda s: False),
+    ]
+
+
+CASES = _cases  # other features append their rows in _cases
+_MODE_ON_IDLE: set[str] = set()  # cases that left a dispatch mode installed on an idle step
+
+
+def _run_case(case: Case, model: Any, batch: Any, steps: int, tmp: Path) -> list[float]:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from accuracy.examples import bench_step
+
+    drv = case.make(tmp)
+    times = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        drv.start(model)
+        if not case.recorded(i) and _get_current_dispatch_mode() is not None:
+            _MODE_ON_IDLE.add(case.name)
+        bench_step(model, batch)
+        drv.stop()
+        drv.step()
+        times.append(time.perf_counter() - t0)
+    if hasattr(drv, "close"):
+        drv.close()
+    return times
+
+
+def _call_cost(case: Case, tmp: Path, n: int = 20000) -> float:
+    """Seconds of start+stop+step on an idle step, timed alone."""
+    drv = case.make(tmp / "calls")
+    for _ in range(100):  # past any recorded step at the start
+        if case.recorded(getattr(drv, "current_step", 0) or 0):
+            drv.start(None)
+            drv.stop()
+        drv.step()
+    t0 = time.perf_counter()
+    k = 0
+    while k < n:
+        if not case.recorded(getattr(drv, "current_step", 0) or 0):
+            drv.start(None)
+            drv.stop()
+        drv.step()
+        k += 1
+    cost = (time.perf_counter() - t0) / n
+    if hasattr(drv, "close"):
+        drv.close()
+    return cost
+
+
+def child(steps: int, repeat: int) -> dict:
+    import torch
+
+    from accuracy.examples import bench_setup, bench_step
+
+    model, batch = bench_setup()
+    cases = CASES(steps)
+    tmp = Path(tempfile.mkdtemp(prefix="bench_long_run_"))
+    for _ in range(3):
+        bench_step(model, batch)  # warm-up
+    times: dict[str, list[list[float]]] = {c.name: [] for c in cases}
+    for _ in range(repeat):
+        for c in cases:
+            times[c.name].append(_run_case(c, model, batch, steps, tmp))
+    out: dict[str, Any] = {"threads": torch.get_num_threads(), "cases": {}}
+    for c in cases:
+        idle = [t for run in times[c.name] for i, t in enumerate(run) if not c.recorded(i)]
+        rec = [t for run in times[c.name] for i, t in enumerate(run) if c.recorded(i)]
+        out["cases"][c.name] = {"idle_median": statistics.median(idle),
+                                "recorded_median": statistics.median(rec) if rec else None,
+                                "total": statistics.median(sum(r) for r in times[c.name]),
+                                "calls": _call_cost(c, tmp),
+                                "mode_on_idle": c.name in _MODE_ON_IDLE}
+    return out
+
+
+def _report(res: dict, label: str) -> None:
+    cases = res["cases"]
+    bare = cases["bare"]["idle_median"]
+    print(f"\n{label}: torch threads {res['threads']}; bare step median {bare * 1e3:.1f} ms")
+    print(f"{'case':50s} {'idle step / bare':>17s} {'calls per idle step':>20s} "
+          f"{'recorded step / bare':>21s} {'run total / bare':>17s}  mode on idle steps")
+    for name, c in cases.items():
+        rec = f"{c['recorded_median'] / bare:.2f}x" if c["recorded_median"] else "-"
+        calls = c["calls"]
+        print(f"{name:50s} {c['idle_median'] / bare:16.3f}x "
+              f"{calls * 1e6:7.1f} µs ({calls / bare * 100:.4f}%) {rec:>21s} "
+              f"{c['total'] / cases['bare']['total']:16.3f}x  "
+              f"{'installed' if c['mode_on_idle'] else 'none'}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.steps, args.repeat)))
+        return
+    print(f"{args.steps} steps per case, {args.repeat} round(s); load average before: "
+          f"{os.getloadavg()}")
+    for label, extra in (("default threads", {}), ("OMP_NUM_THREADS=1", {"OMP_NUM_THREADS":
+                                                                         "1"})):
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | extra
+        proc = subprocess.run([sys.executable, __file__, "--child", "--steps", str(args.steps),
+                               "--repeat", str(args.repeat)], env=env, capture_output=True,
+                              text=True, check=False)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode or not lines:
+            print(f"{label}: failed: {proc.stderr[-2000:]}")
+            continue
+        _report(json.loads(lines[-1]), label)
+        print(f"load average after: {os.getloadavg()}")
+    print("\ngoal: an idle step costs <= 2% of the step (issue 27): see 'calls per idle step' "
+          "(direct) and 'idle step / bare' (end to end, noisy under load)")
+
+
+if __name__ == "__main__":
+    main()
