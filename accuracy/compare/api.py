@@ -108,6 +108,11 @@ def uninitialised(recs: list[OpRecord], window: int = 16) -> set[int]:
     marked: set[int] = set()
     pending: dict[tuple, int] = {}  # (shape, dtype) -> position of the empty op
     for pos, r in enumerate(recs):
+        io = r.extra.get("uninitialized_io")
+        if isinstance(io, dict):  # the dumper followed the memory: views of it not filled yet
+            for side, ts in (("input", r.inputs), ("output", r.outputs)):
+                idx = set(io.get(side) or ())
+                marked.update(t.row for t in ts if t.idx in idx)
         if r.inputs and r.op.rsplit(".", 1)[0] in OVERWRITE_PREFIXES:
             marked.add(r.inputs[0].row)  # overwritten whatever it held
         pending = {k: p for k, p in pending.items() if pos - p <= window}
@@ -261,7 +266,8 @@ def _not_comparable(row: Row, s: _Spec, msgs: list[str]) -> bool:
         msgs.append(f"dtype differs ({m.dtype} vs {g.dtype})")
     if s.uninit:
         row.verdict = V.SKIPPED
-        row.message = "uninitialised memory (empty*, before its first write): not compared"
+        row.message = ("uninitialised memory (empty* or a view of it, before an op or a "
+                       "collective fills it): not compared")
         return True
     if m.numel != g.numel:
         # Not the same computation (another batch, or ops paired across a fused/inserted

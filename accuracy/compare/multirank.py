@@ -114,7 +114,9 @@ def _label(entry: dict[str, Any], origin: dict[str, Any] | None, has_replay: boo
                 is_collective(dev.get("op") or "") or _order({"first_divergence": dev})
                 > _order(origin)):
             entry["label"] = INHERITED
-            entry["inherited"] = _inherited(entry, dev, origin)
+            # the way in is the collective before the divergence, not before an earlier
+            # warning-level deviation (a lower precision's own rounding, before any collective)
+            entry["inherited"] = _inherited(entry, entry.get("first_divergence") or dev, origin)
         else:
             entry["label"] = DIVERGED
         return

@@ -17,7 +17,13 @@ from accuracy.dumpfile import dtypes
 from accuracy.dumpfile.reader import DamagedDataError, DumpError, OpRecord
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.metrics import agreeing_metrics, bit_equal, exact_metrics, output_metrics
-from accuracy.replay.rebuild import Unreplayable, build_call, check_inputs
+from accuracy.replay.rebuild import (
+    Unreplayable,
+    build_call,
+    check_inputs,
+    stand_in,
+    uninitialised_inputs,
+)
 from accuracy.replay.registry import lookup_reference
 
 log = logging.getLogger(__name__)
@@ -181,7 +187,9 @@ def guarded(seq: int, op: str, run: Callable[[], OpOutcome]) -> OpOutcome:
 def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache) -> OpOutcome:
     check_inputs(rec)
     fn, note = _kernel(rec)
-    inputs = [cache.input(t, device) for t in rec.inputs]
+    not_data = uninitialised_inputs(rec)
+    inputs = [stand_in(t, device) if t.idx in not_data else cache.input(t, device)
+              for t in rec.inputs]
     # cached inputs are shared: anything that may write to them gets private copies
     mutable = bool(note) or bool(rec.extra.get("inplace")) or _mutable(rec.op)
 
