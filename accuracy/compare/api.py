@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accuracy.aten import ALIAS_PREFIXES, OVERWRITE_PREFIXES, UNINITIALISED_PREFIXES
+from accuracy.compare import arguments
 from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
 from accuracy.compare.checks import check_replay, incomplete, swapped
@@ -21,7 +22,7 @@ from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statist
 from accuracy.compare.numerics import expected_ratio, input_rms, reduction_length
 from accuracy.compare.precision import ComputePrecision
 from accuracy.compare.report import Report, analyse
-from accuracy.compare.row import Row
+from accuracy.compare.row import Row, Verdict
 from accuracy.dumpfile.dtypes import decodable
 from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, TensorRef, load_dump
 
@@ -370,6 +371,26 @@ def _producers(specs: list[_Spec]) -> dict[int, int | None]:
     return out
 
 
+def _arguments_differ(rows: list[Row], specs: list[_Spec]) -> None:
+    """An op output that diverges while its call's scalar arguments differ from golden's is
+    judged at its accumulated verdict, never PASS (its replay, run with the device's own
+    arguments, cannot see it), and says which arguments and both values."""
+    checked: dict[tuple[int, int], list[str]] = {}
+    for row, s in zip(rows, specs, strict=True):
+        if s.kind != "op" or s.io != "output" or s.my_op is None or s.golden_op is None:
+            continue
+        key = (s.my_op.seq, s.golden_op.seq)
+        diffs = checked.get(key)
+        if diffs is None:
+            diffs = checked[key] = arguments.differences(s.my_op, s.golden_op)
+        acc = row.accumulated_verdict
+        if not diffs or acc not in (V.WARNING, V.ERROR):
+            continue
+        if Verdict.rank_of(acc) > Verdict.rank_of(row.verdict):
+            row.verdict = Verdict(acc)
+        row.message = "; ".join([m for m in [row.message] if m] + [arguments.message(diffs)])
+
+
 def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             config: str | os.PathLike[str] | dict | None = None,
             algorithms: list[str] | tuple[str, ...] | str | None = None,
@@ -406,6 +427,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             res = results.get((_key(s.my), _key(s.golden))) if _needs_data(s) else None
             rows.append(_row(i, s, res, cfg, rp, precision))
         judge(rows, _producers(specs), cfg)
+        _arguments_differ(rows, specs)
         seconds = time.perf_counter() - t0
         meta = {
             "my": str(dm.path), "golden": str(dg.path),

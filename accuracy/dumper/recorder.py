@@ -204,6 +204,8 @@ class Recorder:
                           and (m := self.coll.note_mesh(t)) is not None]
                 if meshes:  # an op on DTensors: recorded on the local shards
                     extra["dtensor"] = meshes
+                    if collectives.dtensor_runs_locally(call.func, call.args, call.kwargs):
+                        extra["dtensor_local"] = True  # its kernel saw these shards
                 break
         if self.sim is not None and len(self.sim.applied) > self._n_faults:
             extra["faults"] = list(self.sim.applied[self._n_faults:])

@@ -95,9 +95,6 @@ def _kernel(rec: OpRecord) -> tuple[Any, str]:
     if is_collective(rec.op) or "collective" in rec.extra:
         raise Unreplayable("collective: it needs the other ranks; give all ranks' dumps to "
                            "check it against their inputs (accuracy replay 'run_{rank}.h5')")
-    if "dtensor" in rec.extra:
-        raise Unreplayable("collective: op on DTensor shards (sharding may move data between "
-                           "ranks inside it)")
     fn = lookup_reference(rec.op)
     if fn is not None:
         return fn, "registered reference"
@@ -204,8 +201,29 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache
     device_outputs = [(t.idx, cache.load(t) if t.has_data else None) for t in rec.outputs]
     want_upcast = _needs_upcast(inputs, [t.dtype for t in rec.outputs],
                                 '"__dtype__"' in rec.args_json, upcast)
-    return rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
-                 note=note)
+    if "dtensor" in rec.extra and not rec.extra.get("dtensor_local"):
+        raise Unreplayable(DTENSOR_MOVED)
+    if "dtensor" not in rec.extra:
+        return rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
+                     note=note)
+    # An op on DTensors ran its kernel on the local shards (recorded), unless DTensor moved
+    # data between ranks inside the op: then the local call fails or gives other shapes.
+    try:
+        out = rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
+                    note=note)
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        raise Unreplayable(f"{DTENSOR_REASON} ({str(e).splitlines()[0][:120]})") from None
+    if out.status == FAILED:
+        raise Unreplayable(f"{DTENSOR_REASON} ({out.reason[:120]})")
+    out.reason = "; ".join([r for r in [out.reason] if r] + ["re-run on the DTensor's local "
+                                                             "shards"])
+    return out
+
+
+DTENSOR_MOVED = ("collective: op on DTensor shards that DTensor redistributed inside the op "
+                 "(its kernel did not see the recorded local shards)")
+DTENSOR_REASON = ("collective: op on DTensor shards whose local call does not re-run "
+                  "(DTensor moved data between ranks inside it)")
 
 
 def rerun(seq: int, op: str, fn: Any, build: Any,
