@@ -182,6 +182,11 @@ def resolve_op(name: str) -> Any | None:
         return None
     ns, overload = parts[0], parts[-1]
     packet_name = ".".join(parts[1:-1])
+    if ns == "fsdp" and not hasattr(torch.ops.fsdp, packet_name):
+        try:  # FSDP2's custom ops (all_gather_copy_in, chunk_cat...) exist once it is imported
+            import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401
+        except ImportError:
+            return None
     try:
         packet = getattr(getattr(torch.ops, ns), packet_name)
         return getattr(packet, overload)

@@ -324,6 +324,12 @@ def test_tensor_parallel_replay_reruns_dtensor_ops_and_a_different_scalar_is_nam
         for r in on_dtensors:  # the rest: DTensor moved data inside them, said so
             if r not in ran:
                 assert status[r.seq]["reason"].startswith("collective"), status[r.seq]
+    # gold against itself with its replay: no op re-run on shards its kernel did not see
+    # (RowwiseParallel's bias goes Replicate -> Partial inside addmm) gets a local error
+    gold = runs / "tp-gold" / "run_{rank}.h5"
+    replay_ranks(gold, tmp_path / "g_{rank}.h5")
+    s = compare_ranks(gold, runs / "tp-gold", tmp_path / "g_{rank}.h5").summary
+    assert s["counts"].get("error", 0) == 0 and s["culprit"] is None, s["counts"]
     s = compare_ranks(dev, runs / "tp-gold", tmp_path / "r_{rank}.h5").summary
     assert s["verdict"] == "error"
     cul = s["culprit"]
