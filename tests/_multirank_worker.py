@@ -108,8 +108,9 @@ def _ln_model() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 8))
 
 
-def fsdp_ln(out: str, fault: bool) -> dict:
-    """FSDP2 over a model with a LayerNorm; with `fault`, rank 1's layer norm is 5% off."""
+def fsdp_ln(out: str, fault: bool, size: float = 0.05, profile: str = "exact") -> dict:
+    """FSDP2 over a model with a LayerNorm; with `fault`, rank 1's layer norm is `size` off
+    (both ranks under `profile`)."""
     from contextlib import nullcontext
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -122,9 +123,9 @@ def fsdp_ln(out: str, fault: bool) -> dict:
     for layer in (m[0], m[3]):
         fully_shard(layer, mesh=mesh)
     fully_shard(m, mesh=mesh)
-    ctx = sim(profile="exact", faults=[sim.fault("aten.native_layer_norm.default", kind="bias",
-                                                  value=0.05, occurrence=0)]) \
-        if fault and dist.get_rank() == 1 else nullcontext()
+    faults = [sim.fault("aten.native_layer_norm.default", kind="bias", value=size,
+                        occurrence=0)] if fault and dist.get_rank() == 1 else []
+    ctx = sim(profile=profile, faults=faults) if faults or profile != "exact" else nullcontext()
     with ctx, dumper(os.path.join(out, "x_{rank}.h5"), overwrite=True):
         m(_batch(dist.get_rank())[0]).sum().backward()
     return {}
@@ -171,6 +172,7 @@ SCENARIOS = {
     "fsdp-gold-a": lambda out: fsdp_ln(out, fault=False),
     "fsdp-gold-b": lambda out: fsdp_ln(out, fault=False),
     "fsdp-fault": lambda out: fsdp_ln(out, fault=True),
+    "fsdp-fault-bf16": lambda out: fsdp_ln(out, fault=True, size=0.01, profile="bf16"),
     "tp-gold": lambda out: tp(out, None, 1.0),
     "tp-sim": lambda out: tp(out, "fp16-cube", 1.0),
     "tp-scale": lambda out: tp(out, None, 1.05),

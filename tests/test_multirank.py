@@ -32,7 +32,7 @@ from accuracy.replay.collectives import check_collectives, replay_ranks
 
 WORLD = 2
 SCENARIOS = ("functional,dtensor,fsdp,ranks,ddp-golden,ddp-fault,ddp-fp16,fsdp-gold-a,"
-             "fsdp-gold-b,fsdp-fault,tp-gold,tp-sim,tp-scale")
+             "fsdp-gold-b,fsdp-fault,fsdp-fault-bf16,tp-gold,tp-sim,tp-scale")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -292,6 +292,18 @@ def test_fsdp2_fault_on_rank_1_is_found_and_rank_1_diverged_first(runs):
     r0, r1 = s["ranks"]
     assert r1["label"] == "culprit" and r0["label"] == "inherited"
     assert r0["inherited"]["via"] == "c10d._reduce_scatter_base_.default"
+
+
+def test_a_fault_below_the_error_threshold_still_makes_its_rank_first(runs, tmp_path):
+    """bf16 on both ranks, a 1% fault in rank 1's layer norm: its output is not yet an
+    accumulated error (the error grows later, on both ranks, after the collectives), but the
+    kernel fault is where divergence starts: rank 1, at its epoch, diverged first."""
+    dev = runs / "fsdp-fault-bf16" / "x_{rank}.h5"
+    replay_ranks(dev, tmp_path / "r_{rank}.h5")
+    s = compare_ranks(dev, runs / "fsdp-gold-a", tmp_path / "r_{rank}.h5").summary
+    assert s["culprit"]["rank"] == 1 and s["culprit"]["op"] == "aten.native_layer_norm.default"
+    assert s["first_rank"] == 1, [(e["rank"], e["label"]) for e in s["ranks"]]
+    assert s["ranks"][1]["label"] == "culprit" and s["ranks"][0]["culprit"] is None
 
 
 def test_ddp_inherited_label_names_the_recorded_all_reduce(runs):

@@ -14,9 +14,11 @@ arguments of overwriting ops (`copy_`, `fill_`, `out=`), the outputs of collecti
 receive data (all-gather, reduce-scatter, broadcast), and for ops returning a buffer they fill
 only partly (`aten.PARTLY_FILLED_OUTPUTS`), everything but that buffer.
 
-A storage is identified by its StorageImpl and checked against a weak reference and its data
-pointer on every look-up, so memory freed or resized behind our back (FSDP2 resizes unsharded
-parameters' storage) is never taken for the old buffer.
+A storage is identified by its StorageImpl and checked against a weak reference on every
+look-up (memory freed and its address reused is never taken for the old buffer). A storage
+an uninitialised factory made stays watched after it is filled: when its data pointer changes
+without any op we saw (FSDP2 frees an unsharded parameter with `storage.resize_(0)` after
+forward and brings it back with `resize_(n)` for backward), it holds fresh garbage again.
 """
 
 from __future__ import annotations
@@ -77,9 +79,17 @@ class Uninitialised:
         if s is None:
             return None, None
         m = self._marks.get(s._cdata)
-        if m is not None and (m.ref.expired() or s.data_ptr() != m.ptr):
-            del self._marks[s._cdata]  # freed, reused or resized: not the buffer we marked
-            m = None
+        if m is None:
+            return s, None
+        if m.ref.expired():  # freed, and the StorageImpl's address reused
+            del self._marks[s._cdata]
+            return s, None
+        ptr = s.data_ptr()
+        if ptr != m.ptr:
+            # Reallocated without a dispatched op (FSDP2 frees an unsharded parameter with
+            # `storage.resize_(0)` and brings it back with `resize_(n)`): fresh memory again.
+            m.ptr = ptr
+            m.ranges = [(0, s.nbytes())] if ptr and s.nbytes() else []
         return s, m
 
     def holds(self, t: torch.Tensor) -> bool:
@@ -87,7 +97,7 @@ class Uninitialised:
         if not self._marks:
             return False
         _, m = self._live(t)
-        if m is None:
+        if m is None or not m.ranges:
             return False
         sp = _span(t)
         if sp is None:
@@ -114,7 +124,7 @@ class Uninitialised:
         if not self._marks:
             return
         s, m = self._live(t)
-        if m is None:
+        if m is None or not m.ranges:
             return
         sp = _span(t)
         if sp is None or not sp[1]:
@@ -129,10 +139,7 @@ class Uninitialised:
                 left.append((s0, a))
             if b < e0:
                 left.append((b, e0))
-        if left:
-            m.ranges = left
-        else:
-            del self._marks[s._cdata]
+        m.ranges = left  # kept when empty: a later reallocation is seen by its data pointer
 
     def after(self, plan: OpPlan, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
               written: set[int]) -> None:
