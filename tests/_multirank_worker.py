@@ -126,8 +126,10 @@ def fsdp_ln(out: str, fault: bool, size: float = 0.05, profile: str = "exact") -
     faults = [sim.fault("aten.native_layer_norm.default", kind="bias", value=size,
                         occurrence=0)] if fault and dist.get_rank() == 1 else []
     ctx = sim(profile=profile, faults=faults) if faults or profile != "exact" else nullcontext()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False)  # steps on DTensors
     with ctx, dumper(os.path.join(out, "x_{rank}.h5"), overwrite=True):
         m(_batch(dist.get_rank())[0]).sum().backward()
+        opt.step()
     return {}
 
 

@@ -164,6 +164,13 @@ class Recorder:
             if coll is not None or not plan.aten:  # no version bump to see
                 for t in call.inputs:
                     seen.forget_aliases(t)
+            for t in call.inputs:
+                if type(t) is not torch.Tensor:
+                    # a DTensor's in-place op writes its local shard below autograd, where
+                    # no version counter is bumped: the shard's earlier record is stale
+                    local = collectives.local_tensor(t)
+                    if local is not None:
+                        seen.forget_aliases(local)
         self.track(plan, call.args, call.kwargs, call.inputs, outputs)
         uninit = self.uninit
         uninit_out: list[int] = []
