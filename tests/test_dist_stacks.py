@@ -110,3 +110,15 @@ def test_diverged_first_is_where_a_rank_kernel_fault_starts_not_where_error_grow
     s = merge(reports, epochs, {}).summary
     assert s["first_rank"] == 1
     assert s["ranks"][1]["label"] == "culprit" and s["culprit"]["rank"] == 1
+
+
+def test_a_parameter_filled_by_its_initialiser_is_data(tmp_path):
+    """nn.Linear built inside the dump: empty -> Parameter -> uniform_ fills it; a later
+    detach of the parameter is data, not uninitialised memory."""
+    with dumper(tmp_path / "p.h5"):
+        lin = nn.Linear(4, 3)
+        lin.weight.detach().clone()
+    with load_dump(tmp_path / "p.h5") as d:
+        (det, *_) = [r for r in d.records if r.op == "aten.detach.default"
+                     and r.inputs[0].has_data and r.inputs[0].shape == (3, 4)]
+        assert "uninitialized_io" not in det.extra and det.outputs[0].has_data

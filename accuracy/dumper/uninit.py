@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 if TYPE_CHECKING:
     from accuracy.aten import OpPlan
@@ -67,7 +68,8 @@ class Uninitialised:
         return bool(self._marks)
 
     def _storage(self, t: torch.Tensor) -> Any:
-        if t.layout != torch.strided or type(t) is not torch.Tensor:
+        # nn.Parameter and other plain subclasses have storage; wrappers (DTensor) do not
+        if t.layout != torch.strided or is_traceable_wrapper_subclass(t):
             return None
         try:
             return t.untyped_storage()
