@@ -102,20 +102,56 @@ COLLECTIVE_KINDS: dict[str, str] = {
 _FACT_SETS = {"uninitialised": UNINITIALISED, "same_elements": SAME_ELEMENTS,
               "same_bytes": SAME_BYTES, "movement": MOVEMENT}
 
+# -- memory filled later (FSDP2, collectives) ------------------------------------------------
+# Uninitialised memory stays "not data" (never stored, never judged) until an op fills it
+# (accuracy/dumper/uninit.py). Ops that return a buffer they fill only in part: these output
+# indices keep whatever the buffer's other bytes held (FSDP2's all_gather_copy_in copies this
+# rank's shard into the all-gather buffer; the all-gather fills the rest). Extend with
+# `register(name, partly_filled=(i, ...))`.
+PARTLY_FILLED_OUTPUTS: dict[str, tuple[int, ...]] = {
+    "fsdp.all_gather_copy_in.default": (1,),
+}
+
+
+def _overwritten_slots(func: Any, name: str) -> tuple[tuple[int, str, bool], ...]:
+    """The written arguments an op overwrites without reading them: `out=` arguments
+    (keyword-only) and the targets of fill/copy/random ops (OVERWRITE_PREFIXES)."""
+    slots = _written_slots(func)
+    if name.rsplit(".", 1)[0] in OVERWRITE_PREFIXES:
+        return slots
+    return tuple(s for s in slots if s[2])
+
+
+def overwritten_ids(plan: OpPlan, args: tuple, kwargs: dict) -> set[int]:
+    """ids of the tensors an op overwrites without reading them (`plan.overwrites`)."""
+    return _written(plan.overwrites, args, kwargs) if plan.overwrites else set()
+
+
+def _aliasing_returns(func: Any) -> bool:
+    """Whether any return aliases an argument (a view, or an in-place op's `Tensor(a!)`)."""
+    return any(r.alias_info is not None for r in func._schema.returns)
+
 
 def register(name: str, **facts: Any) -> None:
     """Teach the registry about an op (e.g. a custom op that only moves data):
     `register("mylib.gather_rows.default", movement=True)`. Facts: uninitialised,
     same_elements, same_bytes, movement; True adds the op, False removes it.
-    `workspace_outputs=(3,)`: those outputs are scratch memory, never judged (() removes)."""
+    `workspace_outputs=(3,)`: those outputs are scratch memory, never judged (() removes).
+    `partly_filled=(1,)`: output 1 is a buffer the op fills only in part (() removes it)."""
     for fact, value in facts.items():
         if fact == "workspace_outputs":
             _register_workspace(name, value)
             continue
+        if fact == "partly_filled":
+            if value:
+                PARTLY_FILLED_OUTPUTS[name] = tuple(int(i) for i in value)  # type: ignore[union-attr]
+            else:
+                PARTLY_FILLED_OUTPUTS.pop(name, None)
+            continue
         names = _FACT_SETS.get(fact)
         if names is None:
             raise ValueError(f"unknown op fact {fact!r}: one of "
-                             f"{sorted([*_FACT_SETS, 'workspace_outputs'])}")
+                             f"{sorted([*_FACT_SETS, 'workspace_outputs', 'partly_filled'])}")
         if value:
             names.add(name)
         else:
@@ -151,6 +187,11 @@ def resolve_op(name: str) -> Any | None:
         return None
     ns, overload = parts[0], parts[-1]
     packet_name = ".".join(parts[1:-1])
+    if ns == "fsdp" and not hasattr(torch.ops.fsdp, packet_name):
+        try:  # FSDP2's custom ops (all_gather_copy_in, chunk_cat...) exist once it is imported
+            import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401
+        except ImportError:
+            return None
     try:
         packet = getattr(getattr(torch.ops, ns), packet_name)
         return getattr(packet, overload)
@@ -211,6 +252,10 @@ class OpPlan:
     same_bytes: bool
     collective: str | None  # collective_kind
     amp: bool  # one of GradScaler's own ops
+    # memory filled later (dumper/uninit.py)
+    overwrites: tuple[tuple[int, str, bool], ...] = ()  # written args not read first
+    partly_filled: tuple[int, ...] = ()  # outputs that are buffers filled only in part
+    alias_outputs: bool = False  # a return aliases an argument (view or in-place)
 
 
 _PLANS: dict[Any, OpPlan] = {}
@@ -226,7 +271,9 @@ def plan_of(func: Any) -> OpPlan:
             writes=_written_slots(func), view=is_view(func), rng=is_rng(func),
             uninitialised=name in UNINITIALISED, same_elements=name in SAME_ELEMENTS,
             same_bytes=name in SAME_BYTES, collective=collective_kind(func),
-            amp=name in AMP_OPS)
+            amp=name in AMP_OPS, overwrites=_overwritten_slots(func, name),
+            partly_filled=PARTLY_FILLED_OUTPUTS.get(name, ()),
+            alias_outputs=_aliasing_returns(func))
     return plan
 
 

@@ -445,8 +445,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="the issue-25 families instead (lstm gru dwcnn llama-fused lm-fp16 "
                          "masks; none named: all)")
     ap.add_argument("--fp8", action="store_true", help="the fp8/MX rows only (issue 29)")
+    ap.add_argument("--dist", action="store_true",
+                    help="only the distributed families (FSDP2, tensor parallel; 2 gloo ranks)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.dist:
+        return dist_main(args.verbose, args.check)
     torch.set_num_threads(1)
     if args.fp8:
         fp8_main(args.verbose)
@@ -776,6 +780,207 @@ def fp8_main(verbose: bool = False) -> list[Outcome]:
     print(f"\n{len(outs)} cases in {time.perf_counter() - t0:.0f} s")
     print("fp8 goals: " + ("all met" if not missed else "missed: " + ", ".join(missed)))
     return outs
+
+# -- distributed families: FSDP2 and tensor parallel on 2 gloo ranks ------------------------
+# One pair of rank processes (benchmarks/_dist_rank.py) dumps every run; this process replays
+# and compares each against the CPU fp32 golden run of its family, every rank at once. A fault
+# is on one rank only: top-1 means the merged culprit is that op on that rank, and "first"
+# that the merged report names that rank as the one that diverged first.
+
+DIST_WORLD = 2
+DIST_SITES = {  # family -> (op, occurrence): forward and backward ops on plain and DTensor data
+    "fsdp2": (("aten.native_layer_norm.default", 0), ("aten.addmm.default", 1),
+              ("aten.mm.default", 1)),
+    "tp": (("aten.gelu.default", 0), ("aten.addmm.default", 0),
+           ("aten.native_layer_norm.default", 0)),
+}
+DIST_PROFILES = ("fp16-cube", "bf16")
+
+
+@dataclass
+class DistCase:
+    family: str
+    profile: str | None  # None: CPU fp32 (a second golden run)
+    fault: dict[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        f = self.fault
+        what = "clean" if f is None else (f"{f['op'].split('.')[1]}#{f['occurrence']} "
+                                          f"{f['kind']} {f['value']:g} on rank {f['rank']}")
+        return f"{self.family}/{self.profile or 'cpu (gold vs gold)'}/{what}"
+
+
+@dataclass
+class DistOutcome:
+    case: DistCase
+    rows: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    warnings: dict[str, int] = field(default_factory=dict)
+    top1: dict[str, bool] = field(default_factory=dict)
+    first: dict[str, bool] = field(default_factory=dict)
+    note: str = ""
+
+
+def dist_matrix() -> list[DistCase]:
+    cases: list[DistCase] = []
+    for fam, sites in DIST_SITES.items():
+        cases.append(DistCase(fam, None))
+        cases += [DistCase(fam, p) for p in DIST_PROFILES]
+        for i, (op, occ) in enumerate(sites):
+            for j, size in enumerate(SIZES):
+                cases.append(DistCase(fam, DIST_PROFILES[(i + j) % 2], {
+                    "rank": (i + j) % DIST_WORLD, "op": op, "occurrence": occ,
+                    "kind": ("bias", "noise")[(i + j + 1) % 2], "value": size}))
+    return cases
+
+
+def _dist_dump(plans: list[dict[str, Any]], work: Path, timeout: int = 1200) -> None:
+    """Both ranks dump every plan (one process per rank, its own session, bounded)."""
+    import json
+    import os
+    import signal
+    import socket
+    import subprocess
+
+    plan_file = work / "plans.json"
+    plan_file.write_text(json.dumps(plans))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(root), env.get("PYTHONPATH", "")]),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(DIST_WORLD),
+               OMP_NUM_THREADS="1")
+    procs = []
+    try:
+        for rank in range(DIST_WORLD):
+            procs.append(subprocess.Popen(
+                [sys.executable, str(root / "benchmarks" / "_dist_rank.py"), str(plan_file)],
+                env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True))
+        for p in procs:
+            text = p.communicate(timeout=timeout)[0].decode(errors="replace")
+            if p.returncode:
+                raise RuntimeError(f"a rank failed:\n{text[-3000:]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(30)
+
+
+def _dist_fault_seq(folder: Path, rank: int) -> int | None:
+    return _fault_seq(folder / f"run_{rank}.h5")
+
+
+def run_dist_case(case: DistCase, folder: Path, golden: Path) -> DistOutcome:
+    from accuracy.compare.multirank import compare_ranks
+    from accuracy.replay.collectives import replay_ranks
+
+    out = DistOutcome(case)
+    dev = folder / "run_{rank}.h5"
+    seq = None
+    if case.fault is not None:
+        seq = _dist_fault_seq(folder, case.fault["rank"])
+        if seq is None:
+            out.note = "fault matched no op"
+    rp = folder / "replay"
+    rp.mkdir(exist_ok=True)
+    replay_ranks(dev, rp / "r_{rank}.h5")
+    for label, r in (("replay", rp / "r_{rank}.h5"), ("no-replay", None)):
+        s = compare_ranks(dev, golden, r).summary
+        out.rows = s["rows"]
+        out.errors[label] = s["counts"].get("error", 0)
+        out.warnings[label] = s["counts"].get("warning", 0)
+        if case.fault is not None:
+            c = s.get("culprit") or {}
+            out.top1[label] = (seq is not None and c.get("rank") == case.fault["rank"]
+                               and c.get("seq_my") == seq)
+            out.first[label] = s.get("first_rank") == case.fault["rank"]
+    return out
+
+
+def summarise_dist(outs: list[DistOutcome]) -> str:
+    lines = ["## Distributed families (2 gloo ranks): clean runs\n",
+             "| family | my run | rows | errors (replay) | warnings (replay) | "
+             "errors (no replay) | warnings (no replay) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for o in outs:
+        if o.case.fault is None:
+            lines.append(f"| {o.case.family} | {o.case.profile or 'cpu fp32 (gold vs gold)'} | "
+                         f"{o.rows} | {o.errors['replay']} | {o.warnings['replay']} | "
+                         f"{o.errors['no-replay']} | {o.warnings['no-replay']} |")
+    lines += ["\n## Distributed families: a fault on one rank\n",
+              "| family | fault size | runs | top-1 (replay) | faulted rank first (replay) | "
+              "top-1 (no replay) | faulted rank first (no replay) |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    faulty = [o for o in outs if o.case.fault is not None and not o.note]
+    for fam in DIST_SITES:
+        for size in SIZES:
+            grp = [o for o in faulty if o.case.family == fam and o.case.fault
+                   and o.case.fault["value"] == size]
+            if not grp:
+                continue
+            n = len(grp)
+
+            def pct(key: str, label: str, grp: list[DistOutcome] = grp, n: int = n) -> str:
+                hits = sum(getattr(o, key)[label] for o in grp)
+                return f"{hits}/{n}"
+            lines.append(f"| {fam} | {size:g} | {n} | {pct('top1', 'replay')} | "
+                         f"{pct('first', 'replay')} | {pct('top1', 'no-replay')} | "
+                         f"{pct('first', 'no-replay')} |")
+    missed = [o for o in faulty if not (o.top1["replay"] and o.first["replay"])]
+    if missed:
+        lines.append("\nMissed with replay (top-1 or rank): "
+                     + ", ".join(o.case.name for o in missed))
+    skipped = [o for o in outs if o.note]
+    if skipped:
+        lines.append("\nNot judged: " + ", ".join(f"{o.case.name} ({o.note})" for o in skipped))
+    return "\n".join(lines)
+
+
+def dist_goals_met(outs: list[DistOutcome]) -> list[str]:
+    missed = []
+    if any(o.errors["replay"] or o.errors["no-replay"] for o in outs if o.case.fault is None):
+        missed.append("an error on a clean distributed run")
+    big = [o for o in outs if o.case.fault and o.case.fault["value"] >= 1e-2]
+    if any(o.note or not (o.top1["replay"] and o.first["replay"]) for o in big):
+        missed.append("a fault >= 1e-2 on one rank not the culprit, or its rank not first")
+    small = [o for o in outs if o.case.fault and o.case.fault["value"] < 1e-2 and not o.note]
+    if small and sum(o.top1["replay"] for o in small) < 0.9 * len(small):
+        missed.append("under 90% of 1e-3 faults on one rank the culprit with replay")
+    return missed
+
+
+def dist_main(verbose: bool = False, check: bool = False) -> int:
+    cases = dist_matrix()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench_detection_dist_") as tmp:
+        work = Path(tmp)
+        plans = [{"family": fam, "profile": None, "fault": None, "out": str(work / fam / "gold")}
+                 for fam in DIST_SITES]
+        folders = []
+        for i, c in enumerate(cases):
+            folders.append(work / c.family / f"case{i}")
+            plans.append({"family": c.family, "profile": c.profile, "fault": c.fault,
+                          "out": str(folders[-1])})
+        _dist_dump(plans, work)
+        t1 = time.perf_counter()
+        outs = []
+        for c, folder in zip(cases, folders, strict=True):
+            o = run_dist_case(c, folder, work / c.family / "gold")
+            outs.append(o)
+            if verbose:
+                print(f"{c.name}: rows {o.rows} errors {o.errors} warnings {o.warnings} "
+                      f"top1 {o.top1} first {o.first} {o.note}", flush=True)
+    print(summarise_dist(outs))
+    print(f"\n{len(cases)} distributed cases: dumps {t1 - t0:.0f} s, replay and compare "
+          f"{time.perf_counter() - t1:.0f} s")
+    missed = dist_goals_met(outs)
+    print("goals: " + ("all met" if not missed else "missed: " + "; ".join(missed)))
+    return 1 if check and missed else 0
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ def _batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(4, 16, generator=g), torch.randint(0, 8, (4,), generator=g)
 
 
-def ddp(out: str, fault: bool) -> dict:
-    """One DDP step; with `fault`, rank 1 runs under `sim` with a bias in its first addmm."""
+def ddp(out: str, fault: bool, profile: str = "exact") -> dict:
+    """One DDP step; with `fault`, rank 1 runs under `sim` with a bias in its first addmm
+    (with another `profile`, rank 0 runs under that profile too, without a fault)."""
     from contextlib import nullcontext
 
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -38,9 +39,9 @@ def ddp(out: str, fault: bool) -> dict:
     rank = dist.get_rank()
     model = DDP(_model())
     x, y = _batch(rank)
-    ctx = sim(profile="exact", faults=[sim.fault("aten.addmm.default", kind="bias", value=0.05,
+    ctx = sim(profile=profile, faults=[sim.fault("aten.addmm.default", kind="bias", value=0.05,
                                                   occurrence=0)]) if fault and rank == 1 \
-        else nullcontext()
+        else sim(profile=profile) if profile != "exact" else nullcontext()
     with ctx, dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
@@ -102,9 +103,81 @@ def ranks_filter(out: str) -> dict:
     return {"active": d.active, "t": t.tolist()}
 
 
+def _ln_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 8))
+
+
+def fsdp_ln(out: str, fault: bool, size: float = 0.05, profile: str = "exact") -> dict:
+    """FSDP2 over a model with a LayerNorm; with `fault`, rank 1's layer norm is `size` off
+    (both ranks under `profile`)."""
+    from contextlib import nullcontext
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from accuracy.device_backend import sim
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    m = _ln_model()
+    for layer in (m[0], m[3]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    faults = [sim.fault("aten.native_layer_norm.default", kind="bias", value=size,
+                        occurrence=0)] if fault and dist.get_rank() == 1 else []
+    ctx = sim(profile=profile, faults=faults) if faults or profile != "exact" else nullcontext()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False)  # steps on DTensors
+    with ctx, dumper(os.path.join(out, "x_{rank}.h5"), overwrite=True):
+        m(_batch(dist.get_rank())[0]).sum().backward()
+        opt.step()
+    return {}
+
+
+class _Scale(nn.Module):
+    def __init__(self, s: float) -> None:
+        super().__init__()
+        self.s = s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.s
+
+
+def tp(out: str, profile: str | None, scale: float) -> dict:
+    """Tensor parallel (Colwise then Rowwise), optionally under `sim(profile)`; `scale`
+    multiplies the hidden activations (a different scalar argument than golden's 1.0)."""
+    from contextlib import nullcontext
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from accuracy.device_backend import sim
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), _Scale(scale), nn.Linear(32, 8))
+    parallelize_module(m, mesh, {"0": ColwiseParallel(), "3": RowwiseParallel()})
+    ctx = sim(profile=profile) if profile else nullcontext()
+    with ctx, dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
+        y = m(_batch(0)[0])
+        y.sum().backward()
+    return {"y": y.tolist()}
+
+
 SCENARIOS = {
     "functional": functional, "dtensor": dtensor, "ranks": ranks_filter, "fsdp": fsdp,
     "ddp-golden": lambda out: ddp(out, fault=False), "ddp-fault": lambda out: ddp(out, fault=True),
+    "ddp-fp16": lambda out: ddp(out, fault=True, profile="fp16-cube"),
+    "fsdp-gold-a": lambda out: fsdp_ln(out, fault=False),
+    "fsdp-gold-b": lambda out: fsdp_ln(out, fault=False),
+    "fsdp-fault": lambda out: fsdp_ln(out, fault=True),
+    "fsdp-fault-bf16": lambda out: fsdp_ln(out, fault=True, size=0.01, profile="bf16"),
+    "tp-gold": lambda out: tp(out, None, 1.0),
+    "tp-sim": lambda out: tp(out, "fp16-cube", 1.0),
+    "tp-scale": lambda out: tp(out, None, 1.05),
 }
 
 

@@ -18,6 +18,7 @@ from accuracy.aten import (
     WORKSPACE_REASON,
     workspace_outputs,
 )
+from accuracy.compare import arguments
 from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
 from accuracy.compare.checks import check_replay, incomplete, swapped
@@ -28,7 +29,7 @@ from accuracy.compare.numerics import expected_ratio, input_rms, reduction_lengt
 from accuracy.compare.precision import ComputePrecision
 from accuracy.compare.quant import judge_quant
 from accuracy.compare.report import Report, analyse
-from accuracy.compare.row import Row
+from accuracy.compare.row import Row, Verdict
 from accuracy.dumpfile.dtypes import decodable
 from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, TensorRef, load_dump
 
@@ -134,6 +135,11 @@ def uninitialised(recs: list[OpRecord], window: int = 16) -> set[int]:
     marked: set[int] = set()
     pending: dict[tuple, int] = {}  # (shape, dtype) -> position of the empty op
     for pos, r in enumerate(recs):
+        io = r.extra.get("uninitialized_io")
+        if isinstance(io, dict):  # the dumper followed the memory: views of it not filled yet
+            for side, ts in (("input", r.inputs), ("output", r.outputs)):
+                idx = set(io.get(side) or ())
+                marked.update(t.row for t in ts if t.idx in idx)
         if r.inputs and r.op.rsplit(".", 1)[0] in OVERWRITE_PREFIXES:
             marked.add(r.inputs[0].row)  # overwritten whatever it held
         pending = {k: p for k, p in pending.items() if pos - p <= window}
@@ -299,7 +305,8 @@ def _not_comparable(row: Row, s: _Spec, msgs: list[str]) -> bool:
         msgs.append(f"dtype differs ({m.dtype} vs {g.dtype})")
     if s.uninit:
         row.verdict = V.SKIPPED
-        row.message = "uninitialised memory (empty*, before its first write): not compared"
+        row.message = ("uninitialised memory (empty* or a view of it, before an op or a "
+                       "collective fills it): not compared")
         return True
     if s.workspace:
         row.verdict = V.SKIPPED
@@ -409,6 +416,26 @@ def _producers(specs: list[_Spec]) -> dict[int, int | None]:
     return out
 
 
+def _arguments_differ(rows: list[Row], specs: list[_Spec]) -> None:
+    """An op output that diverges while its call's scalar arguments differ from golden's is
+    judged at its accumulated verdict, never PASS (its replay, run with the device's own
+    arguments, cannot see it), and says which arguments and both values."""
+    checked: dict[tuple[int, int], list[str]] = {}
+    for row, s in zip(rows, specs, strict=True):
+        if s.kind != "op" or s.io != "output" or s.my_op is None or s.golden_op is None:
+            continue
+        key = (s.my_op.seq, s.golden_op.seq)
+        diffs = checked.get(key)
+        if diffs is None:
+            diffs = checked[key] = arguments.differences(s.my_op, s.golden_op)
+        acc = row.accumulated_verdict
+        if not diffs or acc not in (V.WARNING, V.ERROR):
+            continue
+        if Verdict.rank_of(acc) > Verdict.rank_of(row.verdict):
+            row.verdict = Verdict(acc)
+        row.message = "; ".join([m for m in [row.message] if m] + [arguments.message(diffs)])
+
+
 def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             config: str | os.PathLike[str] | dict | None = None,
             algorithms: list[str] | tuple[str, ...] | str | None = None,
@@ -446,6 +473,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             rows.append(_row(i, s, res, cfg, rp, precision))
         judge(rows, _producers(specs), cfg)
         judge_quant(rows, {r.seq: r for r in dm.records if r.extra.get("quant")}, cfg)
+        _arguments_differ(rows, specs)
         seconds = time.perf_counter() - t0
         meta = {
             "my": str(dm.path), "golden": str(dg.path),

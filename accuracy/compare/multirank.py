@@ -67,12 +67,18 @@ def _epoch(rows_by_seq: dict[int, int], row: dict[str, Any] | None) -> int | Non
     return None if e < 0 else e
 
 
-def _order(entry: dict[str, Any]) -> tuple[float, float]:
-    fd = entry.get("first_divergence")
-    if fd is None:
+def _at(row: dict[str, Any] | None) -> tuple[float, float]:
+    if row is None:
         return (math.inf, math.inf)
-    e = fd.get("epoch")
-    return (math.inf if e is None else e, fd.get("seq_my") or 0)
+    e = row.get("epoch")
+    return (math.inf if e is None else e, row.get("seq_my") or 0)
+
+
+def _order(entry: dict[str, Any]) -> tuple[float, float]:
+    """Where a rank starts to diverge, by (collective epoch, seq): its first divergence, or
+    its culprit when that comes first (a kernel fault whose error is still below the error
+    threshold where it is made is where the divergence starts, not where it grows into one)."""
+    return min(_at(entry.get("first_divergence")), _at(entry.get("culprit")))
 
 
 def _first_deviation(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -108,13 +114,16 @@ def _label(entry: dict[str, Any], origin: dict[str, Any] | None, has_replay: boo
     cul = entry["culprit"]
     if cul is None:
         dev = entry.get("first_deviation")
+        # a rank's divergence is its first accumulated error, not an earlier warning-level
+        # deviation (a lower precision's own rounding, before any collective)
+        div = entry.get("first_divergence") or dev
         if dev is None:
             entry["label"] = CLEAN
         elif origin is not None and origin is not entry and (
-                is_collective(dev.get("op") or "") or _order({"first_divergence": dev})
+                is_collective(div.get("op") or "") or _order({"first_divergence": div})
                 > _order(origin)):
             entry["label"] = INHERITED
-            entry["inherited"] = _inherited(entry, dev, origin)
+            entry["inherited"] = _inherited(entry, div, origin)
         else:
             entry["label"] = DIVERGED
         return
@@ -169,7 +178,8 @@ def merge(reports: dict[int, Report], epochs: dict[int, dict[int, int]], meta: d
         entry["_rows"] = rows[start:]
         suspects += [b for x in s.get("suspects", []) if (b := _brief(x, rank, offset, ep))]
         entries.append(entry)
-    diverged = [e for e in entries if e["first_divergence"] is not None] or [
+    diverged = [e for e in entries if e["first_divergence"] is not None
+                or e["culprit"] is not None] or [
         e for e in entries if e["first_deviation"] is not None]
     origin = min(diverged, key=_order) if diverged else None
     has_replay = meta.get("replay") is not None

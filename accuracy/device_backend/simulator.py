@@ -43,6 +43,7 @@ from .faults import (
 from .profiles import Profile, Rule, get_profile
 from .quantizer import GemmQuantizer
 from .rounding import get_rounding
+from .subclass import map_plain, plain_parts
 
 log = logging.getLogger(__name__)
 
@@ -308,11 +309,13 @@ class SimMode(TorchDispatchMode):
                     if _aliases_input(func, fault.output):
                         # A view's output shares the input's memory: fault a copy, so the
                         # input (and every other view of it) keeps its values.
-                        copy = target.clone()
-                        apply_output_fault(fault, copy, record["occurrence"])
+                        copy = map_plain(target, torch.clone)
+                        for part in plain_parts(copy):  # a DTensor: its local shard
+                            apply_output_fault(fault, part, record["occurrence"])
                         out = _replace_output(out, fault.output, copy)
                     else:
-                        apply_output_fault(fault, target, record["occurrence"])
+                        for part in plain_parts(target):
+                            apply_output_fault(fault, part, record["occurrence"])
                 self._record(record, name)
         return out
 
@@ -367,11 +370,11 @@ def _round_inputs(func: Any, rule: Rule, args: tuple, kwargs: dict) -> tuple[tup
             if not a.kwarg_only and pos < len(new_args):
                 value = new_args[pos]
                 if isinstance(value, torch.Tensor) and value.is_floating_point():
-                    new_args[pos] = rounding(value)
+                    new_args[pos] = map_plain(value, rounding)  # DTensor: its local shard
             elif a.name in new_kwargs:
                 value = new_kwargs[a.name]
                 if isinstance(value, torch.Tensor) and value.is_floating_point():
-                    new_kwargs[a.name] = rounding(value)
+                    new_kwargs[a.name] = map_plain(value, rounding)
     return tuple(new_args), new_kwargs
 
 
@@ -381,7 +384,8 @@ def _round_outputs(out: Any, rounding: Any) -> None:
     with torch._C._DisableTorchDispatch(), torch.no_grad():
         for t in tensors:
             if isinstance(t, torch.Tensor) and t.is_floating_point():
-                t.copy_(rounding(t))
+                for part in plain_parts(t):  # a DTensor: its local shard
+                    part.copy_(rounding(part))
 
 
 sim = SimMode

@@ -54,6 +54,27 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor | None:
     return t if not is_traceable_wrapper_subclass(t) else None
 
 
+def dtensor_runs_locally(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether DTensor runs `func` as the same op on the arguments' local shards: no
+    redistribution of an argument inside the op (an all-gather, or Replicate -> Partial,
+    which changes a shard's values without any collective we could see), no rewritten
+    arguments (views get local sizes), no custom handler. Only then can a replay re-run the
+    op on the recorded local shards. False when it cannot be told."""
+    try:
+        from torch.distributed.tensor import DTensor
+
+        disp = DTensor._op_dispatcher
+        if func in disp._custom_op_handlers:
+            return False
+        with torch._C._DisableTorchDispatch():
+            info = disp.unwrap_to_op_info(func, args, kwargs)
+            out = disp.sharding_propagator.propagate_op_sharding(info.schema)
+        return not (out.needs_redistribute or out.use_val_from_redistribute_schema)
+    except Exception as e:  # noqa: BLE001 - description only: the op is then not re-run
+        log.debug("DTensor sharding of %s not known: %s", func, e)
+        return False
+
+
 def _script_kind(obj: Any) -> str:
     try:
         return obj._type().qualified_name().rsplit(".", 1)[-1]

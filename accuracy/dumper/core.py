@@ -349,7 +349,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
                 module = ""
                 source, stack = user_source(self.stack)
         else:
-            phase, module = scope.phase, scope.module
+            phase, module = scope.op_phase(plan), scope.module
             if phase == OPTIMIZER:  # optimizer rows name the parameter they update
                 module = scope.optimizer_param(args, kwargs) or module
             source, stack = user_source(self.stack)
@@ -361,6 +361,9 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
                 # it wrote its tensors, version unchanged
                 for t in tensors_in(kwargs, tensors_in(args)):
                     rec.seen.forget_aliases(t)
+            if rec is not None and (plan.uninitialised or rec.uninit):  # unrecorded fills too
+                rec.track(plan, args, kwargs, tensors_in(kwargs, tensors_in(args)),
+                          tensors_in(out))
             outputs = None
         else:
             call = OpCall(func, plan, seq, phase, module, source, stack, self.current_step,

@@ -14,10 +14,17 @@ from typing import Any
 
 import torch
 
-from accuracy.aten import returns_nothing, workspace_outputs, written_tensors
+from accuracy.aten import (
+    OpPlan,
+    overwritten_ids,
+    returns_nothing,
+    workspace_outputs,
+    written_tensors,
+)
 from accuracy.dumper import collectives
 from accuracy.dumper.identity import TensorStates, same_memory
 from accuracy.dumper.opcall import OpCall
+from accuracy.dumper.uninit import Uninitialised
 from accuracy.dumpfile import schema
 from accuracy.dumpfile.argcodec import encode_call
 from accuracy.dumpfile.stats import tensor_stats
@@ -79,6 +86,8 @@ class Recorder:
         self.seen = TensorStates(track_storage=True)
         # optimizer tensor -> its parameter's name (set by the dumper from its Scope)
         self.tensor_name: Any = None
+        self.uninit = Uninitialised()  # bytes no op has filled yet: never recorded as data
+        self._uninit_in: list[int] = []
         self.devices: set[str] = set()
         self._device_names: dict[torch.device, str] = {}
         self.ops_recorded = 0
@@ -122,11 +131,27 @@ class Recorder:
 
     # -- observer ----------------------------------------------------------------------------
 
+    def track(self, call_plan: OpPlan, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
+              outputs: list[torch.Tensor]) -> None:
+        """Follow uninitialised memory through one op (recorded or not): what it allocated
+        uninitialised, what it filled."""
+        if not (call_plan.uninitialised or self.uninit):
+            return
+        written = overwritten_ids(call_plan, args, kwargs)
+        with torch._C._DisableTorchDispatch():
+            self.uninit.after(call_plan, inputs, outputs, written)
+
     def before(self, call: OpCall) -> None:
+        uninit = self.uninit
+        self._uninit_in = []
+        if uninit:
+            with torch._C._DisableTorchDispatch():
+                self._uninit_in = [i for i, t in enumerate(call.inputs) if uninit.holds(t)]
         if self.want_inputs:
             seq, entry = call.seq, self.entry
+            skip = self._uninit_in
             with torch._C._DisableTorchDispatch():
-                self._in_entries = [entry(seq, schema.INPUT, i, t)
+                self._in_entries = [entry(seq, schema.INPUT, i, t, skip=i in skip)
                                     for i, t in enumerate(call.inputs)]
         else:
             self._in_entries = []
@@ -150,6 +175,19 @@ class Recorder:
             if coll is not None or not plan.aten:  # no version bump to see
                 for t in call.inputs:
                     seen.forget_aliases(t)
+            for t in call.inputs:
+                if type(t) is not torch.Tensor:
+                    # a DTensor's in-place op writes its local shard below autograd, where
+                    # no version counter is bumped: the shard's earlier record is stale
+                    local = collectives.local_tensor(t)
+                    if local is not None:
+                        seen.forget_aliases(local)
+        self.track(plan, call.args, call.kwargs, call.inputs, outputs)
+        uninit = self.uninit
+        uninit_out: list[int] = []
+        if uninit and not plan.uninitialised:
+            with torch._C._DisableTorchDispatch():
+                uninit_out = [i for i, t in enumerate(outputs) if uninit.holds(t)]
         if self.want_outputs:
             same = None
             if (plan.same_elements and entries and len(outputs) == 1 and not mutable
@@ -158,7 +196,8 @@ class Recorder:
             seq, entry = call.seq, self.entry
             with torch._C._DisableTorchDispatch():
                 for i, t in enumerate(outputs):
-                    e = entry(seq, schema.OUTPUT, i, t, skip=plan.uninitialised, fresh=mutable,
+                    e = entry(seq, schema.OUTPUT, i, t,
+                              skip=plan.uninitialised or i in uninit_out, fresh=mutable,
                               same_as=same, same_bytes=plan.same_bytes)
                     entries.append(e)
                     if coll is not None and e.stats is not None:
@@ -169,6 +208,8 @@ class Recorder:
         extra = call.extra
         if plan.uninitialised:
             extra["uninitialized"] = True
+        if self._uninit_in or uninit_out:  # views of memory not filled yet: not data
+            extra["uninitialized_io"] = {"input": self._uninit_in, "output": uninit_out}
         if plan.rng:
             extra["rng"] = True
         scratch = workspace_outputs(plan.name)
@@ -184,6 +225,8 @@ class Recorder:
                           and (m := self.coll.note_mesh(t)) is not None]
                 if meshes:  # an op on DTensors: recorded on the local shards
                     extra["dtensor"] = meshes
+                    if collectives.dtensor_runs_locally(call.func, call.args, call.kwargs):
+                        extra["dtensor_local"] = True  # its kernel saw these shards
                 break
         if self.tensor_name is not None and call.phase == "optimizer" and len(outputs) > 1:
             self._name_tensors(call, outputs, extra)

@@ -19,7 +19,7 @@ Optimizer: torch.optim's global step hooks.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.modules.module import (
@@ -31,6 +31,9 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 from torch.utils.module_tracker import ModuleTracker
+
+if TYPE_CHECKING:
+    from accuracy.aten import OpPlan
 
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
 
@@ -195,6 +198,13 @@ class Scope:
         if self._in_optimizer:
             return OPTIMIZER
         return FORWARD
+
+    def op_phase(self, plan: OpPlan) -> str:
+        """The phase of one op: `phase`, except that GradScaler's own ops (`aten.AMP_OPS`:
+        unscale and the non-finite check before the step, the scale update after it) belong
+        to the optimizer step even though they run outside `optimizer.step()`."""
+        phase = self.phase
+        return OPTIMIZER if phase == FORWARD and plan.amp else phase
 
     @property
     def module(self) -> str:

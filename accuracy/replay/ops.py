@@ -25,7 +25,13 @@ from accuracy.dumpfile.reader import DamagedDataError, DumpError, OpRecord
 from accuracy.replay import rnn as _rnn  # noqa: F401  (registers the RNN references)
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.metrics import agreeing_metrics, bit_equal, exact_metrics, output_metrics
-from accuracy.replay.rebuild import Unreplayable, build_call, check_inputs
+from accuracy.replay.rebuild import (
+    Unreplayable,
+    build_call,
+    check_inputs,
+    stand_in,
+    uninitialised_inputs,
+)
 from accuracy.replay.registry import lookup_reference
 
 log = logging.getLogger(__name__)
@@ -101,9 +107,6 @@ def _kernel(rec: OpRecord) -> tuple[Any, str]:
     if is_collective(rec.op) or "collective" in rec.extra:
         raise Unreplayable("collective: it needs the other ranks; give all ranks' dumps to "
                            "check it against their inputs (accuracy replay 'run_{rank}.h5')")
-    if "dtensor" in rec.extra:
-        raise Unreplayable("collective: op on DTensor shards (sharding may move data between "
-                           "ranks inside it)")
     fn = lookup_reference(rec.op)
     if fn is not None:
         return fn, "registered reference"
@@ -209,7 +212,9 @@ def guarded(seq: int, op: str, run: Callable[[], OpOutcome]) -> OpOutcome:
 def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache) -> OpOutcome:
     check_inputs(rec)
     fn, note = _kernel(rec)
-    inputs = [cache.input(t, device) for t in rec.inputs]
+    not_data = uninitialised_inputs(rec)
+    inputs = [stand_in(t, device) if t.idx in not_data else cache.input(t, device)
+              for t in rec.inputs]
     # cached inputs are shared: anything that may write to them gets private copies
     mutable = bool(note) or bool(rec.extra.get("inplace")) or _mutable(rec.op)
 
@@ -229,8 +234,29 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache
     quant = rec.extra.get("quant")
     if isinstance(quant, list) and quant and not note:
         return _rerun_quantised(rec, fn, build, device_outputs, device, upcast, quant)
-    return rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
-                 note=note)
+    if "dtensor" in rec.extra and not rec.extra.get("dtensor_local"):
+        raise Unreplayable(DTENSOR_MOVED)
+    if "dtensor" not in rec.extra:
+        return rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
+                     note=note)
+    # An op on DTensors ran its kernel on the local shards (recorded), unless DTensor moved
+    # data between ranks inside the op: then the local call fails or gives other shapes.
+    try:
+        out = rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
+                    note=note)
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        raise Unreplayable(f"{DTENSOR_REASON} ({str(e).splitlines()[0][:120]})") from None
+    if out.status == FAILED:
+        raise Unreplayable(f"{DTENSOR_REASON} ({out.reason[:120]})")
+    out.reason = "; ".join([r for r in [out.reason] if r] + ["re-run on the DTensor's local "
+                                                             "shards"])
+    return out
+
+
+DTENSOR_MOVED = ("collective: op on DTensor shards that DTensor redistributed inside the op "
+                 "(its kernel did not see the recorded local shards)")
+DTENSOR_REASON = ("collective: op on DTensor shards whose local call does not re-run "
+                  "(DTensor moved data between ranks inside it)")
 
 
 def _rerun_quantised(rec: OpRecord, fn: Any, build: Any,

@@ -53,12 +53,31 @@ def _non_overlapping(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     return True
 
 
+def uninitialised_inputs(rec: OpRecord) -> set[int]:
+    """Inputs the dumper saw as uninitialised memory (a buffer an op or collective fills
+    later): not data, so the reference gets a zero-filled stand-in of their shape."""
+    io = rec.extra.get("uninitialized_io")
+    return set(io.get("input") or ()) if isinstance(io, dict) else set()
+
+
+def stand_in(t: TensorRecord, device: torch.device) -> torch.Tensor:
+    """A zero-filled tensor in place of uninitialised memory (`t`'s shape, dtype, strides)."""
+    from accuracy.dumpfile.dtypes import torch_dtype
+
+    stride = tuple(t.stride)
+    dtype = torch_dtype(t.dtype)
+    if stride and len(stride) == len(t.shape) and _non_overlapping(t.shape, stride):
+        return torch.empty_strided(t.shape, stride, dtype=dtype, device=device).zero_()
+    return torch.zeros(t.shape, dtype=dtype, device=device)
+
+
 def check_inputs(rec: OpRecord) -> None:
     """Raise Unreplayable for ops whose call cannot be rebuilt faithfully."""
     extra = rec.extra
     if extra.get("uninitialized"):
         raise Unreplayable("uninitialised factory: its output is whatever memory held")
-    missing = [t for t in rec.inputs if not t.has_data]
+    not_data = uninitialised_inputs(rec)
+    missing = [t for t in rec.inputs if not t.has_data and t.idx not in not_data]
     if missing:
         where = ", ".join(t.address for t in missing[:3])
         if all(t.stats.get("nan_count", 0) < 0 for t in missing):

@@ -1,0 +1,166 @@
+"""Bytes that are not data yet: uninitialised memory followed until something fills it.
+
+An `empty*` output is whatever memory held. Stacks like FSDP2 allocate such buffers, take views
+of them, hand them to custom ops that fill one part (`fsdp.all_gather_copy_in` copies this
+rank's shard into the all-gather buffer) and to collectives that fill the rest. Until then,
+every view of the buffer holds garbage that differs from run to run: recorded as data it
+becomes a false divergence and a false culprit.
+
+`Uninitialised` keeps, per storage, the byte ranges no op has written yet. A tensor use whose
+bytes touch such a range is *not data*: the recorder stores its metadata only and names it in
+the op's `extra["uninitialised_io"]`, and compare and replay never judge it. What fills memory
+comes from the op registry (`accuracy.aten`): fresh outputs of ordinary ops, the written
+arguments of overwriting ops (`copy_`, `fill_`, `out=`), the outputs of collectives that
+receive data (all-gather, reduce-scatter, broadcast), and for ops returning a buffer they fill
+only partly (`aten.PARTLY_FILLED_OUTPUTS`), everything but that buffer.
+
+A storage is identified by its StorageImpl and checked against a weak reference on every
+look-up (memory freed and its address reused is never taken for the old buffer). A storage
+an uninitialised factory made stays watched after it is filled: when its data pointer changes
+without any op we saw (FSDP2 frees an unsharded parameter with `storage.resize_(0)` after
+forward and brings it back with `resize_(n)` for backward), it holds fresh garbage again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+if TYPE_CHECKING:
+    from accuracy.aten import OpPlan
+
+log = logging.getLogger(__name__)
+
+Range = tuple[int, int]  # [start, end) in bytes, from the storage's start
+
+
+def _span(t: torch.Tensor) -> tuple[Range, bool] | None:
+    """The bytes `t` can touch, and whether it covers all of them (dense, no overlap)."""
+    n = t.numel()
+    if n == 0:
+        return None
+    span = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(),
+                                                                     strict=True))
+    es = t.element_size()
+    start = t.storage_offset() * es
+    return (start, start + span * es), span == n
+
+
+class _Marks:
+    __slots__ = ("ptr", "ranges", "ref")
+
+    def __init__(self, ref: StorageWeakRef, ptr: int, ranges: list[Range]) -> None:
+        self.ref, self.ptr, self.ranges = ref, ptr, ranges
+
+
+class Uninitialised:
+    """Storage -> byte ranges not written since an uninitialised factory made them."""
+
+    def __init__(self, prune_at: int = 4096) -> None:
+        self._marks: dict[int, _Marks] = {}
+        self._prune_at = prune_at
+
+    def __bool__(self) -> bool:
+        return bool(self._marks)
+
+    def _storage(self, t: torch.Tensor) -> Any:
+        # nn.Parameter and other plain subclasses have storage; wrappers (DTensor) do not
+        if t.layout != torch.strided or is_traceable_wrapper_subclass(t):
+            return None
+        try:
+            return t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return None
+
+    def _live(self, t: torch.Tensor) -> tuple[Any, _Marks | None]:
+        s = self._storage(t)
+        if s is None:
+            return None, None
+        m = self._marks.get(s._cdata)
+        if m is None:
+            return s, None
+        if m.ref.expired():  # freed, and the StorageImpl's address reused
+            del self._marks[s._cdata]
+            return s, None
+        ptr = s.data_ptr()
+        if ptr != m.ptr:
+            # Reallocated without a dispatched op (FSDP2 frees an unsharded parameter with
+            # `storage.resize_(0)` and brings it back with `resize_(n)`): fresh memory again.
+            m.ptr = ptr
+            m.ranges = [(0, s.nbytes())] if ptr and s.nbytes() else []
+        return s, m
+
+    def holds(self, t: torch.Tensor) -> bool:
+        """Whether any byte `t` views is uninitialised (call with dispatch disabled)."""
+        if not self._marks:
+            return False
+        _, m = self._live(t)
+        if m is None or not m.ranges:
+            return False
+        sp = _span(t)
+        if sp is None:
+            return False
+        (a, b), _ = sp
+        return any(s < b and a < e for s, e in m.ranges)
+
+    def mark(self, t: torch.Tensor) -> None:
+        """`t` (an uninitialised factory's output) holds no data."""
+        s = self._storage(t)
+        sp = _span(t)
+        if s is None or sp is None:
+            return
+        if len(self._marks) >= self._prune_at:
+            self._marks = {k: m for k, m in self._marks.items() if not m.ref.expired()}
+            self._prune_at = max(self._prune_at, 2 * len(self._marks))
+        try:
+            self._marks[s._cdata] = _Marks(StorageWeakRef(s), s.data_ptr(), [sp[0]])
+        except (RuntimeError, TypeError) as e:  # cannot be followed: judged like data
+            log.debug("uninitialised buffer not followed: %s", e)
+
+    def fill(self, t: torch.Tensor) -> None:
+        """`t`'s bytes were written with data (only a dense `t` clears what it spans)."""
+        if not self._marks:
+            return
+        s, m = self._live(t)
+        if m is None or not m.ranges:
+            return
+        sp = _span(t)
+        if sp is None or not sp[1]:
+            return
+        a, b = sp[0]
+        left: list[Range] = []
+        for s0, e0 in m.ranges:
+            if e0 <= a or b <= s0:
+                left.append((s0, e0))
+                continue
+            if s0 < a:
+                left.append((s0, a))
+            if b < e0:
+                left.append((b, e0))
+        m.ranges = left  # kept when empty: a later reallocation is seen by its data pointer
+
+    def after(self, plan: OpPlan, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
+              written: set[int]) -> None:
+        """Update the marks for one op that ran: what it made uninitialised, what it filled.
+        `written` holds the ids of the arguments it overwrote (not read-modify-write)."""
+        if plan.uninitialised:
+            for t in outputs:
+                self.mark(t)
+            return
+        if not self._marks:
+            return
+        for t in inputs:
+            if id(t) in written:
+                self.fill(t)
+        keep = plan.partly_filled
+        if plan.collective in ("all_reduce", "wait", "barrier", "other"):
+            return  # reduced in place, or nothing received: the state carries over
+        for i, t in enumerate(outputs):
+            if i in keep:
+                continue
+            if plan.collective is not None or not plan.alias_outputs:
+                self.fill(t)
