@@ -22,6 +22,7 @@ from accuracy.compare.numerics import expected_ratio, input_rms, reduction_lengt
 from accuracy.compare.precision import ComputePrecision
 from accuracy.compare.report import Report, analyse
 from accuracy.compare.row import Row
+from accuracy.dumpfile.compiled import blind_lines
 from accuracy.dumpfile.dtypes import decodable
 from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, TensorRef, load_dump
 
@@ -389,6 +390,9 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
                                 swapped(dm, dg)) if m]
         for m in refusals:
             log.warning("%s", m)
+        blind = blind_lines(dm.attrs, "my") + blind_lines(dg.attrs, "golden")
+        for m in blind:
+            log.warning("%s", m)
         specs = _specs(dm, dg, mp)
         dumps = {str(dm.path): dm, str(dg.path): dg}
         results, nbytes = _run_metrics(specs, dumps, algs, max(1, int(jobs)), progress,
@@ -413,6 +417,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             "algorithms": list(algs), "bytes_compared": nbytes, "seconds": seconds,
             "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None, "jobs": jobs,
             "refusals": refusals,
+            "blind": blind,
         }
         log.info("compared %d rows, %.1f MB in %.2f s", len(rows), nbytes / 1e6, seconds)
         return Report(rows, analyse(rows, cfg, meta))

@@ -191,6 +191,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self._scope = Scope().__enter__()
         self._mode = _DumpMode(self)
         self._mode.__enter__()
+        from accuracy.compiled.watch import watch_dumper  # compiled regions: never blind
+        self._compiled = watch_dumper(self)
         log.info("dumping %s mode to %s", self.mode, self.path)
         return self
 
@@ -244,6 +246,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             return
         attrs: dict[str, Any] = {}
         try:
+            attrs.update(self._compiled.finish())  # which compiled regions ran, and how
             for o in self._observers:  # the overflow watcher still writes its pending births
                 attrs.update(o.finish())
         finally:
