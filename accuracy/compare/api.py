@@ -15,6 +15,7 @@ from accuracy.aten import ALIAS_PREFIXES, OVERWRITE_PREFIXES, UNINITIALISED_PREF
 from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
 from accuracy.compare.checks import check_replay, incomplete, swapped
+from accuracy.compare.compiled_align import compiled_pairs, has_kernels, is_kernel
 from accuracy.compare.engine import BlobReader, compare_refs, worker_run
 from accuracy.compare.judge import judge
 from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statistics_metrics
@@ -46,6 +47,7 @@ class _Spec:
     golden: TensorRecord | None
     reason: str = ""
     uninit: bool = False
+    compiled: Any = None  # compiled_align.TensorPair: a kernel buffer's module, source, group
 
 
 def _open(d: DumpLike | None, owned: list[Dump]) -> Dump | None:
@@ -68,7 +70,31 @@ def _tensor_specs(p: Pair, kind: str = "op", reason: str = "") -> Iterable[_Spec
             yield _Spec(kind, p.my, p.golden, "output", 0, None, None, p.reason)
 
 
+def _compiled_specs(my: Dump, golden: Dump, mapping: Mapping) -> list[_Spec]:
+    """A compiled run's kernel rows against an eager run (compare/compiled_align.py)."""
+    return [_Spec("op", tp.my_op, tp.golden_op, tp.io, tp.idx, tp.my, tp.golden, tp.reason,
+                  compiled=tp)
+            for tp in compiled_pairs(my.records, golden.records, mapping)]
+
+
+def _apply_compiled(row: Row, s: _Spec) -> None:
+    """A kernel row names its buffer's own module and source, and groups with its kernel."""
+    tp = s.compiled
+    if tp is None or tp.my_op is None:
+        return
+    if tp.module:
+        row.module = tp.module
+    if tp.source:
+        row.source = tp.source
+    if tp.group is not None and (tp.io == "input" or is_kernel(tp.my_op)):
+        row.seq_golden = tp.group
+    if tp.note:
+        row.message = "; ".join([m for m in [tp.note, row.message] if m])
+
+
 def _specs(my: Dump, golden: Dump, mapping: Mapping) -> list[_Spec]:
+    if has_kernels(my.records) and not has_kernels(golden.records):
+        return _compiled_specs(my, golden, mapping)
     pairs = align(my.records, golden.records, mapping)
     ends_my, ends_g = module_ends(my.records, mapping), module_ends(golden.records)
     mod_at_my: dict[int, list] = {}
@@ -403,6 +429,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
         for i, s in enumerate(specs):
             res = results.get((_key(s.my), _key(s.golden))) if _needs_data(s) else None
             rows.append(_row(i, s, res, cfg, rp, precision))
+            _apply_compiled(rows[-1], s)
         judge(rows, _producers(specs), cfg)
         seconds = time.perf_counter() - t0
         meta = {

@@ -36,6 +36,13 @@ RAN_EAGER = "ran-eager"
 NOT_RECORDED = "not-recorded"
 RECORDED = "recorded-compiled"
 DISPATCH_SKIP = "dispatch mode"  # dynamo's skip reason for an active TorchDispatchMode
+# Backends whose compiled program runs the graph's ops through the dispatcher, one by one:
+# the dumper's mode (which ignores compile internals only while compiling) records each op.
+ATEN_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition")
+NOT_SEEN = ("dynamo ran compiled code the dumper cannot see into (made before the dumper "
+            "started, or by a backend it does not know): only the ATen calls it dispatched "
+            "reached the dump; compile inside the dumper (torch._dynamo.reset() first) to "
+            "record Inductor's kernels")
 
 _lock = threading.Lock()
 _watches: list[CompileWatch] = []
@@ -84,18 +91,24 @@ def _code_of(fn: Any) -> Any:
     return code
 
 
-def _describe(fn: Any, module_path: str) -> tuple[str, str]:
-    """A region's name and kind: the module path and class of a compiled module, else the
-    function's qualified name."""
+def _describe(fn: Any, module_path: str) -> tuple[str, str, str]:
+    """A region's name, kind and module path: the module path (as an eager dump names it:
+    no `OptimizedModule` root, no `_orig_mod`) and class of a compiled module, else the
+    function's qualified name and the module path it was called from."""
     import torch
 
     inner = inspect.unwrap(fn) if callable(fn) else fn
     target = getattr(inner, "__self__", inner)
+    path = module_path.replace("._orig_mod", "")
     if isinstance(target, torch.nn.Module):
-        return f"{module_path or '<root>'} ({type(target).__name__})", "module"
+        cls = type(target).__name__
+        head, _, rest = path.partition(".")
+        if head == "OptimizedModule" or not path:
+            path = cls + (f".{rest}" if rest else "")
+        return f"{path} ({cls})", "module", path
     qual = getattr(inner, "__qualname__", None) or repr(inner)
     mod = getattr(inner, "__module__", "") or ""
-    return (f"{mod}.{qual}" if mod else qual), "function"
+    return (f"{mod}.{qual}" if mod else qual), "function", path
 
 
 class CompileWatch:
@@ -111,6 +124,7 @@ class CompileWatch:
         self._active, self._step, self._seq, self._module = active, step, seq, module
         self.regions: dict[tuple[str, str], Region] = {}
         self._pending: list[tuple[Any, Region]] = []  # (code dynamo will be asked about, region)
+        self._last: tuple[Region, str] | None = None  # latest region entered, its module path
         self.error: str | None = None
         self.running = False
 
@@ -147,22 +161,34 @@ class CompileWatch:
     def _entered(self, fn: Any, callback: Any) -> None:
         if not self._active():
             return
-        name, kind = _describe(fn, self._module())
+        name, kind, path = _describe(fn, self._module())
         backend, options = _backend_of(callback)
         region = self.regions.get((name, backend))
         if region is None:
             region = self.regions[(name, backend)] = Region(name, kind, backend, options,
                                                             first_seq=self._seq())
-            region.reason = ("dynamo ran its compiled program, which the dumper does not "
-                             "see: only the ATen calls it dispatches reached the dump")
+            region.reason = NOT_SEEN
         region.calls += 1
         region.steps.add(self._step())
+        self._last = (region, path)
         if options.get("triton.cudagraphs") == "True":
-            region.reason = "CUDA graphs (mode='reduce-overhead') replay kernels unseen"
+            region.reason = ("CUDA graphs (mode='reduce-overhead'): kernels are replayed from "
+                             "a captured graph, which no hook sees")
         code = _code_of(fn)
         if code is not None:
             self._pending.append((code, region))
             del self._pending[:-64]  # bounded: entries dynamo never asked about age out
+
+    def region_module(self) -> str:
+        """The module path where the latest region was entered ('' if none)."""
+        return self._last[1] if self._last is not None else ""
+
+    def recorded(self) -> None:
+        """A compiled source wrote a kernel of the latest region."""
+        if self._last is not None and self._last[0].status != RECORDED:
+            region = self._last[0]
+            region.status = RECORDED
+            region.reason = "its kernels' materialised buffers were recorded as they ran"
 
     def _decided(self, code: Any, reason: str | None) -> None:
         """Dynamo decided about a frame: declined it (`reason`) or ran it compiled (None).
@@ -178,8 +204,13 @@ class CompileWatch:
                     self._pending[i] = (None, region)  # decided by the next frame inside
                     return
                 del self._pending[i]
-                if reason is None:
-                    return  # compiled: the status set at entry stands
+                if reason is None:  # compiled
+                    if region.backend in ATEN_BACKENDS and region.status != RECORDED:
+                        region.status = RECORDED
+                        region.reason = ("its backend runs the graph's ATen ops through the "
+                                         "dispatcher: recorded op by op, under the region's "
+                                         "module path")
+                    return
                 region.status = RAN_EAGER
                 if DISPATCH_SKIP in reason:
                     region.reason = ("dynamo does not run while a TorchDispatchMode is active: "
@@ -266,11 +297,39 @@ def mode_is_on(mode: Any) -> Callable[[], bool]:
     return active
 
 
+class DumperWatch(CompileWatch):
+    """A dumper's watch, with the compiled source that records Inductor's kernels."""
+
+    def __init__(self, owner: Any) -> None:
+        super().__init__(
+            mode_is_on(lambda: getattr(owner, "_mode", None)),
+            step=lambda: int(getattr(owner, "current_step", 0)),
+            seq=lambda: int(getattr(owner, "_seq", -1)),
+            module=lambda: str(getattr(getattr(owner, "_scope", None), "module", "") or ""))
+        from accuracy.compiled import inductor
+        from accuracy.compiled.source import CompiledSource
+
+        self._inductor = inductor
+        self.source = CompiledSource(owner, self)
+
+    def start(self) -> DumperWatch:
+        super().start()
+        try:
+            self._inductor.install()
+            self._inductor.SINKS.append(self.source)
+        except Exception:  # noqa: BLE001 - recording compiled kernels is extra, never fatal
+            log.exception("cannot hook Inductor's code generation")
+        return self
+
+    def finish(self) -> dict[str, Any]:
+        if self.source in self._inductor.SINKS:
+            self._inductor.SINKS.remove(self.source)
+            self._inductor.uninstall()
+        attrs = super().finish()
+        attrs["compiled_kernels_recorded"] = self.source.kernels
+        return attrs
+
+
 def watch_dumper(owner: Any) -> CompileWatch:
     """The watch for a `dumper` (its dispatch mode, step, seq and module path), started."""
-    return CompileWatch(
-        mode_is_on(lambda: getattr(owner, "_mode", None)),
-        step=lambda: int(getattr(owner, "current_step", 0)),
-        seq=lambda: int(getattr(owner, "_seq", -1)),
-        module=lambda: str(getattr(getattr(owner, "_scope", None), "module", "") or ""),
-    ).start()
+    return DumperWatch(owner).start()

@@ -63,6 +63,12 @@ class _DumpMode(TorchDispatchMode):
         kwargs = kwargs or {}
         return self.owner._on_op(func, args, kwargs)
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Off while dynamo/Inductor compile, on while compiled code runs: compiled regions
+        run compiled under the dumper (accuracy/compiled/ records their kernels)."""
+        return True
+
 
 class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.dumper
     """Record the ATen ops of the enclosed block into `dump_path` (HDF5).

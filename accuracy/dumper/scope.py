@@ -48,9 +48,13 @@ class _ForwardTracker(ModuleTracker):
         return self._get_mod_name(mod)
 
     def _fw_pre_hook(self, mod: torch.nn.Module, input: Any) -> None:
+        if torch.compiler.is_compiling():  # dynamo traces global hooks: none in its graph
+            return
         self._enter(mod, input)
 
     def _fw_post_hook(self, mod: torch.nn.Module, input: Any, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         self._exit(mod, input, output)
 
     def __enter__(self) -> _ForwardTracker:
