@@ -11,17 +11,35 @@ fused into it with their module and source (`extra`).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from accuracy.aten import OpPlan
 from accuracy.compiled.inductor import KernelInfo
-from accuracy.dumper.opcall import OpCall
 
 log = logging.getLogger(__name__)
 
 KERNEL_PREFIX = "inductor."
+
+
+@dataclass(slots=True)
+class KernelCall:
+    """What `Recorder.write_tensors` reads of a call (the fields of the dumper's `OpCall`;
+    this package imports nothing from the dumper, which imports it)."""
+
+    plan: OpPlan
+    seq: int
+    phase: str
+    module: str
+    source: str
+    step: int
+    epoch: int
+    inputs: list[Any]
+    stack: str = ""
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
 
 
 def _plan(name: str) -> OpPlan:
@@ -77,8 +95,8 @@ class CompiledSource:
         inputs = [t for i, t in enumerate(tensors) if i not in out_pos
                   and isinstance(t, torch.Tensor)]
         outputs = [tensors[i] for i in info.outputs if isinstance(tensors[i], torch.Tensor)]
-        call = OpCall(None, plan, seq, phase, module, source, "", owner.current_step,
-                      owner._coll.current, (), {}, inputs)
+        call = KernelCall(plan, seq, phase, module, source, owner.current_step,
+                          owner._coll.current, inputs)
         extra = {
             "compiled": "inductor", "kernel": info.kernel, "graph": info.graph,
             "fused_ops": info.fused_ops(),
