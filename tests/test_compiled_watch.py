@@ -101,6 +101,25 @@ def test_aten_backends_are_recorded_op_by_op(tmp_path):
                for r in d.records)
     fwd = [r.op for r in d.records if r.phase == "forward"]
     assert fwd.count("aten.addmm.default") == 3 and fwd.count("aten.gelu.default") == 3
+    # each op of the graph keeps its original module (not `GraphModule`)
+    inside = {(r.op, r.module) for r in d.records if r.phase == "forward"}
+    assert ("aten.addmm.default", "Net.blocks.1.fc1") in inside
+    assert ("aten.native_layer_norm.default", "Net.blocks.1.ln") in inside
+    assert not any("GraphModule" in r.module for r in d.records)
+
+
+def test_an_exported_program_keeps_its_module_names(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    program = torch.export.export(Net(), (x,)).module()
+    with dumper(tmp_path / "x.h5", mode="statistics"):
+        program(x).sum().backward()
+    recs = load_dump(tmp_path / "x.h5").records
+    fwd = [(r.op, r.module) for r in recs if r.phase == "forward"]
+    assert ("aten.addmm.default", "Net.blocks.1.fc1") in fwd
+    assert ("aten.native_layer_norm.default", "Net.blocks.2.ln") in fwd
+    assert ("aten.gelu.default", "Net.blocks.0") in fwd
+    assert any(r.phase == "backward" and r.module == "Net.blocks.1.fc1" for r in recs)
 
 
 def test_an_eager_job_has_no_compiled_regions(tmp_path):

@@ -32,6 +32,8 @@ from torch.optim.optimizer import (
 )
 from torch.utils.module_tracker import ModuleTracker
 
+from accuracy.dumper.fxnames import GraphNames, root_name
+
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
 
 
@@ -78,6 +80,7 @@ class Scope:
         self._handles: list[Any] = []
         self._untagged: list[torch.Tensor] = []
         self._tag: tuple[str, int, str] = ("", -1, "")
+        self._graphs: list[tuple[int, GraphNames]] = []  # FX graphs on the stack (fxnames)
 
     def __enter__(self) -> Scope:
         self._tracker.__enter__()
@@ -100,6 +103,10 @@ class Scope:
         if torch._C._current_graph_task_id() != -1:  # modules re-run in backward don't nest
             return
         name = self._tracker.name(mod)
+        if isinstance(mod, torch.fx.GraphModule):  # one forward runs a whole graph
+            base = self._stack[-1] if self._stack else root_name(mod)
+            self._graphs.append((len(self._stack), GraphNames(mod, base)))
+            name = base
         self._stack.append(name)
         if mod not in self._owned:
             # Owner of each parameter: the submodule holding it, named under this module
@@ -114,7 +121,11 @@ class Scope:
         if torch._C._current_graph_task_id() != -1 or not self._stack:
             return
         name = self._tracker.name(mod)
-        if self._stack[-1] == name:
+        if self._graphs and isinstance(mod, torch.fx.GraphModule) \
+                and self._graphs[-1][0] == len(self._stack) - 1:
+            self._graphs.pop()
+            self._stack.pop()
+        elif self._stack[-1] == name:
             self._stack.pop()
         elif name in self._stack:  # an exception skipped inner exits
             del self._stack[len(self._stack) - 1 - self._stack[::-1].index(name):]
@@ -201,4 +212,6 @@ class Scope:
         if torch._C._current_graph_task_id() != -1:
             origin = self.backward_origin()
             return origin[0] if origin is not None else ""
+        if self._graphs and self._graphs[-1][0] == len(self._stack) - 1:
+            return self._graphs[-1][1].module()
         return self._stack[-1] if self._stack else ""
