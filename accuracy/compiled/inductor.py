@@ -61,6 +61,10 @@ class KernelInfo:
     outputs: list[int]  # positions in `buffers` the kernel materialises
     origins: dict[str, list[Origin]] = field(default_factory=dict)  # output buffer -> nodes
     primary: dict[str, str] = field(default_factory=dict)  # output buffer -> its origin node
+    graph_code: str = ""  # the kernel's FX subgraph as Python (`forward(self, *inputs)`)
+    # outputs written in place over a buffer an earlier kernel filled: their values before
+    # the launch are inputs too (snapshotted by a line before it)
+    before: list[str] = field(default_factory=list)
 
     def fused_ops(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -107,7 +111,8 @@ def _origin(node: Any) -> Origin:
     return Origin(node.name, str(getattr(node, "target", "")), module, typ, source, multi)
 
 
-def _describe(kernel_name: str, call_args: Any, seen: set[str]) -> KernelInfo | None:
+def _describe(kernel_name: str, call_args: Any, seen: set[str],
+              reuses: dict[str, str] | None = None) -> KernelInfo | None:
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
@@ -138,7 +143,75 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str]) -> KernelInfo | 
         primary[a] = on.name if on is not None else ""
     if not outputs:
         return None
-    return KernelInfo(next(_ids), kernel_name, graph, names, outputs, origins, primary)
+    info = KernelInfo(next(_ids), kernel_name, graph, names, outputs, origins, primary)
+    reuses = reuses or {}
+    info.before = [names[i] for i in outputs if names[i] in reuses]
+    try:
+        info.graph_code = _subgraph_code(g, names, outputs,
+                                         {b: reuses[b] for b in info.before})
+    except Exception as e:  # noqa: BLE001 - a reproducer is extra: the row stands without it
+        log.debug("no subgraph for %s: %s", kernel_name, e)
+    return info
+
+
+def _subgraph_code(g: Any, names: list[str], outputs: list[int],
+                   before: dict[str, str] | None = None) -> str:
+    """The FX nodes fused into the kernel as a standalone graph over its input buffers
+    (`forward(self, <inputs>)` returning its outputs' values), '' if they cannot be isolated
+    from the rest of the graph."""
+    import torch
+    import torch.fx as fx
+
+    fx_graph = g.graph if isinstance(getattr(g, "graph", None), fx.Graph) else g.module.graph
+    placeholders = {n.name: n for n in fx_graph.nodes if n.op == "placeholder"}
+    fused: set[Any] = set()
+    out_nodes = []
+    for i in outputs:
+        buf = g.try_get_buffer(names[i])
+        fused |= set(buf.get_origins())
+        out_nodes.append(buf.get_origin_node())
+    if all(n is None for n in out_nodes):
+        return ""
+    import operator
+
+    for n in list(fused):  # a multi-output node's getitem users belong with it
+        fused |= {u for u in n.users if u.target is operator.getitem}
+    new = fx.Graph()
+    env: dict[Any, Any] = {}
+    pre = [(f"{b}_before", old) for b, old in (before or {}).items()]
+    for name in [n for i, n in enumerate(names) if i not in outputs] + pre:
+        if isinstance(name, tuple):  # an in-place output's value before the launch
+            name, src = name
+        else:
+            src = name
+        node = placeholders.get(src)
+        if node is None:
+            buf = g.try_get_buffer(src)
+            node = buf.get_origin_node() if buf is not None else None
+            if node is None and buf is not None:  # the origin whose value the kernel reads
+                feeding = [o for o in buf.get_origins() if o not in fused
+                           and any(u in fused for u in o.users)]
+                node = feeding[0] if len(feeding) == 1 else None
+        ph = new.placeholder(name)
+        if node is not None:
+            env[node] = ph
+    for n in fx_graph.nodes:
+        if n in fused and n not in env:
+            env[n] = new.node_copy(n, lambda a: env[a])
+    new.output(tuple(env[n] if n is not None else None for n in out_nodes))
+    return fx.GraphModule(torch.nn.Module(), new).code
+
+
+def _pre(kid: int, tensors: list[Any]) -> None:
+    """Called by generated code before kernel `kid` overwrites buffers in place."""
+    info = KERNELS.get(kid)
+    if info is None or not SINKS:
+        return
+    for s in list(SINKS):
+        try:
+            s.before(info, tensors)
+        except Exception:  # noqa: BLE001 - the user's step must never die because of us
+            log.exception("snapshotting kernel %s failed", info.kernel)
 
 
 def _hook(kid: int, tensors: list[Any]) -> None:
@@ -171,16 +244,21 @@ def install() -> None:
 
         def generate_kernel_call(self: Any, kernel_name: str, call_args: Any,
                                  *args: Any, **kwargs: Any) -> Any:
-            out = orig(self, kernel_name, call_args, *args, **kwargs)
+            info = None
             try:
                 seen = self.__dict__.setdefault("_accuracy_seen", set())
-                info = _describe(kernel_name, call_args, seen)
-                if info is not None:
-                    KERNELS[info.kid] = info
-                    self.writeline("from accuracy.compiled.inductor import _hook as _acc_hook; "
-                                   f"_acc_hook({info.kid}, [{', '.join(info.buffers)}])")
+                info = _describe(kernel_name, call_args, seen, getattr(self, "reuses", {}))
+                if info is not None and info.before:
+                    self.writeline("from accuracy.compiled.inductor import _pre as _acc_pre; "
+                                   f"_acc_pre({info.kid}, [{', '.join(info.before)}])")
             except Exception:  # noqa: BLE001 - codegen goes on without our line
                 log.exception("cannot hook kernel %s", kernel_name)
+                info = None
+            out = orig(self, kernel_name, call_args, *args, **kwargs)
+            if info is not None:
+                KERNELS[info.kid] = info
+                self.writeline("from accuracy.compiled.inductor import _hook as _acc_hook; "
+                               f"_acc_hook({info.kid}, [{', '.join(info.buffers)}])")
             return out
 
         _saved["gkc"] = (PythonWrapperCodegen, orig)

@@ -64,6 +64,17 @@ class CompiledSource:
         self.kernels = 0
         self._plans: dict[str, OpPlan] = {}
         self._base: dict[str, str] = {}  # graph kind -> module path of the region it ran in
+        self._with_code: set[int] = set()  # kernel ids whose subgraph is already in the dump
+        self._before: dict[int, list[Any]] = {}  # kernel id -> in-place outputs before launch
+
+    def before(self, info: KernelInfo, tensors: list[Any]) -> None:
+        """Keep copies of buffers the kernel is about to overwrite (they are its inputs)."""
+        rec = getattr(self.owner, "_recorder", None)
+        if rec is None or rec.failed or not self.watch._active():
+            return
+        with torch._C._DisableTorchDispatch():
+            self._before[info.kid] = [t.clone() if isinstance(t, torch.Tensor) else t
+                                      for t in tensors]
 
     def kernel(self, info: KernelInfo, tensors: list[Any]) -> None:
         owner = self.owner
@@ -94,15 +105,21 @@ class CompiledSource:
         out_pos = set(info.outputs)
         inputs = [t for i, t in enumerate(tensors) if i not in out_pos
                   and isinstance(t, torch.Tensor)]
+        inputs += [t for t in self._before.pop(info.kid, []) if isinstance(t, torch.Tensor)]
         outputs = [tensors[i] for i in info.outputs if isinstance(tensors[i], torch.Tensor)]
         call = KernelCall(plan, seq, phase, module, source, owner.current_step,
                           owner._coll.current, inputs)
         extra = {
             "compiled": "inductor", "kernel": info.kernel, "graph": info.graph,
             "fused_ops": info.fused_ops(),
-            "inputs": [b for i, b in enumerate(info.buffers) if i not in out_pos],
+            "inputs": [b for i, b in enumerate(info.buffers) if i not in out_pos]
+            + [f"{b}_before" for b in info.before],
             "outputs": [self._out(b, info, base) for b in outs],
+            "kid": info.kid,
         }
+        if info.graph_code and info.kid not in self._with_code:  # once per launch site
+            self._with_code.add(info.kid)
+            extra["graph_code"] = info.graph_code
         rec.write_tensors(call, inputs, outputs, extra)
         self.kernels += 1
         self.watch.recorded()
