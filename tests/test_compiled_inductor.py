@@ -170,3 +170,13 @@ def test_repro_refuses_graph_code_that_is_not_a_graph_of_aten_calls():
                 "def forward(self, a):\n    b = a.__class__\n    return (b,)\n"):
         with pytest.raises(UsageError):
             check_graph_code(bad)
+
+
+def test_replay_says_why_it_skips_kernel_rows(runs, tmp_path):
+    from accuracy.replay import replay
+
+    _, comp = runs["clean"]
+    res = replay(comp, tmp_path / "replay.h5")
+    kernels = sum(1 for r in load_dump(comp).records if r.op.startswith("inductor."))
+    text = res.format()
+    assert f"{kernels}  compiled kernel (Inductor)" in text

@@ -56,6 +56,9 @@ def _non_overlapping(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
 def check_inputs(rec: OpRecord) -> None:
     """Raise Unreplayable for ops whose call cannot be rebuilt faithfully."""
     extra = rec.extra
+    if extra.get("compiled"):  # docs/compile.md: `accuracy repro` re-runs one kernel's graph
+        raise Unreplayable("compiled kernel (Inductor): replay of fused kernels is not built; "
+                           "`accuracy repro --kernel` re-runs its graph")
     if extra.get("uninitialized"):
         raise Unreplayable("uninitialised factory: its output is whatever memory held")
     missing = [t for t in rec.inputs if not t.has_data]
