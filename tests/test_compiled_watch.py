@@ -196,6 +196,9 @@ def test_live_check_says_which_compiled_regions_it_did_not_check():
         loss_fn(net(torch.randn(4, 8)))
     names = [r["name"] for r in lc.report()["compiled_regions"]]
     assert any("blocks.1" in n for n in names) and any(n.endswith("loss_fn") for n in names)
+    # dynamo declined both under the live check's mode (a module's own frame is in dynamo's
+    # skip files: decided by its forward)
+    assert {r["status"] for r in lc.report()["compiled_regions"]} == {"ran-eager"}
     text = lc.text().splitlines()
     assert text[1].startswith("  BLIND: ") and text[2].startswith("  BLIND: ")
     assert lc.notes[0].startswith("compiled region ")
