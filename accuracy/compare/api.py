@@ -22,6 +22,7 @@ from accuracy.compare import arguments
 from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
 from accuracy.compare.checks import check_replay, incomplete, swapped
+from accuracy.compare.compiled_align import compiled_pairs, has_kernels, is_kernel
 from accuracy.compare.engine import BlobReader, compare_refs, worker_run
 from accuracy.compare.judge import judge
 from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statistics_metrics
@@ -30,6 +31,7 @@ from accuracy.compare.precision import ComputePrecision
 from accuracy.compare.quant import judge_quant
 from accuracy.compare.report import Report, analyse
 from accuracy.compare.row import Row, Verdict
+from accuracy.dumpfile.compiled import blind_lines
 from accuracy.dumpfile.dtypes import decodable
 from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, TensorRef, load_dump
 
@@ -54,6 +56,7 @@ class _Spec:
     reason: str = ""
     uninit: bool = False
     workspace: bool = False
+    compiled: Any = None  # compiled_align.TensorPair: a kernel buffer's module, source, group
 
 
 def _open(d: DumpLike | None, owned: list[Dump]) -> Dump | None:
@@ -76,7 +79,31 @@ def _tensor_specs(p: Pair, kind: str = "op", reason: str = "") -> Iterable[_Spec
             yield _Spec(kind, p.my, p.golden, "output", 0, None, None, p.reason)
 
 
+def _compiled_specs(my: Dump, golden: Dump, mapping: Mapping) -> list[_Spec]:
+    """A compiled run's kernel rows against an eager run (compare/compiled_align.py)."""
+    return [_Spec("op", tp.my_op, tp.golden_op, tp.io, tp.idx, tp.my, tp.golden, tp.reason,
+                  compiled=tp)
+            for tp in compiled_pairs(my.records, golden.records, mapping)]
+
+
+def _apply_compiled(row: Row, s: _Spec) -> None:
+    """A kernel row names its buffer's own module and source, and groups with its kernel."""
+    tp = s.compiled
+    if tp is None or tp.my_op is None:
+        return
+    if tp.module:
+        row.module = tp.module
+    if tp.source:
+        row.source = tp.source
+    if tp.group is not None and (tp.io == "input" or is_kernel(tp.my_op)):
+        row.seq_golden = tp.group
+    if tp.note:
+        row.message = "; ".join([m for m in [tp.note, row.message] if m])
+
+
 def _specs(my: Dump, golden: Dump, mapping: Mapping) -> list[_Spec]:
+    if has_kernels(my.records) and not has_kernels(golden.records):
+        return _compiled_specs(my, golden, mapping)
     pairs = align(my.records, golden.records, mapping)
     ends_my, ends_g = module_ends(my.records, mapping), module_ends(golden.records)
     mod_at_my: dict[int, list] = {}
@@ -461,6 +488,9 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
                                 swapped(dm, dg)) if m]
         for m in refusals:  # the report carries them (summary refusals, the terminal's
             log.info("%s", m)  # WARNING lines): at warning level the CLI printed them twice
+        blind = blind_lines(dm.attrs, "my") + blind_lines(dg.attrs, "golden")
+        for m in blind:  # the report carries them first (summary, terminal, html)
+            log.info("%s", m)
         specs = _specs(dm, dg, mp)
         dumps = {str(dm.path): dm, str(dg.path): dg}
         results, nbytes = _run_metrics(specs, dumps, algs, max(1, int(jobs)), progress,
@@ -471,6 +501,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
         for i, s in enumerate(specs):
             res = results.get((_key(s.my), _key(s.golden))) if _needs_data(s) else None
             rows.append(_row(i, s, res, cfg, rp, precision))
+            _apply_compiled(rows[-1], s)
         judge(rows, _producers(specs), cfg)
         judge_quant(rows, {r.seq: r for r in dm.records if r.extra.get("quant")}, cfg)
         _arguments_differ(rows, specs)
@@ -487,6 +518,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             "algorithms": list(algs), "bytes_compared": nbytes, "seconds": seconds,
             "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None, "jobs": jobs,
             "refusals": refusals,
+            "blind": blind,
         }
         log.info("compared %d rows, %.1f MB in %.2f s", len(rows), nbytes / 1e6, seconds)
         return Report(rows, analyse(rows, cfg, meta))

@@ -209,6 +209,8 @@ def merge(reports: dict[int, Report], epochs: dict[int, dict[int, int]], meta: d
         warnings.append(f"ranks only on one side, not compared: {meta['unpaired']}")
     if warnings:
         summary["warning"] = "; ".join(warnings)
+    summary["blind"] = [f"rank {r}: {b}" for r, rep in sorted(reports.items())
+                        for b in rep.summary.get("blind") or []]
     return Report(rows, summary)
 
 
@@ -317,6 +319,8 @@ def render_html(s: dict[str, Any]) -> str:
             f"<td>{what}</td><td>{_op_line(e['first_divergence'])}</td>"
             f"<td><a href=\"rank{e['rank']}/index.html\">report</a></td></tr>")
     warn = f"<p class=\"box\">{html.escape(s['warning'])}</p>" if s.get("warning") else ""
+    warn = "".join(f"<p class=\"box\"><b>Not seen as compiled:</b> {html.escape(str(b))}</p>"
+                   for b in s.get("blind") or []) + warn
     first = s.get("first_rank")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>accuracy multi-rank report</title>

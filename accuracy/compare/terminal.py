@@ -18,13 +18,25 @@ def _where(r: dict[str, Any]) -> str:
             f"at {r['source'] or '?'}\n      {r['my_address']}  vs  {r['golden_address']}")
 
 
+def verdict_text(s: dict[str, Any]) -> str:
+    """The overall verdict, qualified when compiled regions were not seen as compiled: a
+    PASS over code the dumps never saw is never printed bare."""
+    n = len(s.get("blind") or [])
+    if not n:
+        return s["verdict"].upper()
+    return (f"{s['verdict'].upper()} over what was recorded only: {n} compiled region(s) "
+            "not seen as compiled (BLIND above)")
+
+
 def format_summary(s: dict[str, Any], top: int = 5) -> str:
-    """A compare's summary: counts, speed, the culprit and the `top` suspects."""
+    """A compare's summary: what the dumps did not see first, then counts, speed, the culprit
+    and the `top` suspects."""
     out = [f"compared {s['my']} (my) with {s['golden']} (golden)"
            + (f", replay {s['replay']}" if s.get("replay") else "")]
+    out += [f"  BLIND: {b}" for b in s.get("blind") or []]
     out += [f"  WARNING: {w}" for w in s.get("refusals") or []]
     out.append(f"  rows {s['rows']}: " + ", ".join(f"{k} {v}" for k, v in s["counts"].items())
-               + f"  ->  {s['verdict'].upper()}")
+               + f"  ->  {verdict_text(s)}")
     judged = s.get("judged_counts")
     if judged:
         out.append("  tensors judged where produced: "
@@ -54,8 +66,9 @@ def format_ranks(s: dict[str, Any]) -> str:
     """A multi-rank compare's merged summary, one line per rank."""
     out = [f"compared {len(s['ranks'])} ranks (world size {s['world_size']}): {s['my']} (my) "
            f"with {s['golden']} (golden)" + (f", replay {s['replay']}" if s.get("replay") else "")
-           + f"  ->  {s['verdict'].upper()}",
+           + f"  ->  {verdict_text(s)}",
            f"  {s['bytes_compared'] / 1e6:.1f} MB of tensor data in {s['seconds']:.2f} s"]
+    out[1:1] = [f"  BLIND: {b}" for b in s.get("blind") or []]
     if s.get("warning"):
         out.append(f"  warning: {s['warning']}")
     out.append("  diverged first: "

@@ -65,6 +65,12 @@ class _DumpMode(TorchDispatchMode):
         kwargs = kwargs or {}
         return self.owner._on_op(func, args, kwargs)
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Off while dynamo/Inductor compile, on while compiled code runs: compiled regions
+        run compiled under the dumper (accuracy/compiled/ records their kernels)."""
+        return True
+
 
 class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.dumper
     """Record the ATen ops of the enclosed block into `dump_path` (HDF5).
@@ -201,6 +207,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         # they keep the mode installed; otherwise it is off on the steps the window skips
         self._idle_allowed = self._loader is None and self.select is None
         self._set_installed(not self._idle_allowed or self.filter.wants_step(self.current_step))
+        from accuracy.compiled.watch import watch_dumper  # compiled regions: never blind
+        self._compiled = watch_dumper(self)
         log.info("dumping %s mode to %s", self.mode, self.path)
         return self
 
@@ -284,6 +292,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             return
         attrs: dict[str, Any] = {}
         try:
+            attrs.update(self._compiled.finish())  # which compiled regions ran, and how
             for o in self._observers:  # the overflow watcher still writes its pending births
                 attrs.update(o.finish())
         finally:

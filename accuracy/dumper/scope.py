@@ -32,6 +32,8 @@ from torch.optim.optimizer import (
 )
 from torch.utils.module_tracker import ModuleTracker
 
+from accuracy.dumper.fxnames import GraphNames, root_name
+
 if TYPE_CHECKING:
     from accuracy.aten import OpPlan
 
@@ -51,9 +53,13 @@ class _ForwardTracker(ModuleTracker):
         return self._get_mod_name(mod)
 
     def _fw_pre_hook(self, mod: torch.nn.Module, input: Any) -> None:
+        if torch.compiler.is_compiling():  # dynamo traces global hooks: none in its graph
+            return
         self._enter(mod, input)
 
     def _fw_post_hook(self, mod: torch.nn.Module, input: Any, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         self._exit(mod, input, output)
 
     def __enter__(self) -> _ForwardTracker:
@@ -77,6 +83,7 @@ class Scope:
         self._handles: list[Any] = []
         self._untagged: list[torch.Tensor] = []
         self._tag: tuple[str, int, str] = ("", -1, "")
+        self._graphs: list[tuple[int, GraphNames]] = []  # FX graphs on the stack (fxnames)
 
     def __enter__(self) -> Scope:
         self._tracker.__enter__()
@@ -99,6 +106,10 @@ class Scope:
         if torch._C._current_graph_task_id() != -1:  # modules re-run in backward don't nest
             return
         name = self._tracker.name(mod)
+        if isinstance(mod, torch.fx.GraphModule):  # one forward runs a whole graph
+            base = self._stack[-1] if self._stack else root_name(mod)
+            self._graphs.append((len(self._stack), GraphNames(mod, base)))
+            name = base
         self._stack.append(name)
         if mod not in self._owned:
             # Owner of each parameter: the submodule holding it, named under this module
@@ -113,7 +124,11 @@ class Scope:
         if torch._C._current_graph_task_id() != -1 or not self._stack:
             return
         name = self._tracker.name(mod)
-        if self._stack[-1] == name:
+        if self._graphs and isinstance(mod, torch.fx.GraphModule) \
+                and self._graphs[-1][0] == len(self._stack) - 1:
+            self._graphs.pop()
+            self._stack.pop()
+        elif self._stack[-1] == name:
             self._stack.pop()
         elif name in self._stack:  # an exception skipped inner exits
             del self._stack[len(self._stack) - 1 - self._stack[::-1].index(name):]
@@ -212,4 +227,6 @@ class Scope:
         if torch._C._current_graph_task_id() != -1:
             origin = self.backward_origin()
             return origin[0] if origin is not None else ""
+        if self._graphs and self._graphs[-1][0] == len(self._stack) - 1:
+            return self._graphs[-1][1].module()
         return self._stack[-1] if self._stack else ""

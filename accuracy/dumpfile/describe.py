@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from accuracy.dumpfile.compiled import blind_lines
 from accuracy.dumpfile.reader import load_dump
 from accuracy.errors import UsageError
 
@@ -39,8 +40,10 @@ class DumpInfo:
         a = s["attrs"]
         state = ("complete" if s["complete"]
                  else "INCOMPLETE (the dumped block raised or was killed)")
-        lines = [
-            f"{s['path']}: {state}",
+        lines = [f"{s['path']}: {state}"]
+        # compiled code the dump did not see comes before anything else it holds
+        lines += [f"  BLIND: {b}" for b in blind_lines(a)]
+        lines += [
             f"  mode {a.get('mode')}, backend {a.get('backend')}"
             + (f" (profile {a['profile']})" if a.get("profile") else "")
             + f", torch {a.get('torch_version')}, rank {a.get('rank')}, steps {s['steps']}",

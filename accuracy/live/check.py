@@ -27,7 +27,9 @@ import torch
 from accuracy.aten import workspace_outputs
 from accuracy.compare import verdict as V
 from accuracy.compare.precision import ComputePrecision
+from accuracy.compiled.watch import CompileWatch, mode_is_on
 from accuracy.dumper.flatten import tensors_in
+from accuracy.dumpfile.compiled import blind_lines
 from accuracy.errors import AccuracyError
 from accuracy.live.select import UNINITIALISED_REASON, Selection, Site, SiteMode, unrunnable
 from accuracy.replay.engine import reference_device
@@ -204,6 +206,7 @@ class LiveCheck(SiteMode):
         self._names: dict[Any, str] = {}
         self._warned_stack = False
         self._uninit: dict[int, int] = {}  # storage address of an empty* output -> its call
+        self.compiled: dict[str, Any] = {}  # compiled regions entered (accuracy/compiled/watch)
 
     # -- context ------------------------------------------------------------------------
 
@@ -215,9 +218,14 @@ class LiveCheck(SiteMode):
         self._counts, self._reasons = Counter(), Counter()
         self._uninit = {}
         self._start()
+        self._compiled = CompileWatch(
+            mode_is_on(lambda: self._mode),
+            module=lambda: self._site.scope.module if self._site is not None else "").start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        self.compiled = self._compiled.finish()
+        self.notes[:0] = blind_lines(self.compiled)  # unseen compiled code comes first
         self._stop(exc_type, exc, tb)
         log.info("live check: %s", self.counts())
         return False
@@ -389,6 +397,7 @@ class LiveCheck(SiteMode):
             "faults_applied": list(self._sim.applied) if self._sim is not None else [],
             "calls": self.calls, "checked": self.checked, "counts": self.counts(),
             "not_checked_reasons": dict(self._reasons), "notes": list(self.notes),
+            "compiled_regions": self.compiled.get("compiled_regions", []),
             "errors": [asdict(r) for r in self.errors()],
             "ops": [asdict(r) for r in self.results],
         }
@@ -403,6 +412,7 @@ class LiveCheck(SiteMode):
         lines = [f"live check on {self.device} (upcast {self.upcast}): {self.calls} calls, "
                  f"{self.checked} checked; " + ", ".join(
                      f"{k} {v}" for k, v in sorted(self.counts().items()))]
+        lines[1:1] = [f"  BLIND: {b}" for b in blind_lines(self.compiled)]
         worst = sorted((r for r in self.results if r.verdict in (V.ERROR, V.WARNING)),
                        key=lambda r: -_worst_ratio(r))[:top]
         lines += ["  " + r.describe() for r in worst]

@@ -74,6 +74,9 @@ def stand_in(t: TensorRecord, device: torch.device) -> torch.Tensor:
 def check_inputs(rec: OpRecord) -> None:
     """Raise Unreplayable for ops whose call cannot be rebuilt faithfully."""
     extra = rec.extra
+    if extra.get("compiled"):  # docs/compile.md: `accuracy repro` re-runs one kernel's graph
+        raise Unreplayable("compiled kernel (Inductor): replay of fused kernels is not built; "
+                           "`accuracy repro --kernel` re-runs its graph")
     if extra.get("uninitialized"):
         raise Unreplayable("uninitialised factory: its output is whatever memory held")
     not_data = uninitialised_inputs(rec)

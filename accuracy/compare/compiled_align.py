@@ -1,0 +1,195 @@
+"""Aligning a compiled run (Inductor kernel rows) with an eager run, tensor by tensor.
+
+A fused kernel has no eager op of its name: `inductor.cpp_fused_gelu_1` materialises the value
+that eager's `aten.gelu` produced, and fuses away the values in between. So the eager parts of
+the compiled run (graph breaks, code outside compiled regions) are aligned as usual
+(`align.align`), and each materialised buffer of a kernel, and each op of the compiled run the
+usual alignment left alone (extern kernels such as `aten.addmm.out`), is paired with the eager
+op output that holds the same value: same phase, dtype and shape, in the module its origin node
+came from (`nn_module_stack`, recorded with the buffer), nearest in statistics. A kernel's
+inputs are paired with what their producers were paired with (tensor dumps link a reused
+tensor to the row that wrote it), else by the same nearest-value rule. Eager values that no
+buffer holds (fused away) are reported as golden-only rows with that reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from accuracy.compare.align import Mapping, Pair, align
+from accuracy.dumpfile.reader import OpRecord, TensorRecord
+
+MAX_DISTANCE = 1.0  # statistics further apart than this hold different values, not an error
+FUSED_AWAY = ("only in golden run: no buffer of the compiled run holds this value (fused "
+              "away inside a kernel)")
+
+
+def is_kernel(r: OpRecord) -> bool:
+    return bool((r.extra or {}).get("compiled"))
+
+
+def has_kernels(recs: list[OpRecord]) -> bool:
+    return any(is_kernel(r) for r in recs)
+
+
+@dataclass
+class TensorPair:
+    """One row before metrics: my tensor (of `my_op`) and the golden tensor it matches."""
+
+    my_op: OpRecord | None
+    golden_op: OpRecord | None
+    io: str
+    idx: int
+    my: TensorRecord | None
+    golden: TensorRecord | None
+    reason: str = ""
+    group: int | None = None  # golden seq shared by all rows of one kernel (judge's grouping)
+    module: str | None = None  # the buffer's own module and source (a kernel fuses several)
+    source: str | None = None
+    note: str = ""
+
+
+def _num(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def _distance(a: dict[str, float], b: dict[str, float], numel: int) -> float:
+    """How far apart two tensors' statistics are, in units of the golden tensor's RMS."""
+    l2a, l2b = _num(a.get("l2")), _num(b.get("l2"))
+    if l2a is None or l2b is None:
+        return math.inf
+    rms = l2b / math.sqrt(max(numel, 1)) + 1e-30
+    d = abs(l2a - l2b) / (l2b + 1e-30)
+    for k in ("mean", "max", "min"):
+        x, y = _num(a.get(k)), _num(b.get(k))
+        if x is not None and y is not None:
+            d += abs(x - y) / rms
+    return d
+
+
+def _norm(module: str) -> str:
+    return module.replace("._orig_mod", "")
+
+
+def _related(a: str, b: str) -> int:
+    """2: same module, 1: one contains the other, 0: unrelated."""
+    a, b = _norm(a), _norm(b)
+    if a == b:
+        return 2
+    if a and b and (a.startswith(b + ".") or b.startswith(a + ".")):
+        return 1
+    return 0
+
+
+class _Pool:
+    """Golden op outputs left unpaired, by (phase, dtype, shape)."""
+
+    def __init__(self, recs: list[OpRecord]) -> None:
+        self.by_key: dict[tuple, list[tuple[OpRecord, TensorRecord]]] = {}
+        for r in recs:
+            for t in r.outputs:
+                self.by_key.setdefault((r.phase, t.dtype, tuple(t.shape)), []).append((r, t))
+        self.used: set[int] = set()
+
+    def take(self, phase: str, t: TensorRecord, module: str
+             ) -> tuple[OpRecord, TensorRecord] | None:
+        """The golden value `t` holds: closest module first, then not yet paired, then
+        nearest statistics; None when none is near enough to be the same value."""
+        n = math.prod(t.shape)
+        cands = [(c, _distance(t.stats, c[1].stats, n))
+                 for c in self.by_key.get((phase, t.dtype, tuple(t.shape)), [])]
+        cands = [(c, d) for c, d in cands if d <= MAX_DISTANCE]
+        if not cands:
+            return None
+        (r, g), _ = min(cands, key=lambda cd: (-_related(module, cd[0][0].module),
+                                               cd[0][1].row in self.used, cd[1]))
+        self.used.add(g.row)
+        return r, g
+
+    def left(self) -> list[tuple[OpRecord, TensorRecord]]:
+        return [c for cs in self.by_key.values() for c in cs if c[1].row not in self.used]
+
+
+def _tensor_pairs(p: Pair) -> list[TensorPair]:
+    out = []
+    for io in ("input", "output"):
+        mine = {t.idx: t for t in getattr(p.my, io + "s")}
+        theirs = {t.idx: t for t in getattr(p.golden, io + "s")}
+        for idx in sorted(set(mine) | set(theirs)):
+            out.append(TensorPair(p.my, p.golden, io, idx, mine.get(idx), theirs.get(idx),
+                                  p.reason))
+    return out
+
+
+def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping | None = None
+                   ) -> list[TensorPair]:
+    """Tensor pairs of a compiled run (my) against an eager run (golden), in my order."""
+    plain = [r for r in my if not is_kernel(r)]
+    pairs = align(plain, golden, mapping)
+    matched = {p.my.seq: p for p in pairs if p.my is not None and p.golden is not None}
+    golden_free = [p.golden for p in pairs if p.my is None and p.golden is not None]
+    pool = _Pool(golden_free)
+    every = _Pool(golden)  # inputs may match any golden value, taken or not
+    for r in golden:
+        for t in r.inputs:
+            every.by_key.setdefault((r.phase, t.dtype, tuple(t.shape)), []).append((r, t))
+    golden_of: dict[int, TensorRecord] = {}  # my tensor's first row -> golden tensor
+    out: list[TensorPair] = []
+
+    def link(t: TensorRecord | None, g: TensorRecord | None) -> None:
+        if t is not None and g is not None:
+            golden_of.setdefault(t.first if t.first >= 0 else t.row, g)
+
+    for r in my:
+        p = matched.get(r.seq)
+        if p is not None:
+            for tp in _tensor_pairs(p):
+                link(tp.my, tp.golden)
+                out.append(tp)
+            continue
+        kernel = is_kernel(r)
+        outs_meta = (r.extra or {}).get("outputs") or []
+        rows: list[TensorPair] = []
+        group = None
+        for t in r.outputs:
+            meta = outs_meta[t.idx] if kernel and t.idx < len(outs_meta) else {}
+            module = meta.get("module") or r.module
+            if meta.get("multi"):
+                rows.append(TensorPair(r, None, "output", t.idx, t, None,
+                                       f"only in my run: one output of {meta.get('op')} "
+                                       "that Inductor keeps, not a value eager materialises",
+                                       module=module, source=meta.get("source")))
+                continue
+            hit = pool.take(r.phase, t, module)
+            if hit is None:
+                rows.append(TensorPair(r, None, "output", t.idx, t, None,
+                                       "only in my run: no eager value of this phase, dtype "
+                                       "and shape is near it", module=module,
+                                       source=meta.get("source")))
+                continue
+            gop, g = hit
+            group = gop.seq if group is None else group
+            link(t, g)
+            note = (f"kernel {meta.get('node') or ''} fuses {', '.join(meta.get('fused') or [])}"
+                    f"; matched by value with golden {gop.op} output {g.idx}") if kernel else \
+                f"matched by value with golden {gop.op} output {g.idx}"
+            rows.append(TensorPair(r, gop, "output", t.idx, t, g, module=module,
+                                   source=meta.get("source") or r.source, note=note))
+        ins: list[TensorPair] = []
+        written = r.inputs[-1:] if r.op.endswith(".out") and not kernel else []
+        for t in r.inputs:
+            if t in written:  # an extern kernel's out= buffer before it is written
+                continue
+            g = golden_of.get(t.first if t.first >= 0 else t.row)
+            if g is None:
+                hit = every.take(r.phase, t, r.module)
+                g = hit[1] if hit is not None else None
+            ins.append(TensorPair(r, None, "input", t.idx, t, g,
+                                  "" if g is not None else "no golden value matches this input"))
+        for tp in ins + rows:
+            tp.group = group
+        out.extend(ins + rows)
+    for gop, g in pool.left():
+        out.append(TensorPair(None, gop, "output", g.idx, None, g, FUSED_AWAY))
+    return out

@@ -1,0 +1,282 @@
+"""Inductor's kernels as a source of records: a call after every kernel launch.
+
+Why this mechanism: Inductor's own `config.generate_intermediate_hooks` is emitted only by the
+SIMD (Triton) scheduling and for extern kernels, so a CPU step gets none for its C++ kernels;
+AOTInductor's value printer covers extern calls only. Every kernel launch, C++ or Triton, goes
+through one method of the Python wrapper code generator,
+`PythonWrapperCodegen.generate_kernel_call`. While a dumper records, that method is wrapped:
+after each launch line it emits one line calling `_hook(kernel_id, [buffers])`, and at code
+generation time it files, under `kernel_id`, what the buffers are (inputs or materialised
+outputs), and for each output the FX nodes it came from (`origins`: the ATen ops fused into
+it, their `nn_module_stack` and `stack_trace`). At run time the hook hands the live buffers to
+the recording source (`accuracy/compiled/source.py`), which writes one row per kernel through
+the dumper's recorder. Extern kernels (mm, addmm, convolution...) are ATen calls the dumper's
+dispatch mode already sees at run time (it ignores compile internals only while compiling).
+
+While the wrapper is installed, Inductor's FX-graph and AOTAutograd caches are off: a cached
+program was generated without the hook lines.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_users = 0
+_saved: dict[str, Any] = {}
+_ids = itertools.count(1)
+KERNELS: dict[int, KernelInfo] = {}  # kernel id (in generated code) -> what it is
+SINKS: list[Any] = []  # recording sources: `.kernel(info, tensors)`
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MODULE_KEY = re.compile(r"^L\['[^']*'\]\.?")
+
+
+@dataclass
+class Origin:
+    """One FX node fused into a kernel output."""
+
+    node: str
+    op: str
+    module: str  # path inside the compiled region ('' for its root)
+    module_type: str
+    source: str
+    multi: bool = False  # one output of a multi-output node (var_mean...): not an eager value
+
+
+@dataclass
+class KernelInfo:
+    """A kernel launch site in generated code: its buffers and where its outputs came from."""
+
+    kid: int
+    kernel: str
+    graph: str  # "forward", "backward" or "inference"
+    buffers: list[str]
+    outputs: list[int]  # positions in `buffers` the kernel materialises
+    origins: dict[str, list[Origin]] = field(default_factory=dict)  # output buffer -> nodes
+    primary: dict[str, str] = field(default_factory=dict)  # output buffer -> its origin node
+    graph_code: str = ""  # the kernel's FX subgraph as Python (`forward(self, *inputs)`)
+    # outputs written in place over a buffer an earlier kernel filled: their values before
+    # the launch are inputs too (snapshotted by a line before it)
+    before: list[str] = field(default_factory=list)
+
+    def fused_ops(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for os_ in self.origins.values():
+            for o in os_:
+                seen.setdefault(o.op, None)
+        return list(seen)
+
+
+def _module_path(meta: dict[str, Any]) -> tuple[str, str]:
+    stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack") or {}
+    if not stack:
+        return "", ""
+    path, typ = list(stack.values())[-1]
+    path = _MODULE_KEY.sub("", str(path))
+    path = re.sub(r"\._modules\['([^']*)'\]", r".\1", path).strip(".")
+    name = getattr(typ, "__name__", None) or str(typ).rsplit(".", 1)[-1].strip("'>")
+    return path, name
+
+
+def _source(meta: dict[str, Any]) -> str:
+    trace = meta.get("stack_trace") or ""
+    for line in reversed(trace.splitlines()):
+        m = re.match(r'\s*File "([^"]+)", line (\d+)', line)
+        if m:
+            return f"{m.group(1)}:{m.group(2)}"
+    return ""
+
+
+def _origin(node: Any) -> Origin:
+    """A node's op, module and source; a node a graph pass inserted without metadata takes
+    its inputs' (a `mul` added after a matmul belongs to that matmul's module)."""
+    meta = getattr(node, "meta", {}) or {}
+    module, typ = _module_path(meta)
+    source = _source(meta)
+    if not module:
+        for arg in getattr(node, "all_input_nodes", ()):
+            am = getattr(arg, "meta", {}) or {}
+            module, typ = _module_path(am)
+            if module:
+                source = source or _source(am)
+                break
+    multi = isinstance(meta.get("val"), tuple | list)
+    return Origin(node.name, str(getattr(node, "target", "")), module, typ, source, multi)
+
+
+def _describe(kernel_name: str, call_args: Any, seen: set[str],
+              reuses: dict[str, str] | None = None) -> KernelInfo | None:
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+
+    g = V.graph
+    graph = "backward" if getattr(g, "is_backward", False) else (
+        "inference" if getattr(g, "is_inference", False) else "forward")
+    names: list[str] = []
+    outputs: list[int] = []
+    origins: dict[str, list[Origin]] = {}
+    primary: dict[str, str] = {}
+    for a in call_args:
+        if not isinstance(a, str) or not _NAME.match(a) or a in names:
+            continue
+        if a in g.graph_inputs:
+            names.append(a)
+            continue
+        buf = g.try_get_buffer(a)
+        if buf is None or not hasattr(buf, "get_origins"):
+            continue
+        names.append(a)
+        if a in seen or isinstance(buf, ir.ExternKernel):
+            continue  # written earlier (by an extern kernel or another kernel): an input
+        seen.add(a)
+        outputs.append(len(names) - 1)
+        nodes = sorted(buf.get_origins(), key=lambda n: n.name)
+        origins[a] = [_origin(n) for n in nodes]
+        on = buf.get_origin_node() if hasattr(buf, "get_origin_node") else None
+        primary[a] = on.name if on is not None else ""
+    if not outputs:
+        return None
+    info = KernelInfo(next(_ids), kernel_name, graph, names, outputs, origins, primary)
+    reuses = reuses or {}
+    info.before = [names[i] for i in outputs if names[i] in reuses]
+    try:
+        info.graph_code = _subgraph_code(g, names, outputs,
+                                         {b: reuses[b] for b in info.before})
+    except Exception as e:  # noqa: BLE001 - a reproducer is extra: the row stands without it
+        log.debug("no subgraph for %s: %s", kernel_name, e)
+    return info
+
+
+def _subgraph_code(g: Any, names: list[str], outputs: list[int],
+                   before: dict[str, str] | None = None) -> str:
+    """The FX nodes fused into the kernel as a standalone graph over its input buffers
+    (`forward(self, <inputs>)` returning its outputs' values), '' if they cannot be isolated
+    from the rest of the graph."""
+    import torch
+    import torch.fx as fx
+
+    fx_graph = g.graph if isinstance(getattr(g, "graph", None), fx.Graph) else g.module.graph
+    placeholders = {n.name: n for n in fx_graph.nodes if n.op == "placeholder"}
+    fused: set[Any] = set()
+    out_nodes = []
+    for i in outputs:
+        buf = g.try_get_buffer(names[i])
+        fused |= set(buf.get_origins())
+        out_nodes.append(buf.get_origin_node())
+    if all(n is None for n in out_nodes):
+        return ""
+    import operator
+
+    for n in list(fused):  # a multi-output node's getitem users belong with it
+        fused |= {u for u in n.users if u.target is operator.getitem}
+    new = fx.Graph()
+    env: dict[Any, Any] = {}
+    pre = [(f"{b}_before", old) for b, old in (before or {}).items()]
+    for name in [n for i, n in enumerate(names) if i not in outputs] + pre:
+        if isinstance(name, tuple):  # an in-place output's value before the launch
+            name, src = name
+        else:
+            src = name
+        node = placeholders.get(src)
+        if node is None:
+            buf = g.try_get_buffer(src)
+            node = buf.get_origin_node() if buf is not None else None
+            if node is None and buf is not None:  # the origin whose value the kernel reads
+                feeding = [o for o in buf.get_origins() if o not in fused
+                           and any(u in fused for u in o.users)]
+                node = feeding[0] if len(feeding) == 1 else None
+        ph = new.placeholder(name)
+        if node is not None:
+            env[node] = ph
+    for n in fx_graph.nodes:
+        if n in fused and n not in env:
+            env[n] = new.node_copy(n, lambda a: env[a])
+    new.output(tuple(env[n] if n is not None else None for n in out_nodes))
+    return fx.GraphModule(torch.nn.Module(), new).code
+
+
+def _pre(kid: int, tensors: list[Any]) -> None:
+    """Called by generated code before kernel `kid` overwrites buffers in place."""
+    info = KERNELS.get(kid)
+    if info is None or not SINKS:
+        return
+    for s in list(SINKS):
+        try:
+            s.before(info, tensors)
+        except Exception:  # noqa: BLE001 - the user's step must never die because of us
+            log.exception("snapshotting kernel %s failed", info.kernel)
+
+
+def _hook(kid: int, tensors: list[Any]) -> None:
+    """Called by generated code after kernel `kid` ran; never raises into the user's step."""
+    info = KERNELS.get(kid)
+    if info is None or not SINKS:
+        return
+    for s in list(SINKS):
+        try:
+            s.kernel(info, tensors)
+        except Exception:  # noqa: BLE001 - the user's step must never die because of us
+            log.exception("recording kernel %s failed", info.kernel)
+
+
+def install() -> None:
+    """Wrap the wrapper code generator (refcounted) and turn the compile caches off."""
+    global _users
+    with _lock:
+        _users += 1
+        if _users > 1:
+            return
+        try:
+            from torch._functorch import config as fconfig
+            from torch._inductor import config
+            from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+        except Exception as e:  # noqa: BLE001 - no Inductor here: nothing to wrap
+            log.info("Inductor not available (%s): its kernels cannot be recorded", e)
+            return
+        orig = PythonWrapperCodegen.generate_kernel_call
+
+        def generate_kernel_call(self: Any, kernel_name: str, call_args: Any,
+                                 *args: Any, **kwargs: Any) -> Any:
+            info = None
+            try:
+                seen = self.__dict__.setdefault("_accuracy_seen", set())
+                info = _describe(kernel_name, call_args, seen, getattr(self, "reuses", {}))
+                if info is not None and info.before:
+                    self.writeline("from accuracy.compiled.inductor import _pre as _acc_pre; "
+                                   f"_acc_pre({info.kid}, [{', '.join(info.before)}])")
+            except Exception:  # noqa: BLE001 - codegen goes on without our line
+                log.exception("cannot hook kernel %s", kernel_name)
+                info = None
+            out = orig(self, kernel_name, call_args, *args, **kwargs)
+            if info is not None:
+                KERNELS[info.kid] = info
+                self.writeline("from accuracy.compiled.inductor import _hook as _acc_hook; "
+                               f"_acc_hook({info.kid}, [{', '.join(info.buffers)}])")
+            return out
+
+        _saved["gkc"] = (PythonWrapperCodegen, orig)
+        _saved["caches"] = (config.fx_graph_cache, fconfig.enable_autograd_cache)
+        PythonWrapperCodegen.generate_kernel_call = generate_kernel_call
+        config.fx_graph_cache = False
+        fconfig.enable_autograd_cache = False
+
+
+def uninstall() -> None:
+    global _users
+    with _lock:
+        _users = max(0, _users - 1)
+        if _users or "gkc" not in _saved:
+            return
+        from torch._functorch import config as fconfig
+        from torch._inductor import config
+
+        cls, orig = _saved.pop("gkc")
+        cls.generate_kernel_call = orig
+        config.fx_graph_cache, fconfig.enable_autograd_cache = _saved.pop("caches")

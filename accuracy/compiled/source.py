@@ -1,0 +1,138 @@
+"""The compiled source: Inductor kernels' buffers written as rows by the dumper's recorder.
+
+A second source beside the eager dispatch loop (docs/architecture.md): each kernel launch seen
+by `accuracy/compiled/inductor.py` becomes one row, op `inductor.<kernel>`, with the buffers
+it read as inputs and the buffers it materialised as outputs, through `Recorder.write_tensors`
+(the one write path). The row carries what an eager row carries (seq, phase, step, module,
+source line) plus the kernel name, its graph (forward/backward) and, per output, the ATen ops
+fused into it with their module and source (`extra`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from accuracy.aten import OpPlan
+from accuracy.compiled.inductor import KernelInfo
+
+log = logging.getLogger(__name__)
+
+KERNEL_PREFIX = "inductor."
+
+
+@dataclass(slots=True)
+class KernelCall:
+    """What `Recorder.write_tensors` reads of a call (the fields of the dumper's `OpCall`;
+    this package imports nothing from the dumper, which imports it)."""
+
+    plan: OpPlan
+    seq: int
+    phase: str
+    module: str
+    source: str
+    step: int
+    epoch: int
+    inputs: list[Any]
+    stack: str = ""
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+def _plan(name: str) -> OpPlan:
+    return OpPlan(name=name, aten=False, mutable=False, writes=(), view=False, rng=False,
+                  uninitialised=False, same_elements=False, same_bytes=False, collective=None,
+                  amp=False)
+
+
+def join_module(base: str, rel: str) -> str:
+    """A node's module path inside a compiled region, under the region's own path."""
+    if not rel:
+        return base
+    return f"{base}.{rel}" if base else rel
+
+
+class CompiledSource:
+    """Writes kernel rows for one dumper while its dispatch mode is on the stack."""
+
+    def __init__(self, owner: Any, watch: Any) -> None:
+        self.owner = owner
+        self.watch = watch
+        self.kernels = 0
+        self._plans: dict[str, OpPlan] = {}
+        self._base: dict[str, str] = {}  # graph kind -> module path of the region it ran in
+        self._with_code: set[int] = set()  # kernel ids whose subgraph is already in the dump
+        self._before: dict[int, list[Any]] = {}  # kernel id -> in-place outputs before launch
+
+    def before(self, info: KernelInfo, tensors: list[Any]) -> None:
+        """Keep copies of buffers the kernel is about to overwrite (they are its inputs)."""
+        rec = getattr(self.owner, "_recorder", None)
+        if rec is None or rec.failed or not self.watch._active():
+            return
+        with torch._C._DisableTorchDispatch():
+            self._before[info.kid] = [t.clone() if isinstance(t, torch.Tensor) else t
+                                      for t in tensors]
+
+    def kernel(self, info: KernelInfo, tensors: list[Any]) -> None:
+        owner = self.owner
+        rec = getattr(owner, "_recorder", None)
+        if rec is None or rec.failed or not self.watch._active():
+            return
+        backward = torch._C._current_graph_task_id() != -1
+        scope = owner._scope
+        phase = "backward" if backward else scope.phase
+        if backward:
+            base = self._base.get("forward", "")
+        else:
+            base = self.watch.region_module() or scope.module
+            self._base["forward"] = base
+        outs = [info.buffers[i] for i in info.outputs]
+        first = outs[0]
+        prim = next((o for o in info.origins.get(first, [])
+                     if o.node == info.primary.get(first)), None) \
+            or (info.origins.get(first) or [None])[-1]
+        module = join_module(base, prim.module) if prim is not None else base
+        source = prim.source if prim is not None else ""
+        seq = owner._seq
+        owner._seq += 1
+        name = KERNEL_PREFIX + info.kernel
+        plan = self._plans.get(name)
+        if plan is None:
+            plan = self._plans[name] = _plan(name)
+        out_pos = set(info.outputs)
+        inputs = [t for i, t in enumerate(tensors) if i not in out_pos
+                  and isinstance(t, torch.Tensor)]
+        inputs += [t for t in self._before.pop(info.kid, []) if isinstance(t, torch.Tensor)]
+        outputs = [tensors[i] for i in info.outputs if isinstance(tensors[i], torch.Tensor)]
+        call = KernelCall(plan, seq, phase, module, source, owner.current_step,
+                          owner._coll.current, inputs)
+        extra = {
+            "compiled": "inductor", "kernel": info.kernel, "graph": info.graph,
+            "fused_ops": info.fused_ops(),
+            "inputs": [b for i, b in enumerate(info.buffers) if i not in out_pos]
+            + [f"{b}_before" for b in info.before],
+            "outputs": [self._out(b, info, base) for b in outs],
+            "kid": info.kid,
+        }
+        if info.graph_code and info.kid not in self._with_code:  # once per launch site
+            self._with_code.add(info.kid)
+            extra["graph_code"] = info.graph_code
+        rec.write_tensors(call, inputs, outputs, extra)
+        self.kernels += 1
+        self.watch.recorded()
+
+    @staticmethod
+    def _out(buf: str, info: KernelInfo, base: str) -> dict[str, Any]:
+        origins = info.origins.get(buf, [])
+        prim = next((o for o in origins if o.node == info.primary.get(buf)), None)
+        if prim is None and origins:
+            prim = origins[-1]
+        return {"buffer": buf,
+                "node": prim.node if prim else "", "op": prim.op if prim else "",
+                "module": join_module(base, prim.module) if prim else base,
+                "source": prim.source if prim else "",
+                "multi": bool(prim.multi) if prim else False,
+                "fused": sorted({o.op for o in origins})}

@@ -1,0 +1,335 @@
+"""Which compiled regions ran inside a dumper or live check, and how: never silently blind.
+
+While a TorchDispatchMode is on the stack, dynamo declines every frame ("non-infra torch
+dispatch mode present"), so an `OptimizedModule`, a `torch.compile`d function or a regionally
+compiled block runs its *eager* Python code instead of its compiled program: the dump then
+holds numerics the job never computes outside the dumper. This module sees each such entry
+and how it ended, through the two places every compiled callable goes through in torch 2.x:
+
+- `torch._dynamo.eval_frame._callback_from_stance(callback)`: called by every compiled
+  callable's wrapper (`compile_wrapper`, also behind `OptimizedModule.forward`) as it installs
+  its dynamo callback; the wrapper's frame holds the wrapped `fn`, the callback names the
+  backend. Looked up as a module global at call time, so patching it sees callables compiled
+  before the dumper started too.
+- `torch._dynamo.convert_frame.CatchErrorsWrapper._handle_skip(result, frame)`: where dynamo
+  declines a frame, with its reason.
+
+A region entered and declined for the dispatch mode ran eager (`ran-eager`); one entered and
+not declined ran dynamo's compiled code, which the dumper does not see as kernels
+(`not-recorded`). If torch's internals moved and the hooks cannot be installed, the watch says
+so (`compiled_watch` root attribute) instead of pretending nothing was compiled.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+RAN_EAGER = "ran-eager"
+NOT_RECORDED = "not-recorded"
+RECORDED = "recorded-compiled"
+DISPATCH_SKIP = "dispatch mode"  # dynamo's skip reason for an active TorchDispatchMode
+# Backends whose compiled program runs the graph's ops through the dispatcher, one by one:
+# the dumper's mode (which ignores compile internals only while compiling) records each op.
+ATEN_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition")
+NOT_SEEN = ("dynamo ran compiled code the dumper cannot see into (made before the dumper "
+            "started, or by a backend it does not know): only the ATen calls it dispatched "
+            "reached the dump; compile inside the dumper (torch._dynamo.reset() first) to "
+            "record Inductor's kernels")
+
+_lock = threading.Lock()
+_watches: list[CompileWatch] = []
+_saved: dict[str, Any] = {}  # what was patched, to restore when the last watch stops
+_install_error: str | None = None
+
+
+@dataclass
+class Region:
+    """One compiled region as entered in the recorded block (aggregated over its calls)."""
+
+    name: str
+    kind: str  # "module" or "function"
+    backend: str
+    options: dict[str, Any]
+    status: str = NOT_RECORDED
+    reason: str = ""
+    calls: int = 0
+    steps: set[int] = field(default_factory=set)
+    first_seq: int = -1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "backend": self.backend,
+                "options": self.options, "status": self.status, "reason": self.reason,
+                "calls": self.calls, "steps": sorted(self.steps), "first_seq": self.first_seq}
+
+
+def _backend_of(callback: Any) -> tuple[str, dict[str, Any]]:
+    """The backend's name and its options (Inductor's mode shows as config patches)."""
+    try:
+        from torch._dynamo.eval_frame import innermost_backend
+        b = innermost_backend(callback)
+    except Exception:  # noqa: BLE001 - a callback shape we do not know: say "unknown"
+        return "unknown", {}
+    name = getattr(b, "compiler_name", None) or getattr(b, "__name__", None) \
+        or type(b).__name__
+    opts = getattr(b, "config", None)
+    options = {str(k): repr(v) for k, v in opts.items()} if isinstance(opts, dict) else {}
+    return str(name), options
+
+
+def _code_of(fn: Any) -> Any:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        code = getattr(getattr(fn, "__func__", None), "__code__", None)
+    return code
+
+
+def _describe(fn: Any, module_path: str) -> tuple[str, str, str]:
+    """A region's name, kind and module path: the module path (as an eager dump names it:
+    no `OptimizedModule` root, no `_orig_mod`) and class of a compiled module, else the
+    function's qualified name and the module path it was called from."""
+    import torch
+
+    inner = inspect.unwrap(fn) if callable(fn) else fn
+    target = getattr(inner, "__self__", inner)
+    path = module_path.replace("._orig_mod", "")
+    if isinstance(target, torch.nn.Module):
+        cls = type(target).__name__
+        head, _, rest = path.partition(".")
+        if head == "OptimizedModule" or not path:
+            path = cls + (f".{rest}" if rest else "")
+        return f"{path} ({cls})", "module", path
+    qual = getattr(inner, "__qualname__", None) or repr(inner)
+    mod = getattr(inner, "__module__", "") or ""
+    return (f"{mod}.{qual}" if mod else qual), "function", path
+
+
+class CompileWatch:
+    """Regions entered while `active()` is true, with how each ran.
+
+    active: whether the caller's recording is on right now (its dispatch mode on the stack).
+    step / seq / module: the owner's step number, next op seq and module path at entry.
+    """
+
+    def __init__(self, active: Callable[[], bool], *, step: Callable[[], int] = lambda: 0,
+                 seq: Callable[[], int] = lambda: -1,
+                 module: Callable[[], str] = lambda: "") -> None:
+        self._active, self._step, self._seq, self._module = active, step, seq, module
+        self.regions: dict[tuple[str, str], Region] = {}
+        self._pending: list[tuple[Any, Region]] = []  # (code dynamo will be asked about, region)
+        self._last: tuple[Region, str] | None = None  # latest region entered, its module path
+        self.error: str | None = None
+        self.running = False
+
+    # -- lifetime ---------------------------------------------------------------------
+
+    def start(self) -> CompileWatch:
+        with _lock:
+            err = _install()
+            if err is not None:
+                self.error = err
+                log.warning("cannot watch for compiled regions (%s): a torch.compile'd region "
+                            "inside this block would go unreported", err)
+            else:
+                _watches.append(self)
+                self.running = True
+        return self
+
+    def stop(self) -> None:
+        with _lock:
+            if self in _watches:
+                _watches.remove(self)
+            self.running = False
+            if not _watches:
+                _uninstall()
+
+    def finish(self) -> dict[str, Any]:
+        """Stop, and give the root attributes: `compiled_watch` and `compiled_regions`."""
+        self.stop()
+        return {"compiled_watch": "on" if self.error is None else f"unavailable: {self.error}",
+                "compiled_regions": [r.as_dict() for r in self.regions.values()]}
+
+    # -- events (called from the patched torch functions; never raise) ----------------------
+
+    def _entered(self, fn: Any, callback: Any) -> None:
+        if not self._active():
+            return
+        name, kind, path = _describe(fn, self._module())
+        backend, options = _backend_of(callback)
+        region = self.regions.get((name, backend))
+        if region is None:
+            region = self.regions[(name, backend)] = Region(name, kind, backend, options,
+                                                            first_seq=self._seq())
+            region.reason = NOT_SEEN
+        region.calls += 1
+        region.steps.add(self._step())
+        self._last = (region, path)
+        if options.get("triton.cudagraphs") == "True":
+            region.reason = ("CUDA graphs (mode='reduce-overhead'): kernels are replayed from "
+                             "a captured graph, which no hook sees")
+        code = _code_of(fn)
+        if code is not None:
+            self._pending.append((code, region))
+            del self._pending[:-64]  # bounded: entries dynamo never asked about age out
+
+    def region_module(self) -> str:
+        """The module path where the latest region was entered ('' if none)."""
+        return self._last[1] if self._last is not None else ""
+
+    def recorded(self) -> None:
+        """A compiled source wrote a kernel of the latest region."""
+        if self._last is not None and self._last[0].status != RECORDED:
+            region = self._last[0]
+            region.status = RECORDED
+            region.reason = "its kernels' materialised buffers were recorded as they ran"
+
+    def _decided(self, code: Any, reason: str | None) -> None:
+        """Dynamo decided about a frame: declined it (`reason`) or ran it compiled (None).
+
+        A region whose own frame is in dynamo's skip files (a compiled module's
+        `_wrapped_call_impl`) is decided by the next frame dynamo is asked about that is not
+        (its `forward`)."""
+        skipfile = reason is not None and "skipfiles" in reason
+        for i in range(len(self._pending) - 1, -1, -1):
+            c, region = self._pending[i]
+            if c is code or c is None:
+                if skipfile:
+                    self._pending[i] = (None, region)  # decided by the next frame inside
+                    return
+                del self._pending[i]
+                if reason is None:  # compiled
+                    if region.backend in ATEN_BACKENDS and region.status != RECORDED:
+                        region.status = RECORDED
+                        region.reason = ("its backend runs the graph's ATen ops through the "
+                                         "dispatcher: recorded op by op, under the region's "
+                                         "module path")
+                    return
+                region.status = RAN_EAGER
+                if DISPATCH_SKIP in reason:
+                    region.reason = ("dynamo does not run while a TorchDispatchMode is active: "
+                                     "the region ran its eager code, so the recorded ops are "
+                                     "not the compiled kernels the job runs without the dumper")
+                else:
+                    region.reason = f"dynamo skipped it: {reason}"
+                return
+
+
+def _notify_enter(fn: Any, callback: Any) -> None:
+    for w in list(_watches):
+        try:
+            w._entered(fn, callback)
+        except Exception:  # noqa: BLE001 - the user's step must never die because of us
+            log.exception("compiled-region watch failed at a region entry")
+
+
+def _install() -> str | None:
+    """Patch the two dynamo functions once (refcounted by `_watches`); a reason if we cannot."""
+    global _install_error
+    if _saved:
+        return None
+    try:
+        from torch._dynamo import convert_frame, eval_frame
+        orig_stance = eval_frame._callback_from_stance
+        orig_skip = convert_frame.CatchErrorsWrapper._handle_skip
+    except Exception as e:  # noqa: BLE001 - torch moved its internals
+        _install_error = f"torch._dynamo internals not found ({type(e).__name__}: {e})"
+        return _install_error
+
+    def callback_from_stance(callback: Any) -> Any:
+        if callback not in (None, False) and _watches:
+            try:
+                caller = sys._getframe(1)
+                fn = caller.f_locals.get("fn") if caller.f_code.co_name == "compile_wrapper" \
+                    else None
+                if fn is not None:
+                    _notify_enter(fn, callback)
+            except Exception:  # noqa: BLE001
+                log.exception("compiled-region watch failed")
+        return orig_stance(callback)
+
+    def handle_skip(self: Any, result: Any, frame: Any) -> Any:
+        if _watches:
+            try:
+                reason = getattr(result, "skip_reason", None)
+                if getattr(result, "guarded_code", None) is not None:
+                    reason = None
+                elif reason is not None and DISPATCH_SKIP in str(reason):
+                    # dynamo marks a code it declined as skipped for good: one call under the
+                    # dumper would leave the region eager for the rest of the job
+                    result.apply_to_code = False
+                for w in list(_watches):
+                    w._decided(frame.f_code, None if reason is None else str(reason))
+            except Exception:  # noqa: BLE001
+                log.exception("compiled-region watch failed")
+        return orig_skip(self, result, frame)
+
+    _saved.update(stance=(eval_frame, orig_stance),
+                  skip=(convert_frame.CatchErrorsWrapper, orig_skip))
+    eval_frame._callback_from_stance = callback_from_stance
+    convert_frame.CatchErrorsWrapper._handle_skip = handle_skip
+    _install_error = None
+    return None
+
+
+def _uninstall() -> None:
+    if not _saved:
+        return
+    mod, f = _saved.pop("stance")
+    mod._callback_from_stance = f
+    cls, g = _saved.pop("skip")
+    cls._handle_skip = g
+
+
+def mode_is_on(mode: Any) -> Callable[[], bool]:
+    """A predicate: `mode` (a TorchDispatchMode, or a callable giving one) is on the stack."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    def active() -> bool:
+        m = mode() if callable(mode) and not hasattr(mode, "__torch_dispatch__") else mode
+        return m is not None and any(x is m for x in _get_current_dispatch_mode_stack())
+    return active
+
+
+class DumperWatch(CompileWatch):
+    """A dumper's watch, with the compiled source that records Inductor's kernels."""
+
+    def __init__(self, owner: Any) -> None:
+        super().__init__(
+            mode_is_on(lambda: getattr(owner, "_mode", None)),
+            step=lambda: int(getattr(owner, "current_step", 0)),
+            seq=lambda: int(getattr(owner, "_seq", -1)),
+            module=lambda: str(getattr(getattr(owner, "_scope", None), "module", "") or ""))
+        from accuracy.compiled import inductor
+        from accuracy.compiled.source import CompiledSource
+
+        self._inductor = inductor
+        self.source = CompiledSource(owner, self)
+
+    def start(self) -> DumperWatch:
+        super().start()
+        try:
+            self._inductor.install()
+            self._inductor.SINKS.append(self.source)
+        except Exception:  # noqa: BLE001 - recording compiled kernels is extra, never fatal
+            log.exception("cannot hook Inductor's code generation")
+        return self
+
+    def finish(self) -> dict[str, Any]:
+        if self.source in self._inductor.SINKS:
+            self._inductor.SINKS.remove(self.source)
+            self._inductor.uninstall()
+        attrs = super().finish()
+        attrs["compiled_kernels_recorded"] = self.source.kernels
+        return attrs
+
+
+def watch_dumper(owner: Any) -> CompileWatch:
+    """The watch for a `dumper` (its dispatch mode, step, seq and module path), started."""
+    return DumperWatch(owner).start()

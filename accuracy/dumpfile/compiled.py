@@ -1,0 +1,41 @@
+"""What a dump says about compiled regions (root attributes `compiled_watch` and
+`compiled_regions`, written by accuracy/compiled/watch.py), as sentences every reader shows
+first: `accuracy info`, compare's summary, the report files and the web UI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+RECORDED = "recorded-compiled"
+
+
+def regions(attrs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The compiled regions a dump's block entered (empty for an eager job or an old dump)."""
+    rs = attrs.get("compiled_regions")
+    return [r for r in rs if isinstance(r, dict)] if isinstance(rs, list) else []
+
+
+def blind_lines(attrs: dict[str, Any], side: str = "") -> list[str]:
+    """One sentence per compiled region the dump did not record as compiled, and one if the
+    dumper could not watch for compiled regions at all; empty when nothing is unseen."""
+    who = f"{side} dump: " if side else ""
+    out = []
+    watch = attrs.get("compiled_watch")
+    if isinstance(watch, str) and watch != "on":
+        out.append(f"{who}compiled regions were not watched ({watch}): a torch.compile'd "
+                   "region in the block may have gone unseen")
+    for r in regions(attrs):
+        if r.get("status") == RECORDED:
+            continue
+        steps = r.get("steps") or []
+        out.append(f"{who}compiled region {r.get('name')!s} [backend {r.get('backend')!s}, "
+                   f"{r.get('calls')} call(s), step(s) {steps}] {r.get('status')}: "
+                   f"{r.get('reason')}")
+    return out
+
+
+def blind_count(attrs: dict[str, Any]) -> int:
+    """Compiled regions not recorded as compiled (plus one if they were not watched)."""
+    watch = attrs.get("compiled_watch")
+    return (sum(1 for r in regions(attrs) if r.get("status") != RECORDED)
+            + (1 if isinstance(watch, str) and watch != "on" else 0))

@@ -1,0 +1,182 @@
+"""Inductor on CPU under the dumper: kernels recorded as they run, compared against eager.
+
+The issue's fault: a post-grad pass scales the `blocks.1.fc1` matmul by 1.05, as a wrong fused
+kernel would. Before accuracy/compiled/, the compiled model ran eager inside the dumper and the
+compare said PASS. Each model is compiled once per module, with Inductor's cache in the test's
+temporary folder.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_compiled_watch import Block, Net
+
+from accuracy import dumper, load_dump
+from accuracy.compare import compare
+
+LINE = f"test_compiled_watch.py:{Block.forward.__code__.co_firstlineno + 1}"  # its return
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using `torch.compile")
+
+
+class ScaleFc1(torch._inductor.custom_graph_pass.CustomGraphPass):
+    """The miscompile: blocks.1.fc1's matmul output times 1.05."""
+
+    def __call__(self, g: torch.fx.Graph) -> None:
+        for n in list(g.nodes):
+            stack = n.meta.get("nn_module_stack") or {}
+            path = list(stack.values())[-1][0] if stack else ""
+            if n.target == torch.ops.aten.addmm.default and path.endswith("blocks.1.fc1"):
+                with g.inserting_after(n):
+                    m = g.call_function(torch.ops.aten.mul.Tensor, (n, 1.05))
+                n.replace_all_uses_with(m)
+                m.args = (n, 1.05)
+
+    def uuid(self) -> str:
+        return "accuracy-test-scale-blocks.1.fc1"
+
+
+def _dumps(folder, fault: bool) -> tuple:
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(4, 8)
+    eager, comp = folder / "eager.h5", folder / "compiled.h5"
+    with dumper(eager, mode="tensor"):
+        net(x).sum().backward()
+    net.zero_grad()
+    torch._dynamo.reset()
+    compiled = torch.compile(net)
+    with torch._inductor.config.patch(post_grad_custom_post_pass=ScaleFc1() if fault else None):
+        with dumper(comp, mode="tensor"):
+            compiled(x).sum().backward()
+    return eager, comp
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("inductor")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder / "cache"))
+    mp.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    try:
+        (folder / "clean").mkdir()
+        (folder / "fault").mkdir()
+        yield {"clean": _dumps(folder / "clean", False), "fault": _dumps(folder / "fault", True)}
+    finally:
+        torch._dynamo.reset()
+        mp.undo()
+
+
+def test_forward_and_backward_kernels_are_recorded_with_module_and_source(runs):
+    _, comp = runs["clean"]
+    d = load_dump(comp)
+    [region] = d.attrs["compiled_regions"]
+    assert region["status"] == "recorded-compiled" and region["backend"] == "inductor"
+    kernels = [r for r in d.records if r.op.startswith("inductor.")]
+    assert {r.phase for r in kernels} == {"forward", "backward"}
+    assert d.attrs["compiled_kernels_recorded"] == len(kernels)
+    ln = next(r for r in kernels if r.phase == "forward")
+    assert ln.module == "Net.blocks.0.ln" and ln.source.endswith(LINE)
+    assert ln.extra["graph"] == "forward" and ln.extra["kernel"] in ln.op
+    assert "aten.var_mean.correction" in ln.extra["fused_ops"]
+    assert all(t.has_data for r in kernels for t in r.outputs)  # tensor mode: the buffers
+    assert any(r.extra["graph"] == "backward" for r in kernels)
+
+
+def test_clean_compiled_step_against_eager_has_no_error(runs):
+    eager, comp = runs["clean"]
+    rep = compare(comp, eager)
+    assert rep.summary["counts"]["error"] == 0 and rep.summary["counts"]["warning"] == 0
+    assert rep.culprit is None and not rep.summary["blind"]
+    judged = [r for r in rep.rows if (r.op or "").startswith("inductor.")
+              and r.io == "output" and r.verdict == "pass"]
+    assert len(judged) >= 8  # kernels' buffers really were paired with eager values
+
+
+def test_the_miscompiled_kernel_is_the_culprit_with_its_module(runs):
+    eager, comp = runs["fault"]
+    rep = compare(comp, eager)
+    cul = rep.culprit
+    assert cul is not None and cul["op"].startswith("inductor.cpp_fused")
+    assert cul["module"] == "Net.blocks.1.fc1" and cul["phase"] == "forward"
+    assert cul["source"].endswith(LINE)
+    assert "aten.addmm" in cul["message"]  # the eager value it was matched with
+    assert "culprit: seq" in rep.format() and "Net.blocks.1.fc1" in rep.format()
+
+
+def test_a_region_compiled_before_the_dumper_is_reported_not_recorded(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(2, 8)
+    net.blocks[1] = torch.compile(net.blocks[1])
+    net(x)  # compiled here, outside the dumper: its kernels carry no hooks
+    with dumper(tmp_path / "warm.h5", mode="statistics"):
+        net(x)
+    d = load_dump(tmp_path / "warm.h5")
+    [region] = d.attrs["compiled_regions"]
+    assert region["status"] == "not-recorded" and "before the dumper" in region["reason"]
+    assert "blocks.1" in region["name"]
+    assert not any(r.op.startswith("inductor.") for r in d.records)
+    torch._dynamo.reset()
+
+
+def test_a_graph_break_records_eager_parts_and_kernels(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    torch._dynamo.reset()
+
+    def f(x):
+        y = torch.relu(x) * 2
+        print("graph break")  # noqa: T201 - dynamo cannot trace print: two graphs
+        return torch.sigmoid(y) + 1
+
+    cf = torch.compile(f)
+    with dumper(tmp_path / "gb.h5", mode="statistics"):
+        cf(torch.randn(16))
+    d = load_dump(tmp_path / "gb.h5")
+    kernels = [r for r in d.records if r.op.startswith("inductor.")]
+    assert len(kernels) == 2  # one fused kernel per graph on each side of the break
+    assert d.attrs["compiled_regions"][0]["status"] == "recorded-compiled"
+    torch._dynamo.reset()
+
+
+def test_repro_script_shows_the_culprit_kernels_divergence(runs, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from accuracy.compiled.repro import write_repro
+
+    eager, comp = runs["fault"]
+    cul = compare(comp, eager).culprit
+    out = tmp_path / "repro.py"
+    r = write_repro(comp, cul["op"], out, golden=eager, seq=cul["seq_my"])
+    assert r.golden >= 1 and "aten.mul.Tensor" in out.read_text()  # the pass's node, shown
+    run = subprocess.run([sys.executable, str(out)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "DIVERGES" in run.stdout and "recorded vs eager run's value 0.05" in run.stdout
+
+
+def test_repro_refuses_graph_code_that_is_not_a_graph_of_aten_calls():
+    from accuracy.compiled.repro import check_graph_code
+    from accuracy.errors import UsageError
+
+    check_graph_code("def forward(self, a):\n    b = torch.ops.aten.mul.Tensor(a, 2)\n"
+                     "    return (b,)\n")
+    for bad in ("import os\ndef forward(self):\n    return ()\n",
+                "def forward(self, a):\n    b = __import__('os').system('x')\n    return (b,)\n",
+                "def forward(self, a):\n    b = open('x')\n    return (b,)\n",
+                "def forward(self, a):\n    b = a.__class__\n    return (b,)\n"):
+        with pytest.raises(UsageError):
+            check_graph_code(bad)
+
+
+def test_replay_says_why_it_skips_kernel_rows(runs, tmp_path):
+    from accuracy.replay import replay
+
+    _, comp = runs["clean"]
+    res = replay(comp, tmp_path / "replay.h5")
+    kernels = sum(1 for r in load_dump(comp).records if r.op.startswith("inductor."))
+    text = res.format()
+    assert f"{kernels}  compiled kernel (Inductor)" in text
