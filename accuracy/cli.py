@@ -28,6 +28,7 @@ _PART_CLIS = (
     "accuracy.server.cli",
     "accuracy.live.cli",
     "accuracy.demo",
+    "accuracy.monitor.cli",
 )
 
 # command -> (module that registers it, its one-line help) for the parts' commands, so the
@@ -48,6 +49,8 @@ _PART_COMMANDS: dict[str, tuple[str, str]] = {
     "prove": ("accuracy.live.cli", "prove a culprit: substitute it by the reference and "
                                    "measure how much of the loss/gradient gap closes"),
     "demo": ("accuracy.demo", "run the end-to-end demo on the emulated accelerator"),
+    "monitor": ("accuracy.monitor.cli", "plots and summaries of a monitor series "
+                                        "(accuracy.monitor)"),
 }
 
 

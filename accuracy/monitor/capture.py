@@ -41,7 +41,6 @@ class Capture:
     rerun_loss: float | None = None
     exact: bool | None = None
     culprit: dict[str, Any] | None = None
-    overflow_birth: dict[str, Any] | None = None
     reference: str | None = None
     messages: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -53,10 +52,6 @@ class Capture:
             c = self.culprit
             lines.append(f"  CULPRIT: {c.get('op')} in {c.get('module') or '-'} "
                          f"[{c.get('phase')}] at {c.get('source') or '?'}")
-        if self.overflow_birth:
-            b = self.overflow_birth
-            lines.append(f"  non-finite values born in {b.get('op')} in {b.get('module') or '-'}"
-                         f" [{b.get('phase')}]")
         if self.folder:
             lines.append(f"  files: {self.folder}")
         return "\n".join(lines)
@@ -158,8 +153,6 @@ def capture_step(step_fn: Callable[..., Any], model: nn.Module,
             cap.messages.append("no culprit found" + (
                 f"; first divergence: {first.get('op')} in {first.get('module') or '-'}"
                 if first else ""))
-        if not math.isfinite(cap.rerun_loss):
-            cap.overflow_birth = _birth(device)
     except Exception as exc:  # the user's training goes on; the capture says what failed
         log.exception("monitor: capture of step %d failed", step)
         cap.messages.append(f"capture failed: {type(exc).__name__}: {exc}")
@@ -176,16 +169,6 @@ def _short(row: dict[str, Any] | None) -> dict[str, Any] | None:
     keys = ("op", "module", "phase", "source", "my_address", "verdict", "local_error_ratio",
             "cosine", "max_abs_err")
     return {k: row.get(k) for k in keys if k in row}
-
-
-def _birth(path: Path) -> dict[str, Any] | None:
-    from accuracy.overflow import scan
-
-    births = scan(path).births
-    if not births:
-        return None
-    b = births[0]
-    return {"op": b.op, "module": b.module, "phase": b.phase}
 
 
 def _write(cap: Capture, folder: Path) -> None:
