@@ -83,7 +83,9 @@ class Collector:
         self.state_keys: list[str] = []
         self.recording = False
         self._acts: dict[int, list[torch.Tensor]] = {}
+        self._seen: dict[tuple, torch.Tensor] = {}
         self._before: list[torch.Tensor] | None = None
+        self._buffers: list[torch.Tensor] | None = None
         self._grads: list[torch.Tensor | None] | None = None
         self._update: list[torch.Tensor] | None = None
         if optimizer is not None:
@@ -100,10 +102,16 @@ class Collector:
                 ts = _float_leaves(output)
                 if not ts:
                     return
+                key = tuple((t.data_ptr(), t.shape, t._version) for t in ts)
+                seen = self._seen.get(key)
+                if seen is not None:  # a container returning its child's output: measured
+                    self._acts.setdefault(idx, []).append(seen)
+                    return
                 with _NoDispatch():
                     norms = torch._foreach_norm(ts)
-                    mins = [t.min() for t in ts]
-                    maxs = [t.max() for t in ts]
+                    mm = [torch.aminmax(t) for t in ts]
+                    mins = [m[0] for m in mm]
+                    maxs = [m[1] for m in mm]
                     counts = _counts(ts, norms)
                     row = torch.stack([
                         torch.stack([n.double() for n in norms]).square().sum().sqrt(),
@@ -114,6 +122,7 @@ class Collector:
                         sum((torch.as_tensor(c[1], dtype=torch.float64) for c in counts),
                             torch.zeros((), dtype=torch.float64)),
                     ])
+                self._seen[key] = row
                 self._acts.setdefault(idx, []).append(row)
             except Exception:  # never break the user's forward
                 log.exception("monitor: activation figures of %s failed",
@@ -126,7 +135,14 @@ class Collector:
         try:
             with _NoDispatch():
                 self._grads = [p.grad for p in self.params]
-                self._before = [p.detach().clone() for p in self.params]
+                ps = [p.detach() for p in self.params]
+                bufs = self._buffers
+                if bufs is None or any(b.shape != p.shape or b.dtype != p.dtype
+                                       or b.device != p.device for b, p in zip(bufs, ps,
+                                                                                strict=True)):
+                    bufs = self._buffers = [torch.empty_like(p) for p in ps]
+                torch._foreach_copy_(bufs, ps)  # reused buffers: no allocation per step
+                self._before = bufs
         except Exception:
             log.exception("monitor: reading gradients before the optimizer step failed")
 
@@ -135,8 +151,9 @@ class Collector:
             return
         try:
             with _NoDispatch():
-                self._update = torch._foreach_norm(
-                    torch._foreach_sub([p.detach() for p in self.params], self._before))
+                diff = self._before
+                torch._foreach_sub_(diff, [p.detach() for p in self.params])
+                self._update = torch._foreach_norm(diff)
             self._before = None
         except Exception:
             log.exception("monitor: update figures failed")
@@ -145,11 +162,13 @@ class Collector:
 
     def start(self) -> None:
         self._acts, self._before, self._grads, self._update = {}, None, None, None
+        self._seen = {}
         self.recording = True
 
     def collect(self) -> dict[str, Any]:
         """Stop recording; return this step's figures as Python floats (one read-back)."""
         self.recording = False
+        self._seen = {}
         with _NoDispatch():
             pending: list[torch.Tensor] = []
             m = len(self.module_names)
@@ -173,8 +192,9 @@ class Collector:
             p_norms = torch._foreach_norm([p.detach() for p in self.params]) \
                 if self.params else []
             g_norms = torch._foreach_norm(gts) if gts else []
-            g_min = [g.min() for g in gts]
-            g_max = [g.max() for g in gts]
+            g_mm = [torch.aminmax(g) for g in gts]
+            g_min = [m[0] for m in g_mm]
+            g_max = [m[1] for m in g_mm]
             g_counts = _counts(gts, g_norms)
             keys, state_rows = self._state_norms()
             cols = [torch.stack([n.double() for n in p_norms]).cpu()] if p_norms else []
