@@ -204,6 +204,12 @@ def test_spike_trigger_quiet_on_noise_fires_on_a_spike():
     assert t.check(StepFigures(51, 5.2)) is None  # the spike did not enter the window
 
 
+def test_repeated_spikes_do_not_hide_each_other():
+    t = LossSpike(window=5, warmup=3)
+    assert [t.check(StepFigures(i, 1.0)) for i in range(5)] == [None] * 5
+    assert all(t.check(StepFigures(5 + i, 10.0)) for i in range(4))
+
+
 def test_spike_trigger_is_quiet_during_warmup():
     t = LossSpike(warmup=5)
     assert [t.check(StepFigures(i, v)) for i, v in enumerate([1, 1, 1, 1, 50.0])] == [None] * 5
