@@ -114,12 +114,13 @@ def capture_step(step_fn: Callable[..., Any], model: nn.Module,
     folder.mkdir(parents=True, exist_ok=True)
     cap.folder, cap.snapshot_step = str(folder), snap.step
     device, ref, rep = folder / "device.h5", folder / "reference.h5", folder / "replay.h5"
-    now = State.take(step + 1, model, optimizer)
+    extra = store.stateful
+    now = State.take(step + 1, model, optimizer, extra)
     try:
-        snap.restore(model, optimizer)
+        snap.restore(model, optimizer, extra)
         for s in range(snap.step, step):
             _call(step_fn, store.batches[s][0])  # type: ignore[index]
-        at_step = State.take(step, model, optimizer)
+        at_step = State.take(step, model, optimizer, extra)
         with dumper(dump_path=device, mode="tensor", overwrite=True):
             loss = _call(step_fn, store.batches[step][0])  # type: ignore[index]
         cap.rerun_loss = loss_value(loss)
@@ -135,7 +136,7 @@ def capture_step(step_fn: Callable[..., Any], model: nn.Module,
                 "non-deterministic kernels): the dump below is of the re-run, not of the "
                 "flagged step")
         modes = _foreign_modes()
-        at_step.restore(model, optimizer)
+        at_step.restore(model, optimizer, extra)
         if modes:
             cap.reference = f"the same step with {', '.join(modes)} off (plain torch)"
             with _disable_current_modes(), dumper(dump_path=ref, mode="tensor", overwrite=True):
@@ -157,7 +158,7 @@ def capture_step(step_fn: Callable[..., Any], model: nn.Module,
         log.exception("monitor: capture of step %d failed", step)
         cap.messages.append(f"capture failed: {type(exc).__name__}: {exc}")
     finally:
-        now.restore(model, optimizer)
+        now.restore(model, optimizer, extra)
         cap.seconds = time.perf_counter() - t0
         _write(cap, folder)
     return cap

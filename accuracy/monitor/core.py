@@ -58,6 +58,8 @@ class Monitor:
     reduce: with torch.distributed, rank 0 writes figures reduced across ranks (norms
         combined as L2, min/max, counts summed, loss averaged) and the other ranks write none.
     flush_every: rows buffered before a flush (1: a killed job loses nothing recorded).
+    stateful: more objects a step reads the state of (an LR scheduler, a GradScaler): kept in
+        snapshots through their state_dict()/load_state_dict().
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -67,7 +69,8 @@ class Monitor:
                  snapshot_every: int | None = 10, snapshot_budget: int | str | None = None,
                  capture_dir: str | os.PathLike[str] | None = None, reduce: bool = False,
                  flush_every: int = 1, overwrite: bool = False,
-                 step_fn: Callable[..., Any] | None = None) -> None:
+                 step_fn: Callable[..., Any] | None = None,
+                 stateful: Iterable[Any] = ()) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"Monitor needs an nn.Module, got {type(model).__name__}")
         if not isinstance(freq, int) or freq < 1:
@@ -79,7 +82,8 @@ class Monitor:
         self.step_fn = step_fn
         self.store: Store | None = None
         if snapshot_every is not None:
-            self.store = Store(int(snapshot_every), parse_bytes(snapshot_budget))
+            self.store = Store(int(snapshot_every), parse_bytes(snapshot_budget),
+                               tuple(stateful))
             self.snapshot_bytes = self.store.check_budget(model, optimizer)
         stem = self.path.name[:-3] if self.path.name.endswith(".h5") else self.path.name
         self.capture_dir = Path(capture_dir) if capture_dir is not None else \
@@ -118,6 +122,16 @@ class Monitor:
                 self.collector.start()
         except Exception:
             log.exception("monitor: begin_step failed (training goes on)")
+
+    def set_batch(self, *args: Any, **kwargs: Any) -> None:
+        """The current step's batch, when it is known only after `begin_step` (a driver that
+        sees the inputs inside the step)."""
+        if self._capturing or self.store is None or not self._in_step:
+            return
+        try:
+            self.store.set_batch(self.step, (args, kwargs))
+        except Exception:
+            log.exception("monitor: keeping the batch failed (training goes on)")
 
     def end_step(self, loss: Any = None) -> list[str]:
         """Call after the step (forward, backward, optimizer step) with its loss. Returns the

@@ -65,6 +65,10 @@ class Collector:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  modules: str | Iterable[str] = "*") -> None:
         pats = [modules] if isinstance(modules, str) else list(modules)
+        # a wrapped optimizer (accelerate's AcceleratedOptimizer...): hook the real one
+        while optimizer is not None and isinstance(getattr(optimizer, "optimizer", None),
+                                                   torch.optim.Optimizer):
+            optimizer = optimizer.optimizer
         self.model, self.optimizer = model, optimizer
         self.module_names: list[str] = []
         self._handles: list[Any] = []

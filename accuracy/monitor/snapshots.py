@@ -101,19 +101,26 @@ class State:
     optimizer: dict[str, Any] | None
     rng: dict[str, Any]
     nbytes: int
+    extra: list[Any] = field(default_factory=list)
 
     @classmethod
-    def take(cls, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None
-             ) -> State:
+    def take(cls, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+             stateful: tuple[Any, ...] = ()) -> State:
+        """stateful: more objects with state_dict()/load_state_dict() (an LR scheduler, a
+        GradScaler) whose state a step reads."""
         m = _clone(model.state_dict())
         o = _clone(optimizer.state_dict()) if optimizer is not None else None
-        return cls(step, m, o, rng_state(), _nbytes(m) + _nbytes(o))
+        extra = [_clone(copy.deepcopy(obj.state_dict())) for obj in stateful]
+        return cls(step, m, o, rng_state(), _nbytes(m) + _nbytes(o) + _nbytes(extra), extra)
 
-    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                stateful: tuple[Any, ...] = ()) -> None:
         with torch._C._DisableTorchDispatch(), torch.no_grad():
             model.load_state_dict(self.model)
             if optimizer is not None and self.optimizer is not None:
                 optimizer.load_state_dict(copy.deepcopy(self.optimizer))
+            for obj, st in zip(stateful, self.extra, strict=True):
+                obj.load_state_dict(copy.deepcopy(st))
         set_rng_state(self.rng)
 
 
@@ -123,6 +130,7 @@ class Store:
 
     every: int
     budget: int | None
+    stateful: tuple[Any, ...] = ()
     snapshots: deque[State] = field(default_factory=deque)
     batches: dict[int, tuple[Any, int] | None] = field(default_factory=dict)
     disabled: str | None = None
@@ -153,14 +161,22 @@ class Store:
         if self.disabled:
             return
         if step % self.every == 0:
-            snap = State.take(step, model, optimizer)
+            snap = State.take(step, model, optimizer, self.stateful)
             self.snapshots.append(snap)
             self._evict()
             if self.disabled:
                 return
         if self.snapshots:
-            self.batches[step] = None if batch is None else (_clone(batch), _nbytes(batch))
-            self._evict()
+            self.batches[step] = None
+            if batch is not None:
+                self.set_batch(step, batch)
+
+    def set_batch(self, step: int, batch: Any) -> None:
+        """Keep the batch of `step` (when known after the step began: a Trainer's inputs)."""
+        if self.disabled or not self.snapshots:
+            return
+        self.batches[step] = (_clone(batch), _nbytes(batch))
+        self._evict()
 
     def _evict(self) -> None:
         if self.budget is None:
