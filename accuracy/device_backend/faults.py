@@ -89,7 +89,8 @@ class Fault:
         return self.stop is None or occurrence < self.stop
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form, for dump attributes and reports."""
+        """JSON-serialisable form, for dump attributes and reports (start/stop when set)."""
+        window = {k: v for k, v in (("start", self.start), ("stop", self.stop)) if v is not None}
         return {
             "op": self.op,
             "kind": self.kind,
@@ -100,8 +101,7 @@ class Fault:
             "index": self.index,
             "output": self.output,
             "seed": self.seed,
-            "start": self.start,
-            "stop": self.stop,
+            **window,
         }
 
 

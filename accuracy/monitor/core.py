@@ -100,6 +100,7 @@ class Monitor:
         self._batch: Any = None
         self._in_step = False
         self._capturing = False
+        self._said_compiled: set[int] = set()
         self._finalizer = weakref.finalize(self, _close_writer, self.writer)
 
     # -- step hooks -----------------------------------------------------------------------
@@ -156,6 +157,14 @@ class Monitor:
                         "param_names": self.collector.param_names,
                         "module": figs["module"], "param": figs["param"],
                         "state": figs["state"]})
+            blind = self.collector.compiled_modules - self._said_compiled
+            if blind:
+                self._said_compiled |= blind
+                names = [self.collector.module_names[i] for i in sorted(blind)]
+                msg = (f"{len(names)} module(s) run inside torch.compile are not measured (their "
+                       f"outputs are never materialised one by one): {', '.join(names[:10])}")
+                log.warning("monitor: %s", msg)
+                self._event("not-measured", step=step, message=msg, modules=names)
             s = StepFigures(step, value, grad_norm, figs)
             for t in self.triggers:
                 try:

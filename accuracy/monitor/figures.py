@@ -86,6 +86,7 @@ class Collector:
         self.params = [p for _, p in named]
         self.state_keys: list[str] = []
         self.recording = False
+        self.compiled_modules: set[int] = set()  # hooks seen inside torch.compile regions
         self._acts: dict[int, list[torch.Tensor]] = {}
         self._seen: dict[tuple, torch.Tensor] = {}
         self._before: list[torch.Tensor] | None = None
@@ -102,36 +103,43 @@ class Collector:
         def hook(_mod: nn.Module, _args: Any, output: Any) -> None:
             if not self.recording:
                 return
-            try:
-                ts = _float_leaves(output)
-                if not ts:
-                    return
-                key = tuple((t.data_ptr(), t.shape, t._version) for t in ts)
-                seen = self._seen.get(key)
-                if seen is not None:  # a container returning its child's output: measured
-                    self._acts.setdefault(idx, []).append(seen)
-                    return
-                with _NoDispatch():
-                    norms = torch._foreach_norm(ts)
-                    mm = [torch.aminmax(t) for t in ts]
-                    mins = [m[0] for m in mm]
-                    maxs = [m[1] for m in mm]
-                    counts = _counts(ts, norms)
-                    row = torch.stack([
-                        torch.stack([n.double() for n in norms]).square().sum().sqrt(),
-                        torch.stack([m.double() for m in mins]).min(),
-                        torch.stack([m.double() for m in maxs]).max(),
-                        sum((torch.as_tensor(c[0], dtype=torch.float64) for c in counts),
-                            torch.zeros((), dtype=torch.float64)),
-                        sum((torch.as_tensor(c[1], dtype=torch.float64) for c in counts),
-                            torch.zeros((), dtype=torch.float64)),
-                    ])
-                self._seen[key] = row
-                self._acts.setdefault(idx, []).append(row)
-            except Exception:  # never break the user's forward
-                log.exception("monitor: activation figures of %s failed",
-                              self.module_names[idx])
+            if torch.compiler.is_compiling():  # inside torch.compile: said once, not measured
+                self.compiled_modules.add(idx)
+                return
+            self._measure(idx, output)
         return hook
+
+    @torch.compiler.disable  # a frame resumed after a graph break runs this eagerly
+    def _measure(self, idx: int, output: Any) -> None:
+        try:
+            ts = _float_leaves(output)
+            if not ts:
+                return
+            key = tuple((t.data_ptr(), t.shape, t._version) for t in ts)
+            seen = self._seen.get(key)
+            if seen is not None:  # a container returning its child's output: measured
+                self._acts.setdefault(idx, []).append(seen)
+                return
+            with _NoDispatch():
+                norms = torch._foreach_norm(ts)
+                mm = [torch.aminmax(t) for t in ts]
+                mins = [m[0] for m in mm]
+                maxs = [m[1] for m in mm]
+                counts = _counts(ts, norms)
+                row = torch.stack([
+                    torch.stack([n.double() for n in norms]).square().sum().sqrt(),
+                    torch.stack([m.double() for m in mins]).min(),
+                    torch.stack([m.double() for m in maxs]).max(),
+                    sum((torch.as_tensor(c[0], dtype=torch.float64) for c in counts),
+                        torch.zeros((), dtype=torch.float64)),
+                    sum((torch.as_tensor(c[1], dtype=torch.float64) for c in counts),
+                        torch.zeros((), dtype=torch.float64)),
+                ])
+            self._seen[key] = row
+            self._acts.setdefault(idx, []).append(row)
+        except Exception:  # never break the user's forward
+            log.exception("monitor: activation figures of %s failed",
+                          self.module_names[idx])
 
     def _pre_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
         if not self.recording:
