@@ -1,19 +1,23 @@
 """The monitor's time series on disk: one HDF5 file per rank, appended a row per recorded step.
 
-Layout (format ``accuracy-monitor``, version 1; every dataset's first axis is the row):
+Layout (format ``accuracy-monitor``, version 1; rows are recorded steps):
 
     /                      attrs: format, version, rank, world_size, freq, reduced, created,
                            model, complete (False until `close`)
     /step      (N,) int64  the step number of each row (fill -1: a row not yet written)
-    /loss      (N,) f64    the loss the step returned (NaN when it returned none)
-    /grad_norm (N,) f64    the global gradient norm (L2 over every parameter's gradient)
+    /values    (N, C) f64  every figure of a row, one column each (one write per step)
+    /layout    str         JSON {"loss": [a, b], "grad_norm": [a, b], "module/act_norm":
+                           [a, b], "param/grad_norm": [a, b], "state/exp_avg": [a, b], ...}:
+                           the columns [a, b) of each figure
     /module/names (M,) str module names (forward hooks), fixed at the first row
-    /module/<figure> (N, M) f64   act_norm, act_min, act_max, act_nan, act_inf
     /param/names  (P,) str parameter names
-    /param/<figure>  (N, P) f64   norm, grad_norm, grad_min, grad_max, grad_nan, grad_inf,
-                                  update_ratio (|w_after - w_before| / |w_after|), state_norm
-    /state/<key>     (N, P) f64   norm of each optimizer state tensor (exp_avg, exp_avg_sq...)
-    /events    (E,) str   one JSON object per event (trigger fired, capture written, refusal)
+    /events    (E,) str    one JSON object per event (trigger fired, capture written, refusal)
+
+Figures: loss, grad_norm (global L2) one column each; module/<f> for f in act_norm, act_min,
+act_max, act_nan, act_inf (M columns each); param/<f> for f in norm, grad_norm, grad_min,
+grad_max, grad_nan, grad_inf, update_ratio, state_norm (P columns each); state/<key> per
+optimizer state key (P columns each). Datasets grow 64 rows at a time, so a step costs one
+row write to /values and one to /step.
 
 NaN means "not measured on that step" (a module that did not run, a parameter without a
 gradient, no optimizer step). Rows are written `/step` last and the file is in SWMR mode, so a
@@ -66,9 +70,9 @@ class SeriesWriter:
         self._events: list[str] = []
         self._n = 0
         self._ne = 0
-        self._state_keys: list[str] = []
-        self._module_figs: list[str] = []
-        self._param_figs: list[str] = []
+        self._layout: dict[str, list[int]] = {}
+        self._width = 0
+        self._cap = 0
 
     def _create(self, row: dict[str, Any]) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.creating")
@@ -79,39 +83,46 @@ class SeriesWriter:
         f.attrs["complete"] = False
         for k, v in self._attrs.items():
             f.attrs[k] = v if isinstance(v, int | float | str | bool) else json.dumps(v)
-
-        def series(name: str, width: int | None, dtype: Any = np.float64, fill: Any = np.nan
-                   ) -> None:
-            shape, maxshape, chunks = ((0,), (None,), (_CHUNK,)) if width is None else \
-                ((0, width), (None, width), (_CHUNK, max(1, width)))
-            f.create_dataset(name, shape=shape, maxshape=maxshape, chunks=chunks, dtype=dtype,
-                             fillvalue=fill)
-
-        series("step", None, np.int64, -1)
-        series("loss", None)
-        series("grad_norm", None)
         m, p = len(row["module_names"]), len(row["param_names"])
+        layout: dict[str, list[int]] = {}
+        at = 0
+        for name, width in ([("loss", 1), ("grad_norm", 1)]
+                            + [(f"module/{k}", m) for k in row["module"]]
+                            + [(f"param/{k}", p) for k in row["param"]]
+                            + [(f"state/{k}", p) for k in row["state"]]):
+            layout[name] = [at, at + width]
+            at += width
+        self._layout, self._width = layout, at
+        f.create_dataset("step", shape=(0,), maxshape=(None,), chunks=(_CHUNK,),
+                         dtype=np.int64, fillvalue=-1)
+        f.create_dataset("values", shape=(0, at), maxshape=(None, at),
+                         chunks=(_CHUNK, max(1, at)), dtype=np.float64, fillvalue=np.nan)
+        f.create_dataset("layout", data=json.dumps(layout), dtype=_STR)
         f.create_dataset("module/names", data=np.array(row["module_names"], dtype=object),
                          dtype=_STR)
         f.create_dataset("param/names", data=np.array(row["param_names"], dtype=object),
                          dtype=_STR)
-        self._module_figs = list(row["module"])
-        self._param_figs = list(row["param"])
-        self._state_keys = list(row["state"])
-        for fig in self._module_figs:
-            series(f"module/{fig}", m)
-        for fig in self._param_figs:
-            series(f"param/{fig}", p)
-        for key in self._state_keys:
-            series(f"state/{key}", p)
         f.create_dataset("events", shape=(0,), maxshape=(None,), chunks=(_CHUNK,), dtype=_STR)
         f.swmr_mode = True
         os.replace(tmp, self.path)
         self._f = f
+        self._cap = 0
+
+    def _row(self, r: dict[str, Any]) -> np.ndarray:
+        out = np.full(self._width, np.nan)
+        for name, (a, b) in self._layout.items():
+            if name in ("loss", "grad_norm"):
+                out[a] = r[name]
+                continue
+            kind, _, fig = name.partition("/")
+            vals = r[kind].get(fig)
+            if vals is not None and len(vals) == b - a:
+                out[a:b] = vals
+        return out
 
     def append(self, row: dict[str, Any]) -> None:
         """row: step, loss, grad_norm, module_names, param_names, module{fig: [M]},
-        param{fig: [P]}, state{key: [P]}."""
+        param{fig: [P]}, state{key: [P]} (a state key unknown at the first row is dropped)."""
         if self._f is None:
             self._create(row)
         self._rows.append(row)
@@ -131,23 +142,12 @@ class SeriesWriter:
         rows, self._rows = self._rows, []
         if rows:
             n0, n1 = self._n, self._n + len(rows)
-
-            def put(name: str, values: Any) -> None:
-                ds = f[name]
-                ds.resize(n1, axis=0)
-                ds[n0:n1] = values
-
-            put("loss", [r["loss"] for r in rows])
-            put("grad_norm", [r["grad_norm"] for r in rows])
-            for fig in self._module_figs:
-                put(f"module/{fig}", np.array([r["module"][fig] for r in rows], np.float64))
-            for fig in self._param_figs:
-                put(f"param/{fig}", np.array([r["param"][fig] for r in rows], np.float64))
-            p = f["param/names"].shape[0]
-            for key in self._state_keys:
-                put(f"state/{key}", np.array([r["state"].get(key, [np.nan] * p) for r in rows],
-                                             np.float64))
-            put("step", [r["step"] for r in rows])  # last: a row counts once its step is in
+            if n1 > self._cap:  # grow a chunk at a time: most steps write without resizing
+                self._cap = (n1 + _CHUNK - 1) // _CHUNK * _CHUNK
+                f["values"].resize(self._cap, axis=0)
+                f["step"].resize(self._cap, axis=0)
+            f["values"][n0:n1] = np.stack([self._row(r) for r in rows])
+            f["step"][n0:n1] = [r["step"] for r in rows]  # last: a row counts once it is in
             self._n = n1
         if self._events:
             ev, self._events = self._events, []
@@ -200,18 +200,23 @@ def _names(f: h5py.File, name: str) -> list[str]:
     return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in ds[()]]
 
 
-def _table(f: h5py.File, group: str, rows: int, width: int) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    g = f.get(group)
-    if not isinstance(g, h5py.Group):
-        return out
-    for key, ds in g.items():
-        if key == "names" or not isinstance(ds, h5py.Dataset):
-            continue
-        if ds.ndim != 2 or ds.shape[1] != width or ds.dtype.kind != "f":
-            raise MonitorFileError(f"{f.filename}: {group}/{key} has shape {ds.shape}, "
-                                   f"expected (rows, {width}) floats")
-        out[key] = np.asarray(ds[:rows], dtype=np.float64)
+def _layout(f: h5py.File, width: int) -> dict[str, tuple[int, int]]:
+    ds = f.get("layout")
+    if not isinstance(ds, h5py.Dataset) or ds.shape != ():
+        raise MonitorFileError(f"{f.filename}: /layout is missing or malformed")
+    raw = ds[()]
+    try:
+        lay = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+    except (ValueError, UnicodeDecodeError):
+        raise MonitorFileError(f"{f.filename}: /layout is not JSON") from None
+    if not isinstance(lay, dict):
+        raise MonitorFileError(f"{f.filename}: /layout is not a mapping")
+    out = {}
+    for k, v in lay.items():
+        if not (isinstance(k, str) and isinstance(v, list) and len(v) == 2
+                and all(isinstance(x, int) for x in v) and 0 <= v[0] <= v[1] <= width):
+            raise MonitorFileError(f"{f.filename}: /layout entry {k!r} is out of range")
+        out[k] = (v[0], v[1])
     return out
 
 
@@ -241,6 +246,25 @@ def read_series(path: str | os.PathLike[str]) -> Series:
         written = np.flatnonzero(steps < 0)
         rows = int(written[0]) if written.size else steps.shape[0]
         mod_names, par_names = _names(f, "module/names"), _names(f, "param/names")
+        vds = f.get("values")
+        if not isinstance(vds, h5py.Dataset) or vds.ndim != 2 or vds.dtype.kind != "f" \
+                or vds.shape[0] < rows or vds.shape[1] > MAX_COLUMNS:
+            raise MonitorFileError(f"{p}: /values is missing or malformed")
+        values = np.asarray(vds[:rows], dtype=np.float64)
+        tables: dict[str, dict[str, np.ndarray]] = {"module": {}, "param": {}, "state": {}}
+        width = {"module": len(mod_names), "param": len(par_names), "state": len(par_names)}
+        loss = grad = np.full(rows, np.nan)
+        for name, (a, b) in _layout(f, vds.shape[1]).items():
+            if name in ("loss", "grad_norm") and b - a == 1:
+                if name == "loss":
+                    loss = values[:, a]
+                else:
+                    grad = values[:, a]
+                continue
+            kind, _, fig = name.partition("/")
+            if kind not in tables or b - a != width[kind]:
+                raise MonitorFileError(f"{p}: /layout entry {name!r} does not fit its names")
+            tables[kind][fig] = values[:, a:b]
         ev = f.get("events")
         events = []
         if isinstance(ev, h5py.Dataset) and ev.ndim == 1:
@@ -255,9 +279,6 @@ def read_series(path: str | os.PathLike[str]) -> Series:
         return Series(
             path=p, attrs={k: (v.item() if hasattr(v, "item") else v)
                            for k, v in f.attrs.items()},
-            step=steps[:rows], loss=np.asarray(f["loss"][:rows], np.float64),
-            grad_norm=np.asarray(f["grad_norm"][:rows], np.float64),
-            module_names=mod_names, param_names=par_names,
-            module=_table(f, "module", rows, len(mod_names)),
-            param=_table(f, "param", rows, len(par_names)),
-            state=_table(f, "state", rows, len(par_names)), events=events)
+            step=steps[:rows], loss=loss, grad_norm=grad,
+            module_names=mod_names, param_names=par_names, module=tables["module"],
+            param=tables["param"], state=tables["state"], events=events)
