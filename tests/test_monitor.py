@@ -247,3 +247,20 @@ def test_sim_fault_window_and_state():
     assert outs == [1.0, 1.0, 2.0, 2.0, 1.0, 1.0] and again == 2.0
     with pytest.raises(ValueError, match="stop"):
         sim.fault("aten.mul.Tensor", kind="bias", value=1.0, start=4, stop=4)
+
+
+def test_the_monitor_is_invisible_to_a_dumper_and_to_sim(tmp_path):
+    from accuracy.dumpfile import load_dump
+    from accuracy.dumper import dumper
+
+    counts = []
+    for monitored in (False, True):
+        model, opt, train_step = _setup()
+        step = am.watch(train_step, model, opt, path=tmp_path / f"m{monitored}.monitor.h5",
+                        snapshot_every=None) if monitored else train_step
+        norm_fault = sim.fault("aten.linalg_vector_norm.default", kind="bias", value=1.0)
+        with sim(faults=[norm_fault]) as dev, dumper(tmp_path / f"d{monitored}.h5"):
+            step(*_batch(0))
+        with load_dump(tmp_path / f"d{monitored}.h5") as d:
+            counts.append((len(d.records), dev.calls, len(dev.applied)))
+    assert counts[0] == counts[1]  # same ops dumped, same device calls, no fault on our norms
