@@ -250,8 +250,8 @@ def test_sim_fault_window_and_state():
 
 
 def test_the_monitor_is_invisible_to_a_dumper_and_to_sim(tmp_path):
-    from accuracy.dumpfile import load_dump
     from accuracy.dumper import dumper
+    from accuracy.dumpfile import load_dump
 
     counts = []
     for monitored in (False, True):
