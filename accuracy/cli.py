@@ -30,6 +30,7 @@ _PART_CLIS = (
     "accuracy.live.cli",
     "accuracy.demo",
     "accuracy.compiled.cli",
+    "accuracy.monitor.cli",
 )
 
 # command -> (module that registers it, its one-line help) for the parts' commands, so the
@@ -52,6 +53,8 @@ _PART_COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("accuracy.demo", "run the end-to-end demo on the emulated accelerator"),
     "repro": ("accuracy.compiled.cli",
               "write a standalone script reproducing one recorded Inductor kernel"),
+    "monitor": ("accuracy.monitor.cli", "plots and summaries of a monitor series "
+                                        "(accuracy.monitor)"),
 }
 
 

@@ -1,7 +1,9 @@
 """Fault specifications for `sim`, and the code that applies one to a single op call.
 
 A fault selects calls by op pattern (fnmatch on the overload name), optionally module pattern
-and occurrence (0-based index among the calls that match op and module), and does one thing:
+and occurrence (0-based index among the calls that match op and module) or a window of them
+(``start`` inclusive, ``stop`` exclusive: a fault that a device develops at some point), and
+does one thing:
 
 - ``replace``: run another implementation (a registered name such as "gelu-tanh", or a
   callable ``fn(func, args, kwargs) -> output``);
@@ -83,9 +85,20 @@ class Fault:
     index: int = 0
     output: int = 0
     seed: int = 0
+    start: int | None = None
+    stop: int | None = None
+
+    def fires_at(self, occurrence: int) -> bool:
+        """Whether this fault fires on the matching call number `occurrence` (0-based)."""
+        if self.occurrence is not None and occurrence != self.occurrence:
+            return False
+        if self.start is not None and occurrence < self.start:
+            return False
+        return self.stop is None or occurrence < self.stop
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form, for dump attributes and reports."""
+        """JSON-serialisable form, for dump attributes and reports (start/stop when set)."""
+        window = {k: v for k, v in (("start", self.start), ("stop", self.stop)) if v is not None}
         return {
             "op": self.op,
             "kind": self.kind,
@@ -96,6 +109,7 @@ class Fault:
             "index": self.index,
             "output": self.output,
             "seed": self.seed,
+            **window,
         }
 
 
@@ -123,12 +137,20 @@ def make_fault(
     index: int = 0,
     output: int = 0,
     seed: int = 0,
+    start: int | None = None,
+    stop: int | None = None,
 ) -> Fault:
-    """Validate and build a fault (exposed as `sim.fault`). `occurrence` is 0-based."""
+    """Validate and build a fault (exposed as `sim.fault`). `occurrence` is 0-based;
+    `start`/`stop`: fire on matching calls start <= n < stop only (either may be None)."""
     if kind not in KINDS:
         raise UsageError(f"unknown fault kind {kind!r}; expected one of {', '.join(KINDS)}")
     if occurrence is not None and (not isinstance(occurrence, int) or occurrence < 0):
         raise UsageError(f"occurrence must be a 0-based int or None, got {occurrence!r}")
+    for name, bound in (("start", start), ("stop", stop)):
+        if bound is not None and (not isinstance(bound, int) or bound < 0):
+            raise UsageError(f"{name} must be a 0-based int or None, got {bound!r}")
+    if start is not None and stop is not None and stop <= start:
+        raise UsageError(f"stop ({stop}) must be greater than start ({start})")
     if kind == "replace":
         if not (callable(value) or value in _REPLACEMENTS):
             raise UsageError(
@@ -155,7 +177,7 @@ def make_fault(
     elif kind == "arg" and not arg:
         raise UsageError("kind='arg' needs arg=<schema argument name>")
     return Fault(op=op, kind=kind, value=value, module=module, occurrence=occurrence, arg=arg,
-                 index=int(index), output=int(output), seed=int(seed))
+                 index=int(index), output=int(output), seed=int(seed), start=start, stop=stop)
 
 
 def set_argument(func: Any, args: tuple, kwargs: dict, name: str, value: Any) -> tuple[tuple, dict]:

@@ -200,6 +200,19 @@ class SimMode(TorchDispatchMode):
                 self._tracker.__exit__(exc_type, exc, tb)
                 self._tracker = None
 
+    def state(self) -> dict[str, Any]:
+        """The device's counters (calls, each fault's occurrences): what a snapshot keeps so a
+        re-run of a step meets the same faults, as a device's RNG state is kept."""
+        return {"calls": self.calls, "occurrences": list(self._occurrences)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore counters saved by `state()` (same faults)."""
+        occ = [int(n) for n in state["occurrences"]]
+        if len(occ) != len(self.faults):
+            raise ValueError(f"state has {len(occ)} fault counters, this sim has "
+                             f"{len(self.faults)} faults")
+        self.calls, self._occurrences = int(state["calls"]), occ
+
     # -- dispatch -------------------------------------------------------------------------
 
     def _plan(self, func: Any) -> tuple[Rule | None, tuple[int, ...]]:
@@ -332,7 +345,7 @@ class SimMode(TorchDispatchMode):
                 continue
             occurrence = self._occurrences[i]
             self._occurrences[i] += 1
-            if fault.occurrence is not None and occurrence != fault.occurrence:
+            if not fault.fires_at(occurrence):
                 continue
             record = {
                 "fault": i,

@@ -27,6 +27,7 @@ from accuracy.server.guard import (
 from accuracy.server.jobs import JobManager
 from accuracy.server.reportindex import RowIndex
 from accuracy.server.routers import health, jobs, ops, reports, runs, ui
+from accuracy.server.routers import monitor as monitor_router
 from accuracy.server.storage import DEFAULT_MAX_UPLOAD, Storage
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ def create_app(
                        max_json_bytes=max_json_bytes, read_timeout_s=read_timeout_s)
     for r in (health.router, runs.router, ops.router, jobs.router, reports.router, ui.router):
         app.include_router(r)
+    app.include_router(monitor_router.router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     return app
 

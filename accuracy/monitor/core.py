@@ -1,0 +1,290 @@
+"""`Monitor`: figures over steps, triggers, snapshots and capture, behind step hooks.
+
+One added call in a training loop:
+
+    train_step = accuracy.monitor.watch(train_step, model, optimizer, path="run.monitor.h5")
+    for batch in data:
+        loss = train_step(batch)      # unchanged
+
+`watch` returns the step wrapped: before it, a snapshot when due and the batch kept; around it,
+the figures; after it, the triggers and, when one fires, the capture of that step (re-run from
+the snapshot with the dumper on, replayed and compared) written beside the series. A driver
+that owns the loop (a Trainer callback) calls `begin_step()` / `end_step(loss)` instead.
+Nothing here ever stops the user's training: our failures are logged and recorded as events.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import weakref
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from accuracy.errors import UsageError
+from accuracy.monitor.capture import Capture, capture_step, loss_value
+from accuracy.monitor.figures import Collector
+from accuracy.monitor.series import SeriesWriter
+from accuracy.monitor.snapshots import Store, parse_bytes
+from accuracy.monitor.triggers import StepFigures, Trigger, resolve
+
+log = logging.getLogger(__name__)
+
+
+def _rank() -> tuple[int, int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class Monitor:
+    """Per-step figures of `model` (and `optimizer`), written to `path` (HDF5, one per rank:
+    a `{rank}` in the path expands).
+
+    freq: record figures every `freq` steps (the loss and loss triggers see every step).
+    modules: glob patterns of the modules whose outputs are measured (default all).
+    triggers: 'default' (non-finite, loss spike, gradient-norm jump), None, or a list of
+        `Trigger`s / callables `fn(StepFigures) -> bool | str`.
+    snapshot_every: keep the state to re-run a step every K steps (None: no capture).
+    snapshot_budget: bytes (or '2GB') the snapshots and kept batches may use in memory; a budget
+        too small for one snapshot is refused with the size needed.
+    capture_dir: where captures go (default: `<path without .h5>.captures/`).
+    reduce: with torch.distributed, rank 0 writes figures reduced across ranks (norms
+        combined as L2, min/max, counts summed, loss averaged) and the other ranks write none.
+    flush_every: rows buffered before a flush (1: a killed job loses nothing recorded).
+    stateful: more objects a step reads the state of (an LR scheduler, a GradScaler): kept in
+        snapshots through their state_dict()/load_state_dict().
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 path: str | os.PathLike[str] = "run.monitor.h5", *, freq: int = 1,
+                 modules: str | Iterable[str] = "*",
+                 triggers: str | Iterable[Trigger | Callable[..., Any]] | None = "default",
+                 snapshot_every: int | None = 10, snapshot_budget: int | str | None = None,
+                 capture_dir: str | os.PathLike[str] | None = None, reduce: bool = False,
+                 flush_every: int = 1, overwrite: bool = False,
+                 step_fn: Callable[..., Any] | None = None,
+                 stateful: Iterable[Any] = ()) -> None:
+        if not isinstance(model, nn.Module):
+            raise UsageError(f"Monitor needs an nn.Module, got {type(model).__name__}")
+        if not isinstance(freq, int) or freq < 1:
+            raise UsageError(f"freq must be an int >= 1, got {freq!r}")
+        self.rank, self.world_size = _rank()
+        self.path = Path(str(path).replace("{rank}", str(self.rank)))
+        self.model, self.optimizer, self.freq, self.reduce = model, optimizer, freq, reduce
+        self.triggers = resolve(triggers)
+        self.step_fn = step_fn
+        self.store: Store | None = None
+        if snapshot_every is not None:
+            self.store = Store(int(snapshot_every), parse_bytes(snapshot_budget),
+                               tuple(stateful))
+            self.snapshot_bytes = self.store.check_budget(model, optimizer)
+        stem = self.path.name[:-3] if self.path.name.endswith(".h5") else self.path.name
+        self.capture_dir = Path(capture_dir) if capture_dir is not None else \
+            self.path.with_name(stem + ".captures")
+        self.collector = Collector(model, optimizer, modules)
+        writes = not (reduce and self.world_size > 1 and self.rank != 0)
+        self.writer = SeriesWriter(self.path, flush_every=flush_every, overwrite=overwrite,
+                                   attrs={"rank": self.rank, "world_size": self.world_size,
+                                          "freq": freq, "reduced": bool(reduce),
+                                          "model": type(model).__name__}) if writes else None
+        self.step = 0
+        self.captures: list[Capture] = []
+        self.fired: list[tuple[int, str]] = []
+        self._batch: Any = None
+        self._in_step = False
+        self._capturing = False
+        self._said_compiled: set[int] = set()
+        self._finalizer = weakref.finalize(self, _close_writer, self.writer)
+
+    # -- step hooks -----------------------------------------------------------------------
+
+    def begin_step(self, *args: Any, **kwargs: Any) -> None:
+        """Call before the step runs, with the step's batch (the arguments the step function
+        will be called with) if the step can be re-run; without them, captures say the step
+        cannot be re-run exactly."""
+        if self._capturing:
+            return
+        self._in_step = True
+        try:
+            batch = (args, kwargs) if (args or kwargs) else None
+            if self.store is not None:
+                self.store.before_step(self.step, self.model, self.optimizer, batch)
+                if self.store.disabled and not getattr(self, "_said_disabled", False):
+                    self._said_disabled = True
+                    self._event("snapshots-stopped", message=self.store.disabled)
+            if self.step % self.freq == 0:
+                self.collector.start()
+        except Exception:
+            log.exception("monitor: begin_step failed (training goes on)")
+
+    def set_batch(self, *args: Any, **kwargs: Any) -> None:
+        """The current step's batch, when it is known only after `begin_step` (a driver that
+        sees the inputs inside the step)."""
+        if self._capturing or self.store is None or not self._in_step:
+            return
+        try:
+            self.store.set_batch(self.step, (args, kwargs))
+        except Exception:
+            log.exception("monitor: keeping the batch failed (training goes on)")
+
+    def end_step(self, loss: Any = None) -> list[str]:
+        """Call after the step (forward, backward, optimizer step) with its loss. Returns the
+        reasons of the triggers that fired on this step."""
+        if self._capturing:
+            return []
+        step = self.step
+        self.step += 1
+        self._in_step = False
+        reasons: list[str] = []
+        try:
+            value = loss_value(loss) if loss is not None else math.nan
+            figs = self.collector.collect() if self.collector.recording else None
+            grad_norm = figs["grad_norm"] if figs else math.nan
+            if figs is not None:
+                figs = self._reduce(figs, value) if self.reduce and self.world_size > 1 else figs
+                if figs is not None and self.writer is not None:
+                    self.writer.append({
+                        "step": step, "loss": figs.get("loss", value),
+                        "grad_norm": figs["grad_norm"],
+                        "module_names": self.collector.module_names,
+                        "param_names": self.collector.param_names,
+                        "module": figs["module"], "param": figs["param"],
+                        "state": figs["state"]})
+            blind = self.collector.compiled_modules - self._said_compiled
+            if blind:
+                self._said_compiled |= blind
+                names = [self.collector.module_names[i] for i in sorted(blind)]
+                msg = (f"{len(names)} module(s) run inside torch.compile are not measured (their "
+                       f"outputs are never materialised one by one): {', '.join(names[:10])}")
+                log.warning("monitor: %s", msg)
+                self._event("not-measured", step=step, message=msg, modules=names)
+            s = StepFigures(step, value, grad_norm, figs)
+            for t in self.triggers:
+                try:
+                    why = t.check(s)
+                except Exception as exc:
+                    log.exception("monitor: trigger %s failed", t.name)
+                    why = None
+                    self._event("trigger-error", step=step, trigger=t.name, message=str(exc))
+                if why:
+                    reasons.append(f"{t.name}: {why}")
+            if reasons:
+                self._fired(step, value, reasons)
+        except Exception:
+            log.exception("monitor: end_step failed (training goes on)")
+        return reasons
+
+    def wrap(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """The step function with the monitor around it (see `watch`)."""
+        self.step_fn = step_fn
+
+        def monitored(*args: Any, **kwargs: Any) -> Any:
+            self.begin_step(*args, **kwargs)
+            loss = step_fn(*args, **kwargs)
+            self.end_step(loss)
+            return loss
+
+        monitored.monitor = self  # type: ignore[attr-defined]
+        monitored.__wrapped__ = step_fn  # type: ignore[attr-defined]
+        return monitored
+
+    # -- triggers and capture -------------------------------------------------------------
+
+    def _fired(self, step: int, loss: float, reasons: list[str]) -> None:
+        reason = "; ".join(reasons)
+        self._event("trigger", step=step, loss=loss, reasons=reasons)
+        log.warning("monitor: step %d flagged: %s", step, reason)
+        first = not self.fired
+        self.fired.append((step, reason))
+        if not first:
+            if len(self.fired) == 2:
+                msg = (f"triggers fired again at step {step} (and may on every step): captured "
+                       f"once, step {self.fired[0][0]}; later steps are recorded as events only")
+                log.warning("monitor: %s", msg)
+                self._event("capture-once", step=step, message=msg)
+            return
+        if self.store is None or self.step_fn is None:
+            why = ("snapshots are off (snapshot_every=None)" if self.store is None else
+                   "the monitor has no step function to re-run (use watch() or step_fn=)")
+            self._event("not-captured", step=step, message=why)
+            log.warning("monitor: step %d not captured: %s", step, why)
+            return
+        self._capturing = True
+        try:
+            cap = capture_step(self.step_fn, self.model, self.optimizer, self.store, step,
+                               reason, loss, self.capture_dir)
+        finally:
+            self._capturing = False
+        self.captures.append(cap)
+        self._event("capture", step=step, exact=cap.exact, folder=cap.folder,
+                    culprit=cap.culprit, messages=cap.messages)
+        log.warning("monitor: %s", cap.format())
+
+    def _event(self, kind: str, step: int | None = None, **info: Any) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.event(kind, self.step if step is None else step, **info)
+            except Exception:
+                log.exception("monitor: writing an event failed")
+
+    # -- ranks ----------------------------------------------------------------------------
+
+    def _reduce(self, figs: dict[str, Any], loss: float) -> dict[str, Any] | None:
+        """All ranks' figures reduced (collective: every rank calls it each recorded step)."""
+        import numpy as np
+        from torch import distributed as dist
+
+        parts = [("module", k, len(v)) for k, v in figs["module"].items()]
+        parts += [("param", k, len(v)) for k, v in figs["param"].items()]
+        flat = [x for kind, k, _ in parts for x in figs[kind][k]] + [figs["grad_norm"], loss]
+        mine = torch.tensor(flat, dtype=torch.float64)
+        gathered = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine)
+        allr = torch.stack(gathered).numpy()
+        out: dict[str, Any] = {"module": {}, "param": {}, "state": figs["state"]}
+        at = 0
+        for kind, k, n in parts:
+            block = allr[:, at:at + n]
+            at += n
+            if k.endswith("_min"):
+                red = np.nanmin(block, axis=0) if block.size else block[0]
+            elif k.endswith("_max"):
+                red = np.nanmax(block, axis=0) if block.size else block[0]
+            elif k.endswith(("_nan", "_inf")):
+                red = np.nansum(block, axis=0)
+            elif k == "act_norm":  # each rank's own data: the L2 norm over all of it
+                red = np.sqrt(np.nansum(block ** 2, axis=0))
+            else:  # parameters, their gradients (all-reduced), updates: replicated, so the
+                # largest shows a rank that strays
+                red = np.nanmax(block, axis=0)
+            out[kind][k] = red.tolist()
+        out["grad_norm"] = float(np.nanmax(allr[:, at]))
+        out["loss"] = float(np.nanmean(allr[:, at + 1]))
+        return out if self.rank == 0 else None
+
+    def close(self) -> None:
+        """Flush and mark the series complete (also done at exit)."""
+        self.collector.close()
+        self._finalizer()
+
+
+def _close_writer(writer: SeriesWriter | None) -> None:
+    if writer is not None:
+        try:
+            writer.close()
+        except Exception:
+            log.exception("monitor: closing the series failed")
+
+
+def watch(step_fn: Callable[..., Any], model: nn.Module,
+          optimizer: torch.optim.Optimizer | None = None, **options: Any) -> Callable[..., Any]:
+    """Wrap a training step `step_fn(*batch) -> loss` (forward, backward, optimizer step) with a
+    `Monitor(model, optimizer, **options)`; the monitor is the wrapper's `.monitor`."""
+    return Monitor(model, optimizer, **options).wrap(step_fn)

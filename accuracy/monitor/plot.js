@@ -1,0 +1,113 @@
+// Draws a monitor series (data from the JSON block #data). Names are untrusted: they reach the
+// page through textContent only (uPlot's legend does the same).
+(function () {
+  "use strict";
+  const data = JSON.parse(document.getElementById("data").textContent);
+  const num = (v) => (v === "inf" ? Infinity : v === "-inf" ? -Infinity : v);
+  const steps = data.steps;
+  const width = () => Math.max(600, Math.min(window.innerWidth - 80, 1400));
+
+  const ev = document.getElementById("events");
+  for (const e of data.events) {
+    const d = document.createElement("div");
+    const what = e.kind === "capture"
+      ? "capture: " + (e.exact ? "re-run exact" : "re-run NOT exact") +
+        (e.culprit ? ", culprit " + e.culprit.op + " in " + (e.culprit.module || "-") : "")
+      : e.kind + ": " + (e.reasons ? e.reasons.join("; ") : (e.message || ""));
+    d.textContent = "step " + e.step + " \u2014 " + what;
+    ev.appendChild(d);
+  }
+
+  const finite = (arr) => arr.map((v) => { v = num(v); return Number.isFinite(v) ? v : null; });
+  new uPlot({
+    width: width(), height: 220,
+    series: [{ label: "step" }, { label: "loss", stroke: "#1f77b4" },
+             { label: "grad norm", stroke: "#d62728", scale: "g" }],
+    axes: [{}, {}, { scale: "g", side: 1 }],
+    scales: { x: { time: false } },
+  }, [steps, finite(data.loss), finite(data.grad_norm)], document.getElementById("top"));
+
+  const sel = document.getElementById("fig");
+  for (const key of Object.keys(data.figures)) {
+    const o = document.createElement("option");
+    o.value = key; o.textContent = key;
+    if (key === "module/act_norm") o.selected = true;
+    sel.appendChild(o);
+  }
+  const colour = (i, n) => "hsl(" + Math.round((360 * i) / Math.max(1, n)) + ",65%,45%)";
+  let plot = null;
+
+  function lines() {
+    const f = data.figures[sel.value];
+    if (!f) return;
+    const logy = document.getElementById("log").checked;
+    const cols = f.names.map((_, j) => f.values.map((row) => {
+      const v = num(row[j]);
+      return Number.isFinite(v) && (!logy || v > 0) ? v : null;
+    }));
+    const series = [{ label: "step" }].concat(f.names.map((n, j) => ({
+      label: n, stroke: colour(j, f.names.length), width: 1,
+    })));
+    if (plot) plot.destroy();
+    plot = new uPlot({
+      width: width(), height: 320, series: series,
+      scales: { x: { time: false }, y: logy ? { distr: 3 } : {} },
+    }, [steps].concat(cols), document.getElementById("lines"));
+    heat(f);
+  }
+
+  function heat(f) {
+    const canvas = document.getElementById("heat");
+    const rows = f.names.length, ncol = steps.length;
+    const lw = 280;  // the names column (canvas text: never parsed as HTML)
+    const cw = Math.max(1, Math.floor((width() - lw) / Math.max(1, ncol)));
+    const ch = 12;
+    canvas.width = lw + cw * ncol; canvas.height = ch * rows;
+    const ctx = canvas.getContext("2d");
+    ctx.font = "10px monospace"; ctx.fillStyle = "#000"; ctx.textBaseline = "middle";
+    for (let j = 0; j < rows; j++) {
+      const n = f.names[j];
+      ctx.fillText(n.length > 44 ? "\u2026" + n.slice(-43) : n, 2, j * ch + ch / 2, lw - 4);
+    }
+    const ratio = [];
+    for (let j = 0; j < rows; j++) {
+      const vals = f.values.map((r) => Math.abs(num(r[j]))).filter((v) => Number.isFinite(v));
+      vals.sort((a, b) => a - b);
+      const med = vals.length ? vals[Math.floor(vals.length / 2)] : NaN;
+      ratio.push(f.values.map((r) => {
+        const v = Math.abs(num(r[j]));
+        if (r[j] === null) return null;
+        if (!Number.isFinite(v)) return Infinity;
+        return med > 0 ? Math.log10(Math.max(v, 1e-30) / med) : (v > 0 ? Infinity : 0);
+      }));
+    }
+    for (let j = 0; j < rows; j++) {
+      for (let i = 0; i < ncol; i++) {
+        const r = ratio[j][i];
+        let c;
+        if (r === null) c = "#ddd";
+        else if (!Number.isFinite(r)) c = "#000";
+        else {
+          const t = Math.max(-1, Math.min(1, r / 2));
+          const a = Math.round(255 * (1 - Math.abs(t)));
+          c = t >= 0 ? "rgb(255," + a + "," + a + ")" : "rgb(" + a + "," + a + ",255)";
+        }
+        ctx.fillStyle = c;
+        ctx.fillRect(lw + i * cw, j * ch, cw, ch);
+      }
+    }
+    const hover = document.getElementById("hover");
+    canvas.onmousemove = (e) => {
+      const b = canvas.getBoundingClientRect();
+      const i = Math.floor(((e.clientX - b.left) * canvas.width / b.width - lw) / cw);
+      const j = Math.floor(((e.clientY - b.top) * canvas.height / b.height) / ch);
+      if (i < 0 || j < 0 || i >= ncol || j >= rows) return;
+      const v = f.values[i][j];
+      hover.textContent = f.names[j] + " @ step " + steps[i] + ": " + (v === null ? "-" : v);
+    };
+  }
+
+  sel.onchange = lines;
+  document.getElementById("log").onchange = lines;
+  lines();
+})();

@@ -1,0 +1,114 @@
+"""Plots of a monitor series as one self-contained HTML page (no network, no server).
+
+The page holds uPlot (vendored under accuracy/server/static/vendor/uplot) inline, the data as
+JSON inside a `<script type="application/json">` block with every `<`, `>` and `&` escaped,
+and a small script that draws: loss and global gradient norm over steps; for the chosen figure,
+each layer over steps; and a layer x step heat map of each value against its layer's median
+(log ratio), so the step and the layer where a problem starts stand out. Names (untrusted)
+reach the page only through JSON and `textContent`. The server shows the same page.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from accuracy.monitor.series import Series, read_series
+
+VENDOR = Path(__file__).resolve().parent.parent / "server" / "static" / "vendor" / "uplot"
+MAX_STEPS = 2000  # columns drawn; longer runs are binned by each bin's largest |value|
+
+
+def _bin(values: np.ndarray, steps: np.ndarray, max_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    n = values.shape[0]
+    if n <= max_steps:
+        return values, steps
+    edges = np.linspace(0, n, max_steps + 1).astype(int)
+    out = np.full((max_steps,) + values.shape[1:], np.nan)
+    for i in range(max_steps):
+        block = values[edges[i]:edges[i + 1]]
+        key = np.where(np.isnan(block), -1.0, np.abs(block))  # Inf ranks first, NaN last
+        idx = np.expand_dims(key.argmax(axis=0), 0)
+        out[i] = np.take_along_axis(block, idx, 0)[0]
+    return out, steps[edges[:-1]]
+
+
+def _clean(a: np.ndarray) -> list[Any]:
+    """JSON-safe: NaN -> null, +/-Inf -> strings the page shows as such."""
+    def one(v: float) -> Any:
+        if math.isnan(v):
+            return None
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return float(v)
+    if a.ndim == 1:
+        return [one(float(v)) for v in a]
+    return [[one(float(v)) for v in row] for row in a]
+
+
+def series_data(s: Series, max_steps: int = MAX_STEPS) -> dict[str, Any]:
+    """What the page draws, as JSON-ready data."""
+    steps = s.step
+    loss, st = _bin(s.loss, steps, max_steps)
+    gn, _ = _bin(s.grad_norm, steps, max_steps)
+    figures: dict[str, Any] = {}
+    for kind, table in (("module", s.module), ("param", s.param), ("state", s.state)):
+        names = s.module_names if kind == "module" else s.param_names
+        for fig, values in sorted(table.items()):
+            v, _ = _bin(values, steps, max_steps)
+            figures[f"{kind}/{fig}"] = {"names": names, "values": _clean(v)}
+    return {"file": s.path.name, "rank": s.attrs.get("rank"), "steps": [int(x) for x in st],
+            "loss": _clean(loss), "grad_norm": _clean(gn), "figures": figures,
+            "events": s.events[:1000]}
+
+
+def _json_for_script(data: Any) -> str:
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+def render_html(s: Series, title: str | None = None) -> str:
+    """The whole page as one string."""
+    js = (VENDOR / "uPlot.iife.min.js").read_text(encoding="utf-8")
+    css = (VENDOR / "uPlot.min.css").read_text(encoding="utf-8")
+    own = (Path(__file__).with_name("plot.js")).read_text(encoding="utf-8")
+    data = _json_for_script(series_data(s))
+    safe_js = js.replace("</script", "<\\/script")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
+        "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">"
+        f"<title>{html.escape(title or s.path.name)}</title>"
+        f"<style>{css.replace('</style', '')}\n{_STYLE}</style></head><body>"
+        f"<h1>monitor: {html.escape(title or s.path.name)}</h1>"
+        "<div id='events'></div>"
+        "<h2>loss and global gradient norm</h2><div id='top'></div>"
+        "<h2>per layer <select id='fig'></select> <label><input type='checkbox' id='log' "
+        "checked> log scale</label></h2><div id='lines'></div>"
+        "<h2>layer &times; step (value / the layer's median, log10)</h2>"
+        "<div id='hover' class='hover'>&nbsp;</div><canvas id='heat'></canvas>"
+        f"<script type='application/json' id='data'>{data}</script>"
+        f"<script>{safe_js}</script><script>{own}</script></body></html>")
+
+
+_STYLE = """
+body { font: 14px system-ui, sans-serif; margin: 1em 2em; }
+h2 { font-size: 1.05em; margin-top: 1.5em; }
+.hover { font-family: monospace; min-height: 1.2em; }
+#events div { color: #a00; }
+canvas#heat { image-rendering: pixelated; border: 1px solid #ccc; }
+"""
+
+
+def write_plot(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """Read a monitor file and write its HTML page to `out`."""
+    s = read_series(path)
+    o = Path(out)
+    o.write_text(render_html(s), encoding="utf-8")
+    return o

@@ -1,0 +1,284 @@
+"""The monitor's time series on disk: one HDF5 file per rank, appended a row per recorded step.
+
+Layout (format ``accuracy-monitor``, version 1; rows are recorded steps):
+
+    /                      attrs: format, version, rank, world_size, freq, reduced, created,
+                           model, complete (False until `close`)
+    /step      (N,) int64  the step number of each row (fill -1: a row not yet written)
+    /values    (N, C) f64  every figure of a row, one column each (one write per step)
+    /layout    str         JSON {"loss": [a, b], "grad_norm": [a, b], "module/act_norm":
+                           [a, b], "param/grad_norm": [a, b], "state/exp_avg": [a, b], ...}:
+                           the columns [a, b) of each figure
+    /module/names (M,) str module names (forward hooks), fixed at the first row
+    /param/names  (P,) str parameter names
+    /events    (E,) str    one JSON object per event (trigger fired, capture written, refusal)
+
+Figures: loss, grad_norm (global L2) one column each; module/<f> for f in act_norm, act_min,
+act_max, act_nan, act_inf (M columns each); param/<f> for f in norm, grad_norm, grad_min,
+grad_max, grad_nan, grad_inf, update_ratio, state_norm (P columns each); state/<key> per
+optimizer state key (P columns each). Datasets grow 64 rows at a time, so a step costs one
+row write to /values and one to /step.
+
+NaN means "not measured on that step" (a module that did not run, a parameter without a
+gradient, no optimizer step). Rows are written `/step` last and the file is in SWMR mode, so a
+killed job leaves a readable file that holds every row flushed before the kill (`flush_every`
+steps, 1 by default): `read_series` keeps the rows whose step was written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from accuracy.errors import AccuracyError, InputNotFoundError, OutputExistsError
+
+log = logging.getLogger(__name__)
+
+FORMAT = "accuracy-monitor"
+VERSION = 1
+_CHUNK = 64
+_STR = h5py.string_dtype("utf-8")
+MAX_COLUMNS = 1_000_000
+MAX_ROWS = 100_000_000
+
+
+class MonitorFileError(AccuracyError, ValueError):
+    """A file that is not a monitor series this tool wrote (or is damaged)."""
+
+
+class SeriesWriter:
+    """Append rows of figures; datasets are made at the first row (names are known then)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, attrs: dict[str, Any] | None = None,
+                 flush_every: int = 1, overwrite: bool = False) -> None:
+        self.path = Path(path)
+        if self.path.exists() and not overwrite:
+            raise OutputExistsError(f"{self.path} exists; pass overwrite=True or another path")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.flush_every = max(1, int(flush_every))
+        self._attrs = dict(attrs or {})
+        self._f: h5py.File | None = None
+        self._rows: list[dict[str, Any]] = []
+        self._events: list[str] = []
+        self._n = 0
+        self._ne = 0
+        self._layout: dict[str, list[int]] = {}
+        self._width = 0
+        self._cap = 0
+
+    def _create(self, row: dict[str, Any]) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.creating")
+        f = h5py.File(tmp, "w", libver="latest")
+        f.attrs["format"] = FORMAT
+        f.attrs["version"] = VERSION
+        f.attrs["created"] = time.time()
+        f.attrs["complete"] = False
+        for k, v in self._attrs.items():
+            f.attrs[k] = v if isinstance(v, int | float | str | bool) else json.dumps(v)
+        m, p = len(row["module_names"]), len(row["param_names"])
+        layout: dict[str, list[int]] = {}
+        at = 0
+        for name, width in ([("loss", 1), ("grad_norm", 1)]
+                            + [(f"module/{k}", m) for k in row["module"]]
+                            + [(f"param/{k}", p) for k in row["param"]]
+                            + [(f"state/{k}", p) for k in row["state"]]):
+            layout[name] = [at, at + width]
+            at += width
+        self._layout, self._width = layout, at
+        f.create_dataset("step", shape=(0,), maxshape=(None,), chunks=(_CHUNK,),
+                         dtype=np.int64, fillvalue=-1)
+        f.create_dataset("values", shape=(0, at), maxshape=(None, at),
+                         chunks=(_CHUNK, max(1, at)), dtype=np.float64, fillvalue=np.nan)
+        f.create_dataset("layout", data=json.dumps(layout), dtype=_STR)
+        f.create_dataset("module/names", data=np.array(row["module_names"], dtype=object),
+                         dtype=_STR)
+        f.create_dataset("param/names", data=np.array(row["param_names"], dtype=object),
+                         dtype=_STR)
+        f.create_dataset("events", shape=(0,), maxshape=(None,), chunks=(_CHUNK,), dtype=_STR)
+        f.swmr_mode = True
+        os.replace(tmp, self.path)
+        self._f = f
+        self._cap = 0
+
+    def _row(self, r: dict[str, Any]) -> np.ndarray:
+        out = np.full(self._width, np.nan)
+        for name, (a, b) in self._layout.items():
+            if name in ("loss", "grad_norm"):
+                out[a] = r[name]
+                continue
+            kind, _, fig = name.partition("/")
+            vals = r[kind].get(fig)
+            if vals is not None and len(vals) == b - a:
+                out[a:b] = vals
+        return out
+
+    def append(self, row: dict[str, Any]) -> None:
+        """row: step, loss, grad_norm, module_names, param_names, module{fig: [M]},
+        param{fig: [P]}, state{key: [P]} (a state key unknown at the first row is dropped)."""
+        if self._f is None:
+            self._create(row)
+        self._rows.append(row)
+        if len(self._rows) >= self.flush_every:
+            self.flush()
+
+    def event(self, kind: str, step: int, **info: Any) -> None:
+        """Record an event (trigger, capture, refusal); written with the next flush."""
+        self._events.append(json.dumps({"kind": kind, "step": step, **info}, default=str))
+        if self._f is not None and not self._rows:
+            self.flush()
+
+    def flush(self) -> None:
+        f = self._f
+        if f is None:
+            return
+        rows, self._rows = self._rows, []
+        if rows:
+            n0, n1 = self._n, self._n + len(rows)
+            if n1 > self._cap:  # grow a chunk at a time: most steps write without resizing
+                self._cap = (n1 + _CHUNK - 1) // _CHUNK * _CHUNK
+                f["values"].resize(self._cap, axis=0)
+                f["step"].resize(self._cap, axis=0)
+            f["values"][n0:n1] = np.stack([self._row(r) for r in rows])
+            f["step"][n0:n1] = [r["step"] for r in rows]  # last: a row counts once it is in
+            self._n = n1
+        if self._events:
+            ev, self._events = self._events, []
+            ds = f["events"]
+            ds.resize(self._ne + len(ev), axis=0)
+            ds[self._ne:] = np.array(ev, dtype=object)
+            self._ne += len(ev)
+        f.flush()
+
+    def close(self) -> None:
+        if self._f is None:
+            return
+        try:
+            self.flush()
+            self._f.attrs["complete"] = True
+        finally:
+            self._f.close()
+            self._f = None
+
+
+@dataclass
+class Series:
+    """A monitor file read into memory (numpy arrays; rows of unwritten steps dropped)."""
+
+    path: Path
+    attrs: dict[str, Any]
+    step: np.ndarray
+    loss: np.ndarray
+    grad_norm: np.ndarray
+    module_names: list[str]
+    param_names: list[str]
+    module: dict[str, np.ndarray] = field(default_factory=dict)
+    param: dict[str, np.ndarray] = field(default_factory=dict)
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def figure(self, kind: str, name: str) -> tuple[list[str], np.ndarray]:
+        """(names, values[rows, names]) of one figure: kind 'module', 'param' or 'state'."""
+        table = {"module": self.module, "param": self.param, "state": self.state}.get(kind)
+        if table is None or name not in table:
+            raise MonitorFileError(f"{self.path} has no {kind} figure {name!r}")
+        names = self.module_names if kind == "module" else self.param_names
+        return names, table[name]
+
+
+def _names(f: h5py.File, name: str) -> list[str]:
+    ds = f.get(name)
+    if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.shape[0] > MAX_COLUMNS:
+        raise MonitorFileError(f"{f.filename}: {name} is missing or malformed")
+    return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in ds[()]]
+
+
+def _layout(f: h5py.File, width: int) -> dict[str, tuple[int, int]]:
+    ds = f.get("layout")
+    if not isinstance(ds, h5py.Dataset) or ds.shape != ():
+        raise MonitorFileError(f"{f.filename}: /layout is missing or malformed")
+    raw = ds[()]
+    try:
+        lay = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+    except (ValueError, UnicodeDecodeError):
+        raise MonitorFileError(f"{f.filename}: /layout is not JSON") from None
+    if not isinstance(lay, dict):
+        raise MonitorFileError(f"{f.filename}: /layout is not a mapping")
+    out = {}
+    for k, v in lay.items():
+        if not (isinstance(k, str) and isinstance(v, list) and len(v) == 2
+                and all(isinstance(x, int) for x in v) and 0 <= v[0] <= v[1] <= width):
+            raise MonitorFileError(f"{f.filename}: /layout entry {k!r} is out of range")
+        out[k] = (v[0], v[1])
+    return out
+
+
+def read_series(path: str | os.PathLike[str]) -> Series:
+    """Read a monitor file (also one from a killed job: the rows written before the kill)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputNotFoundError(f"{p} not found: give a monitor file (*.monitor.h5)")
+    try:
+        f = h5py.File(p, "r", swmr=True)
+    except OSError as exc:
+        raise MonitorFileError(f"{p} is not a readable HDF5 file ({exc})") from exc
+    with f:
+        if f.attrs.get("format") != FORMAT:
+            raise MonitorFileError(f"{p} is not a monitor file (format "
+                                   f"{f.attrs.get('format')!r}); give one written by "
+                                   "accuracy.monitor")
+        for name, obj in f.items():  # only what our writer makes: no links out of the file
+            if f.get(name, getlink=True).__class__ is not h5py.HardLink:
+                raise MonitorFileError(f"{p}: {name} is a link, not data this tool wrote")
+            del obj
+        step_ds = f.get("step")
+        if not isinstance(step_ds, h5py.Dataset) or step_ds.ndim != 1 \
+                or step_ds.shape[0] > MAX_ROWS:
+            raise MonitorFileError(f"{p}: /step is missing or malformed")
+        steps = np.asarray(step_ds[()], dtype=np.int64)
+        written = np.flatnonzero(steps < 0)
+        rows = int(written[0]) if written.size else steps.shape[0]
+        mod_names, par_names = _names(f, "module/names"), _names(f, "param/names")
+        vds = f.get("values")
+        if not isinstance(vds, h5py.Dataset) or vds.ndim != 2 or vds.dtype.kind != "f" \
+                or vds.shape[0] < rows or vds.shape[1] > MAX_COLUMNS:
+            raise MonitorFileError(f"{p}: /values is missing or malformed")
+        values = np.asarray(vds[:rows], dtype=np.float64)
+        tables: dict[str, dict[str, np.ndarray]] = {"module": {}, "param": {}, "state": {}}
+        width = {"module": len(mod_names), "param": len(par_names), "state": len(par_names)}
+        loss = grad = np.full(rows, np.nan)
+        for name, (a, b) in _layout(f, vds.shape[1]).items():
+            if name in ("loss", "grad_norm") and b - a == 1:
+                if name == "loss":
+                    loss = values[:, a]
+                else:
+                    grad = values[:, a]
+                continue
+            kind, _, fig = name.partition("/")
+            if kind not in tables or b - a != width[kind]:
+                raise MonitorFileError(f"{p}: /layout entry {name!r} does not fit its names")
+            tables[kind][fig] = values[:, a:b]
+        ev = f.get("events")
+        events = []
+        if isinstance(ev, h5py.Dataset) and ev.ndim == 1:
+            for raw in ev[: min(ev.shape[0], 100_000)]:
+                try:
+                    item = json.loads(raw.decode("utf-8", "replace")
+                                      if isinstance(raw, bytes) else raw)
+                except (ValueError, TypeError):
+                    continue
+                if isinstance(item, dict):
+                    events.append(item)
+        return Series(
+            path=p, attrs={k: (v.item() if hasattr(v, "item") else v)
+                           for k, v in f.attrs.items()},
+            step=steps[:rows], loss=loss, grad_norm=grad,
+            module_names=mod_names, param_names=par_names, module=tables["module"],
+            param=tables["param"], state=tables["state"], events=events)

@@ -1,0 +1,86 @@
+"""The monitor on 2 gloo CPU ranks with DDP: a file per rank, and with reduce=True one file of
+figures reduced across ranks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+import accuracy.monitor as am
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WORKER = textwrap.dedent("""
+    import os, sys, torch, torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import accuracy.monitor as am
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    ddp = DDP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    def step(x, y):
+        opt.zero_grad(); loss = nn.functional.cross_entropy(ddp(x), y); loss.backward()
+        opt.step(); return loss
+    out = sys.argv[1]
+    kw = dict(snapshot_every=None)
+    local = am.watch(step, model, opt, path=out + "/local_{rank}.monitor.h5", **kw)
+    both = am.watch(local, model, opt, path=out + "/reduced.monitor.h5", reduce=True, **kw)
+    g = torch.Generator().manual_seed(10 + rank)  # each rank its own data
+    for i in range(3):
+        both(torch.randn(4, 8, generator=g) * (1 + rank), torch.randint(0, 4, (4,), generator=g))
+    local.monitor.close()
+    both.monitor.close()
+    dist.destroy_process_group()
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_files_per_rank_and_reduced_across_ranks(tmp_path):
+    port, procs = _free_port(), []
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), WORLD_SIZE="2")
+    try:
+        for rank in range(2):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", WORKER, str(tmp_path)], env={**env, "RANK": str(rank)},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True))
+        for p in procs:
+            text = p.communicate(timeout=180)[0].decode(errors="replace")
+            assert p.returncode == 0, text[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(30)
+    r0, r1 = (am.read_series(tmp_path / f"local_{r}.monitor.h5") for r in (0, 1))
+    assert (r0.attrs["rank"], r1.attrs["rank"]) == (0, 1)
+    a0, a1 = r0.module["act_norm"], r1.module["act_norm"]
+    assert not np.allclose(a0, a1)  # each rank measured its own activations
+    assert np.allclose(r0.param["grad_norm"], r1.param["grad_norm"])  # all-reduced gradients
+    assert sorted(p.name for p in tmp_path.glob("reduced*")) == ["reduced.monitor.h5"]
+    red = am.read_series(tmp_path / "reduced.monitor.h5")  # the same steps, reduced
+    assert red.attrs["reduced"] in (True, 1)
+    m = red.module
+    assert np.allclose(m["act_norm"], np.sqrt(a0 ** 2 + a1 ** 2), equal_nan=True)
+    assert np.allclose(m["act_max"], np.fmax(r0.module["act_max"], r1.module["act_max"]),
+                       equal_nan=True)
+    assert np.allclose(m["act_min"], np.fmin(r0.module["act_min"], r1.module["act_min"]),
+                       equal_nan=True)
+    assert np.allclose(red.loss, (r0.loss + r1.loss) / 2)
+    assert np.allclose(red.param["grad_norm"], r0.param["grad_norm"])
