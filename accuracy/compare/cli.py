@@ -21,12 +21,7 @@ def _compare_ranks(args: argparse.Namespace) -> int:
                                           cluster=args.cluster, **kwargs)
     else:
         report = compare_ranks(args.my, args.golden, args.replay, **kwargs)
-    paths = (report.write(args.output, _formats(args), overwrite=args.overwrite)
-             if args.output else {})
-    print(report.format())
-    if paths:
-        print(format_written(paths))
-    return report.exit_code(args.fail_on)
+    return _finish(report, args, report.format())
 
 
 def _compare_steps(args: argparse.Namespace) -> int:
@@ -34,9 +29,14 @@ def _compare_steps(args: argparse.Namespace) -> int:
 
     report = compare_steps(args.my, args.golden, args.replay, config=args.config,
                            algorithms=args.alg, mapping=args.mapping, jobs=args.jobs)
+    return _finish(report, args, report.format())
+
+
+def _finish(report, args: argparse.Namespace, text: str) -> int:
+    """Write the report files asked for, print the summary, and give the exit code."""
     paths = (report.write(args.output, _formats(args), overwrite=args.overwrite)
              if args.output else {})
-    print(report.format())
+    print(text)
     if paths:
         print(format_written(paths))
     return report.exit_code(args.fail_on)
@@ -72,12 +72,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                     **kwargs)
     else:
         report = compare(args.my, args.golden, args.replay, **kwargs)
-    paths = (report.write(args.output, _formats(args), overwrite=args.overwrite)
-             if args.output else {})
-    print(report.format(args.top))
-    if paths:
-        print(format_written(paths))
-    return report.exit_code(args.fail_on)
+    return _finish(report, args, report.format(args.top))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
