@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import stat
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -171,6 +172,30 @@ class OpRecord:
         return self.inputs + self.outputs
 
 
+def require_regular_file(path: str | os.PathLike[str]) -> Path:
+    """The path, if it names a regular file; else one DumpError line, before any open.
+
+    Opening a FIFO blocks until a writer appears and a device may never end, so every reader
+    entry point (load_dump, extract files, the server's registration and uploads) calls this
+    first: it only stats the path (following links), it never opens it.
+    """
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise DumpError(f"{p}: no such file") from None
+    except OSError as e:
+        raise DumpError(f"{p}: cannot be read ({e.strerror or e})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise DumpError(f"{p}: is a directory, not a dump file")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else
+                "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+                "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        raise DumpError(f"{p}: is {kind}, not a dump file; give the path of a regular file")
+    return p
+
+
 def _open_h5(path: Path) -> tuple[h5py.File, bool]:
     """Open read-only; a file left open by a killed writer is opened through SWMR.
 
@@ -201,11 +226,7 @@ class Dump:
     """A dump opened read-only. Use `load_dump(path)`; close it or use it in a `with`."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        if not self.path.exists():
-            raise DumpError(f"{self.path}: no such file")
-        if self.path.is_dir():
-            raise DumpError(f"{self.path}: is a directory, not a dump file")
+        self.path = require_regular_file(path)
         self._f, self.closed_cleanly = _open_h5(self.path)
         try:
             self._validate()
