@@ -52,7 +52,10 @@ class Serving:
         """Serve until interrupted (uvicorn handles Ctrl-C)."""
         import uvicorn
 
-        uvicorn.run(self.app, host=self.host, port=self.port, log_level=self.log_level)
+        from accuracy.server.guard import http_protocol
+
+        uvicorn.run(self.app, host=self.host, port=self.port, log_level=self.log_level,
+                    http=http_protocol())
 
 
 def _check_paths(data: str | os.PathLike[str], runs: Sequence[str],
@@ -89,6 +92,7 @@ def serve(
     reports: Sequence[str] = (),
     verbose: bool = False,
     cluster: str | None = None,
+    max_queued_jobs: int = 8,
 ) -> Serving:
     """Check the request against the serve policy, build the app and index `runs`/`reports`.
 
@@ -115,7 +119,8 @@ def serve(
                      allowed_roots=list(allow_roots) or None,
                      protect_reads=not is_loopback(host), allowed_hosts=hosts,
                      max_json_bytes=max_json_kb * 1024, read_timeout_s=read_timeout_s,
-                     view_memory_bytes=view_memory_mb * 1024 * 1024, cluster=cluster)
+                     view_memory_bytes=view_memory_mb * 1024 * 1024, cluster=cluster,
+                     max_queued_jobs=max_queued_jobs)
     indexed = import_paths(app.state.services.storage, runs=runs, reports=reports)
     if app.state.job_cluster is not None:
         indexed.append(f"accuracy serve: {app.state.job_cluster.describe()}")
