@@ -21,7 +21,14 @@ import h5py
 import numpy as np
 
 from accuracy.dumpfile import dtypes, schema, validate
-from accuracy.dumpfile.checksum import Checksum, part_size
+from accuracy.dumpfile.checksum import (
+    CONTENT_HASH_KIND,
+    NO_HASH,
+    SUM_KIND,
+    Checksum,
+    ContentHash,
+    running_check,
+)
 from accuracy.errors import AccuracyError
 from accuracy.patterns import module_matches, op_matches
 
@@ -62,6 +69,7 @@ class TensorRecord:
     nbytes: int
     first: int
     stats: dict[str, float]
+    content_hash: int = NO_HASH  # XXH3-64 of the stored bytes (schema 3), else NO_HASH
 
     @property
     def address(self) -> str:
@@ -101,11 +109,12 @@ class TensorRef:
     numel: int
     stats: tuple[tuple[str, float], ...]
     address: str = ""
+    content_hash: int = NO_HASH
 
     @classmethod
     def of(cls, t: TensorRecord) -> TensorRef:
         return cls(str(t.dump.path), t.offset, t.nbytes, t.dtype, t.numel,
-                   tuple(sorted(t.stats.items())), t.address)
+                   tuple(sorted(t.stats.items())), t.address, t.content_hash)
 
     @property
     def what(self) -> str:
@@ -119,11 +128,19 @@ class TensorRef:
             return None
         return int(s["checksum"])
 
-    def new_checksum(self) -> Checksum | None:
-        """A running checksum to verify this tensor's bytes as they are read."""
-        if self.checksum is None:
-            return None
-        return Checksum(part_size(self.dtype, dtypes.itemsize(self.dtype)))
+    def new_checksum(self) -> Checksum | ContentHash | None:
+        """A running check of this tensor's bytes as they are read, in order (the content
+        hash where the dump has one); compare its value with `stored_check`."""
+        c = running_check(dict(self.stats), self.dtype, dtypes.itemsize(self.dtype),
+                          self.content_hash)
+        return c[0] if c else None
+
+    @property
+    def stored_check(self) -> int | None:
+        """The value `new_checksum()` must reach (content hash, else the sum), or None."""
+        c = running_check(dict(self.stats), self.dtype, dtypes.itemsize(self.dtype),
+                          self.content_hash)
+        return c[1] if c else None
 
     @property
     def value_dtype(self) -> str:
@@ -325,6 +342,8 @@ class Dump:
         ndims = t["ndim"].tolist()
         shapes, strides = t["shape"].tolist(), t["stride"].tolist()
         stats_cols = {k: t[k].tolist() for k in schema.STAT_FIELDS}
+        hashes = (t["hash"].tolist() if "hash" in (t.dtype.names or ())
+                  else [NO_HASH] * len(t))
         out = []
         for i, (seq, io, idx, off, nb, first) in enumerate(
             zip(t["seq"].tolist(), t["io"].tolist(), t["idx"].tolist(), t["offset"].tolist(),
@@ -336,6 +355,7 @@ class Dump:
                 stride=tuple(strides[i][:max(ndims[i], 0)]), device=devices[i],
                 offset=off if ndims[i] >= 0 else -1,
                 nbytes=nb, first=first, stats={k: v[i] for k, v in stats_cols.items()},
+                content_hash=hashes[i] if ndims[i] >= 0 else NO_HASH,
             ))
         return out
 
@@ -484,26 +504,30 @@ class Dump:
         read costs at least one chunk."""
         return self._blob.chunks[0] * self._blob.dtype.itemsize if self._blob.chunks else 0
 
-    def checksum_part(self, t: TensorRecord) -> int | None:
-        """Bytes per summed part of `t`'s checksum, or None when no checksum was stored."""
-        if t.stats.get("nan_count", -1) < 0:
-            return None
-        return part_size(t.dtype, dtypes.itemsize(t.dtype))
+    @property
+    def checksum_kind(self) -> str:
+        """What stored bytes are checked against: the content hash (schema 3) or the sum."""
+        return CONTENT_HASH_KIND if "hash" in (self._tensors.dtype.names or ()) else SUM_KIND
+
+    def new_check(self, t: TensorRecord) -> tuple[Checksum | ContentHash, int] | None:
+        """(running check, value it must reach) for `t`'s bytes read in order, or None when
+        nothing was stored to check against. ValueError for an unknown dtype."""
+        return running_check(t.stats, t.dtype, dtypes.itemsize(t.dtype), t.content_hash)
 
     def check_bytes(self, t: TensorRecord, raw: np.ndarray) -> None:
-        """Raise DumpError when `raw` (all of `t`'s bytes) does not match the stored checksum."""
-        part = self.checksum_part(t)
-        if part is None:
+        """Raise DumpError when `raw` (all of `t`'s bytes) does not match the stored check."""
+        c = self.new_check(t)
+        if c is None:
             return
-        c = Checksum(part)
-        c.update(raw)
-        self.check_checksum(t.address, c.value, t.stats["checksum"])
+        c[0].update(raw)
+        self.check_checksum(t.address, c[0].value, c[1])
 
     def check_checksum(self, what: str, computed: int, stored: float | int) -> None:
         if computed != int(stored):
             raise DamagedDataError(
-                f"{self.path}: {what}: data damaged (checksum {computed} does not match the "
-                f"stored {int(stored)}); the file was altered or corrupted after it was written")
+                f"{self.path}: {what}: data damaged ({self.checksum_kind} {computed} does not "
+                f"match the stored {int(stored)}); the file was altered or corrupted after it "
+                "was written")
 
     def read_tensor_mapped(self, t: TensorRecord) -> torch.Tensor:
         """Like `read_tensor`, but the bytes are mapped from the file instead of read.
@@ -540,22 +564,22 @@ class Dump:
             if not t.has_data:
                 continue
             try:
-                part = self.checksum_part(t)
+                check = self.new_check(t)
             except ValueError as e:
                 problems.append(f"{self.path}: {t.address}: {e}")
                 continue
-            if part is None:
+            if check is None:
                 continue
-            key = (t.offset, t.nbytes, part, int(t.stats["checksum"]))
+            c, stored = check
+            key = (t.offset, t.nbytes, dtypes.itemsize(t.dtype), stored)
             if key in seen:
                 continue
             seen.add(key)
-            c = Checksum(part)
             try:
-                step = _VERIFY_PIECE - _VERIFY_PIECE % part
+                step = _VERIFY_PIECE - _VERIFY_PIECE % 16  # whole parts of any element size
                 for a in range(0, t.nbytes, step):
                     c.update(self.read_bytes(t.offset + a, min(step, t.nbytes - a), t.address))
-                self.check_checksum(t.address, c.value, t.stats["checksum"])
+                self.check_checksum(t.address, c.value, stored)
             except DumpError as e:
                 problems.append(str(e))
         return problems
@@ -646,6 +670,7 @@ class Dump:
             "modules": len({r.module for r in recs if r.module}),
             "by_dtype": dict(Counter(t.dtype for t in tensors).most_common()),
             "steps": sorted({r.step for r in recs}),
+            "checksum_kind": self.checksum_kind,
         }
 
     # -- lifetime --------------------------------------------------------------------------

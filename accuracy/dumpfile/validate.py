@@ -161,7 +161,7 @@ def _check_dtypes(f: h5py.File) -> None:
         raise LayoutError(f"/{schema.BLOB} has dtype {blob.dtype}, expected uint8")
     if ops.dtype not in schema.OP_ROWS:
         raise LayoutError(f"/{schema.OPS} has an unknown row type")
-    if tensors.dtype != schema.TENSOR_ROW:
+    if tensors.dtype not in schema.TENSOR_ROWS:
         raise LayoutError(f"/{schema.TENSORS} has an unknown row type")
     if status.dtype != np.int64 or status.shape != (4,):
         raise LayoutError(f"/{STATUS} is not int64[4]")

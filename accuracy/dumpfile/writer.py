@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from accuracy.dumpfile import schema
+from accuracy.dumpfile.checksum import NO_HASH, content_hash
 from accuracy.errors import AccuracyError, OutputExistsError
 from accuracy.outputs import writable_folder
 
@@ -259,6 +260,7 @@ class DumpWriter:
         self._blob_len = 0
         self._blob_cap = 0
         self._offsets: dict[int, tuple[int, int]] = {}
+        self._hashes: dict[int, int] = {}  # row -> content hash of the bytes it points at
         self._op_rows: list[tuple[Any, ...]] = []
         self._tensor_rows: list[tuple[Any, ...]] = []
         self._n_ops = 0
@@ -350,12 +352,14 @@ class DumpWriter:
                 arr = _as_bytes(host)
                 off = self._append_bytes(arr)
                 self._offsets[t.row] = (off, arr.size)
+                self._hashes[t.row] = content_hash(arr)  # the one place stored bytes are hashed
                 self.bytes_written += arr.size
                 offset, nbytes, first = off, arr.size, t.row
                 t.data = None
             elif t.first >= 0 and t.first in self._offsets:
                 offset, nbytes = self._offsets[t.first]
                 first = t.first
+                self._hashes[t.row] = self._hashes[t.first]
                 self.bytes_linked += nbytes
             else:
                 offset, nbytes, first = -1, 0, -1
@@ -367,7 +371,7 @@ class DumpWriter:
                 stride = t.stride + _NO_DIMS[len(t.stride):]
             self._tensor_rows.append(
                 (t.seq, t.io, t.idx, t.dtype, ndim, shape, stride, t.device, offset, nbytes,
-                 first, *_stats_values(t.stats))
+                 first, *_stats_values(t.stats), self._hashes.get(t.row, NO_HASH))
             )
         self._op_rows.append(
             (op.seq, op.op, op.phase, op.module, op.source, op.stack, op.args, op.step,
