@@ -99,6 +99,8 @@ def _as_schema_2(path: Path) -> None:
             old[n] = rows[n]
         del f[schema.TENSORS]
         f.create_dataset(schema.TENSORS, data=old, maxshape=(None,), chunks=True)
+        del f[schema.BATCHES]
+        del f.attrs["attrs_hash"]
         f.attrs["schema_version"] = 2
 
 
@@ -121,3 +123,38 @@ def test_info_names_the_content_hash(tmp_path, capsys):
     p = _dump(tmp_path / "new.h5")
     assert main(["info", str(p)]) == 0
     assert "checked by xxh3-64" in capsys.readouterr().out
+
+
+def _flip_source(f: h5py.File) -> None:
+    ops = f[schema.OPS][:]
+    ops[1]["source"] = (ops[1]["source"] or b"x.py:1") + b"!"
+    f[schema.OPS][:] = ops
+
+
+def _flip_stat(f: h5py.File) -> None:
+    rows = f[schema.TENSORS][:]
+    rows[2]["max"] = rows[2]["max"] * 2 + 1
+    rows[3]["mean"] = -1.0
+    f[schema.TENSORS][:] = rows
+
+
+def _flip_attr(f: h5py.File) -> None:
+    f.attrs["torch_version"] = "0.0.0"
+
+
+@pytest.mark.parametrize("damage", [_flip_source, _flip_stat, _flip_attr])
+def test_metadata_damage_is_refused_by_every_reader(tmp_path, damage, capsys):
+    golden = _dump(tmp_path / "golden.h5")
+    my = _dump(tmp_path / "my.h5")
+    with h5py.File(my, "r+") as f:
+        damage(f)
+    with pytest.raises(DumpError, match="damaged"):
+        load_dump(my)
+    for argv in (["info", str(my)], ["ls", str(my)]):
+        assert main(argv) == 2
+        assert "damaged" in capsys.readouterr().err
+    assert main(["verify", str(my)]) == 1
+    from accuracy.compare import compare
+
+    with pytest.raises(DumpError, match="damaged"):
+        compare(my, golden)

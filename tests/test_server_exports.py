@@ -14,6 +14,7 @@ import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("xlsxwriter")
+from _crafted import reseal  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from accuracy import dumper  # noqa: E402
@@ -37,6 +38,7 @@ def _dump(path: Path, scale: float) -> None:
             r["phase"] = FORMULAS[(i + 1) % len(FORMULAS)]
             r["op"] = FORMULAS[(i + 2) % len(FORMULAS)]
         f["_index/ops"][:] = ops
+        reseal(f)  # the attacker recomputes the (unkeyed) metadata hashes
 
 
 @pytest.fixture(scope="module")

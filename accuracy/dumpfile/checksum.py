@@ -98,3 +98,43 @@ def running_check(stats: dict[str, float], dtype: str, itemsize: int, stored_has
     if stats.get("nan_count", -1) < 0 or "checksum" not in stats:
         return None
     return Checksum(part_size(dtype, itemsize)), int(stats["checksum"])
+
+
+def rows_hash(ops: np.ndarray, tensors: np.ndarray) -> int:
+    """XXH3-64 of a batch of index rows (op rows and tensor rows, as numpy structured arrays):
+    numeric columns by their little-endian bytes, text columns as UTF-8 with lengths. The
+    writer hashes each flushed batch, the reader recomputes it from the rows it read."""
+    h = xxhash.xxh3_64()
+    for arr in (ops, tensors):
+        h.update(len(arr).to_bytes(8, "little"))
+        for name in arr.dtype.names or ():
+            col = arr[name]
+            if col.dtype.kind == "O":
+                for v in col.tolist():
+                    b = v.encode("utf-8") if isinstance(v, str) else bytes(v)
+                    h.update(len(b).to_bytes(8, "little"))
+                    h.update(b)
+            else:
+                h.update(np.ascontiguousarray(col.astype(col.dtype.newbyteorder("<"))).data)
+    return h.intdigest() or 1
+
+
+def attrs_hash(attrs: dict[str, object]) -> int:
+    """XXH3-64 over a dump's root attributes (name and text of each, sorted by name; the hash
+    attribute itself left out), written at close and checked on open."""
+    h = xxhash.xxh3_64()
+    for k in sorted(attrs):
+        if k == ATTRS_HASH:
+            continue
+        v = attrs[k]
+        v = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+        if isinstance(v, np.generic):
+            v = v.item()
+        for part in (k, f"{type(v).__name__}:{v!r}"):
+            b = part.encode("utf-8", "replace")
+            h.update(len(b).to_bytes(8, "little"))
+            h.update(b)
+    return h.intdigest() or 1
+
+
+ATTRS_HASH = "attrs_hash"

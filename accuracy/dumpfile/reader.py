@@ -22,11 +22,14 @@ import numpy as np
 
 from accuracy.dumpfile import dtypes, schema, validate
 from accuracy.dumpfile.checksum import (
+    ATTRS_HASH,
     CONTENT_HASH_KIND,
     NO_HASH,
     SUM_KIND,
     Checksum,
     ContentHash,
+    attrs_hash,
+    rows_hash,
     running_check,
 )
 from accuracy.errors import AccuracyError
@@ -322,6 +325,32 @@ class Dump:
         validate.check_op_rows(self._ops)
         validate.check_tensor_rows(self._tensors, self.blob_len)
         self._blob = blob
+        self._check_metadata_hashes(n_ops, n_tensors)
+
+    def _check_metadata_hashes(self, n_ops: int, n_tensors: int) -> None:
+        """Schema 3: each flushed batch of index rows and the root attributes against their
+        hashes (a flipped byte in a source path or a min/max is refused on open, like damaged
+        bytes). Older files have neither and are read as before."""
+        if schema.BATCHES in self._f:
+            batches = validate.open_dataset(self._f, schema.BATCHES)
+            if batches.dtype != schema.BATCH_ROW or batches.ndim != 1:
+                raise DumpError(f"{self.path}: damaged dump (unknown batch-hash table)")
+            o = t = 0
+            for oe, te, h in batches[:].tolist():
+                if oe > n_ops or te > n_tensors or (oe, te, h) == (0, 0, 0):
+                    break  # a flush the status counts never made visible, or lost (disk full)
+                if oe < o or te < t or rows_hash(self._ops[o:oe], self._tensors[t:te]) != h:
+                    raise DamagedDataError(
+                        f"{self.path}: index rows {o}-{oe} (ops) / {t}-{te} (tensors) damaged: "
+                        "their hash does not match; the file was altered or corrupted")
+                o, t = oe, te
+            if (o, t) != (n_ops, n_tensors) and bool(self.attrs.get("complete", False)):
+                raise DamagedDataError(f"{self.path}: index rows past op {o} are not covered "
+                                       "by a batch hash; the file was altered or corrupted")
+        stored = self._f.attrs.get(ATTRS_HASH)
+        if stored is not None and int(stored) != attrs_hash(dict(self._f.attrs.items())):
+            raise DamagedDataError(f"{self.path}: root attributes damaged (their hash does not "
+                                   "match); the file was altered or corrupted")
 
     # -- records ---------------------------------------------------------------------------
 

@@ -24,6 +24,8 @@ SELECTION_FORMAT = "accuracy-selection/1"
 BLOB = "_data/blob"  # every tensor's bytes, appended (log-structured)
 OPS = "_index/ops"  # one row per recorded op
 TENSORS = "_index/tensors"  # one row per tensor use (input or output of an op)
+BATCHES = "_index/batches"  # schema 3: one row per flush: the rows it made visible, their hash
+BATCH_ROW = np.dtype([("ops_end", np.int64), ("tensors_end", np.int64), ("hash", np.uint64)])
 
 INPUT, OUTPUT = 0, 1
 IO_NAMES = ("input", "output")

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from accuracy.dumpfile import schema
-from accuracy.dumpfile.checksum import NO_HASH, content_hash
+from accuracy.dumpfile.checksum import ATTRS_HASH, NO_HASH, attrs_hash, content_hash, rows_hash
 from accuracy.errors import AccuracyError, OutputExistsError
 from accuracy.outputs import writable_folder
 
@@ -253,6 +253,10 @@ class DumpWriter:
             dtype=schema.TENSOR_ROW,
             chunks=(_TABLE_CHUNK,),
         )
+        self._batches = f.create_dataset(
+            schema.BATCHES, shape=(0,), maxshape=(None,), dtype=schema.BATCH_ROW,
+            chunks=(_TABLE_CHUNK,))
+        self._n_batches = 0
         self._status = f.create_dataset(STATUS, data=np.zeros(4, np.int64))
         f.swmr_mode = True  # from here on a reader (or a crash) always sees a consistent file
         os.replace(tmp, self.path)
@@ -379,20 +383,27 @@ class DumpWriter:
         )
 
     @staticmethod
-    def _append_rows(ds: h5py.Dataset, rows: list[tuple[Any, ...]], start: int) -> int:
-        if not rows:
-            return start
+    def _append_rows(ds: h5py.Dataset, rows: list[tuple[Any, ...]], start: int
+                     ) -> tuple[int, np.ndarray]:
         arr = np.array(rows, dtype=ds.dtype)
+        if not rows:
+            return start, arr
         ds.resize((start + len(rows),))
         ds[start:] = arr
-        return start + len(rows)
+        return start + len(rows), arr
 
     def _flush(self) -> None:
-        # Bytes first, then the tensor rows that point at them, then op rows, then the status
-        # counts that make those rows visible: a crash between any two steps loses no
-        # committed row.
-        self._n_tensors = self._append_rows(self._tensors, self._tensor_rows, self._n_tensors)
-        self._n_ops = self._append_rows(self._ops, self._op_rows, self._n_ops)
+        # Bytes first, then the tensor rows that point at them, then op rows, then the hash of
+        # those rows, then the status counts that make them visible: a crash between any two
+        # steps loses no committed row.
+        self._n_tensors, trows = self._append_rows(self._tensors, self._tensor_rows,
+                                                   self._n_tensors)
+        self._n_ops, orows = self._append_rows(self._ops, self._op_rows, self._n_ops)
+        if len(trows) or len(orows):
+            self._batches.resize((self._n_batches + 1,))
+            self._batches[self._n_batches] = (self._n_ops, self._n_tensors,
+                                              rows_hash(orows, trows))
+            self._n_batches += 1
         self._tensor_rows.clear()
         self._op_rows.clear()
         self._file.flush()
@@ -413,6 +424,7 @@ class DumpWriter:
         f.attrs["bytes_linked"] = self.bytes_linked
         ok = bool(complete and self.error is None)
         f.attrs["complete"] = ok
+        f.attrs[ATTRS_HASH] = np.uint64(attrs_hash(dict(f.attrs.items())))
         f.flush()
         self._status[:] = [self._n_ops, self._n_tensors, int(ok), self._blob_len]
         f.close()
