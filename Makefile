@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean browser-deps mutate
+.PHONY: demo test lint bench clean browser-deps mutate postgres-deps
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ bench: $(STAMP)
 # Headless Chromium for the browser test (Debian packages; never a downloaded browser).
 browser-deps:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
+
+# PostgreSQL for the server tests (they start a throwaway server: tests/_postgres.py)
+postgres-deps:
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq postgresql)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

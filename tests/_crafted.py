@@ -57,6 +57,7 @@ def _rebuild(good: Path, dst: Path, make_blob: Callable[[h5py.File, np.ndarray],
         make_blob(f, src["_data/blob"][:])
         if edit is not None:
             edit(f)
+        reseal(f)
     return dst
 
 
@@ -134,10 +135,27 @@ def sparse_bomb(good: Path, dst: Path, size: int = 64 << 20) -> Path:
     return _rebuild(good, dst, blob, edit)
 
 
+def reseal(f: h5py.File) -> None:
+    """Recompute the metadata hashes after an edit, as an attacker can (they are not keyed):
+    what a crafted file tests is then the reader's own checks, behind the hashes."""
+    from accuracy.dumpfile import schema
+    from accuracy.dumpfile.checksum import ATTRS_HASH, attrs_hash, rows_hash
+
+    if schema.BATCHES in f:
+        n_ops, n_tensors = (max(0, int(n)) for n in f["_status"][:2])
+        ops, tensors = f[schema.OPS][:n_ops], f[schema.TENSORS][:n_tensors]
+        b = f[schema.BATCHES]
+        b.resize((1,))
+        b[0] = (len(ops), len(tensors), rows_hash(ops, tensors))
+    if ATTRS_HASH in f.attrs:
+        f.attrs[ATTRS_HASH] = np.uint64(attrs_hash(dict(f.attrs.items())))
+
+
 def _copy_and_edit(good: Path, dst: Path, edit: Callable[[h5py.File], None]) -> Path:
     shutil.copyfile(good, dst)
     with h5py.File(dst, "r+") as f:
         edit(f)
+        reseal(f)
     return dst
 
 

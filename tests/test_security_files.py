@@ -187,6 +187,7 @@ def _hostile_dumps(tmp_path: Path) -> tuple[Path, Path]:
                 r["phase"], r["module"], r["source"] = (HOSTILE["phase"], HOSTILE["module"],
                                                         HOSTILE["source"])
             f["_index/ops"][:] = ops
+            C.reseal(f)  # the attacker recomputes the (unkeyed) metadata hashes
         paths.append(p)
     return paths[0], paths[1]
 

@@ -38,14 +38,30 @@ def files(tmp_path_factory):
     return make_runs(tmp_path_factory.mktemp("runs"))
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def db_url(request):
+    """The index on SQLite (the default) and on a throwaway PostgreSQL server."""
+    if request.param == "sqlite":
+        yield None
+        return
+    from _postgres import postgres_url, unavailable
+
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    with postgres_url() as url:
+        yield url.replace("postgresql+psycopg://", "postgresql://")  # as a user writes it
+
+
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory, files):
+def data_dir(tmp_path_factory, files, db_url):
     return tmp_path_factory.mktemp("data")
 
 
 @pytest.fixture(scope="module")
-def client(data_dir, files):
-    app = create_app(data_dir, allowed_roots=[files["golden"].parent, data_dir])
+def client(data_dir, files, db_url):
+    app = create_app(data_dir, db_url=db_url,
+                     allowed_roots=[files["golden"].parent, data_dir])
     with TestClient(**LOCAL, app=app) as c:
         yield c
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from accuracy.compare.metrics import StreamingMetrics
 from accuracy.dumpfile import dtypes
-from accuracy.dumpfile.checksum import Checksum
+from accuracy.dumpfile.checksum import Checksum, ContentHash
 from accuracy.dumpfile.reader import Dump, TensorRef
 
 __all__ = ["BlobReader", "TensorRef", "compare_data", "compare_refs", "worker_run"]
@@ -48,10 +48,12 @@ class BlobReader:
         """Bytes of values [start, stop) of `ref` (in value units of its value dtype)."""
         return self.dump(ref.path).read_range(ref, start, stop)
 
-    def verify(self, ref: TensorRef, checksum: Checksum | None) -> None:
-        """Raise DumpError when the bytes summed into `checksum` do not match `ref`'s."""
-        if checksum is not None and ref.checksum is not None:
-            self.dump(ref.path).check_checksum(ref.what, checksum.value, ref.checksum)
+    def verify(self, ref: TensorRef, checksum: Checksum | ContentHash | None) -> None:
+        """Raise DumpError when the bytes fed to `checksum` do not match `ref`'s stored check
+        (its content hash, or its sum in an older dump)."""
+        stored = ref.stored_check
+        if checksum is not None and stored is not None:
+            self.dump(ref.path).check_checksum(ref.what, checksum.value, stored)
 
     def close(self) -> None:
         for d in self._own:

@@ -83,15 +83,32 @@ def _cell(v: Any) -> Any:
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
-def _csv_cell(v: Any) -> Any:
+def csv_cell(v: Any) -> Any:
     """A CSV cell: text that a spreadsheet would run as a formula gets a leading quote.
 
-    Numbers are written as numbers (negative ones included); only text is prefixed.
+    Numbers are written as numbers (negative ones included); only text is prefixed. The
+    server's CSV export writes its cells through this too (one escaping for every CSV).
     """
     v = _cell(v)
     if isinstance(v, str) and v.startswith(_FORMULA_START):
         return "'" + v
     return v
+
+
+_csv_cell = csv_cell  # the older private name
+
+# Every string is a text cell: no formulas (a module named "=HYPERLINK(...)" stays text),
+# no numbers or links guessed from text. Shared with the server's XLSX export.
+XLSX_OPTIONS: dict[str, bool] = {"nan_inf_to_errors": True, "strings_to_formulas": False,
+                                 "strings_to_numbers": False, "strings_to_urls": False}
+
+
+def xlsx_workbook(target: Any) -> Any:
+    """A safe xlsxwriter Workbook on a path or a binary stream (streams are built in memory)."""
+    import xlsxwriter
+
+    opts = dict(XLSX_OPTIONS, in_memory=not isinstance(target, str | Path))
+    return xlsxwriter.Workbook(str(target) if isinstance(target, Path) else target, opts)
 
 
 def write_csv(report: Report, out: Path) -> Path:
@@ -113,11 +130,9 @@ def write_xlsx(report: Report, out: Path) -> Path | None:
     except ImportError:
         log.warning("rows.xlsx not written: install the 'excel' extra (xlsxwriter)")
         return None
+    del xlsxwriter  # only probed for: xlsx_workbook opens it
     p = out / "rows.xlsx"
-    # Every string is a text cell: no formulas (a module named "=HYPERLINK(...)" stays text),
-    # no numbers or links guessed from text.
-    wb = xlsxwriter.Workbook(str(p), {"nan_inf_to_errors": True, "strings_to_formulas": False,
-                                      "strings_to_numbers": False, "strings_to_urls": False})
+    wb = xlsx_workbook(p)
     try:
         fmts = {"error": wb.add_format({"bg_color": "#F8C9C4"}),
                 "warning": wb.add_format({"bg_color": "#FCE9B2"}),

@@ -53,6 +53,7 @@ class DumpInfo:
             + ", ".join(f"{k} {v}" for k, v in s["by_dtype"].items()),
             f"  bytes written {human_bytes(s['bytes_written'])}, saved by links "
             f"{human_bytes(s['bytes_saved_by_links'])}, file {human_bytes(s['file_bytes'])}",
+            f"  stored bytes checked by {s.get('checksum_kind', 'bit-pattern sum')}",
         ]
         faults = a.get("faults_applied") or []
         if faults:

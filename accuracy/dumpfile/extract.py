@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from accuracy.dumpfile import schema
-from accuracy.dumpfile.reader import Dump, DumpError, load_dump
+from accuracy.dumpfile.reader import Dump, DumpError, load_dump, require_regular_file
 from accuracy.dumpfile.writer import check_dump_path
 from accuracy.errors import NoMatchError
 
@@ -132,10 +132,7 @@ class ExtractedOps:
     """An `accuracy extract` file (or groups h5copy'd out of one), opened read-only."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise DumpError(f"{self.path}: no such file" if not self.path.exists()
-                            else f"{self.path}: not a regular file")
+        self.path = require_regular_file(path)
         try:
             self._f = h5py.File(self.path, "r")
         except OSError as e:
@@ -266,9 +263,10 @@ def is_extract_file(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is an HDF5 file that is not an accuracy dump (an extract, or h5copy
     output made from one, which carries no file attributes)."""
     try:
+        require_regular_file(path)
         with h5py.File(path, "r") as f:
             fmt = _text(f.attrs.get("format", ""))
-    except OSError:
+    except (OSError, DumpError):
         return False
     return fmt != schema.FORMAT_NAME
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import stat
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +21,17 @@ import h5py
 import numpy as np
 
 from accuracy.dumpfile import dtypes, schema, validate
-from accuracy.dumpfile.checksum import Checksum, part_size
+from accuracy.dumpfile.checksum import (
+    ATTRS_HASH,
+    CONTENT_HASH_KIND,
+    NO_HASH,
+    SUM_KIND,
+    Checksum,
+    ContentHash,
+    attrs_hash,
+    rows_hash,
+    running_check,
+)
 from accuracy.errors import AccuracyError
 from accuracy.patterns import module_matches, op_matches
 
@@ -61,6 +72,7 @@ class TensorRecord:
     nbytes: int
     first: int
     stats: dict[str, float]
+    content_hash: int = NO_HASH  # XXH3-64 of the stored bytes (schema 3), else NO_HASH
 
     @property
     def address(self) -> str:
@@ -100,11 +112,12 @@ class TensorRef:
     numel: int
     stats: tuple[tuple[str, float], ...]
     address: str = ""
+    content_hash: int = NO_HASH
 
     @classmethod
     def of(cls, t: TensorRecord) -> TensorRef:
         return cls(str(t.dump.path), t.offset, t.nbytes, t.dtype, t.numel,
-                   tuple(sorted(t.stats.items())), t.address)
+                   tuple(sorted(t.stats.items())), t.address, t.content_hash)
 
     @property
     def what(self) -> str:
@@ -118,11 +131,19 @@ class TensorRef:
             return None
         return int(s["checksum"])
 
-    def new_checksum(self) -> Checksum | None:
-        """A running checksum to verify this tensor's bytes as they are read."""
-        if self.checksum is None:
-            return None
-        return Checksum(part_size(self.dtype, dtypes.itemsize(self.dtype)))
+    def new_checksum(self) -> Checksum | ContentHash | None:
+        """A running check of this tensor's bytes as they are read, in order (the content
+        hash where the dump has one); compare its value with `stored_check`."""
+        c = running_check(dict(self.stats), self.dtype, dtypes.itemsize(self.dtype),
+                          self.content_hash)
+        return c[0] if c else None
+
+    @property
+    def stored_check(self) -> int | None:
+        """The value `new_checksum()` must reach (content hash, else the sum), or None."""
+        c = running_check(dict(self.stats), self.dtype, dtypes.itemsize(self.dtype),
+                          self.content_hash)
+        return c[1] if c else None
 
     @property
     def value_dtype(self) -> str:
@@ -171,6 +192,30 @@ class OpRecord:
         return self.inputs + self.outputs
 
 
+def require_regular_file(path: str | os.PathLike[str]) -> Path:
+    """The path, if it names a regular file; else one DumpError line, before any open.
+
+    Opening a FIFO blocks until a writer appears and a device may never end, so every reader
+    entry point (load_dump, extract files, the server's registration and uploads) calls this
+    first: it only stats the path (following links), it never opens it.
+    """
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise DumpError(f"{p}: no such file") from None
+    except OSError as e:
+        raise DumpError(f"{p}: cannot be read ({e.strerror or e})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise DumpError(f"{p}: is a directory, not a dump file")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else
+                "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+                "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        raise DumpError(f"{p}: is {kind}, not a dump file; give the path of a regular file")
+    return p
+
+
 def _open_h5(path: Path) -> tuple[h5py.File, bool]:
     """Open read-only; a file left open by a killed writer is opened through SWMR.
 
@@ -201,11 +246,7 @@ class Dump:
     """A dump opened read-only. Use `load_dump(path)`; close it or use it in a `with`."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        if not self.path.exists():
-            raise DumpError(f"{self.path}: no such file")
-        if self.path.is_dir():
-            raise DumpError(f"{self.path}: is a directory, not a dump file")
+        self.path = require_regular_file(path)
         self._f, self.closed_cleanly = _open_h5(self.path)
         try:
             self._validate()
@@ -302,6 +343,32 @@ class Dump:
         validate.check_op_rows(self._ops)
         validate.check_tensor_rows(self._tensors, self.blob_len)
         self._blob = blob
+        self._check_metadata_hashes(n_ops, n_tensors)
+
+    def _check_metadata_hashes(self, n_ops: int, n_tensors: int) -> None:
+        """Schema 3: each flushed batch of index rows and the root attributes against their
+        hashes (a flipped byte in a source path or a min/max is refused on open, like damaged
+        bytes). Older files have neither and are read as before."""
+        if schema.BATCHES in self._f:
+            batches = validate.open_dataset(self._f, schema.BATCHES)
+            if batches.dtype != schema.BATCH_ROW or batches.ndim != 1:
+                raise DumpError(f"{self.path}: damaged dump (unknown batch-hash table)")
+            o = t = 0
+            for oe, te, h in batches[:].tolist():
+                if oe > n_ops or te > n_tensors or (oe, te, h) == (0, 0, 0):
+                    break  # a flush the status counts never made visible, or lost (disk full)
+                if oe < o or te < t or rows_hash(self._ops[o:oe], self._tensors[t:te]) != h:
+                    raise DamagedDataError(
+                        f"{self.path}: index rows {o}-{oe} (ops) / {t}-{te} (tensors) damaged: "
+                        "their hash does not match; the file was altered or corrupted")
+                o, t = oe, te
+            if (o, t) != (n_ops, n_tensors) and bool(self.attrs.get("complete", False)):
+                raise DamagedDataError(f"{self.path}: index rows past op {o} are not covered "
+                                       "by a batch hash; the file was altered or corrupted")
+        stored = self._f.attrs.get(ATTRS_HASH)
+        if stored is not None and int(stored) != attrs_hash(dict(self._f.attrs.items())):
+            raise DamagedDataError(f"{self.path}: root attributes damaged (their hash does not "
+                                   "match); the file was altered or corrupted")
 
     # -- records ---------------------------------------------------------------------------
 
@@ -322,6 +389,8 @@ class Dump:
         ndims = t["ndim"].tolist()
         shapes, strides = t["shape"].tolist(), t["stride"].tolist()
         stats_cols = {k: t[k].tolist() for k in schema.STAT_FIELDS}
+        hashes = (t["hash"].tolist() if "hash" in (t.dtype.names or ())
+                  else [NO_HASH] * len(t))
         out = []
         for i, (seq, io, idx, off, nb, first) in enumerate(
             zip(t["seq"].tolist(), t["io"].tolist(), t["idx"].tolist(), t["offset"].tolist(),
@@ -333,6 +402,7 @@ class Dump:
                 stride=tuple(strides[i][:max(ndims[i], 0)]), device=devices[i],
                 offset=off if ndims[i] >= 0 else -1,
                 nbytes=nb, first=first, stats={k: v[i] for k, v in stats_cols.items()},
+                content_hash=hashes[i] if ndims[i] >= 0 else NO_HASH,
             ))
         return out
 
@@ -481,26 +551,30 @@ class Dump:
         read costs at least one chunk."""
         return self._blob.chunks[0] * self._blob.dtype.itemsize if self._blob.chunks else 0
 
-    def checksum_part(self, t: TensorRecord) -> int | None:
-        """Bytes per summed part of `t`'s checksum, or None when no checksum was stored."""
-        if t.stats.get("nan_count", -1) < 0:
-            return None
-        return part_size(t.dtype, dtypes.itemsize(t.dtype))
+    @property
+    def checksum_kind(self) -> str:
+        """What stored bytes are checked against: the content hash (schema 3) or the sum."""
+        return CONTENT_HASH_KIND if "hash" in (self._tensors.dtype.names or ()) else SUM_KIND
+
+    def new_check(self, t: TensorRecord) -> tuple[Checksum | ContentHash, int] | None:
+        """(running check, value it must reach) for `t`'s bytes read in order, or None when
+        nothing was stored to check against. ValueError for an unknown dtype."""
+        return running_check(t.stats, t.dtype, dtypes.itemsize(t.dtype), t.content_hash)
 
     def check_bytes(self, t: TensorRecord, raw: np.ndarray) -> None:
-        """Raise DumpError when `raw` (all of `t`'s bytes) does not match the stored checksum."""
-        part = self.checksum_part(t)
-        if part is None:
+        """Raise DumpError when `raw` (all of `t`'s bytes) does not match the stored check."""
+        c = self.new_check(t)
+        if c is None:
             return
-        c = Checksum(part)
-        c.update(raw)
-        self.check_checksum(t.address, c.value, t.stats["checksum"])
+        c[0].update(raw)
+        self.check_checksum(t.address, c[0].value, c[1])
 
     def check_checksum(self, what: str, computed: int, stored: float | int) -> None:
         if computed != int(stored):
             raise DamagedDataError(
-                f"{self.path}: {what}: data damaged (checksum {computed} does not match the "
-                f"stored {int(stored)}); the file was altered or corrupted after it was written")
+                f"{self.path}: {what}: data damaged ({self.checksum_kind} {computed} does not "
+                f"match the stored {int(stored)}); the file was altered or corrupted after it "
+                "was written")
 
     def read_tensor_mapped(self, t: TensorRecord) -> torch.Tensor:
         """Like `read_tensor`, but the bytes are mapped from the file instead of read.
@@ -537,22 +611,22 @@ class Dump:
             if not t.has_data:
                 continue
             try:
-                part = self.checksum_part(t)
+                check = self.new_check(t)
             except ValueError as e:
                 problems.append(f"{self.path}: {t.address}: {e}")
                 continue
-            if part is None:
+            if check is None:
                 continue
-            key = (t.offset, t.nbytes, part, int(t.stats["checksum"]))
+            c, stored = check
+            key = (t.offset, t.nbytes, dtypes.itemsize(t.dtype), stored)
             if key in seen:
                 continue
             seen.add(key)
-            c = Checksum(part)
             try:
-                step = _VERIFY_PIECE - _VERIFY_PIECE % part
+                step = _VERIFY_PIECE - _VERIFY_PIECE % 16  # whole parts of any element size
                 for a in range(0, t.nbytes, step):
                     c.update(self.read_bytes(t.offset + a, min(step, t.nbytes - a), t.address))
-                self.check_checksum(t.address, c.value, t.stats["checksum"])
+                self.check_checksum(t.address, c.value, stored)
             except DumpError as e:
                 problems.append(str(e))
         return problems
@@ -643,6 +717,7 @@ class Dump:
             "modules": len({r.module for r in recs if r.module}),
             "by_dtype": dict(Counter(t.dtype for t in tensors).most_common()),
             "steps": sorted({r.step for r in recs}),
+            "checksum_kind": self.checksum_kind,
         }
 
     # -- lifetime --------------------------------------------------------------------------

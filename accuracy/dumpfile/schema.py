@@ -14,7 +14,9 @@ from accuracy.dumpfile.dtypes import dtype_name, torch_dtype  # noqa: F401
 
 FORMAT_NAME = "accuracy-dump"
 EXTRACT_FORMAT_NAME = "accuracy-extract"  # `accuracy extract` output: plain HDF5 groups
-SCHEMA_VERSION = 2  # 2: op rows gained `epoch`; version-1 files read with epoch unknown
+# 2: op rows gained `epoch`; version-1 files read with epoch unknown.
+# 3: tensor rows gained `hash` (XXH3-64 of the stored bytes); older files are checked by sum.
+SCHEMA_VERSION = 3
 OLDEST_READABLE = 1
 UNKNOWN_EPOCH = -1  # an op row of a version-1 dump, or one written outside a dumper
 # The two-tier flow's selection file (written by `accuracy suspects`, read by dumper(select=))
@@ -23,6 +25,8 @@ SELECTION_FORMAT = "accuracy-selection/1"
 BLOB = "_data/blob"  # every tensor's bytes, appended (log-structured)
 OPS = "_index/ops"  # one row per recorded op
 TENSORS = "_index/tensors"  # one row per tensor use (input or output of an op)
+BATCHES = "_index/batches"  # schema 3: one row per flush: the rows it made visible, their hash
+BATCH_ROW = np.dtype([("ops_end", np.int64), ("tensors_end", np.int64), ("hash", np.uint64)])
 
 INPUT, OUTPUT = 0, 1
 IO_NAMES = ("input", "output")
@@ -72,8 +76,12 @@ TENSOR_ROW = np.dtype(
         ("nan_count", np.int64),
         ("inf_count", np.int64),
         ("checksum", np.int64),
+        ("hash", np.uint64),  # XXH3-64 of the stored bytes (schema 3); 0: none stored
     ]
 )
+# The tensor row of schema 1-2 files (no content hash): still readable, checked by the sum.
+TENSOR_ROW_V2 = np.dtype([(n, TENSOR_ROW.fields[n][0]) for n in TENSOR_ROW.names if n != "hash"])
+TENSOR_ROWS = (TENSOR_ROW, TENSOR_ROW_V2)
 
 STAT_FIELDS = ("min", "max", "mean", "l2", "nan_count", "inf_count", "checksum")
 

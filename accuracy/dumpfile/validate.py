@@ -27,6 +27,8 @@ LAYOUT: dict[str, dict[str, str]] = {
     "/_data": {"blob": "dataset"},
     "/_index": {"ops": "dataset", "tensors": "dataset"},
 }
+# Objects a dump may hold (schema 3 adds them; older files lack them), checked like the rest.
+OPTIONAL: dict[str, dict[str, str]] = {"/_index": {"batches": "dataset"}}
 _LAYOUTS_OK = {h5py.h5d.COMPACT, h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED}
 
 MAX_ATTRS = 256  # attributes on one object
@@ -132,11 +134,13 @@ def _walk(f: h5py.File) -> None:
         g = f[group]
         _check_attrs(g, group)
         names = set(g.keys())
-        unknown = sorted(names - set(members))
+        optional = OPTIONAL.get(group, {})
+        unknown = sorted(names - set(members) - set(optional))
         if unknown:
             raise LayoutError(f"unexpected object {group.rstrip('/')}/{unknown[0]} (a dump "
                               "holds only what the writer makes)")
-        for name, kind in members.items():
+        present = {k: v for k, v in optional.items() if k in names}
+        for name, kind in {**members, **present}.items():
             path = f"{group.rstrip('/')}/{name}"
             if name not in names:
                 raise LayoutError(f"missing {path.lstrip('/')!r}")
@@ -161,7 +165,7 @@ def _check_dtypes(f: h5py.File) -> None:
         raise LayoutError(f"/{schema.BLOB} has dtype {blob.dtype}, expected uint8")
     if ops.dtype not in schema.OP_ROWS:
         raise LayoutError(f"/{schema.OPS} has an unknown row type")
-    if tensors.dtype != schema.TENSOR_ROW:
+    if tensors.dtype not in schema.TENSOR_ROWS:
         raise LayoutError(f"/{schema.TENSORS} has an unknown row type")
     if status.dtype != np.int64 or status.shape != (4,):
         raise LayoutError(f"/{STATUS} is not int64[4]")

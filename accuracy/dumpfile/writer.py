@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from accuracy.dumpfile import schema
+from accuracy.dumpfile.checksum import ATTRS_HASH, NO_HASH, attrs_hash, content_hash, rows_hash
 from accuracy.errors import AccuracyError, OutputExistsError
 from accuracy.outputs import writable_folder
 
@@ -252,6 +253,10 @@ class DumpWriter:
             dtype=schema.TENSOR_ROW,
             chunks=(_TABLE_CHUNK,),
         )
+        self._batches = f.create_dataset(
+            schema.BATCHES, shape=(0,), maxshape=(None,), dtype=schema.BATCH_ROW,
+            chunks=(_TABLE_CHUNK,))
+        self._n_batches = 0
         self._status = f.create_dataset(STATUS, data=np.zeros(4, np.int64))
         f.swmr_mode = True  # from here on a reader (or a crash) always sees a consistent file
         os.replace(tmp, self.path)
@@ -259,6 +264,7 @@ class DumpWriter:
         self._blob_len = 0
         self._blob_cap = 0
         self._offsets: dict[int, tuple[int, int]] = {}
+        self._hashes: dict[int, int] = {}  # row -> content hash of the bytes it points at
         self._op_rows: list[tuple[Any, ...]] = []
         self._tensor_rows: list[tuple[Any, ...]] = []
         self._n_ops = 0
@@ -350,12 +356,14 @@ class DumpWriter:
                 arr = _as_bytes(host)
                 off = self._append_bytes(arr)
                 self._offsets[t.row] = (off, arr.size)
+                self._hashes[t.row] = content_hash(arr)  # the one place stored bytes are hashed
                 self.bytes_written += arr.size
                 offset, nbytes, first = off, arr.size, t.row
                 t.data = None
             elif t.first >= 0 and t.first in self._offsets:
                 offset, nbytes = self._offsets[t.first]
                 first = t.first
+                self._hashes[t.row] = self._hashes[t.first]
                 self.bytes_linked += nbytes
             else:
                 offset, nbytes, first = -1, 0, -1
@@ -367,7 +375,7 @@ class DumpWriter:
                 stride = t.stride + _NO_DIMS[len(t.stride):]
             self._tensor_rows.append(
                 (t.seq, t.io, t.idx, t.dtype, ndim, shape, stride, t.device, offset, nbytes,
-                 first, *_stats_values(t.stats))
+                 first, *_stats_values(t.stats), self._hashes.get(t.row, NO_HASH))
             )
         self._op_rows.append(
             (op.seq, op.op, op.phase, op.module, op.source, op.stack, op.args, op.step,
@@ -375,20 +383,27 @@ class DumpWriter:
         )
 
     @staticmethod
-    def _append_rows(ds: h5py.Dataset, rows: list[tuple[Any, ...]], start: int) -> int:
-        if not rows:
-            return start
+    def _append_rows(ds: h5py.Dataset, rows: list[tuple[Any, ...]], start: int
+                     ) -> tuple[int, np.ndarray]:
         arr = np.array(rows, dtype=ds.dtype)
+        if not rows:
+            return start, arr
         ds.resize((start + len(rows),))
         ds[start:] = arr
-        return start + len(rows)
+        return start + len(rows), arr
 
     def _flush(self) -> None:
-        # Bytes first, then the tensor rows that point at them, then op rows, then the status
-        # counts that make those rows visible: a crash between any two steps loses no
-        # committed row.
-        self._n_tensors = self._append_rows(self._tensors, self._tensor_rows, self._n_tensors)
-        self._n_ops = self._append_rows(self._ops, self._op_rows, self._n_ops)
+        # Bytes first, then the tensor rows that point at them, then op rows, then the hash of
+        # those rows, then the status counts that make them visible: a crash between any two
+        # steps loses no committed row.
+        self._n_tensors, trows = self._append_rows(self._tensors, self._tensor_rows,
+                                                   self._n_tensors)
+        self._n_ops, orows = self._append_rows(self._ops, self._op_rows, self._n_ops)
+        if len(trows) or len(orows):
+            self._batches.resize((self._n_batches + 1,))
+            self._batches[self._n_batches] = (self._n_ops, self._n_tensors,
+                                              rows_hash(orows, trows))
+            self._n_batches += 1
         self._tensor_rows.clear()
         self._op_rows.clear()
         self._file.flush()
@@ -409,6 +424,7 @@ class DumpWriter:
         f.attrs["bytes_linked"] = self.bytes_linked
         ok = bool(complete and self.error is None)
         f.attrs["complete"] = ok
+        f.attrs[ATTRS_HASH] = np.uint64(attrs_hash(dict(f.attrs.items())))
         f.flush()
         self._status[:] = [self._n_ops, self._n_tensors, int(ok), self._blob_len]
         f.close()

@@ -24,7 +24,7 @@ from accuracy.server.guard import (
     LOOPBACK_HOSTS,
     RequestGuard,
 )
-from accuracy.server.jobs import JobManager
+from accuracy.server.jobs import DEFAULT_MAX_QUEUED_JOBS, JobManager
 from accuracy.server.reportindex import RowIndex
 from accuracy.server.routers import health, jobs, ops, reports, runs, ui
 from accuracy.server.routers import monitor as monitor_router
@@ -47,6 +47,7 @@ def create_app(
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     view_memory_bytes: int = DEFAULT_VIEW_MEMORY,
     cluster: str | None = None,
+    max_queued_jobs: int = DEFAULT_MAX_QUEUED_JOBS,
 ) -> FastAPI:
     """Build the service over a data directory.
 
@@ -58,6 +59,7 @@ def create_app(
     view_memory_bytes: the memory one tensor view (histogram, values, heat map) may use.
     cluster: "local:N" or a Dask scheduler address; compare and replay jobs run there
     (jobcluster.py; a local cluster starts here and stops with the app).
+    max_queued_jobs: compare jobs that may wait; one more is refused with 429 + Retry-After.
     Raises DataDirBusy when another live server holds the data directory, ClusterError for a
     cluster that cannot be used.
     """
@@ -72,7 +74,8 @@ def create_app(
         storage = Storage(data_dir, db_url=db_url, allowed_roots=allowed_roots,
                           max_upload_bytes=max_upload_bytes)
         rows = RowIndex(storage)
-        jobs_ = JobManager(storage, rows, cluster=job_cluster.address if job_cluster else None)
+        jobs_ = JobManager(storage, rows, cluster=job_cluster.address if job_cluster else None,
+                           max_queued=max_queued_jobs)
         svc = Services(storage=storage, rows=rows, jobs=jobs_,
                        token=token or None, protect_reads=protect_reads and bool(token),
                        views=ViewLimits(view_memory_bytes))

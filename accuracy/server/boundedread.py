@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import torch
 
 from accuracy.dumpfile import DumpError, schema
-from accuracy.dumpfile.checksum import Checksum
 from accuracy.dumpfile.reader import Dump, TensorRecord
 from accuracy.server.errors import ApiError, scrub
 
@@ -110,8 +109,8 @@ class TensorSource:
             spans = ((s, min(s + w, b + align, n)) for b in range(0, n, align)
                      for s in range(b, min(b + align, n), w))
         item, base, t = self.itemsize, self.t.offset, self.t
-        part = self.d.checksum_part(t)
-        check = Checksum(part) if part is not None else None
+        running = self.d.new_check(t)
+        check, stored = running if running is not None else (None, 0)
         try:
             for s, e in spans:  # the spans cover the tensor once, in order
                 raw = self.d.read_bytes(base + s * item, (e - s) * item, t.address)
@@ -119,7 +118,7 @@ class TensorSource:
                     check.update(raw)
                 yield s, _as_f64(torch.from_numpy(raw).view(self.dtype))
             if check is not None:  # verified like a whole read, before any figure is served
-                self.d.check_checksum(t.address, check.value, t.stats["checksum"])
+                self.d.check_checksum(t.address, check.value, stored)
         except DumpError as e:
             raise ApiError(410, scrub(str(e), self.d.path)) from None
         except (OSError, RuntimeError, ValueError, TypeError) as e:

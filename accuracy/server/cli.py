@@ -18,7 +18,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     allowed_hosts=args.allowed_hosts or (), max_upload_mb=args.max_upload_mb,
                     max_json_kb=args.max_json_kb, read_timeout_s=args.read_timeout,
                     view_memory_mb=args.view_memory_mb, runs=args.run or (),
-                    reports=args.report or (), verbose=args.verbose, cluster=args.cluster)
+                    reports=args.report or (), verbose=args.verbose, cluster=args.cluster,
+                    max_queued_jobs=args.max_queued_jobs)
     print(serving.format(), flush=True)
     serving.run()
     return 0
@@ -31,7 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="address to listen on; anything but loopback needs --token")
     s.add_argument("--port", type=port, default=8000)
     s.add_argument("--token", help="API token for write endpoints (or ACCURACY_TOKEN)")
-    s.add_argument("--db-url", help="SQLAlchemy URL of the index (default: SQLite in --data)")
+    s.add_argument("--db-url", "--db", dest="db_url",
+                   help="SQLAlchemy URL of the index, e.g. postgresql://user@host/db "
+                        "(default: SQLite in --data)")
     s.add_argument("--allow-root", action="append", metavar="DIR",
                    help="directory under which paths may be registered (repeatable; "
                         "default: the data directory)")
@@ -50,6 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="run compare and replay jobs on a Dask cluster: local:N starts N "
                         "workers on loopback with the server, or a scheduler's address "
                         "(needs the 'cluster' extra)")
+    s.add_argument("--max-queued-jobs", type=at_least(1), default=8, metavar="N",
+                   help="compare jobs that may wait for the one running; more are refused "
+                        "with 429 and Retry-After (default 8)")
     s.add_argument("--run", action="append", metavar="DUMP",
                    help="index this dump at startup (repeatable)")
     s.add_argument("--report", action="append", metavar="DIR",

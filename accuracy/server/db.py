@@ -134,6 +134,8 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DB-API conne
 def make_engine(url: str) -> Engine:
     """Create the engine and the tables; WAL lets readers page while a job indexes a report."""
     kwargs: dict = {}
+    if url.startswith(("postgresql://", "postgres://")):  # the driver the 'server' extra ships
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
     if url.startswith("sqlite"):
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
     engine = create_engine(url, **kwargs)

@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from accuracy.compare.writers import csv_cell, xlsx_workbook
 from accuracy.server.reportindex import RowIndex, RowQuery
 
 _PAGE = 2000
@@ -35,6 +36,11 @@ def _cell(v: Any) -> Any:
     return json.dumps(v) if isinstance(v, (list, dict)) else v
 
 
+def _csv_row(r: dict[str, Any]) -> dict[str, Any]:
+    """One CSV row with the CLI report's escaping (formula-like text gets a leading quote)."""
+    return {k: csv_cell(_cell(v)) for k, v in r.items()}
+
+
 def csv_stream(rows: RowIndex, report_id: str, q: RowQuery) -> Iterator[str]:
     it = iter_rows(rows, report_id, q)
     first = next(it, None)
@@ -43,9 +49,9 @@ def csv_stream(rows: RowIndex, report_id: str, q: RowQuery) -> Iterator[str]:
     w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
     if first is not None:
-        w.writerow({k: _cell(v) for k, v in first.items()})
+        w.writerow(_csv_row(first))
     for n, r in enumerate(it):
-        w.writerow({k: _cell(v) for k, v in r.items()})
+        w.writerow(_csv_row(r))
         if n % 500 == 0:
             yield buf.getvalue()
             buf.seek(0)
@@ -62,10 +68,8 @@ def json_stream(rows: RowIndex, report_id: str, q: RowQuery, summary: dict[str, 
 
 
 def xlsx_bytes(rows: RowIndex, report_id: str, q: RowQuery) -> bytes:
-    import xlsxwriter
-
     out = io.BytesIO()
-    wb = xlsxwriter.Workbook(out, {"in_memory": True, "nan_inf_to_errors": True})
+    wb = xlsx_workbook(out)  # the CLI report's options: every string is a text cell
     ws = wb.add_worksheet("rows")
     bold = wb.add_format({"bold": True})
     fills = {v: wb.add_format({"bg_color": c}) for v, c in

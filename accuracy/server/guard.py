@@ -10,6 +10,9 @@ A pure ASGI middleware (no body buffering beyond the JSON cap), in front of ever
   `X-Accuracy-Request`, or an API token header. A browser sends none of these cross-site
   without a CORS preflight, which this server never grants. A request whose `Origin` names a
   host that is not allowed is refused (403) whatever it carries.
+- Request line and Host: a request with more than one `Host` header, or whose target is not a
+  path (absolute form `GET http://evil/api/...`, which proxies use) is refused (400): the two
+  could name different hosts, and which one a check reads would decide what it allows.
 - Bodies: every body but an upload is capped (`max_json_bytes`, by Content-Length and by the
   bytes actually received); every body, uploads included, must keep arriving: a read that waits
   longer than `read_timeout_s` ends the request with 408.
@@ -40,6 +43,35 @@ SAFE_METHODS = {"GET", "HEAD", "OPTIONS", "TRACE"}
 REQUEST_HEADER = "x-accuracy-request"
 DEFAULT_MAX_JSON_BYTES = 1024 * 1024
 DEFAULT_READ_TIMEOUT_S = 60.0
+# Where GuardedHttpTools keeps the request target as it came on the request line (uvicorn's
+# httptools parser keeps only its path in `path`/`raw_path`).
+TARGET_KEY = "accuracy.request_target"
+
+
+def http_protocol() -> Any:
+    """The uvicorn HTTP protocol to serve with: uvicorn's own, keeping the raw request target
+    in the scope so the guard can refuse an absolute-form target (h11 keeps it in raw_path)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # no httptools: h11's raw_path is the target as sent
+        return "h11"
+
+    class GuardedHttpTools(HttpToolsProtocol):
+        def on_url(self, url: bytes) -> None:
+            super().on_url(url)
+            self.scope[TARGET_KEY] = self.url  # type: ignore[literal-required]
+
+    return GuardedHttpTools
+
+
+def request_line_refusal(scope: Scope) -> str | None:
+    """Why the request line or Host header is refused (duplicate Host, non-path target)."""
+    if sum(1 for k, _ in scope.get("headers", ()) if k.lower() == b"host") > 1:
+        return "more than one Host header; send exactly one"
+    target = scope.get(TARGET_KEY) or scope.get("raw_path") or b"/"
+    if not target.startswith(b"/") and not (target == b"*" and scope["method"] == "OPTIONS"):
+        return "the request target must be a path (/...), not an absolute URL"
+    return None
 
 
 def normalise_host(name: str) -> str:
@@ -119,6 +151,11 @@ class RequestGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        refusal = request_line_refusal(scope)
+        if refusal:
+            log.warning("refused a request: %s", refusal)
+            await _reply(send, 400, refusal)
             return
         headers = Headers(scope=scope)
         host = host_of(headers.get("host", ""))

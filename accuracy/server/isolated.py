@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from accuracy.dumpfile import DumpError, load_dump
+from accuracy.dumpfile.reader import require_regular_file
 
 READ_TIMEOUT_S = 60.0
 
@@ -36,6 +37,7 @@ def _summarise(path: str, conn: multiprocessing.connection.Connection) -> None:
 
 def dump_summary(path: str | os.PathLike[str], timeout: float = READ_TIMEOUT_S) -> dict[str, Any]:
     """`load_dump(path).summary()`, computed in a child; DumpError if invalid or too slow."""
+    require_regular_file(path)  # a FIFO or a device is refused here, before any child opens it
     recv, send = _ctx.Pipe(duplex=False)
     child = _ctx.Process(target=_summarise, args=(str(path), send), daemon=True)
     child.start()

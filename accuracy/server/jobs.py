@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
+from starlette.exceptions import HTTPException
 
 from accuracy.server.db import Job, Report, Run, utcnow
 from accuracy.server.errors import ApiError, scrub
@@ -39,6 +40,17 @@ ACTIVE = ("queued", "running")
 FORMATS = ("json", "csv", "html", "xlsx")
 PR_SET_PDEATHSIG = 1
 _ID = re.compile(r"^[0-9a-f]{32}$")
+DEFAULT_MAX_QUEUED_JOBS = 8
+RETRY_AFTER_S = 30
+
+
+class QueueFull(HTTPException):
+    """429 with Retry-After: more jobs wait than the server keeps (--max-queued-jobs)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(429, f"{limit} compare jobs are already waiting; retry later (this "
+                              "server's --max-queued-jobs)",
+                         headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -113,8 +125,14 @@ class JobManager:
 
     cluster: a Dask scheduler address (jobcluster.JobCluster) the jobs' children run on."""
 
-    def __init__(self, storage: Storage, rows: Any, *, cluster: str | None = None) -> None:
+    def __init__(self, storage: Storage, rows: Any, *, cluster: str | None = None,
+                 max_queued: int = DEFAULT_MAX_QUEUED_JOBS) -> None:
+        if max_queued < 1:
+            raise ValueError(f"max_queued must be at least 1, not {max_queued}")
         self.storage = storage
+        self.max_queued = max_queued
+        self._waiting = 0  # jobs submitted whose run has not begun
+        self._lock = threading.Lock()
         self.rows = rows  # RowIndex, to index finished reports
         self.cluster = cluster
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compare-job")
@@ -163,12 +181,21 @@ class JobManager:
             raise ApiError(503, "the compare engine (accuracy.compare) is not installed")
         self.storage.run(my_run_id)
         self.storage.run(golden_run_id)
+        with self._lock:
+            if self._waiting >= self.max_queued:
+                raise QueueFull(self.max_queued)
+            self._waiting += 1
         job = Job(id=new_id(), my_run_id=my_run_id, golden_run_id=golden_run_id, replay=replay,
                   stage="queued")
-        with self.storage.Session.begin() as ses:
-            ses.add(job)
-        self._cancel[job.id] = threading.Event()
-        self._pool.submit(self._run, job.id)
+        try:
+            with self.storage.Session.begin() as ses:
+                ses.add(job)
+            self._cancel[job.id] = threading.Event()
+            self._pool.submit(self._run, job.id)
+        except BaseException:
+            with self._lock:
+                self._waiting -= 1
+            raise
         return job
 
     def cancel(self, job_id: str) -> Job:
@@ -186,6 +213,8 @@ class JobManager:
         return self.storage.job(job_id)
 
     def _run(self, job_id: str) -> None:
+        with self._lock:
+            self._waiting -= 1
         ev = self._cancel.get(job_id) or threading.Event()
         try:
             job = self.storage.job(job_id)

@@ -55,11 +55,14 @@ class Serving:
         """Serve until interrupted (uvicorn handles Ctrl-C)."""
         import uvicorn
 
+        from accuracy.server.guard import http_protocol
+
         if self.sock is None:
-            uvicorn.run(self.app, host=self.host, port=self.port, log_level=self.log_level)
+            uvicorn.run(self.app, host=self.host, port=self.port, log_level=self.log_level,
+                        http=http_protocol())
             return
         config = uvicorn.Config(self.app, host=self.host, port=self.port,
-                                log_level=self.log_level)
+                                log_level=self.log_level, http=http_protocol())
         try:
             uvicorn.Server(config).run(sockets=[self.sock])
         finally:
@@ -122,6 +125,7 @@ def serve(
     reports: Sequence[str] = (),
     verbose: bool = False,
     cluster: str | None = None,
+    max_queued_jobs: int = 8,
 ) -> Serving:
     """Check the request against the serve policy, build the app and index `runs`/`reports`.
 
@@ -140,7 +144,8 @@ def serve(
                       allow_roots=allow_roots, allowed_hosts=allowed_hosts,
                       max_upload_mb=max_upload_mb, max_json_kb=max_json_kb,
                       read_timeout_s=read_timeout_s, view_memory_mb=view_memory_mb, runs=runs,
-                      reports=reports, verbose=verbose, cluster=cluster)
+                      reports=reports, verbose=verbose, cluster=cluster,
+                      max_queued_jobs=max_queued_jobs)
     except BaseException:
         sock.close()
         raise
@@ -150,7 +155,8 @@ def _build(sock: socket.socket, data: str | os.PathLike[str], *, host: str, port
            token: str | None, db_url: str | None, allow_roots: Sequence[str],
            allowed_hosts: Sequence[str], max_upload_mb: int, max_json_kb: int,
            read_timeout_s: float, view_memory_mb: int, runs: Sequence[str],
-           reports: Sequence[str], verbose: bool, cluster: str | None) -> Serving:
+           reports: Sequence[str], verbose: bool, cluster: str | None,
+           max_queued_jobs: int) -> Serving:
     from accuracy.server.app import create_app
     from accuracy.server.guard import WILDCARD_BINDS, allowed_hosts_for
     from accuracy.server.startup import import_paths
@@ -164,7 +170,8 @@ def _build(sock: socket.socket, data: str | os.PathLike[str], *, host: str, port
                      allowed_roots=list(allow_roots) or None,
                      protect_reads=not is_loopback(host), allowed_hosts=hosts,
                      max_json_bytes=max_json_kb * 1024, read_timeout_s=read_timeout_s,
-                     view_memory_bytes=view_memory_mb * 1024 * 1024, cluster=cluster)
+                     view_memory_bytes=view_memory_mb * 1024 * 1024, cluster=cluster,
+                     max_queued_jobs=max_queued_jobs)
     indexed = import_paths(app.state.services.storage, runs=runs, reports=reports)
     if app.state.job_cluster is not None:
         indexed.append(f"accuracy serve: {app.state.job_cluster.describe()}")

@@ -108,7 +108,7 @@ class Storage:
         if not any(p == r or p.is_relative_to(r) for r in self.allowed_roots):
             raise ApiError(403, "path is outside the allowed roots of this server")
         try:
-            missing = not (p.is_file() if kind == "file" else p.is_dir())
+            missing = not (p.exists() if kind == "file" else p.is_dir())  # a FIFO: 422 later
         except OSError:  # a name too long for the file system, a loop, no permission...
             raise ApiError(400, "path cannot be resolved") from None
         if missing:
