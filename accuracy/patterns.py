@@ -7,7 +7,9 @@ from fnmatch import fnmatchcase
 
 def op_matches(pattern: str, op: str) -> bool:
     """`aten.mm` matches every overload (`aten.mm.default`, ...); globs like `aten.*norm*` work;
-    a bare name (`mm`, `addmm`) means the aten op, as users write it."""
+    a bare name (`mm`, `addmm`) means the aten op, as users write it; the C++ spelling that
+    DebugMode and profiler traces print (`aten::addmm`) means the same op."""
+    pattern = pattern.replace("::", ".")
     if "." not in pattern and not any(c in pattern for c in "*?["):
         pattern = "aten." + pattern
     return op == pattern or op.startswith(pattern + ".") or fnmatchcase(op, pattern)
