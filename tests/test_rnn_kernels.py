@@ -85,7 +85,13 @@ def test_registry_is_the_one_place_that_knows_workspaces(tmp_path):
         report = _run(tmp_path, "bf16")
     finally:
         aten.register("aten.mkldnn_rnn_layer.default", workspace_outputs=(3,))
-    assert report.summary["counts"]["error"] > 0  # judged as data again: what users extend
+    # judged as data again (what users extend): the workspace rows are compared, not skipped
+    # for being scratch memory. (Whether they then differ depends on what the allocator left
+    # there, so the figure is not asserted: only that the registry decided it.)
+    ws = [r for r in report.rows if r["op"] == "aten.mkldnn_rnn_layer.default"
+          and r["io"] == "output" and r["tensor_index"] == 3]
+    assert ws and all(r["message"] != aten.WORKSPACE_REASON and r["verdict"] != "skipped"
+                      for r in ws), ws
 
 
 @pytest.mark.parametrize("reverse", [False, True])
