@@ -104,3 +104,33 @@ def test_importing_integrations_imports_neither_library():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert r.stdout.strip() == "[]", r.stderr
+
+
+def test_trainer_callback_drives_a_debugger_and_a_monitor_callback_in_order():
+    """`AccuracyTrainerCallback(debugger, MonitorCallback(...))`: one callback, both driven; the
+    monitor's step sits inside the debugger's start/stop, its loss/figures after the region."""
+    transformers = pytest.importorskip("transformers")
+    from accuracy.integrations import AccuracyTrainerCallback
+
+    calls: list[str] = []
+
+    class Debugger:
+        def start(self, model=None): calls.append("start")  # noqa: E704
+        def stop(self): calls.append("stop")  # noqa: E704
+        def step(self): calls.append("step")  # noqa: E704
+
+    class Mon(transformers.TrainerCallback):
+        def on_train_begin(self, *a, **k): calls.append("mon_train_begin")  # noqa: E704
+        def on_step_begin(self, *a, **k): calls.append("mon_begin")  # noqa: E704
+        def on_step_end(self, *a, **k): calls.append("mon_end")  # noqa: E704
+        def on_train_end(self, *a, **k): calls.append("mon_train_end")  # noqa: E704
+
+    cb = AccuracyTrainerCallback(Debugger(), Mon())
+    state = transformers.TrainerState()
+    cb.on_train_begin(None, state, None)
+    cb.on_step_begin(None, state, None, model=None)
+    cb.on_step_end(None, state, None)
+    cb.on_train_end(None, state, None)
+    assert calls == ["mon_train_begin", "start", "mon_begin", "mon_end", "stop", "step",
+                     "mon_train_end"]
+    AccuracyTrainerCallback(Mon())  # a monitor alone is enough

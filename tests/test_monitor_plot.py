@@ -121,3 +121,19 @@ def test_server_lists_and_draws_series_and_keeps_to_its_roots(series, tmp_path):
             f["x"] = [1]
         r = c.get("/monitor/view", params={"path": str(bad)})
         assert r.status_code == 400 and "not a monitor file" in r.text
+
+
+def test_every_page_links_to_the_monitor_list(series, tmp_path):
+    """The monitor list is reachable from the UI's navigation, not only by typing its URL."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from accuracy.server import create_app
+
+    local = {"base_url": "http://127.0.0.1", "headers": {"X-Accuracy-Request": "1"}}
+    app = create_app(tmp_path / "data", allowed_roots=[series.parent])
+    with TestClient(**local, app=app) as c:
+        home = c.get("/")
+        assert home.status_code == 200 and '<a href="/monitor">monitor</a>' in home.text
+        listing = c.get(re.search(r'<a href="(/monitor)">monitor</a>', home.text).group(1))
+        assert listing.status_code == 200 and "evil.monitor.h5" in listing.text
