@@ -319,7 +319,7 @@ def render_html(s: dict[str, Any]) -> str:
             f"<td>{what}</td><td>{_op_line(e['first_divergence'])}</td>"
             f"<td><a href=\"rank{e['rank']}/index.html\">report</a></td></tr>")
     warn = f"<p class=\"box\">{html.escape(s['warning'])}</p>" if s.get("warning") else ""
-    warn = "".join(f"<p class=\"box\"><b>Not seen as compiled:</b> {html.escape(str(b))}</p>"
+    warn = "".join(f"<p class=\"box\"><b>Not seen:</b> {html.escape(str(b))}</p>"
                    for b in s.get("blind") or []) + warn
     first = s.get("first_rank")
     return f"""<!DOCTYPE html>

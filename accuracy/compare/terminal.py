@@ -21,11 +21,14 @@ def _where(r: dict[str, Any]) -> str:
 def verdict_text(s: dict[str, Any]) -> str:
     """The overall verdict, qualified when compiled regions were not seen as compiled: a
     PASS over code the dumps never saw is never printed bare."""
-    n = len(s.get("blind") or [])
-    if not n:
+    blind = s.get("blind") or []
+    if not blind:
         return s["verdict"].upper()
-    return (f"{s['verdict'].upper()} over what was recorded only: {n} compiled region(s) "
-            "not seen as compiled (BLIND above)")
+    n = sum(1 for b in blind if "tensor subclass" not in b)
+    parts = [f"{n} compiled region(s) not seen as compiled"] if n else []
+    if len(blind) > n:
+        parts.append(f"{len(blind) - n} tensor subclass(es) not seen into")
+    return f"{s['verdict'].upper()} over what was recorded only: {', '.join(parts)} (BLIND above)"
 
 
 def format_summary(s: dict[str, Any], top: int = 5) -> str:

@@ -29,6 +29,7 @@ from accuracy.dumper.quant_observer import QuantFigures
 from accuracy.dumper.recorder import Recorder
 from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
 from accuracy.dumper.source import user_source
+from accuracy.dumper.subclass_watch import SubclassWatch
 from accuracy.dumpfile.writer import DumpWriteError, DumpWriter
 from accuracy.steps import Schedule
 
@@ -196,6 +197,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
                                   sim=self._sim, strict=self.strict)
         observers: list[Observer] = [] if self._loader is None else [self._loader]
         observers.append(QuantFigures())  # before the recorder: fills extra["quant"]
+        observers.append(SubclassWatch())  # tensor subclasses it cannot see into: said first
         if self._overflow is not None:  # records only births, through the recorder
             self._overflow.attach(self._recorder, str(self.path))
             observers.append(self._overflow)

@@ -1,6 +1,7 @@
-"""What a dump says about compiled regions (root attributes `compiled_watch` and
-`compiled_regions`, written by accuracy/compiled/watch.py), as sentences every reader shows
-first: `accuracy info`, compare's summary, the report files and the web UI."""
+"""What a dump says about what it could not see: compiled regions (root attributes
+`compiled_watch` and `compiled_regions`, written by accuracy/compiled/watch.py) and tensor
+subclasses it cannot see into (`tensor_subclasses`, dumper/subclass_watch.py), as sentences
+every reader shows first: `accuracy info`, compare's summary, the report files and the web UI."""
 
 from __future__ import annotations
 
@@ -31,6 +32,12 @@ def blind_lines(attrs: dict[str, Any], side: str = "") -> list[str]:
         out.append(f"{who}compiled region {r.get('name')!s} [backend {r.get('backend')!s}, "
                    f"{r.get('calls')} call(s), step(s) {steps}] {r.get('status')}: "
                    f"{r.get('reason')}")
+    subs = attrs.get("tensor_subclasses")
+    if isinstance(subs, dict):
+        for name, ops in sorted(subs.items()):
+            out.append(f"{who}{ops} op(s) took tensor subclass {name!s} (a __torch_dispatch__ "
+                       "wrapper): recorded as its raw inner data, without what the wrapper "
+                       "means (scales, layout); those values were not seen as what they are")
     return out
 
 
