@@ -150,7 +150,7 @@ def test_compare_never_prints_a_bare_pass_over_unseen_compiled_code(tmp_path):
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert len(summary["blind"]) == 4
     page = paths["html"].read_text()
-    assert page.index("Not seen as compiled") < page.index("Divergence chart")
+    assert page.index("Not seen (compiled code") < page.index("Divergence chart")
 
 
 def test_a_dump_of_an_eager_job_compares_without_blind_lines(tmp_path):
