@@ -200,21 +200,12 @@ def test_a_database_from_before_ownership_goes_to_its_first_server(tmp_path, db_
         assert b.get(f"/api/runs/{old}").status_code == 404
 
 
-def _start_engine(url: str, barrier, results) -> None:  # noqa: ANN001 - spawn target
-    from accuracy.server.db import make_engine
-
-    barrier.wait(60)
-    try:
-        make_engine(url).dispose()
-        results.put("ok")
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        results.put(f"{type(e).__name__}: {str(e).splitlines()[0]}")
-
-
 def test_servers_starting_at_once_create_the_schema_once(backend, tmp_path):
     """Servers started together on a new database (a reboot) all come up: creating the tables
     and migrating them is serialised, not a race that fails some of them."""
     import multiprocessing as mp
+
+    from _schema_start import start_engine
 
     ctx = mp.get_context("spawn")
     failures = []
@@ -224,7 +215,7 @@ def test_servers_starting_at_once_create_the_schema_once(backend, tmp_path):
         else:
             url = db_url.__wrapped__(backend, tmp_path / str(trial))
         barrier, results = ctx.Barrier(4), ctx.Queue()
-        procs = [ctx.Process(target=_start_engine, args=(url, barrier, results), daemon=True)
+        procs = [ctx.Process(target=start_engine, args=(url, barrier, results), daemon=True)
                  for _ in range(4)]
         for p in procs:
             p.start()
