@@ -457,9 +457,10 @@ def test_restart_marks_interrupted_jobs_failed(runs, tmp_path):
 
     d = tmp_path / "restart"
     with TestClient(**LOCAL, app=create_app(d)) as c1:
-        with c1.app.state.services.storage.Session.begin() as ses:
+        storage = c1.app.state.services.storage
+        with storage.Session.begin() as ses:
             ses.add(Job(id="a" * 32, status="running", my_run_id=runs["my"],
-                        golden_run_id=runs["golden"]))
+                        golden_run_id=runs["golden"], data_dir=storage.owner))
     with TestClient(**LOCAL, app=create_app(d)) as c2:  # the server comes back on the same data
         j = c2.get(f"/api/jobs/{'a' * 32}").json()
     assert j["status"] == "failed" and "restarted" in j["error"]

@@ -91,7 +91,8 @@ def served(tmp_path_factory):
     storage = app.state.services.storage
     with storage.Session.begin() as ses:
         ses.add(Job(id="f" * 32, status="done", progress=1.0, stage="done",
-                    my_run_id=ids["my"], golden_run_id=ids["golden"], report_id=report["id"]))
+                    my_run_id=ids["my"], golden_run_id=ids["golden"], report_id=report["id"],
+                    data_dir=storage.owner))
     real = {
         "run_id": ids["my"], "report_id": report["id"], "job_id": "f" * 32,
         "idx": int(culprit["index"]), "address": culprit["my_address"],

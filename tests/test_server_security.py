@@ -292,8 +292,10 @@ def test_second_server_on_held_data_is_refused(tmp_path, capsys):
     d = tmp_path / "held"
     with TestClient(**LOCAL, app=create_app(d)) as c:
         jobs = c.app.state.services.jobs
-        with c.app.state.services.storage.Session.begin() as ses:
-            ses.add(Job(id="b" * 32, status="running", my_run_id="x", golden_run_id="y"))
+        storage = c.app.state.services.storage
+        with storage.Session.begin() as ses:
+            ses.add(Job(id="b" * 32, status="running", my_run_id="x", golden_run_id="y",
+                        data_dir=storage.owner))
         with pytest.raises(DataDirBusy, match=f"pid {os.getpid()}"):
             create_app(d)
         from accuracy.cli import main

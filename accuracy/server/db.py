@@ -1,5 +1,9 @@
 """The index of runs, reports, report rows and jobs (SQLAlchemy; SQLite file by default).
 
+Runs, reports and jobs carry the data directory of the server that owns them (`data_dir`), so
+several servers with their own data directories can share one database: each sees, serves and
+recovers only its own rows (Storage does the filtering).
+
 Files stay the source of truth; the index keeps a report's rows so the server can load a
 report's filter and sort columns at once (reportindex.ReportColumns) and read a page's rows by
 primary key. Only the WAL pragma below knows about SQLite.
@@ -7,6 +11,10 @@ primary key. Only the WAL pragma below knows about SQLite.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 from sqlalchemy import (
@@ -18,6 +26,8 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    inspect,
+    text,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
@@ -36,6 +46,16 @@ class Base(DeclarativeBase):
     pass
 
 
+# Tables whose rows belong to one data directory (report rows follow their report).
+OWNED_TABLES = ("runs", "reports", "jobs")
+
+
+def _owner_column() -> Mapped[str | None]:
+    """The resolved data directory of the server that owns the row; NULL only in a database
+    written before ownership existed, until a server adopts it (adopt_legacy_rows)."""
+    return mapped_column(Text, nullable=True, index=True)
+
+
 class Run(Base):
     __tablename__ = "runs"
 
@@ -50,6 +70,7 @@ class Run(Base):
     complete: Mapped[bool] = mapped_column(default=False)
     file_bytes: Mapped[int] = mapped_column(Integer, default=0)
     summary: Mapped[str] = mapped_column(Text, default="{}")  # JSON, paths removed
+    data_dir: Mapped[str | None] = _owner_column()
 
 
 class Report(Base):
@@ -64,6 +85,7 @@ class Report(Base):
     created: Mapped[str] = mapped_column(String(40), default=utcnow)
     n_rows: Mapped[int] = mapped_column(Integer, default=0)
     summary: Mapped[str] = mapped_column(Text, default="{}")
+    data_dir: Mapped[str | None] = _owner_column()
 
 
 class ReportRow(Base):
@@ -121,6 +143,7 @@ class Job(Base):
     report_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     created: Mapped[str] = mapped_column(String(40), default=utcnow)
     updated: Mapped[str] = mapped_column(String(40), default=utcnow)
+    data_dir: Mapped[str | None] = _owner_column()
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DB-API connection
@@ -141,8 +164,56 @@ def make_engine(url: str) -> Engine:
     engine = create_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
-    Base.metadata.create_all(engine)
+    _create_schema(engine)
     return engine
+
+
+# pg_advisory_xact_lock key held while a server creates or migrates the schema ("accuracy")
+_SCHEMA_LOCK = 0x6163637572616379
+
+
+def _create_schema(engine: Engine) -> None:
+    """Create the tables, then migrate a database written before ownership: add `data_dir`
+    (and its index) to runs, reports and jobs. Idempotent; servers starting at once on one
+    database take turns (concurrent CREATE TABLEs collide): an advisory lock on PostgreSQL, a
+    flock on the SQLite file (SQLite's own locks are fcntl locks, which flock leaves alone)."""
+    with _sqlite_file_lock(engine), engine.begin() as con:
+        if engine.dialect.name == "postgresql":
+            con.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK})
+        Base.metadata.create_all(con)
+        for table in OWNED_TABLES:
+            if "data_dir" in {c["name"] for c in inspect(con).get_columns(table)}:
+                continue
+            con.execute(text(f"ALTER TABLE {table} ADD COLUMN data_dir TEXT"))
+            con.execute(text(f"CREATE INDEX IF NOT EXISTS ix_{table}_data_dir "
+                             f"ON {table} (data_dir)"))
+
+
+@contextlib.contextmanager
+def _sqlite_file_lock(engine: Engine) -> Iterator[None]:
+    path = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not path or path == ":memory:" or path.startswith("file:"):
+        yield
+        return
+    with engine.connect():  # creates the file
+        pass
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def adopt_legacy_rows(engine: Engine, owner: str) -> int:
+    """Give the rows of a database written before ownership (data_dir NULL) to `owner`, the
+    first server that starts on it: such a database served one data directory."""
+    n = 0
+    with engine.begin() as con:
+        for table in OWNED_TABLES:
+            n += con.execute(text(f"UPDATE {table} SET data_dir = :o WHERE data_dir IS NULL"),
+                             {"o": owner}).rowcount or 0
+    return n
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker:

@@ -6,7 +6,8 @@ its own process group and dies with its server (PR_SET_PDEATHSIG, and a watchdog
 pid where prctl is missing); whatever it leaves half-written (the replay's `runs/<id>.h5.partial`,
 the report directory) is removed by the server whenever the child ends without success, SIGKILL
 included. A server that restarts marks the jobs it was running as failed and removes their
-leftovers; the data directory's lock (datalock.py) guarantees those jobs' server is gone.
+leftovers; the data directory's lock (datalock.py) guarantees those jobs' server is gone. Only
+its own jobs: another server on the same database (another data directory) keeps running its.
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ class JobManager:
     def _fail_orphans(self) -> None:
         with self.storage.Session.begin() as ses:
             n = ses.execute(
-                update(Job).where(Job.status.in_(ACTIVE)).values(
+                update(Job).where(Job.status.in_(ACTIVE), Job.data_dir == self.storage.owner)
+                .values(
                     status="failed", updated=utcnow(),
                     error="the server restarted while this job was queued or running")
             ).rowcount
@@ -172,7 +174,8 @@ class JobManager:
         marked failed can never later read done). False when nothing was updated."""
         values["updated"] = utcnow()
         with self.storage.Session.begin() as ses:
-            n = ses.execute(update(Job).where(Job.id == job_id, Job.status.in_(only_if))
+            n = ses.execute(update(Job).where(Job.id == job_id, Job.status.in_(only_if),
+                                              Job.data_dir == self.storage.owner)
                             .values(**values)).rowcount
         return bool(n)
 
@@ -186,7 +189,7 @@ class JobManager:
                 raise QueueFull(self.max_queued)
             self._waiting += 1
         job = Job(id=new_id(), my_run_id=my_run_id, golden_run_id=golden_run_id, replay=replay,
-                  stage="queued")
+                  stage="queued", data_dir=self.storage.owner)
         try:
             with self.storage.Session.begin() as ses:
                 ses.add(job)

@@ -60,7 +60,7 @@ def index_report(
     rid = report_id or new_id()
     rep = Report(id=rid, name=name, dir=report_dir, my_run_id=my_run_id,
                  golden_run_id=golden_run_id, replay_run_id=replay_run_id, n_rows=len(rows),
-                 summary=json.dumps(jsonable(_without_paths(summary))))
+                 summary=json.dumps(jsonable(_without_paths(summary))), data_dir=storage.owner)
     narrow: list[dict[str, Any]] = []
     with storage.Session.begin() as ses:
         ses.add(rep)

@@ -2,6 +2,10 @@
 
 Uploaded dumps are stored as `runs/<id>.h5` (the client's file name is only a label);
 registered dumps stay where they are but must resolve inside an allowed root.
+
+Every run, report and job row is owned by the data directory of the server that made it
+(`owner`); lookups and lists here see only this server's rows, so servers with their own data
+directories can share one database.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from accuracy.server.db import (
     ReportRow,
     ReportRowData,
     Run,
+    adopt_legacy_rows,
     make_engine,
     make_sessionmaker,
 )
@@ -73,6 +78,9 @@ class Storage:
         self.db_url = db_url or f"sqlite:///{self.data_dir / 'index.sqlite'}"
         self.engine = make_engine(self.db_url)
         self.Session: sessionmaker = make_sessionmaker(self.engine)
+        self.owner = str(self.data_dir)  # the key of this server's rows in a shared database
+        if n := adopt_legacy_rows(self.engine, self.owner):
+            log.info("adopted %d row(s) written before data directories owned rows", n)
         roots = list(allowed_roots) if allowed_roots else [self.data_dir]
         self.allowed_roots = [Path(r).resolve() for r in roots]
         self.max_upload_bytes = int(max_upload_bytes)
@@ -130,7 +138,7 @@ class Storage:
             backend=str(attrs.get("backend") or "") or None,
             profile=str(attrs.get("profile") or "") or None,
             complete=bool(s.get("complete")), file_bytes=int(s.get("file_bytes", 0)),
-            summary=json.dumps(jsonable(s)),
+            summary=json.dumps(jsonable(s)), data_dir=self.owner,
         )
         with self.Session.begin() as ses:
             ses.add(run)
@@ -167,12 +175,17 @@ class Storage:
 
     def runs(self) -> list[Run]:
         with self.Session() as ses:
-            return list(ses.scalars(select(Run).order_by(Run.created.desc(), Run.name)))
+            return list(ses.scalars(select(Run).where(Run.data_dir == self.owner)
+                                    .order_by(Run.created.desc(), Run.name)))
+
+    def owns(self, row: Run | Report | Job | None) -> bool:
+        """A row of this server's data directory (another server's rows are not found here)."""
+        return row is not None and row.data_dir == self.owner
 
     def run(self, run_id: str) -> Run:
         with self.Session() as ses:
             run = ses.get(Run, run_id)
-        if run is None:
+        if not self.owns(run):
             raise not_found(f"run {run_id!r}")
         return run
 
@@ -183,7 +196,7 @@ class Storage:
             if d is not None:
                 d.close()
         with self.Session.begin() as ses:
-            ses.execute(delete(Run).where(Run.id == run_id))
+            ses.execute(delete(Run).where(Run.id == run_id, Run.data_dir == self.owner))
         if run.source == "upload":
             p = Path(run.path)
             if p.is_relative_to(self.data_dir / "runs"):
@@ -212,13 +225,14 @@ class Storage:
     def report(self, report_id: str) -> Report:
         with self.Session() as ses:
             rep = ses.get(Report, report_id)
-        if rep is None:
+        if not self.owns(rep):
             raise not_found(f"report {report_id!r}")
         return rep
 
     def reports(self) -> list[Report]:
         with self.Session() as ses:
-            return list(ses.scalars(select(Report).order_by(Report.created.desc())))
+            return list(ses.scalars(select(Report).where(Report.data_dir == self.owner)
+                                    .order_by(Report.created.desc())))
 
     def delete_report(self, report_id: str) -> None:
         self.report(report_id)
@@ -232,9 +246,15 @@ class Storage:
     def job(self, job_id: str) -> Job:
         with self.Session() as ses:
             job = ses.get(Job, job_id)
-        if job is None:
+        if not self.owns(job):
             raise not_found(f"job {job_id!r}")
         return job
+
+    def jobs(self, limit: int | None = None) -> list[Job]:
+        """This server's jobs, newest first."""
+        stmt = select(Job).where(Job.data_dir == self.owner).order_by(Job.created.desc())
+        with self.Session() as ses:
+            return list(ses.scalars(stmt.limit(limit) if limit else stmt))
 
     def close(self) -> None:
         with self._lock:

@@ -19,7 +19,10 @@ router = APIRouter(prefix="/api", tags=["health"])
 def health(svc: Services = Depends(services)) -> HealthOut:
     """Always open (no token), so load balancers and scripts can probe it."""
     with svc.storage.Session() as ses:
-        runs = ses.scalar(select(func.count()).select_from(Run)) or 0
-        reports = ses.scalar(select(func.count()).select_from(Report)) or 0
+        mine = svc.storage.owner
+        runs = ses.scalar(select(func.count()).select_from(Run)
+                          .where(Run.data_dir == mine)) or 0
+        reports = ses.scalar(select(func.count()).select_from(Report)
+                             .where(Report.data_dir == mine)) or 0
     return HealthOut(status="ok", version=__version__, runs=runs, reports=reports,
                      compare_available=compare_available(), auth=svc.token is not None)

@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
-from sqlalchemy import select
 
-from accuracy.server.db import Job
 from accuracy.server.deps import get_jobs, get_storage, require_read, require_write
 from accuracy.server.jobs import JobManager
 from accuracy.server.schemas import JobIn, JobOut
@@ -23,8 +21,7 @@ def start_job(body: JobIn, jobs: JobManager = Depends(get_jobs)) -> JobOut:
 
 @router.get("", response_model=list[JobOut], dependencies=[Depends(require_read)])
 def list_jobs(storage: Storage = Depends(get_storage)) -> list[JobOut]:
-    with storage.Session() as ses:
-        return [JobOut.of(j) for j in ses.scalars(select(Job).order_by(Job.created.desc()))]
+    return [JobOut.of(j) for j in storage.jobs()]
 
 
 @router.get("/{job_id}", response_model=JobOut, dependencies=[Depends(require_read)])

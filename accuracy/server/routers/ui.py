@@ -12,10 +12,9 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
-from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from accuracy.server.db import Job, Run
+from accuracy.server.db import Run
 from accuracy.server.deps import TOKEN_COOKIE, Services, presented_token, services
 from accuracy.server.errors import ApiError
 from accuracy.server.reportindex import RowQuery
@@ -77,8 +76,7 @@ def home(request: Request, svc: Services = Depends(services)) -> Response:
     """Runs, reports and jobs."""
     if not _authorized(request, svc):  # before any lookup: nothing is read for a stranger
         return _login(request)
-    with svc.storage.Session() as ses:
-        jobs = list(ses.scalars(select(Job).order_by(Job.created.desc()).limit(50)))
+    jobs = svc.storage.jobs(limit=50)
     runs = svc.storage.runs()
     my, golden = compare_defaults(runs)
     return _page(request, svc, "runs.html", {
