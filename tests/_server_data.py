@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from accuracy import dumper
 from accuracy.examples import lm_batch, lm_step, tiny_lm
@@ -23,3 +28,39 @@ def make_runs(root: Path) -> dict[str, Path]:
             lm_step(tiny_lm(), lm_batch())
     compare(my, golden).write(report, formats=("json", "csv"))
     return {"golden": golden, "my": my, "report": report}
+
+
+# what a legitimate client sends: a loopback Host, and the header that marks a non-browser call
+LOCAL = {"base_url": "http://127.0.0.1", "headers": {"X-Accuracy-Request": "1"}}
+
+
+def runs_or_skip(root: Path) -> dict[str, Path]:
+    """`make_runs`, or skip the module where `accuracy.compare` is not installed."""
+    try:
+        import accuracy.compare  # noqa: F401
+    except ImportError:
+        pytest.skip("accuracy.compare is not installed")
+    return make_runs(root)
+
+
+@contextlib.contextmanager
+def postgres_or_skip() -> Iterator[str]:
+    """A throwaway PostgreSQL server's SQLAlchemy URL, or skip with the reason it cannot run."""
+    from _postgres import postgres_url, unavailable
+
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    with postgres_url() as url:
+        yield url
+
+
+def wait_job(client, job_id: int, until=("done", "failed", "cancelled"), timeout: float = 120):
+    """Poll a job until its status is one of `until`; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        j = client.get(f"/api/jobs/{job_id}").json()
+        if j["status"] in until:
+            return j
+        assert time.monotonic() < deadline, f"job {job_id} still {j['status']} after {timeout}s"
+        time.sleep(0.05)

@@ -14,28 +14,16 @@ import h5py
 import pytest
 
 pytest.importorskip("fastapi")
+from _server_data import LOCAL, postgres_or_skip, runs_or_skip, wait_job  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from accuracy.server import create_app  # noqa: E402
 from accuracy.server.cli import is_loopback  # noqa: E402
 
-try:
-    from accuracy.compare import compare as _compare  # noqa: F401
-    HAVE_COMPARE = True
-except ImportError:
-    HAVE_COMPARE = False
-
-# what a legitimate client sends: a loopback Host, and the header that marks a non-browser call
-LOCAL = {"base_url": "http://127.0.0.1", "headers": {"X-Accuracy-Request": "1"}}
-
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    if not HAVE_COMPARE:
-        pytest.skip("accuracy.compare is not installed")
-    from _server_data import make_runs
-
-    return make_runs(tmp_path_factory.mktemp("runs"))
+    return runs_or_skip(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -44,12 +32,7 @@ def db_url(request):
     if request.param == "sqlite":
         yield None
         return
-    from _postgres import postgres_url, unavailable
-
-    why = unavailable()
-    if why:
-        pytest.skip(why)
-    with postgres_url() as url:
+    with postgres_or_skip() as url:
         yield url.replace("postgresql+psycopg://", "postgresql://")  # as a user writes it
 
 
@@ -408,16 +391,6 @@ def test_errors_are_json_without_traces_or_paths(client, files, data_dir, tmp_pa
 # -- jobs -----------------------------------------------------------------------------------
 
 
-def _wait(client, job_id, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        j = client.get(f"/api/jobs/{job_id}").json()
-        if j["status"] not in ("queued", "running"):
-            return j
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} still {j['status']} after {timeout}s")
-
-
 def test_compare_job_runs_in_background_and_cancel(client, runs):
     r = client.post("/api/jobs", json={"my_run_id": runs["my"], "golden_run_id": runs["golden"]})
     assert r.status_code == 202
@@ -428,7 +401,7 @@ def test_compare_job_runs_in_background_and_cancel(client, runs):
                                             "golden_run_id": runs["golden"], "replay": True})
     c = client.post(f"/api/jobs/{second.json()['id']}/cancel")
     assert c.status_code == 200 and c.json()["status"] == "cancelled"
-    done = _wait(client, job["id"])
+    done = wait_job(client, job["id"])
     assert done["status"] == "done", done
     assert done["progress"] == 1.0 and done["report_id"]
     rep = client.get(f"/api/reports/{done['report_id']}").json()
@@ -448,7 +421,7 @@ def test_running_job_is_cancelled_for_real(client, runs):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert client.post(f"/api/jobs/{jid}/cancel").status_code == 200
-    j = _wait(client, jid, timeout=30)
+    j = wait_job(client, jid, timeout=30)
     assert j["status"] == "cancelled" and j["report_id"] is None
 
 

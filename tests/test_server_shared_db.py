@@ -5,34 +5,22 @@ takes one server."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from contextlib import contextmanager
 
 import pytest
 
 pytest.importorskip("fastapi")
+from _server_data import LOCAL, postgres_or_skip, runs_or_skip, wait_job  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 
 from accuracy.server import create_app  # noqa: E402
 
-try:
-    from accuracy.compare import compare as _compare  # noqa: F401
-    HAVE_COMPARE = True
-except ImportError:
-    HAVE_COMPARE = False
-
-LOCAL = {"base_url": "http://127.0.0.1", "headers": {"X-Accuracy-Request": "1"}}
-
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    if not HAVE_COMPARE:
-        pytest.skip("accuracy.compare is not installed")
-    from _server_data import make_runs
-
-    return make_runs(tmp_path_factory.mktemp("runs"))
+    return runs_or_skip(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -41,12 +29,7 @@ def backend(request):
     if request.param == "sqlite":
         yield None
         return
-    from _postgres import postgres_url, unavailable
-
-    why = unavailable()
-    if why:
-        pytest.skip(why)
-    with postgres_url() as url:
+    with postgres_or_skip() as url:
         yield url
 
 
@@ -75,16 +58,6 @@ def _register(c, path, name):
     r = c.post("/api/runs/register", json={"path": str(path), "name": name})
     assert r.status_code == 201, r.text
     return r.json()["id"]
-
-
-def _wait(c, job_id, until, timeout=180):
-    deadline = time.monotonic() + timeout
-    while True:
-        j = c.get(f"/api/jobs/{job_id}").json()
-        if j["status"] in until:
-            return j
-        assert time.monotonic() < deadline, j
-        time.sleep(0.05)
 
 
 def test_each_server_sees_only_its_own_runs_and_reports(tmp_path, db_url, files):
@@ -154,11 +127,11 @@ def test_a_job_on_one_server_survives_the_others_startup(tmp_path, db_url, files
                 assert b.get("/api/jobs").json() == []
         finally:
             gate.set()
-        j = _wait(a, jid, ("running", "done", "failed"))
+        j = wait_job(a, jid, ("running", "done", "failed"), timeout=180)
         assert j["status"] == "running", j
         with server(b_dir, db_url, files):  # B restarts while A's job runs
             pass
-        j = _wait(a, jid, ("done", "failed", "cancelled"))
+        j = wait_job(a, jid, timeout=180)
         assert j["status"] == "done", j
         assert a.get(f"/api/reports/{j['report_id']}").status_code == 200
 
