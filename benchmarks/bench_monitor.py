@@ -107,6 +107,42 @@ def overhead(steps: int, folder: Path, against: Path | None = None) -> dict[str,
     return out
 
 
+_PARTS = {"hook": "forward hooks", "_pre_step": "optimizer pre-step hook",
+          "_post_step": "optimizer post-step hook", "collect": "step end: read-back, figures",
+          "append": "HDF5 row append", "monitored": "whole monitored step"}
+
+
+def profile(steps: int, folder: Path, against: Path | None = None) -> dict[str, dict]:
+    """Thread CPU ms per step in the monitor's parts (cProfile, `time.thread_time`), for this
+    version and, with `against`, that figures.py."""
+    import cProfile
+    import pstats
+
+    out: dict[str, dict] = {}
+    for label, fig in (("this", None), ("against", against)):
+        if label == "against" and fig is None:
+            continue
+        model, opt, batch, step = _trainer()
+        mon = am.watch(step, model, opt, path=folder / f"prof-{label}.monitor.h5",
+                       snapshot_every=None, overwrite=True)
+        if fig is not None:
+            _against(mon.monitor, fig)
+        for _ in range(2):
+            mon(*batch)
+        pr = cProfile.Profile(timer=time.thread_time)
+        pr.enable()
+        for _ in range(steps):
+            mon(*batch)
+        pr.disable()
+        parts = dict.fromkeys(_PARTS, 0.0)
+        for (f, _ln, fn), row in pstats.Stats(pr).stats.items():  # type: ignore[attr-defined]
+            if fn in parts and ("accuracy/monitor/" in f or (fig is not None and f == str(fig))):
+                parts[fn] += row[3] / steps * 1e3
+        out[label] = parts
+        mon.monitor.close()
+    return out
+
+
 def snapshot_cost(reps: int) -> dict[str, float]:
     model, opt, batch, step = _trainer()
     step(*batch)  # optimizer state exists
@@ -137,6 +173,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30, help="timed steps of each (default 30)")
     ap.add_argument("--no-capture", action="store_true", help="skip trigger-to-report")
     ap.add_argument("--against", type=Path, help="another figures.py to A/B against")
+    ap.add_argument("--profile", action="store_true",
+                    help="print the thread CPU time of the monitor's parts and stop")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     threads = torch.get_num_threads()
@@ -144,6 +182,13 @@ def main() -> None:
         folder = Path(tmp)
         print(f"threads {threads} (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}), "
               f"load {_load()}")
+        if args.profile:
+            prof = profile(min(args.steps, 5), folder, args.against)
+            for key, what in _PARTS.items():
+                print(f"{what:32s} " + "  ".join(f"{lab} {p[key]:7.1f} ms"
+                                                 for lab, p in prof.items()))
+            print(f"load {_load()}")
+            return
         o = overhead(args.steps, folder, args.against)
         print(f"monitor every step: bare {o['bare_s'] * 1e3:.1f} ms, monitored "
               f"{o['monitor_s'] * 1e3:.1f} ms, ratio {o['ratio']:.3f}x wall, {o['cpu_ratio']:.3f}x "
