@@ -10,7 +10,12 @@ the bare median, the median of its recorded steps, and the direct cost of its ca
 idle step (start+stop+step timed alone, many times: the figure the noise cannot hide). Run
 once with the default threads and once with OMP_NUM_THREADS=1 (each in its own process).
 
-Run: .venv/bin/python benchmarks/bench_long_run.py [--steps 50] [--repeat 2]
+The monitor (issue 28) adds two rows to the table (every step recorded, and with a snapshot
+every 10 steps) and, from `bench_monitor.py`, its figures with an AdamW step: monitored vs bare
+step (interleaved), time and memory per snapshot, and the time from trigger to report (default
+threads only; `--no-capture` skips it).
+
+Run: .venv/bin/python benchmarks/bench_long_run.py [--steps 50] [--repeat 2] [--no-capture]
 """
 
 from __future__ import annotations
@@ -65,6 +70,32 @@ class _DumperDriver:
         self.d.__exit__(None, None, None)
 
 
+class _MonitorDriver:
+    """`accuracy.monitor.Monitor` driven as a probe (start/stop/step), made at the first
+    `start(model)` since a case is made before it sees the model."""
+
+    def __init__(self, path: Path, **options: Any) -> None:
+        self.path, self.options, self.mon = path, options, None
+
+    def start(self, model: Any = None) -> None:
+        if self.mon is None and model is not None:
+            from accuracy.monitor import Monitor
+
+            self.mon = Monitor(model, path=self.path, overwrite=True, **self.options)
+        if self.mon is not None:
+            self.mon.start(model)
+
+    def stop(self) -> None: ...
+
+    def step(self) -> None:
+        if self.mon is not None:
+            self.mon.step()
+
+    def close(self) -> None:
+        if self.mon is not None:
+            self.mon.close()
+
+
 def _debugger(tmp: Path, **kw: Any) -> Any:
     from accuracy import PrecisionDebugger
 
@@ -84,6 +115,12 @@ def _cases(steps: int) -> list[Case]:
              lambda tmp: _debugger(tmp / "sched", schedule=sched), lambda s: s in sched),
         Case("dumper(steps=[not reached]) around the run",
              lambda tmp: _DumperDriver(tmp / "dumper.h5", never), lambda s: False),
+        Case("Monitor every step (probe; this step has no optimizer)",
+             lambda tmp: _MonitorDriver(tmp / "mon.monitor.h5", snapshot_every=None),
+             lambda s: True),
+        Case("Monitor every step, snapshot every 10 steps",
+             lambda tmp: _MonitorDriver(tmp / "snap.monitor.h5", snapshot_every=10),
+             lambda s: True),
     ]
 
 
@@ -134,7 +171,20 @@ def _call_cost(case: Case, tmp: Path, n: int = 20000) -> float:
     return cost
 
 
-def child(steps: int, repeat: int) -> dict:
+def _monitor_figures(steps: int, capture: bool) -> dict:
+    """bench_monitor.py's figures (an AdamW step): overhead, snapshot, trigger to report."""
+    sys.path.insert(0, str(HERE))
+    import bench_monitor as bm
+
+    folder = Path(tempfile.mkdtemp(prefix="bench_long_run_monitor_"))
+    out = {"overhead": bm.overhead(steps, folder), "snapshot": bm.snapshot_cost(10),
+           "load": os.getloadavg()}
+    if capture:
+        out["capture"] = bm.trigger_to_report(folder)
+    return out
+
+
+def child(steps: int, repeat: int, capture: bool = False) -> dict:
     import torch
 
     from accuracy.examples import bench_setup, bench_step
@@ -152,11 +202,12 @@ def child(steps: int, repeat: int) -> dict:
     for c in cases:
         idle = [t for run in times[c.name] for i, t in enumerate(run) if not c.recorded(i)]
         rec = [t for run in times[c.name] for i, t in enumerate(run) if c.recorded(i)]
-        out["cases"][c.name] = {"idle_median": statistics.median(idle),
+        out["cases"][c.name] = {"idle_median": statistics.median(idle) if idle else None,
                                 "recorded_median": statistics.median(rec) if rec else None,
                                 "total": statistics.median(sum(r) for r in times[c.name]),
-                                "calls": _call_cost(c, tmp),
+                                "calls": _call_cost(c, tmp) if idle else None,
                                 "mode_on_idle": c.name in _MODE_ON_IDLE}
+    out["monitor"] = _monitor_figures(max(5, min(steps, 20)), capture)
     return out
 
 
@@ -169,28 +220,48 @@ def _report(res: dict, label: str) -> None:
     for name, c in cases.items():
         rec = f"{c['recorded_median'] / bare:.2f}x" if c["recorded_median"] else "-"
         calls = c["calls"]
-        print(f"{name:50s} {c['idle_median'] / bare:16.3f}x "
-              f"{calls * 1e6:7.1f} µs ({calls / bare * 100:.4f}%) {rec:>21s} "
+        idle = f"{c['idle_median'] / bare:16.3f}x" if c["idle_median"] else f"{'-':>17s}"
+        cost = f"{calls * 1e6:7.1f} µs ({calls / bare * 100:.4f}%)" if calls is not None \
+            else f"{'- (no idle step)':>20s}"
+        print(f"{name:50s} {idle} {cost} {rec:>21s} "
               f"{c['total'] / cases['bare']['total']:16.3f}x  "
               f"{'installed' if c['mode_on_idle'] else 'none'}")
+    m = res.get("monitor")
+    if m:
+        o, sn = m["overhead"], m["snapshot"]
+        print(f"monitor (issue 28, bench_monitor.py, AdamW step): every step "
+              f"{o['monitor_s'] * 1e3:.1f} ms vs bare {o['bare_s'] * 1e3:.1f} ms: "
+              f"{o['ratio']:.3f}x wall, {o['cpu_ratio']:.3f}x CPU time (goal <= 1.10x); "
+              f"snapshot {sn['snapshot_s'] * 1e3:.1f} ms, {sn['snapshot_mb']:.1f} MB state + "
+              f"{sn['batch_mb']:.2f} MB per kept batch (every 10 steps: "
+              f"{sn['snapshot_s'] / 10 * 1e3:.2f} ms a step)")
+        if "capture" in m:
+            c = m["capture"]
+            print(f"monitor trigger to report: {c['capture_s']:.2f} s (re-ran "
+                  f"{c['rerun_steps']} steps, exact {c['exact']})")
+        print(f"load average during the monitor figures: {m['load']}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--no-capture", action="store_true", help="skip trigger to report")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--capture", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.steps, args.repeat)))
+        print(json.dumps(child(args.steps, args.repeat, args.capture)))
         return
     print(f"{args.steps} steps per case, {args.repeat} round(s); load average before: "
           f"{os.getloadavg()}")
     for label, extra in (("default threads", {}), ("OMP_NUM_THREADS=1", {"OMP_NUM_THREADS":
                                                                          "1"})):
         env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | extra
+        capture = ["--capture"] if not extra and not args.no_capture else []
         proc = subprocess.run([sys.executable, __file__, "--child", "--steps", str(args.steps),
-                               "--repeat", str(args.repeat)], env=env, capture_output=True,
+                               "--repeat", str(args.repeat), *capture], env=env,
+                              capture_output=True,
                               text=True, check=False)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode or not lines:

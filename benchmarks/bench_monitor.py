@@ -9,11 +9,18 @@ Figures:
 
     python benchmarks/bench_monitor.py                      # default threads
     OMP_NUM_THREADS=1 python benchmarks/bench_monitor.py    # one thread
+
+A/B against another version of the figures (the module that does the monitor's work), in the
+same process, steps interleaved bare / this version / that version:
+
+    git show main:accuracy/monitor/figures.py > /tmp/figures_main.py
+    python benchmarks/bench_monitor.py --against /tmp/figures_main.py --no-capture
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import statistics
@@ -49,32 +56,91 @@ def _trainer(seed: int = 0):
     return model, opt, batch, step
 
 
-def overhead(steps: int, folder: Path) -> dict[str, float]:
-    """Median per-step seconds, bare vs monitored every step (no snapshots), interleaved."""
+def _against(mon: am.Monitor, figures_file: Path) -> None:
+    """Swap the monitor's collector for the `Collector` of another figures.py (A/B)."""
+    spec = importlib.util.spec_from_file_location("figures_against", figures_file)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"error: cannot load {figures_file}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mon.collector.close()
+    mon.collector = mod.Collector(mon.model, mon.optimizer)
+
+
+def overhead(steps: int, folder: Path, against: Path | None = None) -> dict[str, float]:
+    """Median per-step seconds, bare vs monitored every step (no snapshots), interleaved; with
+    `against`, a third arm monitored by that figures.py's Collector."""
     m1, o1, b1, bare = _trainer()
+    arms = {"bare": bare}
     m2, o2, b2, raw = _trainer()
-    mon = am.watch(raw, m2, o2, path=folder / "bench.monitor.h5", snapshot_every=None,
-                   overwrite=True)
+    arms["monitor"] = mon = am.watch(raw, m2, o2, path=folder / "bench.monitor.h5",
+                                     snapshot_every=None, overwrite=True)
+    if against is not None:
+        m3, o3, b3, raw3 = _trainer()
+        arms["against"] = am.watch(raw3, m3, o3, path=folder / "against.monitor.h5",
+                                   snapshot_every=None, overwrite=True)
+        _against(arms["against"].monitor, against)
     for _ in range(3):  # warm-up (allocator, first AdamW step, file creation)
-        bare(*b1)
-        mon(*b2)
-    t_bare, t_mon, c_bare, c_mon = [], [], [], []
-    for _ in range(steps):
-        t0, c0 = time.perf_counter(), time.process_time()
-        bare(*b1)
-        t1, c1 = time.perf_counter(), time.process_time()
-        mon(*b2)
-        t2, c2 = time.perf_counter(), time.process_time()
-        t_bare.append(t1 - t0)
-        t_mon.append(t2 - t1)
-        c_bare.append(c1 - c0)
-        c_mon.append(c2 - c1)
-    mon.monitor.close()
-    b, m = statistics.median(t_bare), statistics.median(t_mon)
-    cb, cm = statistics.median(c_bare), statistics.median(c_mon)
-    return {"bare_s": b, "monitor_s": m, "ratio": m / b, "cpu_ratio": cm / cb,
-            "modules": len(mon.monitor.collector.module_names),
-            "params": len(mon.monitor.collector.param_names)}
+        for fn in arms.values():
+            fn(*b1)
+    wall: dict[str, list[float]] = {k: [] for k in arms}
+    cpu: dict[str, list[float]] = {k: [] for k in arms}
+    for i in range(steps):
+        names = list(arms) if i % 2 == 0 else list(arms)[::-1]  # no arm always goes first
+        for k in names:
+            t0, c0 = time.perf_counter(), time.process_time()
+            arms[k](*b1)
+            wall[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.process_time() - c0)
+    for k, fn in arms.items():
+        if k != "bare":
+            fn.monitor.close()
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    cmed = {k: statistics.median(v) for k, v in cpu.items()}
+    out = {"bare_s": med["bare"], "monitor_s": med["monitor"],
+           "ratio": med["monitor"] / med["bare"], "cpu_ratio": cmed["monitor"] / cmed["bare"],
+           "modules": len(mon.monitor.collector.module_names),
+           "params": len(mon.monitor.collector.param_names)}
+    if against is not None:
+        out |= {"against_s": med["against"], "against_ratio": med["against"] / med["bare"],
+                "against_cpu_ratio": cmed["against"] / cmed["bare"]}
+    return out
+
+
+_PARTS = {"hook": "forward hooks", "_pre_step": "optimizer pre-step hook",
+          "_post_step": "optimizer post-step hook", "collect": "step end: read-back, figures",
+          "append": "HDF5 row append", "monitored": "whole monitored step"}
+
+
+def profile(steps: int, folder: Path, against: Path | None = None) -> dict[str, dict]:
+    """Thread CPU ms per step in the monitor's parts (cProfile, `time.thread_time`), for this
+    version and, with `against`, that figures.py."""
+    import cProfile
+    import pstats
+
+    out: dict[str, dict] = {}
+    for label, fig in (("this", None), ("against", against)):
+        if label == "against" and fig is None:
+            continue
+        model, opt, batch, step = _trainer()
+        mon = am.watch(step, model, opt, path=folder / f"prof-{label}.monitor.h5",
+                       snapshot_every=None, overwrite=True)
+        if fig is not None:
+            _against(mon.monitor, fig)
+        for _ in range(2):
+            mon(*batch)
+        pr = cProfile.Profile(timer=time.thread_time)
+        pr.enable()
+        for _ in range(steps):
+            mon(*batch)
+        pr.disable()
+        parts = dict.fromkeys(_PARTS, 0.0)
+        for (f, _ln, fn), row in pstats.Stats(pr).stats.items():  # type: ignore[attr-defined]
+            if fn in parts and ("accuracy/monitor/" in f or (fig is not None and f == str(fig))):
+                parts[fn] += row[3] / steps * 1e3
+        out[label] = parts
+        mon.monitor.close()
+    return out
 
 
 def snapshot_cost(reps: int) -> dict[str, float]:
@@ -106,6 +172,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30, help="timed steps of each (default 30)")
     ap.add_argument("--no-capture", action="store_true", help="skip trigger-to-report")
+    ap.add_argument("--against", type=Path, help="another figures.py to A/B against")
+    ap.add_argument("--profile", action="store_true",
+                    help="print the thread CPU time of the monitor's parts and stop")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     threads = torch.get_num_threads()
@@ -113,11 +182,21 @@ def main() -> None:
         folder = Path(tmp)
         print(f"threads {threads} (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}), "
               f"load {_load()}")
-        o = overhead(args.steps, folder)
+        if args.profile:
+            prof = profile(min(args.steps, 5), folder, args.against)
+            for key, what in _PARTS.items():
+                print(f"{what:32s} " + "  ".join(f"{lab} {p[key]:7.1f} ms"
+                                                 for lab, p in prof.items()))
+            print(f"load {_load()}")
+            return
+        o = overhead(args.steps, folder, args.against)
         print(f"monitor every step: bare {o['bare_s'] * 1e3:.1f} ms, monitored "
               f"{o['monitor_s'] * 1e3:.1f} ms, ratio {o['ratio']:.3f}x wall, {o['cpu_ratio']:.3f}x "
               f"CPU time ({o['modules']} modules, "
               f"{o['params']} parameters), load {_load()}")
+        if args.against is not None:
+            print(f"  against {args.against}: {o['against_s'] * 1e3:.1f} ms, ratio "
+                  f"{o['against_ratio']:.3f}x wall, {o['against_cpu_ratio']:.3f}x CPU time")
         s = snapshot_cost(10)
         print(f"snapshot: {s['snapshot_s'] * 1e3:.1f} ms, {s['snapshot_mb']:.1f} MB state + "
               f"{s['batch_mb']:.2f} MB per kept batch, load {_load()}")

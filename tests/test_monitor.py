@@ -195,6 +195,29 @@ def test_figures_match_direct_computation(tmp_path):
     assert np.isfinite(s.module["act_norm"][1]).sum() > 10
 
 
+def test_gradients_zeroed_in_place_after_the_optimizer_step_are_still_measured(tmp_path):
+    model, opt, _ = _setup()
+
+    def train_step(x, y):
+        loss = lm_step(model, (x, y))
+        opt.step()
+        opt.zero_grad(set_to_none=False)  # the grads are zeros by the step's end
+        return loss
+
+    step = am.watch(train_step, model, opt, path=tmp_path / "z.monitor.h5", snapshot_every=None)
+    step(*_batch(0))
+    step.monitor.close()
+    s = am.read_series(tmp_path / "z.monitor.h5")
+    assert s.grad_norm[0] > 0 and (s.param["grad_norm"][0] > 0).any()
+
+
+def test_a_step_without_a_loss_is_not_a_non_finite_loss():
+    assert NonFinite().check(StepFigures(3, math.nan, 1.0, {}, loss_known=False)) is None
+    assert "loss is nan" in NonFinite().check(StepFigures(3, math.nan, 1.0, {}))
+    assert "gradient norm" in NonFinite().check(StepFigures(3, math.nan, math.inf, {},
+                                                            loss_known=False))
+
+
 def test_spike_trigger_quiet_on_noise_fires_on_a_spike():
     t = LossSpike()
     rng = np.random.default_rng(0)

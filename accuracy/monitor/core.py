@@ -94,7 +94,7 @@ class Monitor:
                                    attrs={"rank": self.rank, "world_size": self.world_size,
                                           "freq": freq, "reduced": bool(reduce),
                                           "model": type(model).__name__}) if writes else None
-        self.step = 0
+        self.current_step = 0  # the next step's number (a probe's counter)
         self.captures: list[Capture] = []
         self.fired: list[tuple[int, str]] = []
         self._batch: Any = None
@@ -115,11 +115,11 @@ class Monitor:
         try:
             batch = (args, kwargs) if (args or kwargs) else None
             if self.store is not None:
-                self.store.before_step(self.step, self.model, self.optimizer, batch)
+                self.store.before_step(self.current_step, self.model, self.optimizer, batch)
                 if self.store.disabled and not getattr(self, "_said_disabled", False):
                     self._said_disabled = True
                     self._event("snapshots-stopped", message=self.store.disabled)
-            if self.step % self.freq == 0:
+            if self.current_step % self.freq == 0:
                 self.collector.start()
         except Exception:
             log.exception("monitor: begin_step failed (training goes on)")
@@ -130,7 +130,7 @@ class Monitor:
         if self._capturing or self.store is None or not self._in_step:
             return
         try:
-            self.store.set_batch(self.step, (args, kwargs))
+            self.store.set_batch(self.current_step, (args, kwargs))
         except Exception:
             log.exception("monitor: keeping the batch failed (training goes on)")
 
@@ -139,8 +139,8 @@ class Monitor:
         reasons of the triggers that fired on this step."""
         if self._capturing:
             return []
-        step = self.step
-        self.step += 1
+        step = self.current_step
+        self.current_step += 1
         self._in_step = False
         reasons: list[str] = []
         try:
@@ -165,7 +165,7 @@ class Monitor:
                        f"outputs are never materialised one by one): {', '.join(names[:10])}")
                 log.warning("monitor: %s", msg)
                 self._event("not-measured", step=step, message=msg, modules=names)
-            s = StepFigures(step, value, grad_norm, figs)
+            s = StepFigures(step, value, grad_norm, figs, loss_known=loss is not None)
             for t in self.triggers:
                 try:
                     why = t.check(s)
@@ -194,6 +194,22 @@ class Monitor:
         monitored.monitor = self  # type: ignore[attr-defined]
         monitored.__wrapped__ = step_fn  # type: ignore[attr-defined]
         return monitored
+
+    # -- a probe, as PrecisionDebugger is (callbacks drive start/stop/step) ------------------
+
+    def start(self, model: Any = None) -> None:
+        """A probe's step opens: `begin_step()` without the batch (a flagged step is then
+        reported as not re-runnable; `watch` or `set_batch` keep it). `model` is ignored: the
+        monitor measures the model it was made with."""
+        self.begin_step()
+
+    def stop(self) -> None:
+        """A probe's region closes; the figures are taken at `step()`."""
+
+    def step(self, loss: Any = None) -> list[str]:
+        """A probe's step ends: `end_step(loss)`. Without a loss (a driver that does not know
+        it), loss triggers stay quiet and gradient triggers still run."""
+        return self.end_step(loss)
 
     # -- triggers and capture -------------------------------------------------------------
 
@@ -230,7 +246,7 @@ class Monitor:
     def _event(self, kind: str, step: int | None = None, **info: Any) -> None:
         if self.writer is not None:
             try:
-                self.writer.event(kind, self.step if step is None else step, **info)
+                self.writer.event(kind, self.current_step if step is None else step, **info)
             except Exception:
                 log.exception("monitor: writing an event failed")
 

@@ -47,16 +47,89 @@ class _NoDispatch:
         self._a.__exit__(*exc)
 
 
-def _counts(ts: list[torch.Tensor], norms: list[torch.Tensor]) -> list[tuple[Any, Any]]:
-    """(nan, inf) counts per tensor. On CPU they are computed only where the norm is not finite
-    (a finite norm proves there is none); elsewhere always, so the step never waits."""
-    out: list[tuple[Any, Any]] = []
-    for t, n in zip(ts, norms, strict=True):
-        if t.device.type == "cpu" and math.isfinite(float(n)):
-            out.append((0, 0))
-        else:
-            out.append((torch.isnan(t).sum(), torch.isinf(t).sum()))
+def _counts(t: torch.Tensor, norm: torch.Tensor) -> tuple[Any, Any] | None:
+    """(nan, inf) counts of `t`, or None where there are none to count. On CPU they are
+    computed only where the norm is not finite (a finite norm proves there is none);
+    elsewhere always, so the step never waits on the device."""
+    if t.device.type == "cpu" and math.isfinite(float(norm)):
+        return None
+    return torch.isnan(t).sum(), torch.isinf(t).sum()
+
+
+def _read_back(floats: list[torch.Tensor], ints: list[torch.Tensor]
+               ) -> tuple[list[float], list[float]]:
+    """0-d tensors as Python floats: stacked per device (dtypes promoted), one copy to the host
+    per device; counts (ints) kept apart so they stay exact."""
+    out_f: list[float] = [NAN] * len(floats)
+    out_i: list[float] = [NAN] * len(ints)
+    groups: dict[torch.device, tuple[list[int], list[int]]] = {}
+    for i, t in enumerate(floats):
+        groups.setdefault(t.device, ([], []))[0].append(i)
+    for i, t in enumerate(ints):
+        groups.setdefault(t.device, ([], []))[1].append(i)
+    for fi, ii in groups.values():
+        parts = []
+        if fi:
+            parts.append(torch.stack([floats[i] for i in fi]).to(torch.float64))
+        if ii:
+            parts.append(torch.stack([ints[i] for i in ii]).to(torch.float64))
+        vals = (torch.cat(parts) if len(parts) > 1 else parts[0]).cpu().tolist()
+        for k, i in enumerate(fi):
+            out_f[i] = vals[k]
+        for k, i in enumerate(ii):
+            out_i[i] = vals[len(fi) + k]
+    return out_f, out_i
+
+
+class _Reductions:
+    """Norm, min, max and (nan, inf) counts of a list of tensors, kept as 0-d tensors on
+    their device until `_read_back`: one `_foreach_norm`, one `aminmax` per tensor."""
+
+    def __init__(self) -> None:
+        self.floats: list[torch.Tensor] = []   # norm, min, max per entry
+        self.ints: list[torch.Tensor] = []     # nan, inf of the entries that have counts
+        self.counted: dict[int, int] = {}      # entry -> position of its nan count in ints
+        self.n = 0
+
+    def add(self, ts: list[torch.Tensor]) -> range:
+        """Reduce `ts` (under _NoDispatch); returns the entries made."""
+        first = self.n
+        if not ts:
+            return range(first, first)
+        norms = torch._foreach_norm(ts)
+        for t, nrm in zip(ts, norms, strict=True):
+            lo, hi = torch.aminmax(t)
+            self.floats += (nrm, lo, hi)
+            c = _counts(t, nrm)
+            if c is not None:
+                self.counted[self.n] = len(self.ints)
+                self.ints += c
+            self.n += 1
+        return range(first, self.n)
+
+
+Row = tuple[float, float, float, float, float]
+
+
+def _rows(red: _Reductions, f: list[float], c: list[float]) -> list[Row]:
+    """(norm, min, max, nan, inf) per entry of `red`, from its read-back floats and counts."""
+    out = []
+    for e in range(red.n):
+        at = red.counted.get(e)
+        nan, inf = (c[at], c[at + 1]) if at is not None else (0.0, 0.0)
+        out.append((f[3 * e], f[3 * e + 1], f[3 * e + 2], nan, inf))
     return out
+
+
+def _combine(rows: list[Row]) -> Row:
+    """Several tensors (or calls) as one figure: L2 of the norms, min, max, summed counts."""
+    if len(rows) == 1:
+        return rows[0]
+    lo, hi = [r[1] for r in rows], [r[2] for r in rows]
+    return (math.sqrt(sum(r[0] * r[0] for r in rows)),
+            NAN if any(math.isnan(x) for x in lo) else min(lo),  # NaN wins, as in torch
+            NAN if any(math.isnan(x) for x in hi) else max(hi),
+            sum(r[3] for r in rows), sum(r[4] for r in rows))
 
 
 class Collector:
@@ -87,11 +160,12 @@ class Collector:
         self.state_keys: list[str] = []
         self.recording = False
         self.compiled_modules: set[int] = set()  # hooks seen inside torch.compile regions
-        self._acts: dict[int, list[torch.Tensor]] = {}
-        self._seen: dict[tuple, torch.Tensor] = {}
+        self._act = _Reductions()               # this step's activation reductions
+        self._acts: dict[int, list[int]] = {}   # module -> its entries in self._act
+        self._seen: dict[tuple, range] = {}     # an output already reduced -> its entries
         self._before: list[torch.Tensor] | None = None
         self._buffers: list[torch.Tensor] | None = None
-        self._grads: list[torch.Tensor | None] | None = None
+        self._grads: tuple[list[int], _Reductions] | None = None
         self._update: list[torch.Tensor] | None = None
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._pre_step))
@@ -112,31 +186,18 @@ class Collector:
     @torch.compiler.disable  # a frame resumed after a graph break runs this eagerly
     def _measure(self, idx: int, output: Any) -> None:
         try:
-            ts = _float_leaves(output)
+            if isinstance(output, torch.Tensor):  # the common case, without a tree walk
+                ts = [output] if output.is_floating_point() and output.numel() > 0 else []
+            else:
+                ts = _float_leaves(output)
             if not ts:
                 return
             key = tuple((t.data_ptr(), t.shape, t._version) for t in ts)
             seen = self._seen.get(key)
-            if seen is not None:  # a container returning its child's output: measured
-                self._acts.setdefault(idx, []).append(seen)
-                return
-            with _NoDispatch():
-                norms = torch._foreach_norm(ts)
-                mm = [torch.aminmax(t) for t in ts]
-                mins = [m[0] for m in mm]
-                maxs = [m[1] for m in mm]
-                counts = _counts(ts, norms)
-                row = torch.stack([
-                    torch.stack([n.double() for n in norms]).square().sum().sqrt(),
-                    torch.stack([m.double() for m in mins]).min(),
-                    torch.stack([m.double() for m in maxs]).max(),
-                    sum((torch.as_tensor(c[0], dtype=torch.float64) for c in counts),
-                        torch.zeros((), dtype=torch.float64)),
-                    sum((torch.as_tensor(c[1], dtype=torch.float64) for c in counts),
-                        torch.zeros((), dtype=torch.float64)),
-                ])
-            self._seen[key] = row
-            self._acts.setdefault(idx, []).append(row)
+            if seen is None:  # else a container returning its child's output: measured
+                with _NoDispatch():
+                    seen = self._seen[key] = self._act.add(ts)
+            self._acts.setdefault(idx, []).extend(seen)
         except Exception:  # never break the user's forward
             log.exception("monitor: activation figures of %s failed",
                           self.module_names[idx])
@@ -146,7 +207,7 @@ class Collector:
             return
         try:
             with _NoDispatch():
-                self._grads = [p.grad for p in self.params]
+                self._grad_figures()
                 ps = [p.detach() for p in self.params]
                 bufs = self._buffers
                 if bufs is None or any(b.shape != p.shape or b.dtype != p.dtype
@@ -174,63 +235,52 @@ class Collector:
 
     def start(self) -> None:
         self._acts, self._before, self._grads, self._update = {}, None, None, None
-        self._seen = {}
+        self._act, self._seen = _Reductions(), {}
         self.recording = True
+
+    def _grad_figures(self) -> None:
+        """Reduce the gradients now (before the optimizer step, which may zero them)."""
+        have = [i for i, p in enumerate(self.params) if p.grad is not None]
+        red = _Reductions()
+        red.add([self.params[i].grad.detach() for i in have])  # type: ignore[union-attr]
+        self._grads = (have, red)
 
     def collect(self) -> dict[str, Any]:
         """Stop recording; return this step's figures as Python floats (one read-back)."""
         self.recording = False
         self._seen = {}
         with _NoDispatch():
-            pending: list[torch.Tensor] = []
-            m = len(self.module_names)
-            act_idx = []
-            for i in range(m):
-                rows = self._acts.get(i)
-                if not rows:
-                    act_idx.append(None)
-                    continue
-                if len(rows) == 1:
-                    row = rows[0]
-                else:  # a module called several times in a step: one figure for all calls
-                    r = torch.stack(rows)
-                    row = torch.stack([r[:, 0].square().sum().sqrt(), r[:, 1].min(),
-                                       r[:, 2].max(), r[:, 3].sum(), r[:, 4].sum()])
-                act_idx.append(len(pending))
-                pending.append(row.to("cpu", torch.float64))
-            grads = self._grads if self._grads is not None else [p.grad for p in self.params]
-            have = [i for i, g in enumerate(grads) if g is not None]
-            gts = [grads[i].detach() for i in have]  # type: ignore[union-attr]
-            p_norms = torch._foreach_norm([p.detach() for p in self.params]) \
+            if self._grads is None:  # no optimizer step seen: the gradients as they are
+                self._grad_figures()
+            have, grads = self._grads  # type: ignore[misc]
+            p_norms = list(torch._foreach_norm([p.detach() for p in self.params])) \
                 if self.params else []
-            g_norms = torch._foreach_norm(gts) if gts else []
-            g_mm = [torch.aminmax(g) for g in gts]
-            g_min = [m[0] for m in g_mm]
-            g_max = [m[1] for m in g_mm]
-            g_counts = _counts(gts, g_norms)
-            keys, state_rows = self._state_norms()
-            cols = [torch.stack([n.double() for n in p_norms]).cpu()] if p_norms else []
-            flat = torch.cat(cols + [torch.stack([
-                torch.stack([n.double() for n in g_norms]),
-                torch.stack([x.double() for x in g_min]),
-                torch.stack([x.double() for x in g_max]),
-                torch.stack([torch.as_tensor(c[0], dtype=torch.float64) for c in g_counts]),
-                torch.stack([torch.as_tensor(c[1], dtype=torch.float64) for c in g_counts]),
-            ]).cpu().reshape(-1)] if gts else cols)
-            upd = torch.stack([n.double() for n in self._update]).cpu() \
-                if self._update is not None else None
-            act_flat = torch.stack(pending).reshape(-1) if pending else None
-            values = flat.tolist()
-            act_values = act_flat.tolist() if act_flat is not None else []
-            upd_values = upd.tolist() if upd is not None else None
-            state_values = [r.tolist() for r in state_rows]
-        return self._assemble(act_idx, act_values, have, values, upd_values, keys,
-                              state_values)
+            update = list(self._update) if self._update is not None else []
+            state = self._state_norms()
+            act = self._act
+            # one read-back: activation and gradient reductions, then parameter, update and
+            # optimizer-state norms
+            floats = act.floats + grads.floats + p_norms + update + \
+                [n for _, _, ns in state for n in ns]
+            f, c = _read_back(floats, act.ints + grads.ints)
+        acts = _rows(act, f, c)
+        g_rows = _rows(grads, f[3 * act.n:], c[len(act.ints):])
+        at = 3 * (act.n + grads.n)
+        par_norm, at = f[at:at + len(p_norms)], at + len(p_norms)
+        upd, at = (f[at:at + len(update)] if update else None), at + len(update)
+        states: dict[str, list[float]] = {}
+        for key, idx, ns in state:
+            row = [NAN] * len(self.params)
+            for i, v in zip(idx, f[at:at + len(ns)], strict=True):
+                row[i] = v
+            states[key], at = row, at + len(ns)
+        return self._assemble(acts, have, g_rows, par_norm, upd, states)
 
-    def _state_norms(self) -> tuple[list[str], list[torch.Tensor]]:
-        """Norms of each optimizer state tensor shaped like its parameter, by state key."""
+    def _state_norms(self) -> list[tuple[str, list[int], list[torch.Tensor]]]:
+        """Norms of each optimizer state tensor shaped like its parameter, by state key:
+        (key, parameter indices, 0-d norms)."""
         if self.optimizer is None:
-            return [], []
+            return []
         by_key: dict[str, list[tuple[int, torch.Tensor]]] = {}
         for i, p in enumerate(self.params):
             st = self.optimizer.state.get(p)
@@ -239,45 +289,37 @@ class Collector:
             for k, v in st.items():
                 if isinstance(v, torch.Tensor) and v.shape == p.shape and v.is_floating_point():
                     by_key.setdefault(k, []).append((i, v.detach()))
-        keys = sorted(by_key)
-        rows = []
-        for k in keys:
-            idx = torch.tensor([i for i, _ in by_key[k]])
-            norms = torch.stack([n.double() for n in
-                                 torch._foreach_norm([v for _, v in by_key[k]])]).cpu()
-            row = torch.full((len(self.params),), NAN, dtype=torch.float64)
-            row[idx] = norms
-            rows.append(row)
-        for k in keys:
+        out = []
+        for k in sorted(by_key):
             if k not in self.state_keys:
                 self.state_keys.append(k)
-        return keys, rows
+            out.append((k, [i for i, _ in by_key[k]],
+                        list(torch._foreach_norm([v for _, v in by_key[k]]))))
+        return out
 
-    def _assemble(self, act_idx: list[int | None], act_values: list[float], have: list[int],
-                  values: list[float], upd: list[float] | None, keys: list[str],
-                  state_values: list[list[float]]) -> dict[str, Any]:
+    def _assemble(self, acts: list[Row], have: list[int], grads: list[Row],
+                  par_norm: list[float], upd: list[float] | None,
+                  states: dict[str, list[float]]) -> dict[str, Any]:
         m, p = len(self.module_names), len(self.params)
         mod: dict[str, list[float]] = {f: [NAN] * m for f in MODULE_FIGURES}
-        for i, at in enumerate(act_idx):
-            if at is None:
-                continue
+        for i, entries in self._acts.items():
+            row = _combine([acts[e] for e in entries])  # a module called several times: one
             for j, f in enumerate(MODULE_FIGURES):
-                mod[f][i] = act_values[at * 5 + j]
+                mod[f][i] = row[j]
         par: dict[str, list[float]] = {f: [NAN] * p for f in PARAM_FIGURES}
-        par["norm"] = values[:p] if p else []
-        g = values[p:]
-        n = len(have)
-        for j, f in enumerate(("grad_norm", "grad_min", "grad_max", "grad_nan", "grad_inf")):
-            for k, i in enumerate(have):
-                par[f][i] = g[j * n + k]
+        par["norm"] = par_norm
+        for k, i in enumerate(have):
+            for j, f in enumerate(("grad_norm", "grad_min", "grad_max", "grad_nan",
+                                   "grad_inf")):
+                par[f][i] = grads[k][j]
         if upd is not None:
-            par["update_ratio"] = [u / w if w > 0 else NAN for u, w in zip(upd, par["norm"],
+            par["update_ratio"] = [u / w if w > 0 else NAN for u, w in zip(upd, par_norm,
                                                                           strict=True)]
         gn = [par["grad_norm"][i] for i in have]
         total = math.sqrt(sum(x * x for x in gn)) if gn else NAN
-        states = {k: v for k, v in zip(keys, state_values, strict=True)}
         # the sum of all states' norms per parameter, for the one 'state_norm' figure
         if states:
+            keys = list(states)
             par["state_norm"] = [math.sqrt(sum((states[k][i] ** 2) for k in keys
                                                if not math.isnan(states[k][i])))
                                  if any(not math.isnan(states[k][i]) for k in keys) else NAN

@@ -3,7 +3,8 @@
 Each trigger sees one `StepFigures` per step and returns a reason (a sentence) or None.
 Defaults (see docs/monitor.md), chosen to stay quiet on a healthy run's noise:
 
-- `NonFinite()`: the loss, or the global gradient norm, is NaN or Inf.
+- `NonFinite()`: the loss (when the driver gives one), or the global gradient norm, is NaN
+  or Inf.
 - `LossSpike(window=20, warmup=5, mads=6.0, rel=0.5)`: the loss exceeds the median of the
   previous `window` finite losses by more than both `mads` robust deviations (1.4826 x MAD)
   and `rel` x |median|; quiet until `warmup` losses are known. Flagged losses do not enter the
@@ -33,6 +34,7 @@ class StepFigures:
     loss: float
     grad_norm: float = math.nan
     figures: dict[str, Any] | None = field(default=None, repr=False)
+    loss_known: bool = True  # False: the driver gave no loss (NaN here means unknown)
 
 
 class Trigger:
@@ -48,7 +50,7 @@ class NonFinite(Trigger):
     name = "non-finite"
 
     def check(self, s: StepFigures) -> str | None:
-        if not math.isfinite(s.loss):
+        if s.loss_known and not math.isfinite(s.loss):
             return f"loss is {s.loss} at step {s.step}"
         if s.figures is not None and not math.isfinite(s.grad_norm):
             return f"global gradient norm is {s.grad_norm} at step {s.step}"
