@@ -36,6 +36,7 @@ _DISCONTINUOUS = ("aten.threshold_backward", "aten.hardtanh_backward", "aten.max
                   "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.heaviside",
                   "aten.leaky_relu_backward", "aten.nll_loss_forward")
 MIN_GROUP = 4  # fewer calls of an op type than this: no outlier score
+EMULATION_GROUP = 3  # ops of a compute precision whose median says how the device rounds
 
 
 def _base(op: str | None) -> str:
@@ -174,9 +175,10 @@ def _judge_local(outs: list[Row], sec: dict[str, Any]) -> None:
 def _use_emulated(rows: list[Row], sec: dict[str, Any]) -> dict[int, str]:
     """Fold the emulated residual into the local excess where the device is seen to round
     like the emulation: among this run's op outputs of the same compute precision and dtype
-    (at least MIN_GROUP), the median emulated excess is at most `emulation_match`. A device
-    that rounds otherwise (truncation, a narrower accumulator) leaves the honest ops' residuals
-    above their bound: the emulated figure is then only reported. Returns row index -> note."""
+    (at least EMULATION_GROUP: one faulty op cannot move their median), the median emulated
+    excess is at most `emulation_match`. A device that rounds otherwise (truncation, a
+    narrower accumulator) leaves the honest ops' residuals above their bound: the emulated
+    figure is then only reported. Returns row index -> note."""
     groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for r in rows:
         if r.emulated_excess is not None and math.isfinite(r.emulated_excess) \
@@ -187,8 +189,8 @@ def _use_emulated(rows: list[Row], sec: dict[str, Any]) -> dict[int, str]:
         xs = sorted(r.emulated_excess for r in grp)  # type: ignore[type-var]
         med = xs[len(xs) // 2]
         match = sec.get("emulation_match", 1.0)
-        if len(grp) < MIN_GROUP or med > match:
-            why = (f"only {len(grp)} such ops" if len(grp) < MIN_GROUP else
+        if len(grp) < EMULATION_GROUP or med > match:
+            why = (f"only {len(grp)} such ops" if len(grp) < EMULATION_GROUP else
                    f"median {med:.3g}x over {match:g}: the device does not round like the "
                    "emulation")
             for r in grp:
