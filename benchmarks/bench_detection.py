@@ -256,11 +256,24 @@ class Outcome:
     note: str = ""
 
 
+def _warm_up(case: Case) -> dict | None:
+    """fp8-delayed's amax histories, warmed by one step of a fresh copy of the model (run
+    before the dumped step's model is built: that one starts from golden's weights and RNG
+    state, dropout included)."""
+    if case.profile != "fp8-delayed":
+        return None
+    history: dict = {}
+    warm = _step_of(case.model)
+    assert warm is not None
+    with sim(profile=case.profile, amax_history=history):
+        warm()
+    return history
+
+
 @contextlib.contextmanager
-def _device(case: Case) -> Iterator[None]:
-    """The device a case runs on: a `sim` profile (fp8-delayed first warms its amax
-    histories up on a fresh copy of the model, so the dumped step starts from golden's
-    weights), CPU bf16 autocast, or fp16 autocast on a bf16 device."""
+def _device(case: Case, history: dict | None = None) -> Iterator[None]:
+    """The device a case runs on: a `sim` profile (fp8-delayed with the amax `history` of
+    `_warm_up`), CPU bf16 autocast, or fp16 autocast on a bf16 device."""
     profile, faults = case.profile, [case.fault.fault()] if case.fault else []
     if profile == "autocast-bf16":
         with sim(profile="exact", faults=faults), \
@@ -269,12 +282,7 @@ def _device(case: Case) -> Iterator[None]:
     elif profile == "autocast-fp16-bf16":  # an fp16 autocast model on a bf16 device
         with sim(profile="bf16", faults=faults), torch.autocast("cpu", dtype=torch.float16):
             yield
-    elif profile == "fp8-delayed":
-        history: dict = {}
-        warm = _step_of(case.model)
-        assert warm is not None
-        with sim(profile=profile, amax_history=history):
-            warm()
+    elif history is not None:
         with sim(profile=profile, faults=faults, amax_history=history):
             yield
     else:
@@ -339,9 +347,10 @@ def run_case(case: Case, work: Path) -> Outcome:
     dev, rep = work / "device.h5", work / "replay.h5"
     for p in (dev, rep):
         p.unlink(missing_ok=True)
+    history = _warm_up(case)
     step = _step_of(case.model)
     assert step is not None
-    with _device(case), dumper(str(dev)):
+    with _device(case, history), dumper(str(dev)):
         step()
     if case.fault is not None:
         out.fault_seq = _fault_seq(dev)
