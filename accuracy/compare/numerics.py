@@ -212,8 +212,9 @@ def own_error(compute: str | None, dtype: str | None) -> float:
 # a = u_acc * reference_growth(K), with u_acc the fp32 accumulator GEMMs use for fp32, fp16
 # and bf16 outputs, plus the output roundings that error flips (one ulp, 2 * u_out, with
 # probability ~ a / u_out: sqrt(2 * u_out * a) in relative L2). EMULATED_SLACK covers the
-# constants (clean sim runs measure 0 to 0.47 of the bound, medians 0 to 0.11). Whether a device really
-# rounds like the emulation is judged, not assumed (judge.py: EMULATION_MATCH).
+# constants (clean sim runs measure 0 to 0.47 of the bound, medians 0 to 0.11). Whether a
+# device really rounds like the emulation is judged, not assumed (judge.py `_use_emulated`,
+# `[replay] emulation_match`).
 EMULATED_SLACK = 4.0
 
 
