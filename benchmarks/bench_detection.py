@@ -256,25 +256,48 @@ class Outcome:
     note: str = ""
 
 
+def _warm_up(case: Case) -> dict | None:
+    """fp8-delayed's amax histories, warmed by one step of a fresh copy of the model (run
+    before the dumped step's model is built: that one starts from golden's weights and RNG
+    state, dropout included)."""
+    if case.profile != "fp8-delayed":
+        return None
+    history: dict = {}
+    warm = _step_of(case.model)
+    assert warm is not None
+    with sim(profile=case.profile, amax_history=history):
+        warm()
+    return history
+
+
 @contextlib.contextmanager
-def _device(profile: str, fault: FaultSpec | None) -> Iterator[None]:
+def _device(case: Case, history: dict | None = None) -> Iterator[None]:
+    """The device a case runs on: a `sim` profile (fp8-delayed with the amax `history` of
+    `_warm_up`), CPU bf16 autocast, or fp16 autocast on a bf16 device."""
+    profile, faults = case.profile, [case.fault.fault()] if case.fault else []
     if profile == "autocast-bf16":
-        with sim(profile="exact", faults=[fault.fault()] if fault else []), \
+        with sim(profile="exact", faults=faults), \
                 torch.autocast("cpu", dtype=torch.bfloat16):
             yield
     elif profile == "autocast-fp16-bf16":  # an fp16 autocast model on a bf16 device
-        with sim(profile="bf16", faults=[fault.fault()] if fault else []), \
-                torch.autocast("cpu", dtype=torch.float16):
+        with sim(profile="bf16", faults=faults), torch.autocast("cpu", dtype=torch.float16):
+            yield
+    elif history is not None:
+        with sim(profile=profile, faults=faults, amax_history=history):
             yield
     else:
-        with sim(profile=profile, faults=[fault.fault()] if fault else []):
+        with sim(profile=profile, faults=faults):
             yield
+
+
+def _step_of(model: str) -> Callable[[], None] | None:
+    return (MODELS.get(model) or STACKS_MODELS[model])()
 
 
 def _golden(model: str, work: Path) -> Path | None:
     path = work / f"{model}-golden.h5"
     if not path.exists():
-        step = (MODELS.get(model) or STACKS_MODELS[model])()
+        step = _step_of(model)
         if step is None:
             return None
         with dumper(str(path)):
@@ -301,7 +324,21 @@ def _hit(report: Any, seq: int | None, k: int) -> bool:
     return any(s.get("seq_my") == seq for s in report.suspects[:k])
 
 
+def _score(out: Any, label: str, summary: dict[str, Any], hit: Callable[[], dict[str, bool]]
+           ) -> None:
+    """One compare's figures into an outcome (single-rank or distributed): rows, error and
+    warning counts, and the hits `hit()` gives (top1/top3/first -> bool) for a faulty case."""
+    out.rows = summary["rows_judged"] if "rows_judged" in summary else summary["rows"]
+    out.errors[label] = summary["counts"].get("error", 0)
+    out.warnings[label] = summary["counts"].get("warning", 0)
+    if out.case.fault is not None:
+        for key, value in hit().items():
+            getattr(out, key)[label] = value
+
+
 def run_case(case: Case, work: Path) -> Outcome:
+    """Dump golden (once per model) and the case's device step, replay it, compare with and
+    without the replay. The one runner of the main matrix, `--stacks` and `--fp8`."""
     out = Outcome(case)
     golden = _golden(case.model, work)
     if golden is None:
@@ -310,9 +347,10 @@ def run_case(case: Case, work: Path) -> Outcome:
     dev, rep = work / "device.h5", work / "replay.h5"
     for p in (dev, rep):
         p.unlink(missing_ok=True)
-    step = (MODELS.get(case.model) or STACKS_MODELS[case.model])()
+    history = _warm_up(case)
+    step = _step_of(case.model)
     assert step is not None
-    with _device(case.profile, case.fault), dumper(str(dev)):
+    with _device(case, history), dumper(str(dev)):
         step()
     if case.fault is not None:
         out.fault_seq = _fault_seq(dev)
@@ -322,12 +360,28 @@ def run_case(case: Case, work: Path) -> Outcome:
     for label, r in (("replay", rep), ("no-replay", None)):
         report = compare(dev, golden, replay=r)
         judged = [x for x in report.rows if x["verdict"] in ("pass", "warning", "error")]
-        out.rows = len(judged)
-        out.errors[label] = report.summary["counts"]["error"]
-        out.warnings[label] = report.summary["counts"]["warning"]
-        out.top1[label] = _hit(report, out.fault_seq, 1)
-        out.top3[label] = _hit(report, out.fault_seq, 3)
+        _score(out, label, {**report.summary, "rows_judged": len(judged)},
+               lambda report=report: {"top1": _hit(report, out.fault_seq, 1),
+                                      "top3": _hit(report, out.fault_seq, 3)})
     return out
+
+
+def run_cases(cases: list[Case], verbose: bool, overflow: list[str] | None = None
+              ) -> tuple[list[Outcome], str]:
+    """Every case of a family in one scratch folder (golden dumps shared): the outcomes, and
+    for `overflow` families the `accuracy overflow` line on their clean golden dumps."""
+    outs = []
+    line = ""
+    with tempfile.TemporaryDirectory(prefix="bench_detection_") as tmp:
+        for case in cases:
+            o = run_case(case, Path(tmp))
+            outs.append(o)
+            if verbose:
+                print(f"{case.name}: rows {o.rows} errors {o.errors} warnings {o.warnings} "
+                      f"top1 {o.top1} top3 {o.top3} {o.note}", flush=True)
+        if overflow:
+            line = _stacks_clean_overflow(Path(tmp), overflow)
+    return outs, line
 
 
 # -- the matrix ---------------------------------------------------------------------------
@@ -377,9 +431,7 @@ def summarise(outs: list[Outcome]) -> str:
     lines.append("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     tot = defaultdict(int)
     for o in clean:
-        lines.append(f"| {o.case.model} | {o.case.profile} | {o.rows} | {o.errors['replay']} | "
-                     f"{o.warnings['replay']} | {o.errors['no-replay']} | "
-                     f"{o.warnings['no-replay']} |")
+        lines.append(f"| {o.case.model} | {o.case.profile} | {_count_cells(o)}")
         tot["rows"] += o.rows
         for k in ("replay", "no-replay"):
             tot["e" + k] += o.errors[k]
@@ -412,6 +464,12 @@ def summarise(outs: list[Outcome]) -> str:
     if skipped:
         lines.append("\nNot run: " + ", ".join(f"{o.case.name} ({o.note})" for o in skipped))
     return "\n".join(lines)
+
+
+def _count_cells(o: Any) -> str:
+    """A clean run's table cells: rows, then errors and warnings with and without replay."""
+    return (f"{o.rows} | {o.errors['replay']} | {o.warnings['replay']} | "
+            f"{o.errors['no-replay']} | {o.warnings['no-replay']} |")
 
 
 def goals_met(outs: list[Outcome]) -> list[str]:
@@ -457,17 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stacks = None if args.stacks is None else (args.stacks or list(STACKS_MODELS))
     cases = stacks_matrix(stacks) if stacks is not None else matrix(args.quick, args.models)
-    outs = []
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench_detection_") as tmp:
-        for case in cases:
-            o = run_case(case, Path(tmp))
-            outs.append(o)
-            if args.verbose:
-                print(f"{case.name}: rows {o.rows} errors {o.errors} warnings {o.warnings} "
-                      f"top1 {o.top1} top3 {o.top3} {o.note}", flush=True)
-        if stacks is not None:
-            overflow_line = _stacks_clean_overflow(Path(tmp), stacks)
+    outs, overflow_line = run_cases(cases, args.verbose, stacks)
     print(summarise(outs))
     if stacks is not None:
         print("\n" + overflow_line)
@@ -717,52 +766,10 @@ def fp8_matrix() -> list[Case]:
     return cases
 
 
-def run_fp8_case(case: Case, work: Path) -> Outcome:
-    """`run_case` for an fp8 profile: fp8-delayed first warms its amax histories up on a
-    fresh copy of the model (the dumped step starts from the same weights as golden)."""
-    if case.profile != "fp8-delayed":
-        return run_case(case, work)
-    out = Outcome(case)
-    golden, warm = _golden(case.model, work), MODELS[case.model]()
-    if golden is None or warm is None:
-        out.note = "skipped: transformers not installed"
-        return out
-    history: dict = {}
-    with sim(profile="fp8-delayed", amax_history=history):
-        warm()
-    dev, rep = work / "device.h5", work / "replay.h5"
-    for p in (dev, rep):
-        p.unlink(missing_ok=True)
-    step = MODELS[case.model]()
-    assert step is not None
-    faults = [case.fault.fault()] if case.fault else []
-    with sim(profile="fp8-delayed", faults=faults, amax_history=history), dumper(str(dev)):
-        step()
-    if case.fault is not None:
-        out.fault_seq = _fault_seq(dev)
-        if out.fault_seq is None:
-            out.note = "fault matched no op"
-    replay(dev, rep)
-    for label, r in (("replay", rep), ("no-replay", None)):
-        report = compare(dev, golden, replay=r)
-        out.rows = len([x for x in report.rows if x["verdict"] in ("pass", "warning", "error")])
-        out.errors[label] = report.summary["counts"]["error"]
-        out.warnings[label] = report.summary["counts"]["warning"]
-        out.top1[label] = _hit(report, out.fault_seq, 1)
-        out.top3[label] = _hit(report, out.fault_seq, 3)
-    return out
-
-
 def fp8_main(verbose: bool = False) -> list[Outcome]:
     """Run the fp8 rows; print their table (the goals: 0 errors clean, every fault top-1)."""
-    outs = []
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench_fp8_") as tmp:
-        for case in fp8_matrix():
-            o = run_fp8_case(case, Path(tmp))
-            outs.append(o)
-            if verbose:
-                print(f"{case.name}: errors {o.errors} top1 {o.top1} {o.note}", flush=True)
+    outs, _ = run_cases(fp8_matrix(), verbose)
     print("## fp8 / MX\n")
     print("| model | profile | case | rows | errors (replay) | warnings (replay) | "
           "top-1 (replay) | top-1 (no replay) |")
@@ -819,6 +826,7 @@ class DistOutcome:
     warnings: dict[str, int] = field(default_factory=dict)
     top1: dict[str, bool] = field(default_factory=dict)
     first: dict[str, bool] = field(default_factory=dict)
+    inherited: dict[str, bool] = field(default_factory=dict)
     note: str = ""
 
 
@@ -891,31 +899,38 @@ def run_dist_case(case: DistCase, folder: Path, golden: Path) -> DistOutcome:
     replay_ranks(dev, rp / "r_{rank}.h5")
     for label, r in (("replay", rp / "r_{rank}.h5"), ("no-replay", None)):
         s = compare_ranks(dev, golden, r).summary
-        out.rows = s["rows"]
-        out.errors[label] = s["counts"].get("error", 0)
-        out.warnings[label] = s["counts"].get("warning", 0)
-        if case.fault is not None:
-            c = s.get("culprit") or {}
-            out.top1[label] = (seq is not None and c.get("rank") == case.fault["rank"]
-                               and c.get("seq_my") == seq)
-            out.first[label] = s.get("first_rank") == case.fault["rank"]
+        _score(out, label, s, lambda s=s: _dist_hits(case, s, seq))
+        if case.fault is None:  # a clean run names no rank as diverged first
+            out.first[label] = s.get("first_rank") is None
     return out
+
+
+def _dist_hits(case: DistCase, s: dict[str, Any], seq: int | None) -> dict[str, bool]:
+    """top1: the faulted op on the faulted rank is the culprit; first: that rank is named
+    first; inherited: every other rank is labelled inherited (or clean), none diverged."""
+    assert case.fault is not None
+    rank = case.fault["rank"]
+    c = s.get("culprit") or {}
+    others = [e["label"] for e in s.get("ranks", []) if e["rank"] != rank]
+    return {"top1": seq is not None and c.get("rank") == rank and c.get("seq_my") == seq,
+            "first": s.get("first_rank") == rank,
+            "inherited": all(lb in ("inherited", "clean") for lb in others)}
 
 
 def summarise_dist(outs: list[DistOutcome]) -> str:
     lines = ["## Distributed families (2 gloo ranks): clean runs\n",
              "| family | my run | rows | errors (replay) | warnings (replay) | "
-             "errors (no replay) | warnings (no replay) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "errors (no replay) | warnings (no replay) | diverged first (replay / no replay) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for o in outs:
         if o.case.fault is None:
             lines.append(f"| {o.case.family} | {o.case.profile or 'cpu fp32 (gold vs gold)'} | "
-                         f"{o.rows} | {o.errors['replay']} | {o.warnings['replay']} | "
-                         f"{o.errors['no-replay']} | {o.warnings['no-replay']} |")
+                         f"{_count_cells(o)} {_first_cell(o)} |")
     lines += ["\n## Distributed families: a fault on one rank\n",
               "| family | fault size | runs | top-1 (replay) | faulted rank first (replay) | "
-              "top-1 (no replay) | faulted rank first (no replay) |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "other rank inherited (replay) | top-1 (no replay) | "
+              "faulted rank first (no replay) |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     faulty = [o for o in outs if o.case.fault is not None and not o.note]
     for fam in DIST_SITES:
         for size in SIZES:
@@ -929,11 +944,12 @@ def summarise_dist(outs: list[DistOutcome]) -> str:
                 hits = sum(getattr(o, key)[label] for o in grp)
                 return f"{hits}/{n}"
             lines.append(f"| {fam} | {size:g} | {n} | {pct('top1', 'replay')} | "
-                         f"{pct('first', 'replay')} | {pct('top1', 'no-replay')} | "
-                         f"{pct('first', 'no-replay')} |")
-    missed = [o for o in faulty if not (o.top1["replay"] and o.first["replay"])]
+                         f"{pct('first', 'replay')} | {pct('inherited', 'replay')} | "
+                         f"{pct('top1', 'no-replay')} | {pct('first', 'no-replay')} |")
+    missed = [o for o in faulty if not (o.top1["replay"] and o.first["replay"]
+                                        and o.inherited["replay"])]
     if missed:
-        lines.append("\nMissed with replay (top-1 or rank): "
+        lines.append("\nMissed with replay (top-1, rank or the other rank's label): "
                      + ", ".join(o.case.name for o in missed))
     skipped = [o for o in outs if o.note]
     if skipped:
@@ -941,10 +957,18 @@ def summarise_dist(outs: list[DistOutcome]) -> str:
     return "\n".join(lines)
 
 
+def _first_cell(o: DistOutcome) -> str:
+    return " / ".join("none" if o.first.get(k) else "a rank" for k in ("replay", "no-replay"))
+
+
 def dist_goals_met(outs: list[DistOutcome]) -> list[str]:
     missed = []
     if any(o.errors["replay"] or o.errors["no-replay"] for o in outs if o.case.fault is None):
         missed.append("an error on a clean distributed run")
+    if any(not all(o.first.values()) for o in outs if o.case.fault is None):
+        missed.append("a clean distributed run names a rank as diverged first")
+    if any(not o.inherited.get("replay", True) for o in outs if o.case.fault and not o.note):
+        missed.append("a rank without a fault labelled diverged (not inherited) with replay")
     big = [o for o in outs if o.case.fault and o.case.fault["value"] >= 1e-2]
     if any(o.note or not (o.top1["replay"] and o.first["replay"]) for o in big):
         missed.append("a fault >= 1e-2 on one rank not the culprit, or its rank not first")

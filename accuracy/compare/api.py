@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -26,7 +27,12 @@ from accuracy.compare.compiled_align import compiled_pairs, has_kernels, is_kern
 from accuracy.compare.engine import BlobReader, compare_refs, worker_run
 from accuracy.compare.judge import judge
 from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statistics_metrics
-from accuracy.compare.numerics import expected_ratio, input_rms, reduction_length
+from accuracy.compare.numerics import (
+    emulated_bound,
+    expected_ratio,
+    input_rms,
+    reduction_length,
+)
 from accuracy.compare.precision import ComputePrecision
 from accuracy.compare.quant import judge_quant
 from accuracy.compare.report import Report, analyse
@@ -382,6 +388,10 @@ def _add_replay(row: Row, s: _Spec, rp: dict[str, Any], compute: str | None,
                 msgs.append("replayed on its honestly re-quantised fp8/MX operands")
             row.local_bound = expected_ratio(compute, s.my.dtype, k, input_rms(s.my_op),
                                              out.get("err_reference"))
+            emu = out.get("err_emulated")
+            if compute and isinstance(emu, int | float) and math.isfinite(emu):
+                row.emulated_error = float(emu)
+                row.emulated_excess = float(emu) / emulated_bound(s.my.dtype, k)
     elif rp.get("reason"):
         msgs.append(f"replay {rp.get('status')}: {rp.get('reason')}")
 

@@ -36,6 +36,7 @@ _DISCONTINUOUS = ("aten.threshold_backward", "aten.hardtanh_backward", "aten.max
                   "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.heaviside",
                   "aten.leaky_relu_backward", "aten.nll_loss_forward")
 MIN_GROUP = 4  # fewer calls of an op type than this: no outlier score
+EMULATION_GROUP = 3  # ops of a compute precision whose median says how the device rounds
 
 
 def _base(op: str | None) -> str:
@@ -152,6 +153,7 @@ def _judge_local(outs: list[Row], sec: dict[str, Any]) -> None:
             continue
         o.local_excess = ratio / bound if math.isfinite(ratio) else math.inf
         with_local.append(o)
+    emulated = _use_emulated(with_local, sec)
     z = _with_outlier_scores(with_local, "local_excess", sec["spread_floor"])
     centre = _centres(with_local, "local_excess")
     for o in with_local:
@@ -165,7 +167,44 @@ def _judge_local(outs: list[Row], sec: dict[str, Any]) -> None:
                 f" expected {o.local_bound or 1:.3g} for K={o.reduction_length})"]
         if o.local_z is not None and abs(o.local_z) >= 1:
             bits.append(f"outlier score {o.local_z:.1f} among {_base(o.op)}")
+        if o.index in emulated:
+            bits.append(emulated[o.index])
         o.message = "; ".join([m for m in [o.message] if m] + bits)
+
+
+def _use_emulated(rows: list[Row], sec: dict[str, Any]) -> dict[int, str]:
+    """Fold the emulated residual into the local excess where the device is seen to round
+    like the emulation: among this run's op outputs of the same compute precision and dtype
+    (at least EMULATION_GROUP: one faulty op cannot move their median), the median emulated
+    excess is at most `emulation_match`. A device that rounds otherwise (truncation, a
+    narrower accumulator) leaves the honest ops' residuals above their bound: the emulated
+    figure is then only reported. Returns row index -> note."""
+    groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for r in rows:
+        if r.emulated_excess is not None and math.isfinite(r.emulated_excess) \
+                and r.compute_precision:
+            groups[(r.compute_precision, r.dtype_my or "")].append(r)
+    notes: dict[int, str] = {}
+    for (compute, _), grp in groups.items():
+        xs = sorted(r.emulated_excess for r in grp)  # type: ignore[type-var]
+        med = xs[len(xs) // 2]
+        match = sec.get("emulation_match", 1.0)
+        if len(grp) < EMULATION_GROUP or med > match:
+            why = (f"only {len(grp)} such ops" if len(grp) < EMULATION_GROUP else
+                   f"median {med:.3g}x over {match:g}: the device does not round like the "
+                   "emulation")
+            for r in grp:
+                notes[r.index] = (f"emulated ({compute} inputs) residual "
+                                  f"{r.emulated_excess:.3g}x its bound, not used ({why})")
+            continue
+        for r in grp:
+            x = r.emulated_excess
+            assert x is not None
+            if r.local_excess is None or x > r.local_excess:
+                r.local_excess = x
+            notes[r.index] = (f"emulated ({compute} inputs) residual {r.emulated_error:.3g}, "
+                              f"{x:.3g}x an honest kernel's bound")
+    return notes
 
 
 def _judge_amplification(groups: list[tuple[list[Row], list[Row]]], sec: dict[str, Any],

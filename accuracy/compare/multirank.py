@@ -109,19 +109,36 @@ def _inherited(entry: dict[str, Any], row: dict[str, Any], origin: dict[str, Any
             "from_rank": origin["rank"]}
 
 
+def _deviating_collective(rows: list[dict[str, Any]], epoch: float) -> dict[str, Any] | None:
+    """The first recorded collective at or after collective `epoch` whose output deviates
+    from golden (warning or error): where another rank's error came into this one."""
+    for r in rows:
+        if r["kind"] == "op" and r["io"] == "output" and is_collective(r.get("op") or "") \
+                and (r.get("epoch") if r.get("epoch") is not None else math.inf) >= epoch \
+                and (r.get("accumulated_verdict") or r["verdict"]) in (V.WARNING, V.ERROR):
+            return r
+    return None
+
+
 def _label(entry: dict[str, Any], origin: dict[str, Any] | None, has_replay: bool) -> None:
-    """Decide whether this rank's culprit is its own, or error inherited via a collective."""
+    """Decide whether this rank's culprit is its own, or error inherited via a collective.
+
+    A rank with no culprit inherited when a collective after the origin's start brought a
+    deviation in (or its accumulated error starts after the origin's); it diverged when its
+    own accumulated error comes first; it is clean when it only deviates within its precision
+    (warnings, no error) and nothing came in."""
     cul = entry["culprit"]
     if cul is None:
-        dev = entry.get("first_deviation")
-        # a rank's divergence is its first accumulated error, not an earlier warning-level
-        # deviation (a lower precision's own rounding, before any collective)
-        div = entry.get("first_divergence") or dev
-        if dev is None:
+        div = entry.get("first_divergence")
+        other = origin is not None and origin is not entry
+        via = _deviating_collective(entry["_rows"], _order(origin)[0]) if other else None
+        if via is not None and (div is None or _at(via) <= _at(div)):
+            entry["label"] = INHERITED
+            entry["inherited"] = _inherited(entry, via, origin)
+        elif div is None:
             entry["label"] = CLEAN
-        elif origin is not None and origin is not entry and (
-                is_collective(div.get("op") or "") or _order({"first_divergence": div})
-                > _order(origin)):
+        elif other and (is_collective(div.get("op") or "")
+                        or _order({"first_divergence": div}) > _order(origin)):
             entry["label"] = INHERITED
             entry["inherited"] = _inherited(entry, div, origin)
         else:
@@ -178,9 +195,10 @@ def merge(reports: dict[int, Report], epochs: dict[int, dict[int, int]], meta: d
         entry["_rows"] = rows[start:]
         suspects += [b for x in s.get("suspects", []) if (b := _brief(x, rank, offset, ep))]
         entries.append(entry)
+    # Diverged: a culprit or an accumulated error. Deviations within a rank's precision
+    # (warnings) alone name no rank: a clean low-precision run has no "first" rank.
     diverged = [e for e in entries if e["first_divergence"] is not None
-                or e["culprit"] is not None] or [
-        e for e in entries if e["first_deviation"] is not None]
+                or e["culprit"] is not None]
     origin = min(diverged, key=_order) if diverged else None
     has_replay = meta.get("replay") is not None
     for e in entries:

@@ -124,6 +124,8 @@ class Row:
     amplification_z: float | None = None
     produced_by: str | None = None
     quant: str | None = None  # fp8/MX figures of the op's GEMM operands (dumpfile/quant.py)
+    emulated_error: float | None = None  # residual against the emulated reference (replay)
+    emulated_excess: float | None = None  # that residual over its honest bound (numerics.py)
     # -- multi-rank compare only (absent from a single rank's files) -----------------------
     rank: int | None = None
     epoch: int | None = None

@@ -74,8 +74,10 @@ def format_ranks(s: dict[str, Any]) -> str:
     out[1:1] = [f"  BLIND: {b}" for b in s.get("blind") or []]
     if s.get("warning"):
         out.append(f"  warning: {s['warning']}")
-    out.append("  diverged first: "
-               + ("none" if s["first_rank"] is None else f"rank {s['first_rank']}"))
+    within = any(e.get("first_deviation") for e in s["ranks"])
+    out.append("  diverged first: " + (f"rank {s['first_rank']}" if s["first_rank"] is not None
+                                       else "none (deviations within precision only: no "
+                                       "error, no culprit)" if within else "none"))
     for e in s["ranks"]:
         c, fd = e["culprit"], e["first_divergence"]
         if e["label"] == "inherited":

@@ -27,6 +27,7 @@ from accuracy.errors import AccuracyError, OutputExistsError
 from accuracy.outputs import writable_folder
 from accuracy.patterns import op_matches
 from accuracy.replay.cache import TensorCache
+from accuracy.replay.emulate import Emulation
 from accuracy.replay.ops import OK, OpOutcome, caching, replay_op
 from accuracy.replay.rebuild import UPCASTS
 
@@ -192,14 +193,16 @@ _WORKER: dict[str, Any] = {}
 
 def _init_worker(path: str, on: str, upcast: str, threads: int) -> None:
     torch.set_num_threads(threads)
-    _WORKER.update(dump=load_dump(path), device=reference_device(on), upcast=upcast,
-                   cache=TensorCache())
+    d = load_dump(path)
+    _WORKER.update(dump=d, device=reference_device(on), upcast=upcast,
+                   cache=TensorCache(), emulation=Emulation.from_attrs(d.attrs))
 
 
 def _work(seqs: list[int]) -> list[OpOutcome]:
     d: Dump = _WORKER["dump"]
     with caching(_WORKER["cache"]):
-        return [replay_op(d.record(s), _WORKER["device"], _WORKER["upcast"]) for s in seqs]
+        return [replay_op(d.record(s), _WORKER["device"], _WORKER["upcast"],
+                          emulation=_WORKER["emulation"]) for s in seqs]
 
 
 # Runs op batches somewhere else (a Dask cluster: accuracy.replay.cluster.DaskReplayRunner):
@@ -219,9 +222,10 @@ def _outcomes(d: Dump, recs: list[OpRecord], on: str, upcast: str, jobs: int,
     if jobs <= 1:
         device = reference_device(on)
         cache = TensorCache()
+        emulation = Emulation.from_attrs(d.attrs)
         with caching(cache):
             for rec in cache.read_ahead(recs, device):
-                yield replay_op(rec, device, upcast)
+                yield replay_op(rec, device, upcast, emulation=emulation)
         return
     import multiprocessing as mp
 

@@ -24,6 +24,7 @@ from accuracy.dumpfile import dtypes
 from accuracy.dumpfile.reader import DamagedDataError, DumpError, OpRecord
 from accuracy.replay import rnn as _rnn  # noqa: F401  (registers the RNN references)
 from accuracy.replay.cache import TensorCache
+from accuracy.replay.emulate import Emulation, emulated_outputs, residual, to_output
 from accuracy.replay.metrics import agreeing_metrics, bit_equal, exact_metrics, output_metrics
 from accuracy.replay.rebuild import (
     Unreplayable,
@@ -185,15 +186,18 @@ def caching(cache: TensorCache) -> Iterator[TensorCache]:
 
 
 def replay_op(rec: OpRecord, device: torch.device, upcast: str,
-              cache: TensorCache | None = None) -> OpOutcome:
+              cache: TensorCache | None = None, emulation: Emulation | None = None
+              ) -> OpOutcome:
     """Replay one record; never raises for a bad op, it reports it (skipped/failed + reason).
 
     `cache` keeps tensors read from the dump across calls (pass the same one for every op of
     a replay, or set one with `caching`); without either every tensor is read afresh.
+    `emulation`: the device's rounding rules (`Emulation.from_attrs(dump.attrs)`): an op
+    they round also gets its residual against the emulated reference (replay/emulate.py).
     """
     if cache is None:
         cache = _active_cache if _active_cache is not None else TensorCache(0)
-    return guarded(rec.seq, rec.op, lambda: _replay(rec, device, upcast, cache))
+    return guarded(rec.seq, rec.op, lambda: _replay(rec, device, upcast, cache, emulation))
 
 
 def guarded(seq: int, op: str, run: Callable[[], OpOutcome]) -> OpOutcome:
@@ -209,7 +213,8 @@ def guarded(seq: int, op: str, run: Callable[[], OpOutcome]) -> OpOutcome:
         return OpOutcome(seq, FAILED, f"{type(e).__name__}: {str(e)[:300]}")
 
 
-def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache) -> OpOutcome:
+def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache,
+            emulation: Emulation | None = None) -> OpOutcome:
     check_inputs(rec)
     fn, note = _kernel(rec)
     not_data = uninitialised_inputs(rec)
@@ -236,14 +241,19 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache
         return _rerun_quantised(rec, fn, build, device_outputs, device, upcast, quant)
     if "dtensor" in rec.extra and not rec.extra.get("dtensor_local"):
         raise Unreplayable(DTENSOR_MOVED)
+    rule = emulation.rule_for(rec.op) if emulation is not None and not note else None
+    emulate = None
+    if rule is not None and upcast != "none":
+        def emulate() -> tuple[Any, list[torch.Tensor]]:
+            return rule, emulated_outputs(rec, fn, rule, inputs, device, upcast, _run_quiet)
     if "dtensor" not in rec.extra:
         return rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
-                     note=note)
+                     note=note, emulate=emulate)
     # An op on DTensors ran its kernel on the local shards (recorded), unless DTensor moved
     # data between ranks inside the op: then the local call fails or gives other shapes.
     try:
         out = rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
-                    note=note)
+                    note=note, emulate=emulate)
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
         raise Unreplayable(f"{DTENSOR_REASON} ({str(e).splitlines()[0][:120]})") from None
     if out.status == FAILED:
@@ -284,14 +294,16 @@ def _rerun_quantised(rec: OpRecord, fn: Any, build: Any,
 
 def rerun(seq: int, op: str, fn: Any, build: Any,
           device_outputs: list[tuple[int, torch.Tensor | None]], device: torch.device,
-          upcast: str, want_upcast: bool, note: str = "") -> OpOutcome:
+          upcast: str, want_upcast: bool, note: str = "",
+          emulate: Callable[[], tuple[Any, list[torch.Tensor]]] | None = None) -> OpOutcome:
     """Re-run one op call on the reference and measure the device's outputs against it.
 
     The part of a replay that replay and the live check (`accuracy.live`) share: `build(up)`
     gives (args, kwargs) on the reference for `up` in ("none", upcast); `device_outputs` are
     (output index, device value on the host or None when not available). Runs the same-dtype
     call, and the upcast one unless the op only moves values or the device is bit-exact.
-    Raises Unreplayable (and the kernel's errors) like `_run`.
+    Raises Unreplayable (and the kernel's errors) like `_run`. `emulate()`: (rule, outputs
+    of the emulated reference), run when the device is not bit-exact (replay/emulate.py).
     """
     same = _run(fn, *build("none"), str(device))
     reasons = [note] if note else []
@@ -341,7 +353,34 @@ def rerun(seq: int, op: str, fn: Any, build: Any,
             # `high is same` (no upcast run) tells output_metrics there is one reference
             hi = tensors[idx] if hi is same[idx] else hi.cpu()
             metrics.append(output_metrics(idx, dev, ref, hi))
+    if emulate is not None and not movement and not agree and status == OK:
+        _add_emulated(emulate, dict(device_outputs), metrics, reasons)
     return OpOutcome(seq, status, "; ".join(reasons), metrics, tensors)
+
+
+def _add_emulated(emulate: Callable[[], tuple[Any, list[torch.Tensor]]],
+                  device_outputs: dict[int, torch.Tensor | None],
+                  metrics: list[dict[str, Any]], reasons: list[str]) -> None:
+    """Each floating output's residual against the emulated reference (`err_emulated`,
+    `bias_emulated`, `emulated`: the rounding), beside the usual figures."""
+    try:
+        rule, high = emulate()
+    except (Unreplayable, RuntimeError, TypeError, ValueError, IndexError) as e:
+        reasons.append(f"emulated reference failed ({str(e)[:120]})")
+        return
+    for m in metrics:
+        dev = device_outputs.get(m["idx"])
+        if dev is None or m["idx"] >= len(high) or not dev.is_floating_point():
+            continue
+        h = high[m["idx"]]
+        if not isinstance(h, torch.Tensor) or tuple(h.shape) != tuple(dev.shape):
+            continue
+        m.update(residual(dev, to_output(h, dev.dtype, rule)))
+        m["emulated"] = rule.rounding
+
+
+def _run_quiet(fn: Any, args: list[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    return _run(fn, args, kwargs, "emulated reference")
 
 
 def _all_bit_exact(device_outputs: list[tuple[int, torch.Tensor | None]],
