@@ -62,10 +62,24 @@ def plain(v: Any) -> Any:
     return v
 
 
+def _plain_row(d: dict[str, Any]) -> dict[str, Any]:
+    """`plain` of a row, scalars checked inline (a row is ~70 of them, nearly all scalars)."""
+    out = {}
+    for k, v in d.items():
+        t = type(v)
+        if t is float:
+            out[k] = v if v - v == 0.0 else plain(v)  # inf - inf and nan - nan are nan
+        elif t is str or t is int or v is None:
+            out[k] = v
+        else:
+            out[k] = plain(v)
+    return out
+
+
 def write_json(report: Report, out: Path) -> Path:
     p = out / "summary.json"
     p.write_text(json.dumps(plain(report.summary), indent=2, default=str))
-    (out / "rows.json").write_text(json.dumps([plain(r.as_dict()) for r in report.rows],
+    (out / "rows.json").write_text(json.dumps([_plain_row(r.as_dict()) for r in report.rows],
                                               default=str))
     return p
 
@@ -96,6 +110,7 @@ def csv_cell(v: Any) -> Any:
 
 
 _csv_cell = csv_cell  # the older private name
+_NUMBERS = frozenset((int, float))
 
 # Every string is a text cell: no formulas (a module named "=HYPERLINK(...)" stays text),
 # no numbers or links guessed from text. Shared with the server's XLSX export.
@@ -119,7 +134,8 @@ def write_csv(report: Report, out: Path) -> Path:
         w = csv.writer(f)
         w.writerow([CSV_COLUMNS.get(k, k) for k in cols])
         for r in (with_msprobe_cells(r.as_dict()) for r in report.rows):
-            w.writerow([_csv_cell(r.get(k)) for k in cols])
+            # numbers are written as they are: only other cells go through csv_cell
+            w.writerow([v if type(v) in _NUMBERS else _csv_cell(v) for v in map(r.get, cols)])
     return p
 
 

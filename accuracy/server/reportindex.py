@@ -37,7 +37,11 @@ TEXT_COLUMNS = ("op", "phase", "module", "verdict", "dtype_my")
 SORTABLE = ("idx", *TEXT_COLUMNS, *METRIC_COLUMNS)
 _BATCH = 5000
 _LOAD_BATCH = 20_000
-PAGE_CACHE_BYTES = 32 * 1024 * 1024
+# Room for the first pages of every filter and sort the UI offers (~280 of ~100 KB) beside
+# the deep pages users jump to: with 32 MB the deep ones evicted the first pages (simulated
+# on bench_server.py's mix: 48% of requests answered from memory, 67% with 64 MB).
+PAGE_CACHE_BYTES = 64 * 1024 * 1024
+_PARAM_MARK = {"qmark": "?", "format": "%s", "pyformat": "%s"}  # DB-API positional markers
 ORDER_CACHE_IDS = 8_000_000  # 32 MB of row orders (int32 positions)
 COLUMNS_CACHE_BYTES = 512 * 1024 * 1024  # a 1M-row report's columns take ~80-130 MB
 
@@ -448,13 +452,27 @@ class RowIndex:
 
         return self._flight.do(key, compute)
 
+    def page_ready(self, report_id: str, q: RowQuery) -> bool:
+        """Whether a page of q can be answered without computing an order, by a short local
+        read (columns and order in memory, a SQLite index): cheap enough for the event loop."""
+        return (self.storage.engine.dialect.name == "sqlite"
+                and self._columns.get(report_id) is not None
+                and self._orders.get((report_id, q)) is not None)
+
     def _raw(self, report_id: str, ids: list[int]) -> list[str]:
         if not ids:
             return []
-        stmt = select(ReportRowData.idx, ReportRowData.data).where(
-            ReportRowData.report_id == report_id, ReportRowData.idx.in_(ids))
+        mark = _PARAM_MARK.get(self.storage.engine.dialect.paramstyle)
         with self.storage.engine.connect() as con:
-            found = dict(con.execute(stmt).all())
+            if mark is None:  # a driver of another parameter style: SQLAlchemy builds it
+                stmt = select(ReportRowData.idx, ReportRowData.data).where(
+                    ReportRowData.report_id == report_id, ReportRowData.idx.in_(ids))
+                found = dict(con.execute(stmt).all())
+            else:  # the same query as driver SQL: a third of the CPU of building it per page
+                found = dict(con.exec_driver_sql(
+                    f"SELECT idx, data FROM {ReportRowData.__tablename__} WHERE report_id = "
+                    f"{mark} AND idx IN ({','.join([mark] * len(ids))})",
+                    (report_id, *ids)).all())
         return [found[i] for i in ids if i in found]
 
     def row(self, report_id: str, idx: int) -> dict[str, Any]:
