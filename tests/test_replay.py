@@ -234,11 +234,11 @@ def test_resume_does_not_redo_finished_ops(cpu_dump, tmp_path, monkeypatch):
     calls = []
     real = engine_mod.replay_op
 
-    def interrupted(rec, device, upcast):
+    def interrupted(rec, device, upcast, **kw):
         if len(calls) == 40:
             raise KeyboardInterrupt
         calls.append(rec.seq)
-        return real(rec, device, upcast)
+        return real(rec, device, upcast, **kw)
 
     monkeypatch.setattr(engine_mod, "replay_op", interrupted)
     with pytest.raises(KeyboardInterrupt):
@@ -249,9 +249,9 @@ def test_resume_does_not_redo_finished_ops(cpu_dump, tmp_path, monkeypatch):
     first = list(calls)
     calls.clear()
 
-    def counting(rec, device, upcast):
+    def counting(rec, device, upcast, **kw):
         calls.append(rec.seq)
-        return real(rec, device, upcast)
+        return real(rec, device, upcast, **kw)
 
     monkeypatch.setattr(engine_mod, "replay_op", counting)
     r = replay(cpu_dump, out, resume=True)

@@ -47,7 +47,7 @@ def run_ops(seqs: list[int], path: str, on: str, upcast: str, metrics_only: bool
     st = _state(path, on)
     d, cache, device = st["dump"], st["cache"], st["device"]
     with caching(cache):  # the read path of an in-process replay: reads run ahead on a thread
-        out = [replay_op(rec, device, upcast)
+        out = [replay_op(rec, device, upcast, keep=not metrics_only)
                for rec in cache.read_ahead([d.record(s) for s in seqs], device)]
     if metrics_only:
         for o in out:

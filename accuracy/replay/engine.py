@@ -221,7 +221,7 @@ def _outcomes(d: Dump, recs: list[OpRecord], on: str, upcast: str, jobs: int,
         cache = TensorCache()
         with caching(cache):
             for rec in cache.read_ahead(recs, device):
-                yield replay_op(rec, device, upcast)
+                yield replay_op(rec, device, upcast, keep=not metrics_only)
         return
     import multiprocessing as mp
 
