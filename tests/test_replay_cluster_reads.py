@@ -25,6 +25,7 @@ def test_worker_tasks_read_each_range_once_ahead_on_a_thread(tmp_path, monkeypat
     with load_dump(path) as d:
         seqs = [r.seq for r in d.records]
         ranges = {(t.offset, t.nbytes) for t in d.tensors if t.has_data}
+        x = next((t.offset, t.nbytes) for t in d.records[0].outputs)  # randn's draw
     replay(path, tmp_path / "local.h5")
     with load_dump(tmp_path / "local.h5") as d:
         local = {r.seq: r.extra["replay"] for r in d.records}
@@ -39,7 +40,9 @@ def test_worker_tasks_read_each_range_once_ahead_on_a_thread(tmp_path, monkeypat
     out = []
     for i in range(0, len(seqs), 2):  # several tasks on one worker thread
         out += run_ops(seqs[i:i + 2], str(path), "cpu", "fp64", True)
-    assert sorted((o, n) for o, n, _ in reads) == sorted(ranges)  # every range, each once
+    # each range at most once; what the replayed ops made is proven by its content hash, so
+    # only x (drawn by randn, an op replay refuses) is read
+    assert x in ranges and [(o, n) for o, n, _ in reads] == [x]
     assert all(name.startswith("accuracy-replay-read") for *_, name in reads)
     assert {o.seq: o.replay_extra() for o in out} == local
     assert all(not o.tensors for o in out)

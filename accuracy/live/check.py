@@ -99,11 +99,21 @@ class _TensorShape:
     def __init__(self, idx: int, t: torch.Tensor) -> None:
         self.idx, self.shape, self.numel = idx, tuple(t.shape), t.numel()
         self.dtype = _dtype_name(t.dtype)
-        l2 = None
-        if t.is_floating_point() and self.numel > 1:
-            with torch._C._DisableTorchDispatch(), torch.no_grad():
-                l2 = float(torch.linalg.vector_norm(t.detach(), dtype=torch.float64))
-        self.stats = {"l2": l2}
+        self._t: torch.Tensor | None = t
+        self._stats: dict[str, float | None] | None = None
+
+    @property
+    def stats(self) -> dict[str, float | None]:
+        """Its L2 norm, measured on first use (a float64 pass: only the judge of an op
+        computed coarser than its dtype needs it, see `verdict.judge_local`)."""
+        if self._stats is None:
+            t, self._t = self._t, None
+            l2 = None
+            if t is not None and t.is_floating_point() and self.numel > 1:
+                with torch._C._DisableTorchDispatch(), torch.no_grad():
+                    l2 = float(torch.linalg.vector_norm(t.detach(), dtype=torch.float64))
+            self._stats = {"l2": l2}
+        return self._stats
 
 
 class _CallShapes:
@@ -320,13 +330,14 @@ class LiveCheck(SiteMode):
         if outcome.status != OK:
             return
         by_idx = dict(host)
+        shapes = _CallShapes(name, inputs, host)  # once per call: its figures are lazy
         for m in outcome.outputs:
             dev = by_idx[m["idx"]]
             entry = dict(m, dtype=_dtype_name(dev.dtype), shape=list(dev.shape),
                          verdict=None, compute_precision=None)
             if dev.numel() > 0:  # compare leaves empty tensors unjudged too
                 entry["verdict"], figures = V.judge_local(
-                    _CallShapes(name, inputs, host), m["idx"], entry["dtype"],
+                    shapes, m["idx"], entry["dtype"],
                     _finite_or_none(m.get("error_ratio")), self.cfg, self.precision,
                     _finite_or_none(m.get("err_reference")))
                 entry.update(figures)
@@ -357,7 +368,7 @@ class LiveCheck(SiteMode):
         measured = [(i, t) for i, t in host if i not in scratch]
         with torch._C._DisableTorchDispatch():  # the reference runs below no mode (sim...)
             return rerun(result.seq, name, fn, build, measured, self.device, self.upcast, want,
-                         note=note)
+                         note=note, keep=False)
 
     def _check_stacking(self) -> None:
         if self._warned_stack:

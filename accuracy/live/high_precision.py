@@ -11,26 +11,13 @@ modules instead: those whose GEMM operands crossed the threshold in the device r
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from accuracy.device_backend.simulator import _module_matches, sim
 from accuracy.errors import UsageError
-from accuracy.live.prove import (
-    CLOSES_AT_LEAST,
-    CONTROL_AT_MOST,
-    Arm,
-    Proof,
-    StepResult,
-    _closed,
-    _distance,
-    _outcome,
-    _pct,
-)
-
-log = logging.getLogger(__name__)
+from accuracy.live.prove import Arm, Proof, StepResult, _distance, _outcome, _pct, conclude
 
 
 def _run(step: Callable[[], StepResult], profile: str, faults: Iterable[Any],
@@ -93,23 +80,15 @@ def prove_high_precision(step: Callable[[], StepResult], *,
     dev = arm("device", [], (d_loss, d_grads))
     cul = arm("culprit", chosen)
     ctl = arm("control", control)
-    for a in (dev, cul, ctl):
-        a.loss_closed = _closed(a.loss_gap, dev.loss_gap)
-        a.grad_closed = _closed(a.grad_gap, dev.grad_gap)
     proof = Proof([f"fp8 GEMMs in {m}" for m in chosen], g_loss, dev, cul, ctl, seed,
                   "high precision", profile, notes=notes)
-    grads = (f" and {_pct(cul.grad_closed)} of the gradient gap"
-             if cul.grad_closed is not None else "")
-    proof.sentence = (
-        f"Running the {profile} GEMMs of {', '.join(chosen)} in high precision closes "
-        f"{_pct(cul.loss_closed)} of the loss gap{grads}; the control ({len(control)} random "
-        f"other quantised module{'s' if len(control) != 1 else ''}, seed {seed}) closes "
-        f"{_pct(ctl.loss_closed)}.")
-    proof.convincing = (cul.loss_closed is not None and cul.loss_closed >= CLOSES_AT_LEAST
-                        and ctl.loss_closed is not None and ctl.loss_closed <= CONTROL_AT_MOST)
-    if dev.loss_gap == 0:
-        notes.append("the device loss equals the golden loss: there is no gap to close")
-    log.info("%s", proof.sentence)
-    if report is not None:
-        proof.write(report)
-    return proof
+
+    def sentence(p: Proof) -> str:
+        grads = (f" and {_pct(p.culprit.grad_closed)} of the gradient gap"
+                 if p.culprit.grad_closed is not None else "")
+        return (f"Running the {profile} GEMMs of {', '.join(chosen)} in high precision closes "
+                f"{_pct(p.culprit.loss_closed)} of the loss gap{grads}; the control "
+                f"({len(control)} random other quantised module{'s' if len(control) != 1 else ''}"
+                f", seed {seed}) closes {_pct(p.control.loss_closed)}.")
+
+    return conclude(proof, sentence, report)

@@ -226,17 +226,27 @@ def prove(step: Callable[[], StepResult], *, culprits: Iterable[str | Mapping[st
     dev = arm("device", [], d_loss, d_grads)
     cul = arm("culprit", sorted(hit_seqs))
     ctl = arm("control", [c.seq for c in control])
+    proof = Proof([s.label() for s in specs], g_loss, dev, cul, ctl, seed, on, dtype,
+                  notes=notes)
+    return conclude(proof, lambda p: _sentence(p, specs, len(hit)), report)
+
+
+def conclude(proof: Proof, sentence: Callable[[Proof], str],
+             report: str | os.PathLike[str] | None) -> Proof:
+    """The ending every proof shares (`prove`, `prove_high_precision`): each arm's share of
+    the device's gap closed, the sentence, whether it convinces (the culprit closes at least
+    CLOSES_AT_LEAST of the loss gap, the control at most CONTROL_AT_MOST), the no-gap note,
+    the log line and the report folder."""
+    dev, cul, ctl = proof.device, proof.culprit, proof.control
     for a in (dev, cul, ctl):
         a.loss_closed = _closed(a.loss_gap, dev.loss_gap)
         a.grad_closed = _closed(a.grad_gap, dev.grad_gap)
-    proof = Proof([s.label() for s in specs], g_loss, dev, cul, ctl, seed, on, dtype,
-                  notes=notes)
-    proof.sentence = _sentence(proof, specs, len(hit))
+    proof.sentence = sentence(proof)
     proof.convincing = (cul.loss_closed is not None and cul.loss_closed >= CLOSES_AT_LEAST
                         and ctl.loss_closed is not None
                         and ctl.loss_closed <= CONTROL_AT_MOST)
     if dev.loss_gap == 0:
-        notes.append("the device loss equals the golden loss: there is no gap to close")
+        proof.notes.append("the device loss equals the golden loss: there is no gap to close")
     log.info("%s", proof.sentence)
     if report is not None:
         proof.write(report)

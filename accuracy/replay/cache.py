@@ -17,13 +17,14 @@ ops (in-place, `out=`, registered references) private copies.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from accuracy.dumpfile import schema
+from accuracy.dumpfile.checksum import NO_HASH
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
 from accuracy.lru import BoundedLRU
 
@@ -81,6 +82,19 @@ class TensorCache:
             hit = self._put(key, value.reshape(-1))
         return hit.view(t.shape) if tuple(hit.shape) != tuple(t.shape) else hit
 
+    def holds(self, t: TensorRecord) -> bool:
+        """Whether `t`'s stored bytes are in the cache (a cheap `load`)."""
+        return self.max_bytes > 0 and self._raw_key(t) in self._items
+
+    def adopt(self, t: TensorRecord, value: torch.Tensor) -> None:
+        """Serve later reads of `t`'s stored bytes with `value`, a contiguous CPU tensor
+        proven to hold them (its content hash is the stored one): read from memory, not the
+        file. Must never be written to afterwards, like every cached tensor."""
+        if self.max_bytes > 0 and t.has_data:
+            key = self._raw_key(t)
+            if key not in self._items:
+                self._put(key, value.reshape(-1))
+
     def _prefetched(self, key: Any) -> torch.Tensor | None:
         """What the reader thread made for `key`, or None (never asked for, or dropped).
 
@@ -100,10 +114,12 @@ class TensorCache:
         self._ahead_bytes[key] = nbytes
         self._ahead_total += nbytes
 
-    def prefetch(self, records: Iterable[TensorRecord], device: torch.device | None = None
-                 ) -> None:
+    def prefetch(self, records: Iterable[TensorRecord], device: torch.device | None = None,
+                 skip: Callable[[Any], bool] | None = None) -> None:
         """Start reading these tensors on the reader thread, unless cached or underway, and
         for inputs whose recorded strides `input` restores, that copy on `device` too.
+        `skip(key)`: True for keys (`_raw_key`) not to read ahead (the replay expects to
+        adopt them).
 
         Bounded by the caller (a few ops ahead); outside `read_ahead` it does nothing.
         """
@@ -113,6 +129,8 @@ class TensorCache:
             if not t.has_data or t.nbytes > self.max_bytes:
                 continue
             key = self._raw_key(t)
+            if skip is not None and skip(key) and key not in self._items:
+                continue
             raw: Any = self._items.get(key)
             if raw is None:
                 raw = self._ahead.get(key)
@@ -143,6 +161,7 @@ class TensorCache:
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="accuracy-replay-read")
         sizes: dict[int, int] = {}
         ahead = nxt = 0
+        made = _hashed_outputs(recs)
         try:
             for i, rec in enumerate(recs):
                 while nxt < len(recs) and nxt <= i + ops:
@@ -150,7 +169,10 @@ class TensorCache:
                     size = sum(t.nbytes for t in tensors)
                     if nxt > i and ahead and ahead + size > nbytes:
                         break
-                    self.prefetch(tensors, device)
+                    # bytes an op of this replay makes (hashed) are not read ahead: its
+                    # reference's bytes are checked against the hash and, equal, adopted
+                    self.prefetch(tensors, device,
+                                  lambda k, at=nxt: made.get(k, at + 1) <= at)
                     sizes[nxt] = size
                     ahead += size
                     nxt += 1
@@ -190,6 +212,25 @@ class TensorCache:
         if hit is not None:
             return hit
         return self._put(key, value.to(dtype))
+
+
+def _hashed_outputs(recs: Sequence[OpRecord]) -> dict[Any, int]:
+    """Stored bytes first made by an op of `recs` as an output that has a content hash
+    (`_raw_key` -> that op's position), not seen as an input before it. Ops whose replay is
+    refused for sure (random draws, compiled kernels...) make nothing here: theirs are read."""
+    seen: set[Any] = set()
+    made: dict[Any, int] = {}
+    for i, rec in enumerate(recs):
+        for t in rec.inputs:
+            if t.has_data:
+                seen.add(TensorCache._raw_key(t))
+        if any(rec.extra.get(k) for k in ("rng", "compiled", "uninitialized")):
+            continue
+        for t in rec.outputs:
+            key = TensorCache._raw_key(t)
+            if t.has_data and t.content_hash != NO_HASH and key not in seen:
+                made.setdefault(key, i)
+    return made
 
 
 def _restored_copy(t: TensorRecord) -> bool:

@@ -49,7 +49,7 @@ def run_ops(seqs: list[int], path: str, on: str, upcast: str, metrics_only: bool
     d, cache, device = st["dump"], st["cache"], st["device"]
     with caching(cache):  # the read path of an in-process replay: reads run ahead on a thread
         emulation = Emulation.from_attrs(d.attrs)
-        out = [replay_op(rec, device, upcast, emulation=emulation)
+        out = [replay_op(rec, device, upcast, keep=not metrics_only, emulation=emulation)
                for rec in cache.read_ahead([d.record(s) for s in seqs], device)]
     if metrics_only:
         for o in out:

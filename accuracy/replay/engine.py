@@ -225,7 +225,8 @@ def _outcomes(d: Dump, recs: list[OpRecord], on: str, upcast: str, jobs: int,
         emulation = Emulation.from_attrs(d.attrs)
         with caching(cache):
             for rec in cache.read_ahead(recs, device):
-                yield replay_op(rec, device, upcast, emulation=emulation)
+                yield replay_op(rec, device, upcast, keep=not metrics_only,
+                                emulation=emulation)
         return
     import multiprocessing as mp
 

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten
 
@@ -21,7 +22,8 @@ from accuracy.aten import (
     written_tensors,
 )
 from accuracy.dumpfile import dtypes
-from accuracy.dumpfile.reader import DamagedDataError, DumpError, OpRecord
+from accuracy.dumpfile.checksum import NO_HASH, content_hash
+from accuracy.dumpfile.reader import DamagedDataError, DumpError, OpRecord, TensorRecord
 from accuracy.replay import rnn as _rnn  # noqa: F401  (registers the RNN references)
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.emulate import Emulation, emulated_outputs, residual, to_output
@@ -57,6 +59,47 @@ class OpOutcome:
         if self.emulated:
             d["emulated"] = self.emulated
         return d
+
+
+class StoredOutput:
+    """A device output still in the dump, read only when its content hash cannot settle
+    whether the reference's output has the same bits.
+
+    XXH3-64 of the reference's bytes equal to the hash the writer stored for the device's
+    proves them bit-identical (a collision is a 2**-64 chance) without reading them; the
+    reference's tensor then serves every later read of those bytes (`TensorCache.adopt`).
+    A different hash proves them different: the bytes are read and measured as before.
+    """
+
+    __slots__ = ("record", "cache", "shape", "dtype")
+
+    def __init__(self, record: TensorRecord, cache: TensorCache) -> None:
+        self.record, self.cache = record, cache
+        self.shape = tuple(record.shape)
+        try:
+            self.dtype: torch.dtype | None = dtypes.torch_dtype(record.dtype)
+        except (KeyError, ValueError, TypeError, AttributeError):
+            self.dtype = None  # read and measured as before
+
+    def load(self) -> torch.Tensor:
+        return self.cache.load(self.record)
+
+    def same_bits(self, ref: torch.Tensor) -> bool | None:
+        """Whether `ref` has the stored bytes, by the content hash; None when the hash
+        cannot tell (none stored, bytes already in memory, a reference off the host)."""
+        t = self.record
+        if t.content_hash == NO_HASH or self.dtype is None or self.cache.holds(t) \
+                or ref.device.type != "cpu":
+            return None
+        if ref.dtype != self.dtype or tuple(ref.shape) != self.shape:
+            return False
+        ref = ref.contiguous()
+        raw = (np.empty(0, np.uint8) if ref.numel() == 0
+               else ref.reshape(-1).view(torch.uint8).numpy())
+        if content_hash(raw) != t.content_hash:
+            return False
+        self.cache.adopt(t, ref)
+        return True
 
 
 def _dropout_reference(rec: OpRecord) -> Any:
@@ -186,18 +229,21 @@ def caching(cache: TensorCache) -> Iterator[TensorCache]:
 
 
 def replay_op(rec: OpRecord, device: torch.device, upcast: str,
-              cache: TensorCache | None = None, emulation: Emulation | None = None
-              ) -> OpOutcome:
+              cache: TensorCache | None = None, keep: bool = True,
+              emulation: Emulation | None = None) -> OpOutcome:
     """Replay one record; never raises for a bad op, it reports it (skipped/failed + reason).
 
     `cache` keeps tensors read from the dump across calls (pass the same one for every op of
     a replay, or set one with `caching`); without either every tensor is read afresh.
+    keep: return the same-dtype reference outputs (`OpOutcome.tensors`); False when only
+    the figures are wanted (spares a contiguous copy of each).
     `emulation`: the device's rounding rules (`Emulation.from_attrs(dump.attrs)`): an op
     they round also gets its residual against the emulated reference (replay/emulate.py).
     """
     if cache is None:
         cache = _active_cache if _active_cache is not None else TensorCache(0)
-    return guarded(rec.seq, rec.op, lambda: _replay(rec, device, upcast, cache, emulation))
+    return guarded(rec.seq, rec.op,
+                   lambda: _replay(rec, device, upcast, cache, keep, emulation))
 
 
 def guarded(seq: int, op: str, run: Callable[[], OpOutcome]) -> OpOutcome:
@@ -214,7 +260,7 @@ def guarded(seq: int, op: str, run: Callable[[], OpOutcome]) -> OpOutcome:
 
 
 def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache,
-            emulation: Emulation | None = None) -> OpOutcome:
+            keep: bool = True, emulation: Emulation | None = None) -> OpOutcome:
     check_inputs(rec)
     fn, note = _kernel(rec)
     not_data = uninitialised_inputs(rec)
@@ -232,8 +278,9 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache
         return build_call(rec, inputs, device, up, mutable, convert)
 
     scratch = workspace_outputs(rec.op)  # workspaces are not data: never measured
-    device_outputs = [(t.idx, cache.load(t) if t.has_data else None) for t in rec.outputs
-                      if t.idx not in scratch]
+    device_outputs: list[tuple[int, Any]] = [
+        (t.idx, StoredOutput(t, cache) if t.has_data else None) for t in rec.outputs
+        if t.idx not in scratch]
     want_upcast = _needs_upcast(inputs, [t.dtype for t in rec.outputs],
                                 '"__dtype__"' in rec.args_json, upcast)
     quant = rec.extra.get("quant")
@@ -248,7 +295,7 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache
             return rule, emulated_outputs(rec, fn, rule, inputs, device, upcast, _run_quiet)
     if "dtensor" not in rec.extra:
         return rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
-                     note=note, emulate=emulate)
+                     note=note, keep=keep, emulate=emulate)
     # An op on DTensors ran its kernel on the local shards (recorded), unless DTensor moved
     # data between ranks inside the op: then the local call fails or gives other shapes.
     try:
@@ -293,26 +340,31 @@ def _rerun_quantised(rec: OpRecord, fn: Any, build: Any,
 
 
 def rerun(seq: int, op: str, fn: Any, build: Any,
-          device_outputs: list[tuple[int, torch.Tensor | None]], device: torch.device,
-          upcast: str, want_upcast: bool, note: str = "",
+          device_outputs: list[tuple[int, Any]], device: torch.device,
+          upcast: str, want_upcast: bool, note: str = "", keep: bool = True,
           emulate: Callable[[], tuple[Any, list[torch.Tensor]]] | None = None) -> OpOutcome:
     """Re-run one op call on the reference and measure the device's outputs against it.
 
     The part of a replay that replay and the live check (`accuracy.live`) share: `build(up)`
     gives (args, kwargs) on the reference for `up` in ("none", upcast); `device_outputs` are
-    (output index, device value on the host or None when not available). Runs the same-dtype
-    call, and the upcast one unless the op only moves values or the device is bit-exact.
-    Raises Unreplayable (and the kernel's errors) like `_run`. `emulate()`: (rule, outputs
-    of the emulated reference), run when the device is not bit-exact (replay/emulate.py).
+    (output index, device value on the host, a `StoredOutput`, or None when not available).
+    Runs the same-dtype call, and the upcast one unless the op only moves values or the
+    device is bit-exact. keep: the outcome carries the same-dtype outputs (contiguous, on
+    the host). Raises Unreplayable (and the kernel's errors) like `_run`. `emulate()`:
+    (rule, outputs of the emulated reference), run when the device is not bit-exact
+    (replay/emulate.py).
     """
     same = _run(fn, *build("none"), str(device))
     reasons = [note] if note else []
     high = same
     movement = _is_movement(op)
-    tensors = [_host(t) for t in same]
+    tensors = [_host(t, keep) for t in same]
     # A device output bit-identical to the same-dtype reference has, by definition, the
     # reference's own error: its ratio is exactly 1 and the fp64 run can't change that.
-    agree = not movement and _all_bit_exact(device_outputs, tensors)
+    agree = _all_bit_exact(device_outputs, tensors)
+    if any(isinstance(d, StoredOutput) for _, d in device_outputs) and not agree:
+        device_outputs = [(i, d.load() if isinstance(d, StoredOutput) else d)
+                          for i, d in device_outputs]
     if not movement and not agree and want_upcast:
         try:
             high = _run(fn, *build(upcast), str(device))
@@ -346,7 +398,7 @@ def rerun(seq: int, op: str, fn: Any, build: Any,
             reasons.append(f"output {idx}: reference dtype {ref.dtype} cast to {dev.dtype}")
             ref = ref.to(dev.dtype)
         if movement:
-            metrics.append(exact_metrics(idx, dev, ref))
+            metrics.append(exact_metrics(idx, dev, ref, equal=agree or None))
         elif agree:
             metrics.append(agreeing_metrics(idx))
         else:
@@ -355,7 +407,7 @@ def rerun(seq: int, op: str, fn: Any, build: Any,
             metrics.append(output_metrics(idx, dev, ref, hi))
     if emulate is not None and not movement and not agree and status == OK:
         _add_emulated(emulate, dict(device_outputs), metrics, reasons)
-    return OpOutcome(seq, status, "; ".join(reasons), metrics, tensors)
+    return OpOutcome(seq, status, "; ".join(reasons), metrics, tensors if keep else [])
 
 
 def _add_emulated(emulate: Callable[[], tuple[Any, list[torch.Tensor]]],
@@ -383,9 +435,9 @@ def _run_quiet(fn: Any, args: list[Any], kwargs: dict[str, Any]) -> list[torch.T
     return _run(fn, args, kwargs, "emulated reference")
 
 
-def _all_bit_exact(device_outputs: list[tuple[int, torch.Tensor | None]],
-                   same: list[torch.Tensor]) -> bool:
-    """Whether every device output equals the same-dtype reference (on the host) bit for bit."""
+def _all_bit_exact(device_outputs: list[tuple[int, Any]], same: list[torch.Tensor]) -> bool:
+    """Whether every device output equals the same-dtype reference (on the host) bit for
+    bit; a stored one is settled by its content hash where it can be, else read."""
     if not device_outputs or len(same) < len(device_outputs):
         return False
     for idx, dev in device_outputs:
@@ -394,6 +446,13 @@ def _all_bit_exact(device_outputs: list[tuple[int, torch.Tensor | None]],
         ref = same[idx]
         if not isinstance(ref, torch.Tensor) or ref.dtype != dev.dtype:
             return False
+        if isinstance(dev, StoredOutput):
+            proven = dev.same_bits(ref)
+            if proven is not None:
+                if not proven:
+                    return False
+                continue
+            dev = dev.load()
         if not bit_equal(dev, ref):
             return False
     return True
@@ -426,5 +485,6 @@ def _mismatch(idx: int) -> dict[str, Any]:
             "max_abs": math.inf, "cosine": math.nan, "bit_exact": False}
 
 
-def _host(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to("cpu").contiguous()
+def _host(t: torch.Tensor, contiguous: bool = True) -> torch.Tensor:
+    t = t.detach().to("cpu")
+    return t.contiguous() if contiguous else t
