@@ -31,7 +31,7 @@ from accuracy.compare.precision import ComputePrecision
 from accuracy.compare.quant import judge_quant
 from accuracy.compare.report import Report, analyse
 from accuracy.compare.row import Row, Verdict
-from accuracy.dumpfile.compiled import blind_lines
+from accuracy.dumpfile.compiled import blind_lines, recompile_lines
 from accuracy.dumpfile.dtypes import decodable
 from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, TensorRef, load_dump
 
@@ -519,6 +519,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None, "jobs": jobs,
             "refusals": refusals,
             "blind": blind,
+            "recompiles": recompile_lines(dm.attrs, "my") + recompile_lines(dg.attrs, "golden"),
         }
         log.info("compared %d rows, %.1f MB in %.2f s", len(rows), nbytes / 1e6, seconds)
         return Report(rows, analyse(rows, cfg, meta))

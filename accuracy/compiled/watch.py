@@ -63,11 +63,14 @@ class Region:
     calls: int = 0
     steps: set[int] = field(default_factory=set)
     first_seq: int = -1
+    # recompilations inside the recorded block: {"step", "seq", "frame", "reason"}
+    recompiles: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "backend": self.backend,
                 "options": self.options, "status": self.status, "reason": self.reason,
-                "calls": self.calls, "steps": sorted(self.steps), "first_seq": self.first_seq}
+                "calls": self.calls, "steps": sorted(self.steps), "first_seq": self.first_seq,
+                "recompiles": self.recompiles}
 
 
 def _backend_of(callback: Any) -> tuple[str, dict[str, Any]]:
@@ -190,6 +193,20 @@ class CompileWatch:
             region.status = RECORDED
             region.reason = "its kernels' materialised buffers were recorded as they ran"
 
+    def _recompiled(self, code: Any, reasons: list[str]) -> None:
+        """Dynamo compiles `code` again because a guard failed: filed under the region
+        entered for it (or the latest region entered), with dynamo's guard-failure reason."""
+        region = next((r for c, r in reversed(self._pending) if c is code or c is None), None)
+        if region is None and self._last is not None and self._active():
+            region = self._last[0]
+        if region is None:
+            return
+        where = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+        region.recompiles.append({
+            "step": self._step(), "seq": self._seq(), "frame": where,
+            "reason": "; ".join(str(r) for r in reasons) or "dynamo gave no reason"})
+        del region.recompiles[:-16]  # bounded: a recompiling loop keeps its latest
+
     def _decided(self, code: Any, reason: str | None) -> None:
         """Dynamo decided about a frame: declined it (`reason`) or ran it compiled (None).
 
@@ -270,10 +287,29 @@ def _install() -> str | None:
                 log.exception("compiled-region watch failed")
         return orig_skip(self, result, frame)
 
+    orig_reasons = getattr(convert_frame, "get_and_maybe_log_recompilation_reasons", None)
+
+    def recompilation_reasons(cache_entries: Any, frame: Any, *args: Any,
+                              **kwargs: Any) -> Any:
+        reasons = orig_reasons(cache_entries, frame, *args, **kwargs)
+        if _watches:
+            try:
+                for w in list(_watches):
+                    w._recompiled(frame.f_code, list(reasons or []))
+            except Exception:  # noqa: BLE001
+                log.exception("compiled-region watch failed at a recompilation")
+        return reasons
+
     _saved.update(stance=(eval_frame, orig_stance),
                   skip=(convert_frame.CatchErrorsWrapper, orig_skip))
     eval_frame._callback_from_stance = callback_from_stance
     convert_frame.CatchErrorsWrapper._handle_skip = handle_skip
+    if orig_reasons is not None:  # where dynamo finds why it compiles a frame again
+        _saved["reasons"] = (convert_frame, orig_reasons)
+        convert_frame.get_and_maybe_log_recompilation_reasons = recompilation_reasons
+    else:
+        log.warning("torch._dynamo.convert_frame has no get_and_maybe_log_recompilation_"
+                    "reasons: recompilations inside a dumped block are not recorded")
     _install_error = None
     return None
 
@@ -285,6 +321,9 @@ def _uninstall() -> None:
     mod._callback_from_stance = f
     cls, g = _saved.pop("skip")
     cls._handle_skip = g
+    if "reasons" in _saved:
+        cf, h = _saved.pop("reasons")
+        cf.get_and_maybe_log_recompilation_reasons = h
 
 
 def mode_is_on(mode: Any) -> Callable[[], bool]:

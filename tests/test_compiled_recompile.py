@@ -1,0 +1,60 @@
+"""A recompilation inside the dumped step is recorded: which region, which frame, the step,
+and dynamo's guard-failure reason; `accuracy info` and compare's summary say so.
+
+Before, the dump held both programs' values with nothing saying the compiled program changed
+in the middle of the step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accuracy import dumper, load_dump
+from accuracy.compare import compare
+from accuracy.dumpfile.describe import describe
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using `torch.compile")
+
+
+def _double_sin(x: torch.Tensor) -> torch.Tensor:
+    return torch.sin(x) * 2
+
+
+def test_a_recompilation_inside_the_dumped_step_is_listed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    torch._dynamo.reset()
+    f = torch.compile(_double_sin, backend="aot_eager", dynamic=False)
+    try:
+        with dumper(tmp_path / "eager.h5", mode="statistics"):
+            _double_sin(torch.ones(4))
+            _double_sin(torch.ones(6))
+        with dumper(tmp_path / "re.h5", mode="statistics"):
+            f(torch.ones(4))
+            f(torch.ones(6))  # a new shape, dynamic=False: the guard on the size fails
+    finally:
+        torch._dynamo.reset()
+    d = load_dump(tmp_path / "re.h5")
+    [region] = d.attrs["compiled_regions"]
+    assert "_double_sin" in region["name"] and region["calls"] == 2
+    [rec] = region["recompiles"]
+    assert "_double_sin" in rec["frame"] and rec["step"] == 0
+    assert "size mismatch" in rec["reason"] or "size" in rec["reason"], rec["reason"]
+    info = describe(tmp_path / "re.h5").format()
+    assert "RECOMPILED: compiled region" in info and "_double_sin" in info
+    rep = compare(tmp_path / "re.h5", tmp_path / "eager.h5")
+    assert any("was recompiled" in s for s in rep.summary["recompiles"])
+    assert "RECOMPILED: my dump: compiled region" in rep.format()
+
+
+def test_no_recompilation_lists_nothing(tmp_path):
+    torch._dynamo.reset()
+    f = torch.compile(_double_sin, backend="aot_eager", dynamic=False)
+    try:
+        with dumper(tmp_path / "once.h5", mode="statistics"):
+            f(torch.ones(4))
+            f(torch.ones(4))
+    finally:
+        torch._dynamo.reset()
+    [region] = load_dump(tmp_path / "once.h5").attrs["compiled_regions"]
+    assert region["calls"] == 2 and region["recompiles"] == []
+    assert "RECOMPILED" not in describe(tmp_path / "once.h5").format()
