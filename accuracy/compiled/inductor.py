@@ -123,6 +123,40 @@ def _producer(node: Any) -> tuple[Any, int]:
     return node, -1
 
 
+def _numels(node: Any) -> list[int]:
+    """The element counts of a node's value (each output of a multi-output node)."""
+    val = (getattr(node, "meta", {}) or {}).get("val")
+    vals = val if isinstance(val, tuple | list) else [val]
+    out = []
+    for v in vals:
+        try:
+            out.append(int(v.numel()))
+        except Exception:  # noqa: BLE001 - symbolic or no value: unknown
+            out.append(-1)
+    return out
+
+
+def _held(on: Any, buf: Any, nodes: list[Any]) -> Origin | None:
+    """The node whose value buffer `buf` holds: its origin node through views, unless that
+    value has another size (Inductor names a reduction's buffer after a view feeding it);
+    then the fused node of the buffer's size, a multi-output node first."""
+    if on is None:
+        return None
+    try:
+        n = 1
+        for s in buf.get_size():
+            n *= int(s)
+    except Exception:  # noqa: BLE001 - symbolic sizes: trust the origin node
+        return _origin(on)
+    node, index = _producer(on)
+    numels = _numels(node)
+    if n in (numels if index < 0 else numels[index:index + 1]):
+        return _origin(on)
+    fits = [m for m in nodes if n in _numels(m)]
+    fits.sort(key=lambda m: len(_numels(m)) == 1)  # multi-output nodes first
+    return _origin(fits[0]) if fits else _origin(on)
+
+
 def _origin(node: Any) -> Origin:
     """A node's op, module and source; a node a graph pass inserted without metadata takes
     its inputs' (a `mul` added after a matmul belongs to that matmul's module). A view of
@@ -176,8 +210,9 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
         origins[a] = [_origin(n) for n in nodes]
         on = buf.get_origin_node() if hasattr(buf, "get_origin_node") else None
         primary[a] = on.name if on is not None else ""
-        if on is not None:
-            held[a] = _origin(on)
+        h = _held(on, buf, nodes)
+        if h is not None:
+            held[a] = h
     if not outputs:
         return None
     info = KernelInfo(next(_ids), kernel_name, graph, names, outputs, origins, primary, held)
