@@ -20,7 +20,8 @@ from accuracy.compare.compiled_align import compiled_pairs
 
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.filterwarnings("ignore:Using `torch.compile", "ignore::UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:Using `torch.compile", "ignore::UserWarning"),
+              pytest.mark.timeout(900)]  # one Inductor compile of GPT-2: minutes on a busy CPU
 
 
 def _gpt2() -> tuple[torch.nn.Module, torch.Tensor]:
@@ -95,3 +96,45 @@ def test_each_buffer_is_paired_where_it_was_computed(gpt2):
                                   for p in kept)
     assert not any(p.golden_op.op == "aten.native_layer_norm.default" and p.golden.idx == 1
                    for p in paired)  # eager's mean is paired with no buffer
+
+
+# -- the pairing rule on crafted records (no compile) ----------------------------------------
+
+def _t(seq: int, idx: int, row: int, stats: dict, io: int = 1):
+    from accuracy.dumpfile.reader import TensorRecord
+
+    return TensorRecord(None, row, "op", seq, io, idx, "float32", (2, 2, 16, 16), (), "cpu",
+                        -1, 0, row, dict(stats))
+
+
+def _op(seq: int, op: str, source: str, outs: list, extra: dict | None = None,
+        module: str = "M.attn"):
+    from accuracy.dumpfile.reader import OpRecord
+
+    return OpRecord(seq, op, "forward", module, source, "", "", 0, extra or {}, [], outs)
+
+
+SAME = {"l2": 8.0, "mean": 0.1, "max": 2.0, "min": -2.0}
+
+
+def test_pairing_follows_source_line_and_op_not_the_nearest_value():
+    # eager: k's transpose (line 189), then the cats copying k (line 136) and v (line 137),
+    # all of one shape and the same statistics (head size == sequence length)
+    golden = [_op(0, "aten.transpose.int", "m.py:189", [_t(0, 0, 0, SAME)]),
+              _op(1, "aten.cat.default", "c.py:136", [_t(1, 0, 1, SAME)]),
+              _op(2, "aten.cat.default", "c.py:137", [_t(2, 0, 2, SAME)]),
+              _op(3, "aten.native_layer_norm.default", "m.py:276",
+                  [_t(3, i, 3 + i, SAME) for i in range(3)], module="M.ln")]
+    outs = [{"module": "M.attn", "source": "c.py:137", "op": "aten.clone.default",
+             "orig": "aten.cat.default", "node": "clone_2"},
+            {"module": "M.attn", "source": "c.py:136", "op": "aten.clone.default",
+             "orig": "aten.cat.default", "node": "clone_1"},
+            {"module": "M.ln", "source": "m.py:276", "op": "aten.var_mean.correction",
+             "orig": "aten.native_layer_norm.default", "multi": True, "index": 0}]
+    kernel = _op(0, "inductor.cpp_fused_cat_split_0", "", [_t(0, i, 10 + i, SAME) for i in
+                                                           range(3)],
+                 extra={"compiled": "inductor", "outputs": outs})
+    pairs = {p.my.idx: p for p in compiled_pairs([kernel], golden) if p.my is not None}
+    assert pairs[0].golden_op.seq == 2 and pairs[1].golden_op.seq == 1  # v, then k
+    assert pairs[2].golden is None and "output 0 of aten.var_mean" in pairs[2].reason
+    assert pairs[2].reason.startswith("only in my run")

@@ -22,7 +22,7 @@ from accuracy.compare import arguments
 from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
 from accuracy.compare.checks import check_replay, incomplete, swapped
-from accuracy.compare.compiled_align import compiled_pairs, has_kernels, is_kernel
+from accuracy.compare.compiled_align import Sides, compiled_pairs, has_kernels, is_kernel
 from accuracy.compare.engine import BlobReader, compare_refs, worker_run
 from accuracy.compare.judge import judge
 from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statistics_metrics
@@ -43,17 +43,10 @@ BATCH_BYTES = 32 << 20  # work unit sent to a worker process
 
 
 @dataclass
-class _Spec:
-    """A row before metrics: which two tensors, and why."""
+class _Spec(Sides):
+    """A row before metrics: which two tensors, and why; `kind` "op" or "module:<path>"."""
 
-    kind: str
-    my_op: OpRecord | None
-    golden_op: OpRecord | None
-    io: str
-    idx: int
-    my: TensorRecord | None
-    golden: TensorRecord | None
-    reason: str = ""
+    kind: str = "op"
     uninit: bool = False
     workspace: bool = False
     compiled: Any = None  # compiled_align.TensorPair: a kernel buffer's module, source, group
@@ -72,16 +65,16 @@ def _tensor_specs(p: Pair, kind: str = "op", reason: str = "") -> Iterable[_Spec
         mine = {t.idx: t for t in (getattr(p.my, io + "s") if p.my else [])}
         theirs = {t.idx: t for t in (getattr(p.golden, io + "s") if p.golden else [])}
         for idx in sorted(set(mine) | set(theirs)):
-            yield _Spec(kind, p.my, p.golden, io, idx, mine.get(idx), theirs.get(idx),
-                        reason or p.reason)
+            yield _Spec(p.my, p.golden, io, idx, mine.get(idx), theirs.get(idx),
+                        reason or p.reason, kind=kind)
     if p.my is None or p.golden is None:
         if not (p.my or p.golden).tensors:  # type: ignore[union-attr]
-            yield _Spec(kind, p.my, p.golden, "output", 0, None, None, p.reason)
+            yield _Spec(p.my, p.golden, "output", 0, None, None, p.reason, kind=kind)
 
 
 def _compiled_specs(my: Dump, golden: Dump, mapping: Mapping) -> list[_Spec]:
     """A compiled run's kernel rows against an eager run (compare/compiled_align.py)."""
-    return [_Spec("op", tp.my_op, tp.golden_op, tp.io, tp.idx, tp.my, tp.golden, tp.reason,
+    return [_Spec(tp.my_op, tp.golden_op, tp.io, tp.idx, tp.my, tp.golden, tp.reason,
                   compiled=tp)
             for tp in compiled_pairs(my.records, golden.records, mapping)]
 

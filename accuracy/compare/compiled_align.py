@@ -34,8 +34,9 @@ def has_kernels(recs: list[OpRecord]) -> bool:
 
 
 @dataclass
-class TensorPair:
-    """One row before metrics: my tensor (of `my_op`) and the golden tensor it matches."""
+class Sides:
+    """Which two tensors a row compares (my tensor of `my_op`, the golden tensor it matches),
+    and why one is missing; compare's row specs (`compare/api.py`) extend it too."""
 
     my_op: OpRecord | None
     golden_op: OpRecord | None
@@ -44,6 +45,12 @@ class TensorPair:
     my: TensorRecord | None
     golden: TensorRecord | None
     reason: str = ""
+
+
+@dataclass
+class TensorPair(Sides):
+    """One row of a compiled run before metrics, with its kernel buffer's own origin."""
+
     group: int | None = None  # golden seq shared by all rows of one kernel (judge's grouping)
     module: str | None = None  # the buffer's own module and source (a kernel fuses several)
     source: str | None = None

@@ -274,28 +274,27 @@ def _subgraph_code(g: Any, names: list[str], outputs: list[int],
     return fx.GraphModule(torch.nn.Module(), new).code
 
 
-def _pre(kid: int, tensors: list[Any]) -> None:
-    """Called by generated code before kernel `kid` overwrites buffers in place."""
+def _notify(event: str, kid: int, tensors: list[Any]) -> None:
+    """Hand kernel `kid`'s live buffers to each sink's `event` method; never raises into
+    the user's step."""
     info = KERNELS.get(kid)
     if info is None or not SINKS:
         return
     for s in list(SINKS):
         try:
-            s.before(info, tensors)
+            getattr(s, event)(info, tensors)
         except Exception:  # noqa: BLE001 - the user's step must never die because of us
-            log.exception("snapshotting kernel %s failed", info.kernel)
+            log.exception("%s of kernel %s failed", event, info.kernel)
+
+
+def _pre(kid: int, tensors: list[Any]) -> None:
+    """Called by generated code before kernel `kid` overwrites buffers in place."""
+    _notify("before", kid, tensors)
 
 
 def _hook(kid: int, tensors: list[Any]) -> None:
-    """Called by generated code after kernel `kid` ran; never raises into the user's step."""
-    info = KERNELS.get(kid)
-    if info is None or not SINKS:
-        return
-    for s in list(SINKS):
-        try:
-            s.kernel(info, tensors)
-        except Exception:  # noqa: BLE001 - the user's step must never die because of us
-            log.exception("recording kernel %s failed", info.kernel)
+    """Called by generated code after kernel `kid` ran."""
+    _notify("kernel", kid, tensors)
 
 
 def install() -> None:
