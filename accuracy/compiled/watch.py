@@ -128,6 +128,7 @@ class CompileWatch:
         self.regions: dict[tuple[str, str], Region] = {}
         self._pending: list[tuple[Any, Region]] = []  # (code dynamo will be asked about, region)
         self._last: tuple[Region, str] | None = None  # latest region entered, its module path
+        self._current: Region | None = None  # the region the running call entered, if recorded
         self.error: str | None = None
         self.running = False
 
@@ -162,6 +163,7 @@ class CompileWatch:
     # -- events (called from the patched torch functions; never raise) ----------------------
 
     def _entered(self, fn: Any, callback: Any) -> None:
+        self._current = None
         if not self._active():
             return
         name, kind, path = _describe(fn, self._module())
@@ -173,6 +175,7 @@ class CompileWatch:
             region.reason = NOT_SEEN
         region.calls += 1
         region.steps.add(self._step())
+        self._current = region
         self._last = (region, path)
         if options.get("triton.cudagraphs") == "True":
             region.reason = ("CUDA graphs (mode='reduce-overhead'): kernels are replayed from "
@@ -194,11 +197,10 @@ class CompileWatch:
             region.reason = "its kernels' materialised buffers were recorded as they ran"
 
     def _recompiled(self, code: Any, reasons: list[str]) -> None:
-        """Dynamo compiles `code` again because a guard failed: filed under the region
-        entered for it (or the latest region entered), with dynamo's guard-failure reason."""
-        region = next((r for c, r in reversed(self._pending) if c is code or c is None), None)
-        if region is None and self._last is not None and self._active():
-            region = self._last[0]
+        """Dynamo compiles `code` again because a guard failed: filed under the region whose
+        call is running (entered while recorded; dynamo compiles with the dispatch modes off,
+        so `active()` cannot tell), with dynamo's guard-failure reason."""
+        region = self._current
         if region is None:
             return
         where = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
