@@ -73,3 +73,29 @@ def test_a_recompilation_on_a_step_not_recorded_is_not_listed(tmp_path):
         torch._dynamo.reset()
     [region] = load_dump(tmp_path / "idle.h5").attrs["compiled_regions"]
     assert region["steps"] == [0] and region["recompiles"] == []
+
+
+def test_a_region_on_a_step_not_recorded_is_not_listed_even_with_the_mode_kept(tmp_path):
+    """Select mode keeps the dispatch mode installed on every step (seqs count every op):
+    a compiled region run only on a step outside `steps` is not listed, not as blind nor
+    as recorded, and writes no row."""
+    import json
+
+    from accuracy.dumper.filters import SELECTION_FORMAT
+
+    sel = tmp_path / "select.json"
+    sel.write_text(json.dumps({"format": SELECTION_FORMAT,
+                               "my": [{"seq": 0, "op": "aten.ones.default"}]}))
+    torch._dynamo.reset()
+    f = torch.compile(_double_sin, backend="aot_eager")
+    try:
+        with dumper(tmp_path / "sel.h5", mode="statistics", steps=[0], select=sel) as d:
+            torch.ones(4)
+            d.step()
+            f(torch.ones(4))  # step 1: not recorded
+    finally:
+        torch._dynamo.reset()
+    dump = load_dump(tmp_path / "sel.h5")
+    assert dump.attrs["compiled_regions"] == []
+    assert all(r.step == 0 for r in dump.records)
+    assert "BLIND" not in describe(tmp_path / "sel.h5").format()

@@ -342,8 +342,17 @@ class DumperWatch(CompileWatch):
     """A dumper's watch, with the compiled source that records Inductor's kernels."""
 
     def __init__(self, owner: Any) -> None:
+        mode_on = mode_is_on(lambda: getattr(owner, "_mode", None))
+
+        def recording() -> bool:
+            """The mode is on and the step is one the dumper records (load and select modes
+            keep the mode on every step: their seqs count every op)."""
+            f = getattr(owner, "filter", None)
+            return mode_on() and (f is None or f.wants_step(int(getattr(owner,
+                                                                     "current_step", 0))))
+
         super().__init__(
-            mode_is_on(lambda: getattr(owner, "_mode", None)),
+            recording,
             step=lambda: int(getattr(owner, "current_step", 0)),
             seq=lambda: int(getattr(owner, "_seq", -1)),
             module=lambda: str(getattr(getattr(owner, "_scope", None), "module", "") or ""))
