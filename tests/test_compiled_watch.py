@@ -236,4 +236,5 @@ def test_web_report_page_shows_unseen_compiled_regions_first(tmp_path):
         assert r.status_code == 201, r.text
         page = c.get(f"/ui/reports/{r.json()['id']}").text
     assert 'id="blind"' in page and page.index('id="blind"') < page.index('id="culprit"')
+    assert "<h2>Not seen</h2>" in page  # it lists tensor subclasses too, not only compiled code
     assert "blocks.1 (Block)" in page

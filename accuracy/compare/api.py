@@ -23,7 +23,7 @@ from accuracy.compare import arguments
 from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
 from accuracy.compare.checks import check_replay, incomplete, swapped
-from accuracy.compare.compiled_align import compiled_pairs, has_kernels, is_kernel
+from accuracy.compare.compiled_align import Sides, compiled_pairs, has_kernels, is_kernel
 from accuracy.compare.engine import BlobReader, compare_refs, worker_run
 from accuracy.compare.judge import judge
 from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statistics_metrics
@@ -37,7 +37,7 @@ from accuracy.compare.precision import ComputePrecision
 from accuracy.compare.quant import judge_quant
 from accuracy.compare.report import Report, analyse
 from accuracy.compare.row import Row, Verdict
-from accuracy.dumpfile.compiled import blind_lines
+from accuracy.dumpfile.compiled import blind_lines, recompile_lines
 from accuracy.dumpfile.dtypes import decodable
 from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, TensorRef, load_dump
 
@@ -49,17 +49,10 @@ BATCH_BYTES = 32 << 20  # work unit sent to a worker process
 
 
 @dataclass
-class _Spec:
-    """A row before metrics: which two tensors, and why."""
+class _Spec(Sides):
+    """A row before metrics: which two tensors, and why; `kind` "op" or "module:<path>"."""
 
-    kind: str
-    my_op: OpRecord | None
-    golden_op: OpRecord | None
-    io: str
-    idx: int
-    my: TensorRecord | None
-    golden: TensorRecord | None
-    reason: str = ""
+    kind: str = "op"
     uninit: bool = False
     workspace: bool = False
     compiled: Any = None  # compiled_align.TensorPair: a kernel buffer's module, source, group
@@ -78,16 +71,16 @@ def _tensor_specs(p: Pair, kind: str = "op", reason: str = "") -> Iterable[_Spec
         mine = {t.idx: t for t in (getattr(p.my, io + "s") if p.my else [])}
         theirs = {t.idx: t for t in (getattr(p.golden, io + "s") if p.golden else [])}
         for idx in sorted(set(mine) | set(theirs)):
-            yield _Spec(kind, p.my, p.golden, io, idx, mine.get(idx), theirs.get(idx),
-                        reason or p.reason)
+            yield _Spec(p.my, p.golden, io, idx, mine.get(idx), theirs.get(idx),
+                        reason or p.reason, kind=kind)
     if p.my is None or p.golden is None:
         if not (p.my or p.golden).tensors:  # type: ignore[union-attr]
-            yield _Spec(kind, p.my, p.golden, "output", 0, None, None, p.reason)
+            yield _Spec(p.my, p.golden, "output", 0, None, None, p.reason, kind=kind)
 
 
 def _compiled_specs(my: Dump, golden: Dump, mapping: Mapping) -> list[_Spec]:
     """A compiled run's kernel rows against an eager run (compare/compiled_align.py)."""
-    return [_Spec("op", tp.my_op, tp.golden_op, tp.io, tp.idx, tp.my, tp.golden, tp.reason,
+    return [_Spec(tp.my_op, tp.golden_op, tp.io, tp.idx, tp.my, tp.golden, tp.reason,
                   compiled=tp)
             for tp in compiled_pairs(my.records, golden.records, mapping)]
 
@@ -529,6 +522,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None, "jobs": jobs,
             "refusals": refusals,
             "blind": blind,
+            "recompiles": recompile_lines(dm.attrs, "my") + recompile_lines(dg.attrs, "golden"),
         }
         log.info("compared %d rows, %.1f MB in %.2f s", len(rows), nbytes / 1e6, seconds)
         return Report(rows, analyse(rows, cfg, meta))

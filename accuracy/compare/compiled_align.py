@@ -34,8 +34,9 @@ def has_kernels(recs: list[OpRecord]) -> bool:
 
 
 @dataclass
-class TensorPair:
-    """One row before metrics: my tensor (of `my_op`) and the golden tensor it matches."""
+class Sides:
+    """Which two tensors a row compares (my tensor of `my_op`, the golden tensor it matches),
+    and why one is missing; compare's row specs (`compare/api.py`) extend it too."""
 
     my_op: OpRecord | None
     golden_op: OpRecord | None
@@ -44,6 +45,12 @@ class TensorPair:
     my: TensorRecord | None
     golden: TensorRecord | None
     reason: str = ""
+
+
+@dataclass
+class TensorPair(Sides):
+    """One row of a compiled run before metrics, with its kernel buffer's own origin."""
+
     group: int | None = None  # golden seq shared by all rows of one kernel (judge's grouping)
     module: str | None = None  # the buffer's own module and source (a kernel fuses several)
     source: str | None = None
@@ -82,15 +89,69 @@ def _related(a: str, b: str) -> int:
     return 0
 
 
+def origin_key(phase: str, module: str, source: str, op: str) -> tuple[str, str, str, str]:
+    """Where a value was computed: phase, module path, source line and the ATen op the user's
+    code called (a kernel buffer's origin node's `original_aten`, an eager row's op)."""
+    return phase, _norm(module), source, op
+
+
 class _Pool:
-    """Golden op outputs left unpaired, by (phase, dtype, shape)."""
+    """Golden op outputs left unpaired, by (phase, dtype, shape) and by origin key."""
 
     def __init__(self, recs: list[OpRecord]) -> None:
         self.by_key: dict[tuple, list[tuple[OpRecord, TensorRecord]]] = {}
+        self.by_origin: dict[tuple, list[tuple[OpRecord, TensorRecord]]] = {}
+        self.by_line: dict[tuple, list[tuple[OpRecord, TensorRecord]]] = {}
         for r in recs:
+            key = origin_key(r.phase, r.module, r.source, r.op)
             for t in r.outputs:
                 self.by_key.setdefault((r.phase, t.dtype, tuple(t.shape)), []).append((r, t))
+                if r.source:
+                    self.by_origin.setdefault(key, []).append((r, t))
+                    self.by_line.setdefault(key[:3], []).append((r, t))
         self.used: set[int] = set()
+
+    def take_origin(self, phase: str, t: TensorRecord, meta: dict
+                    ) -> tuple[tuple[OpRecord, TensorRecord] | None, str]:
+        """The golden value a kernel buffer holds, found by where it was computed: the eager
+        outputs of the same phase, module, source line and original ATen op, of its dtype and
+        shape, in order (the first call not yet paired), nearest in statistics within one call;
+        an output of a multi-output node only by its own op and output index. Else the outputs
+        of that module and line, nearest in statistics. (None, why) when none holds it."""
+        module, source = meta.get("module") or "", meta.get("source") or ""
+        op = meta.get("orig") or meta.get("op") or ""
+        n = math.prod(t.shape)
+        shape = tuple(t.shape)
+
+        def near(cands: list[tuple[OpRecord, TensorRecord]]) -> list[tuple[tuple, float]]:
+            out = [(c, _distance(t.stats, c[1].stats, n)) for c in cands
+                   if c[1].dtype == t.dtype and tuple(c[1].shape) == shape]
+            return [(c, d) for c, d in out if d <= MAX_DISTANCE]
+
+        if meta.get("multi"):
+            node_op, index = meta.get("op") or "", meta.get("index", -1)
+            cands = [c for c in self.by_origin.get(origin_key(phase, module, source, node_op), [])
+                     if index < 0 or c[1].idx == index]
+            found = near(cands)
+            if not found:
+                return None, (f"only in my run: output {index if index >= 0 else '?'} of "
+                              f"{node_op}, which Inductor keeps and eager does not materialise")
+            how = "origin"
+        else:
+            found = near(self.by_origin.get(origin_key(phase, module, source, op), []))
+            how = "origin"
+            if not found:
+                found, how = near(self.by_line.get((phase, _norm(module), source), [])), "line"
+            if not found:
+                return None, ("only in my run: no eager value computed by this module and "
+                              f"source line ({op}) holds it")
+        used = self.used
+        if how == "origin":
+            (r, g), _ = min(found, key=lambda cd: (cd[0][1].row in used, cd[0][0].seq, cd[1]))
+        else:
+            (r, g), _ = min(found, key=lambda cd: (cd[0][1].row in used, cd[1]))
+        used.add(g.row)
+        return (r, g), how
 
     def take(self, phase: str, t: TensorRecord, module: str
              ) -> tuple[OpRecord, TensorRecord] | None:
@@ -155,13 +216,22 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
         for t in r.outputs:
             meta = outs_meta[t.idx] if kernel and t.idx < len(outs_meta) else {}
             module = meta.get("module") or r.module
-            if meta.get("multi"):
+            if kernel and meta.get("source"):  # a buffer with a known origin node
+                hit, how = pool.take_origin(r.phase, t, meta)
+                if hit is None:
+                    rows.append(TensorPair(r, None, "output", t.idx, t, None, how,
+                                           module=module, source=meta.get("source")))
+                    continue
+                how = ("by origin (same module, source line and op)" if how == "origin"
+                       else "by value among its module and source line's outputs")
+            elif kernel and meta.get("multi"):
                 rows.append(TensorPair(r, None, "output", t.idx, t, None,
                                        f"only in my run: one output of {meta.get('op')} "
                                        "that Inductor keeps, not a value eager materialises",
                                        module=module, source=meta.get("source")))
                 continue
-            hit = pool.take(r.phase, t, module)
+            else:
+                hit, how = pool.take(r.phase, t, module), "by value"
             if hit is None:
                 rows.append(TensorPair(r, None, "output", t.idx, t, None,
                                        "only in my run: no eager value of this phase, dtype "
@@ -172,8 +242,8 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
             group = gop.seq if group is None else group
             link(t, g)
             note = (f"kernel {meta.get('node') or ''} fuses {', '.join(meta.get('fused') or [])}"
-                    f"; matched by value with golden {gop.op} output {g.idx}") if kernel else \
-                f"matched by value with golden {gop.op} output {g.idx}"
+                    f"; matched {how} with golden {gop.op} seq {gop.seq} output {g.idx}") \
+                if kernel else f"matched {how} with golden {gop.op} output {g.idx}"
             rows.append(TensorPair(r, gop, "output", t.idx, t, g, module=module,
                                    source=meta.get("source") or r.source, note=note))
         ins: list[TensorPair] = []

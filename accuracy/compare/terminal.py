@@ -37,6 +37,7 @@ def format_summary(s: dict[str, Any], top: int = 5) -> str:
     out = [f"compared {s['my']} (my) with {s['golden']} (golden)"
            + (f", replay {s['replay']}" if s.get("replay") else "")]
     out += [f"  BLIND: {b}" for b in s.get("blind") or []]
+    out += [f"  RECOMPILED: {b}" for b in s.get("recompiles") or []]
     out += [f"  WARNING: {w}" for w in s.get("refusals") or []]
     out.append(f"  rows {s['rows']}: " + ", ".join(f"{k} {v}" for k, v in s["counts"].items())
                + f"  ->  {verdict_text(s)}")

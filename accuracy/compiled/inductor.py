@@ -48,6 +48,8 @@ class Origin:
     module_type: str
     source: str
     multi: bool = False  # one output of a multi-output node (var_mean...): not an eager value
+    orig: str = ""  # the ATen op the user's code called, before decomposition (`original_aten`)
+    index: int = -1  # which output of a multi-output node it is, when known (through getitem)
 
 
 @dataclass
@@ -61,6 +63,8 @@ class KernelInfo:
     outputs: list[int]  # positions in `buffers` the kernel materialises
     origins: dict[str, list[Origin]] = field(default_factory=dict)  # output buffer -> nodes
     primary: dict[str, str] = field(default_factory=dict)  # output buffer -> its origin node
+    # output buffer -> the node whose value it holds (its origin node through views)
+    held: dict[str, Origin] = field(default_factory=dict)
     graph_code: str = ""  # the kernel's FX subgraph as Python (`forward(self, *inputs)`)
     # outputs written in place over a buffer an earlier kernel filled: their values before
     # the launch are inputs too (snapshotted by a line before it)
@@ -94,9 +98,71 @@ def _source(meta: dict[str, Any]) -> str:
     return ""
 
 
+_RESHAPES = ("aten._unsafe_view.", "aten.reshape.", "aten.view.")
+
+
+def _is_view(node: Any) -> bool:
+    target = getattr(node, "target", None)
+    return bool(getattr(target, "is_view", False)) or str(target).startswith(_RESHAPES)
+
+
+def _producer(node: Any) -> tuple[Any, int]:
+    """The node whose value `node` shows: view, permute and reshape chains followed back to
+    the node that computed it; (a multi-output node, output index) through a `getitem`."""
+    import operator
+
+    seen = 0
+    while _is_view(node) and seen < 64:
+        src = node.args[0] if node.args else None
+        if not hasattr(src, "meta"):
+            break
+        node, seen = src, seen + 1
+    if getattr(node, "target", None) is operator.getitem and node.args \
+            and hasattr(node.args[0], "meta") and isinstance(node.args[1], int):
+        return node.args[0], node.args[1]
+    return node, -1
+
+
+def _numels(node: Any) -> list[int]:
+    """The element counts of a node's value (each output of a multi-output node)."""
+    val = (getattr(node, "meta", {}) or {}).get("val")
+    vals = val if isinstance(val, tuple | list) else [val]
+    out = []
+    for v in vals:
+        try:
+            out.append(int(v.numel()))
+        except Exception:  # noqa: BLE001 - symbolic or no value: unknown
+            out.append(-1)
+    return out
+
+
+def _held(on: Any, buf: Any, nodes: list[Any]) -> Origin | None:
+    """The node whose value buffer `buf` holds: its origin node through views, unless that
+    value has another size (Inductor names a reduction's buffer after a view feeding it);
+    then the fused node of the buffer's size, a multi-output node first."""
+    if on is None:
+        return None
+    try:
+        n = 1
+        for s in buf.get_size():
+            n *= int(s)
+    except Exception:  # noqa: BLE001 - symbolic sizes: trust the origin node
+        return _origin(on)
+    node, index = _producer(on)
+    numels = _numels(node)
+    if n in (numels if index < 0 else numels[index:index + 1]):
+        return _origin(on)
+    fits = [m for m in nodes if n in _numels(m)]
+    fits.sort(key=lambda m: len(_numels(m)) == 1)  # multi-output nodes first
+    return _origin(fits[0]) if fits else _origin(on)
+
+
 def _origin(node: Any) -> Origin:
     """A node's op, module and source; a node a graph pass inserted without metadata takes
-    its inputs' (a `mul` added after a matmul belongs to that matmul's module)."""
+    its inputs' (a `mul` added after a matmul belongs to that matmul's module). A view of
+    another node's value is described as that node (a view of `var_mean`'s output is one
+    output of a multi-output node)."""
+    node, index = _producer(node)
     meta = getattr(node, "meta", {}) or {}
     module, typ = _module_path(meta)
     source = _source(meta)
@@ -107,8 +173,10 @@ def _origin(node: Any) -> Origin:
             if module:
                 source = source or _source(am)
                 break
-    multi = isinstance(meta.get("val"), tuple | list)
-    return Origin(node.name, str(getattr(node, "target", "")), module, typ, source, multi)
+    multi = index >= 0 or isinstance(meta.get("val"), tuple | list)
+    orig = meta.get("original_aten")
+    return Origin(node.name, str(getattr(node, "target", "")), module, typ, source, multi,
+                  str(orig) if orig is not None else "", index)
 
 
 def _describe(kernel_name: str, call_args: Any, seen: set[str],
@@ -123,6 +191,7 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
     outputs: list[int] = []
     origins: dict[str, list[Origin]] = {}
     primary: dict[str, str] = {}
+    held: dict[str, Origin] = {}
     for a in call_args:
         if not isinstance(a, str) or not _NAME.match(a) or a in names:
             continue
@@ -141,9 +210,12 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
         origins[a] = [_origin(n) for n in nodes]
         on = buf.get_origin_node() if hasattr(buf, "get_origin_node") else None
         primary[a] = on.name if on is not None else ""
+        h = _held(on, buf, nodes)
+        if h is not None:
+            held[a] = h
     if not outputs:
         return None
-    info = KernelInfo(next(_ids), kernel_name, graph, names, outputs, origins, primary)
+    info = KernelInfo(next(_ids), kernel_name, graph, names, outputs, origins, primary, held)
     reuses = reuses or {}
     info.before = [names[i] for i in outputs if names[i] in reuses]
     try:
@@ -202,28 +274,27 @@ def _subgraph_code(g: Any, names: list[str], outputs: list[int],
     return fx.GraphModule(torch.nn.Module(), new).code
 
 
-def _pre(kid: int, tensors: list[Any]) -> None:
-    """Called by generated code before kernel `kid` overwrites buffers in place."""
+def _notify(event: str, kid: int, tensors: list[Any]) -> None:
+    """Hand kernel `kid`'s live buffers to each sink's `event` method; never raises into
+    the user's step."""
     info = KERNELS.get(kid)
     if info is None or not SINKS:
         return
     for s in list(SINKS):
         try:
-            s.before(info, tensors)
+            getattr(s, event)(info, tensors)
         except Exception:  # noqa: BLE001 - the user's step must never die because of us
-            log.exception("snapshotting kernel %s failed", info.kernel)
+            log.exception("%s of kernel %s failed", event, info.kernel)
+
+
+def _pre(kid: int, tensors: list[Any]) -> None:
+    """Called by generated code before kernel `kid` overwrites buffers in place."""
+    _notify("before", kid, tensors)
 
 
 def _hook(kid: int, tensors: list[Any]) -> None:
-    """Called by generated code after kernel `kid` ran; never raises into the user's step."""
-    info = KERNELS.get(kid)
-    if info is None or not SINKS:
-        return
-    for s in list(SINKS):
-        try:
-            s.kernel(info, tensors)
-        except Exception:  # noqa: BLE001 - the user's step must never die because of us
-            log.exception("recording kernel %s failed", info.kernel)
+    """Called by generated code after kernel `kid` ran."""
+    _notify("kernel", kid, tensors)
 
 
 def install() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from accuracy.aten import OpPlan
-from accuracy.compiled.inductor import KernelInfo
+from accuracy.compiled.inductor import KernelInfo, Origin
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,7 @@ class CompiledSource:
             self._base["forward"] = base
         outs = [info.buffers[i] for i in info.outputs]
         first = outs[0]
-        prim = next((o for o in info.origins.get(first, [])
-                     if o.node == info.primary.get(first)), None) \
-            or (info.origins.get(first) or [None])[-1]
+        prim = self._held(first, info)
         module = join_module(base, prim.module) if prim is not None else base
         source = prim.source if prim is not None else ""
         seq = owner._seq
@@ -120,19 +118,33 @@ class CompiledSource:
         if info.graph_code and info.kid not in self._with_code:  # once per launch site
             self._with_code.add(info.kid)
             extra["graph_code"] = info.graph_code
-        rec.write_tensors(call, inputs, outputs, extra)
+        rec.write_tensors(call, inputs, outputs, extra, written=True)
         self.kernels += 1
         self.watch.recorded()
 
     @staticmethod
-    def _out(buf: str, info: KernelInfo, base: str) -> dict[str, Any]:
+    def _held(buf: str, info: KernelInfo) -> Origin | None:
+        """The node whose value the buffer holds (its origin node, through views)."""
+        prim = info.held.get(buf)
+        if prim is None:
+            origins = info.origins.get(buf, [])
+            prim = next((o for o in origins if o.node == info.primary.get(buf)), None)
+            if prim is None and origins:
+                prim = origins[-1]
+        return prim
+
+    @classmethod
+    def _out(cls, buf: str, info: KernelInfo, base: str) -> dict[str, Any]:
         origins = info.origins.get(buf, [])
-        prim = next((o for o in origins if o.node == info.primary.get(buf)), None)
-        if prim is None and origins:
-            prim = origins[-1]
-        return {"buffer": buf,
-                "node": prim.node if prim else "", "op": prim.op if prim else "",
-                "module": join_module(base, prim.module) if prim else base,
-                "source": prim.source if prim else "",
-                "multi": bool(prim.multi) if prim else False,
-                "fused": sorted({o.op for o in origins})}
+        prim = cls._held(buf, info)
+        out = {"buffer": buf,
+               "node": prim.node if prim else "", "op": prim.op if prim else "",
+               "module": join_module(base, prim.module) if prim else base,
+               "source": prim.source if prim else "",
+               "multi": bool(prim.multi) if prim else False,
+               "fused": sorted({o.op for o in origins})}
+        if prim is not None and prim.orig:
+            out["orig"] = prim.orig
+        if prim is not None and prim.index >= 0:
+            out["index"] = prim.index
+        return out

@@ -63,11 +63,14 @@ class Region:
     calls: int = 0
     steps: set[int] = field(default_factory=set)
     first_seq: int = -1
+    # recompilations inside the recorded block: {"step", "seq", "frame", "reason"}
+    recompiles: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "backend": self.backend,
                 "options": self.options, "status": self.status, "reason": self.reason,
-                "calls": self.calls, "steps": sorted(self.steps), "first_seq": self.first_seq}
+                "calls": self.calls, "steps": sorted(self.steps), "first_seq": self.first_seq,
+                "recompiles": self.recompiles}
 
 
 def _backend_of(callback: Any) -> tuple[str, dict[str, Any]]:
@@ -125,6 +128,7 @@ class CompileWatch:
         self.regions: dict[tuple[str, str], Region] = {}
         self._pending: list[tuple[Any, Region]] = []  # (code dynamo will be asked about, region)
         self._last: tuple[Region, str] | None = None  # latest region entered, its module path
+        self._current: Region | None = None  # the region the running call entered, if recorded
         self.error: str | None = None
         self.running = False
 
@@ -159,6 +163,7 @@ class CompileWatch:
     # -- events (called from the patched torch functions; never raise) ----------------------
 
     def _entered(self, fn: Any, callback: Any) -> None:
+        self._current = None
         if not self._active():
             return
         name, kind, path = _describe(fn, self._module())
@@ -170,6 +175,7 @@ class CompileWatch:
             region.reason = NOT_SEEN
         region.calls += 1
         region.steps.add(self._step())
+        self._current = region
         self._last = (region, path)
         if options.get("triton.cudagraphs") == "True":
             region.reason = ("CUDA graphs (mode='reduce-overhead'): kernels are replayed from "
@@ -189,6 +195,19 @@ class CompileWatch:
             region = self._last[0]
             region.status = RECORDED
             region.reason = "its kernels' materialised buffers were recorded as they ran"
+
+    def _recompiled(self, code: Any, reasons: list[str]) -> None:
+        """Dynamo compiles `code` again because a guard failed: filed under the region whose
+        call is running (entered while recorded; dynamo compiles with the dispatch modes off,
+        so `active()` cannot tell), with dynamo's guard-failure reason."""
+        region = self._current
+        if region is None:
+            return
+        where = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+        region.recompiles.append({
+            "step": self._step(), "seq": self._seq(), "frame": where,
+            "reason": "; ".join(str(r) for r in reasons) or "dynamo gave no reason"})
+        del region.recompiles[:-16]  # bounded: a recompiling loop keeps its latest
 
     def _decided(self, code: Any, reason: str | None) -> None:
         """Dynamo decided about a frame: declined it (`reason`) or ran it compiled (None).
@@ -270,10 +289,29 @@ def _install() -> str | None:
                 log.exception("compiled-region watch failed")
         return orig_skip(self, result, frame)
 
+    orig_reasons = getattr(convert_frame, "get_and_maybe_log_recompilation_reasons", None)
+
+    def recompilation_reasons(cache_entries: Any, frame: Any, *args: Any,
+                              **kwargs: Any) -> Any:
+        reasons = orig_reasons(cache_entries, frame, *args, **kwargs)
+        if _watches:
+            try:
+                for w in list(_watches):
+                    w._recompiled(frame.f_code, list(reasons or []))
+            except Exception:  # noqa: BLE001
+                log.exception("compiled-region watch failed at a recompilation")
+        return reasons
+
     _saved.update(stance=(eval_frame, orig_stance),
                   skip=(convert_frame.CatchErrorsWrapper, orig_skip))
     eval_frame._callback_from_stance = callback_from_stance
     convert_frame.CatchErrorsWrapper._handle_skip = handle_skip
+    if orig_reasons is not None:  # where dynamo finds why it compiles a frame again
+        _saved["reasons"] = (convert_frame, orig_reasons)
+        convert_frame.get_and_maybe_log_recompilation_reasons = recompilation_reasons
+    else:
+        log.warning("torch._dynamo.convert_frame has no get_and_maybe_log_recompilation_"
+                    "reasons: recompilations inside a dumped block are not recorded")
     _install_error = None
     return None
 
@@ -285,6 +323,9 @@ def _uninstall() -> None:
     mod._callback_from_stance = f
     cls, g = _saved.pop("skip")
     cls._handle_skip = g
+    if "reasons" in _saved:
+        cf, h = _saved.pop("reasons")
+        cf.get_and_maybe_log_recompilation_reasons = h
 
 
 def mode_is_on(mode: Any) -> Callable[[], bool]:
@@ -301,8 +342,17 @@ class DumperWatch(CompileWatch):
     """A dumper's watch, with the compiled source that records Inductor's kernels."""
 
     def __init__(self, owner: Any) -> None:
+        mode_on = mode_is_on(lambda: getattr(owner, "_mode", None))
+
+        def recording() -> bool:
+            """The mode is on and the step is one the dumper records (load and select modes
+            keep the mode on every step: their seqs count every op)."""
+            f = getattr(owner, "filter", None)
+            return mode_on() and (f is None or f.wants_step(int(getattr(owner,
+                                                                     "current_step", 0))))
+
         super().__init__(
-            mode_is_on(lambda: getattr(owner, "_mode", None)),
+            recording,
             step=lambda: int(getattr(owner, "current_step", 0)),
             seq=lambda: int(getattr(owner, "_seq", -1)),
             module=lambda: str(getattr(getattr(owner, "_scope", None), "module", "") or ""))

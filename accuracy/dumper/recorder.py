@@ -120,13 +120,20 @@ class Recorder:
         self.steps_seen.add(call.step)
 
     def write_tensors(self, call: OpCall, inputs: list[torch.Tensor],
-                      outputs: list[torch.Tensor], extra: dict[str, Any]) -> None:
+                      outputs: list[torch.Tensor], extra: dict[str, Any],
+                      written: bool = False) -> None:
         """Write `call` with these input and output tensors described afresh (the overflow
-        watcher's births, judged after the fact)."""
+        watcher's births, judged after the fact). `written`: the outputs were just written
+        by code that bumps no version counter (an Inductor kernel writing a buffer in place):
+        their earlier states, and their aliases', are stale."""
         with torch._C._DisableTorchDispatch():
             entries = [self.entry(call.seq, schema.INPUT, i, t) for i, t in enumerate(inputs)]
-            entries += [self.entry(call.seq, schema.OUTPUT, i, t)
-                        for i, t in enumerate(outputs)]
+            for i, t in enumerate(outputs):
+                e = self.entry(call.seq, schema.OUTPUT, i, t, fresh=written)
+                entries.append(e)
+                if written and e.stats is not None:
+                    self.seen.forget_aliases(t)
+                    self.seen.put(t, (e.first, e.stats))
         self.write(call, entries, len(inputs), len(outputs), extra)
 
     # -- observer ----------------------------------------------------------------------------

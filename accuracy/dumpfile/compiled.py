@@ -46,3 +46,18 @@ def blind_count(attrs: dict[str, Any]) -> int:
     watch = attrs.get("compiled_watch")
     return (sum(1 for r in regions(attrs) if r.get("status") != RECORDED)
             + (1 if isinstance(watch, str) and watch != "on" else 0))
+
+
+def recompile_lines(attrs: dict[str, Any], side: str = "") -> list[str]:
+    """One sentence per recompilation inside the recorded block: which region, which frame,
+    at which step, and dynamo's guard-failure reason (the dump holds both programs' values)."""
+    who = f"{side} dump: " if side else ""
+    out = []
+    for r in regions(attrs):
+        recs = r.get("recompiles")
+        for e in recs if isinstance(recs, list) else []:
+            if isinstance(e, dict):
+                out.append(f"{who}compiled region {r.get('name')!s} was recompiled at step "
+                           f"{e.get('step')!s} (before seq {e.get('seq')!s}), frame "
+                           f"{e.get('frame')!s}: {e.get('reason')!s}")
+    return out
