@@ -29,7 +29,7 @@ import h5py
 import numpy as np
 import torch
 
-from accuracy.dumpfile import schema
+from accuracy.dumpfile import schema, staging
 from accuracy.dumpfile.checksum import ATTRS_HASH, NO_HASH, attrs_hash, content_hash, rows_hash
 from accuracy.errors import AccuracyError, OutputExistsError
 from accuracy.outputs import writable_folder
@@ -248,6 +248,7 @@ class DumpWriter:
         self._batch_lock = threading.Lock()  # the writer thread takes a batch left waiting
         self._batch_ops = max(1, min(64, flush_ops))
         self._batch_since = time.monotonic()
+        self._ring = staging.acquire(max_pending_bytes)
         self._open(attrs)
         self._thread = threading.Thread(target=self._run, name="accuracy-dump-writer", daemon=True)
         self._thread.start()
@@ -259,10 +260,23 @@ class DumpWriter:
         self._next_row += 1
         return row
 
+    def stage(self, t: torch.Tensor) -> staging.StagedCopy | None:
+        """The one copy of a CPU tensor's bytes, into this writer's warm staging ring (waits
+        while the ring is full of bytes being written); None: make a private copy instead."""
+        if self.error is not None or t.device.type != "cpu":
+            return None
+        return self._ring.stage(t, self._can_wait)
+
+    def _can_wait(self) -> bool:
+        return self.error is None and self._thread.is_alive()
+
     def add_op(self, op: OpEntry, tensors: list[TensorEntry]) -> None:
         """Queue one op; blocks only while more than `max_pending_bytes` wait for the disk."""
         if self.error is not None:
             raise DumpWriteError(f"writing {self.path} failed: {self.error}") from self.error
+        for t in tensors:
+            if isinstance(t.data, staging.StagedCopy):
+                t.data.submit()  # the writer thread frees its slot
         size = sum(t.nbytes for t in tensors if t.data is not None)
         if size:
             with self._cond:
@@ -293,6 +307,7 @@ class DumpWriter:
         self._hand_over()
         self._queue.put(("close", (attrs, complete)))
         self._thread.join()
+        staging.give_back(self._ring)
         if self.error is not None:
             raise DumpWriteError(f"writing {self.path} failed: {self.error}") from self.error
 
