@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 STATUS = "_status"  # int64[4]: committed op rows, committed tensor rows, complete flag, blob bytes
 _BLOB_CHUNK = 1 << 20
+_BLOB_GROW = 64 << 20  # blob space allocated at a time (sparse until written)
 _NO_DIMS = (0,) * schema.MAX_DIMS
 _TABLE_CHUNK = 1024
 
@@ -421,7 +422,8 @@ class DumpWriter:
         self._ensure_space(arr.size)
         space = self._space
         if end > space.capacity:
-            space.grow(max(end, 2 * space.capacity, _BLOB_CHUNK))
+            # allocated space is file space: grow by steps, not doubling (a 2x file)
+            space.grow(max(end, space.capacity + _BLOB_GROW))
         if arr.size:
             space.write(arr.data.cast("B"), off)
         self._blob_len = end
