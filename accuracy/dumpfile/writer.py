@@ -422,8 +422,8 @@ class DumpWriter:
         self._ensure_space(arr.size)
         space = self._space
         if end > space.capacity:
-            # allocated space is file space: grow by steps, not doubling (a 2x file)
-            space.grow(max(end, space.capacity + _BLOB_GROW))
+            # allocated space is file space: doubling up to 64 MiB steps (never a 2x file)
+            space.grow(max(end, min(2 * space.capacity, space.capacity + _BLOB_GROW), _BLOB_CHUNK))
         if arr.size:
             space.write(arr.data.cast("B"), off)
         self._blob_len = end
