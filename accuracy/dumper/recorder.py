@@ -296,7 +296,7 @@ class Recorder:
         else:
             entry.stats = tensor_stats(t)
         if self.tensor_mode:
-            entry.data = _host_copy(t)
+            entry.data = self.writer.stage(t) or _host_copy(t)
             entry.first = entry.row
             entry.nbytes = t.numel() * t.element_size()
         if not fresh:

@@ -5,6 +5,11 @@ tables (ops, tensors). Data is always written before the index rows that point a
 file runs in HDF5 SWMR mode, so a process killed at any moment leaves a file whose committed
 rows (counted in `_status`) are all readable. A background thread does all HDF5 work; the
 training thread only hands it host copies and statistics through a byte-bounded queue.
+
+The tensor bytes themselves bypass HDF5 (see `BlobSpace`): the blob's chunks are allocated
+when the dataset grows, and the bytes go to their file addresses with `os.pwrite`, which
+releases the GIL, as does the XXH3 hash. So the writer thread holds the GIL only for its
+bookkeeping, and the training thread's Python runs while the bytes go to the disk.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import h5py
 import numpy as np
 import torch
 
-from accuracy.dumpfile import schema
+from accuracy.dumpfile import schema, staging
 from accuracy.dumpfile.checksum import ATTRS_HASH, NO_HASH, attrs_hash, content_hash, rows_hash
 from accuracy.errors import AccuracyError, OutputExistsError
 from accuracy.outputs import writable_folder
@@ -33,6 +38,7 @@ log = logging.getLogger(__name__)
 
 STATUS = "_status"  # int64[4]: committed op rows, committed tensor rows, complete flag, blob bytes
 _BLOB_CHUNK = 1 << 20
+_BLOB_GROW = 64 << 20  # blob space allocated at a time (sparse until written)
 _NO_DIMS = (0,) * schema.MAX_DIMS
 _TABLE_CHUNK = 1024
 
@@ -130,6 +136,70 @@ def _stats_values(stats: Any) -> tuple[float, float, float, float, int, int, int
     return (mn, mx, mean, l2, int(nans), int(infs), cs)
 
 
+class BlobSpace:
+    """The blob dataset's file space, written directly.
+
+    The dataset is chunked and growable (the format readers know), but its chunks are
+    allocated when it grows (H5D_ALLOC_TIME_EARLY, never filled), their file addresses read
+    once, and the file extended (sparsely) to cover them at once, so an index that names a
+    chunk never points past the end of the file, even after a kill. HDF5 never caches or writes
+    these chunks itself: each byte is written once, by `write`, with `os.pwrite` (no GIL).
+    """
+
+    def __init__(self, f: h5py.File, name: str, chunk: int) -> None:
+        group, _, leaf = name.rpartition("/")
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk((chunk,))
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)  # no zeros written before the data
+        space = h5py.h5s.create_simple((0,), (h5py.h5s.UNLIMITED,))
+        dsid = h5py.h5d.create(f.require_group(group).id, leaf.encode(), h5py.h5t.STD_U8LE,
+                               space, dcpl=dcpl)
+        self.dataset = h5py.Dataset(dsid)
+        self.chunk = chunk
+        self.capacity = 0
+        self._name = f.filename
+        self._fd = f.id.get_vfd_handle()  # the sec2 driver's descriptor (see _discard_writes)
+        self._addr: list[int] = []  # file offset of each chunk
+
+    def grow(self, size: int) -> None:
+        """Allocate chunks up to `size` bytes and extend the file over them."""
+        self.dataset.resize((size,))
+        dsid, chunk = self.dataset.id, self.chunk
+        for c in range(len(self._addr), -(-size // chunk)):
+            addr = dsid.get_chunk_info_by_coord((c * chunk,)).byte_offset
+            if addr is None:
+                raise DumpWriteError(f"HDF5 did not allocate chunk {c} of the blob")
+            self._addr.append(addr)
+        end = max(self._addr) + chunk if self._addr else 0
+        if os.fstat(self._fd).st_size < end:
+            os.ftruncate(self._fd, end)
+        self.capacity = size
+
+    def shrink(self, size: int) -> None:
+        self.dataset.resize((size,))
+        del self._addr[-(-size // self.chunk):]
+        self.capacity = size
+
+    def write(self, data: memoryview, offset: int) -> None:
+        """Write bytes at blob offset `offset` (inside the capacity), chunk run by chunk run."""
+        fd, chunk, addr = self._fd, self.chunk, self._addr
+        pos, n = 0, len(data)
+        while pos < n:
+            c, within = divmod(offset + pos, chunk)
+            start = addr[c] + within
+            length = min(chunk - within, n - pos)
+            # chunks allocated one after the other in the file: one write for the whole run
+            while pos + length < n and addr[c + 1] == addr[c] + chunk:
+                c += 1
+                length = min(length + chunk, n - pos)
+            while length:
+                done = os.pwrite(fd, data[pos:pos + length], start)
+                if done <= 0:
+                    raise OSError(f"short write to {self._name}")
+                pos, start, length = pos + done, start + done, length - done
+
+
 def _discard_writes(f: h5py.File) -> None:
     """Point the file's descriptor at /dev/null: HDF5's later writes succeed, and vanish."""
     fd = f.id.get_vfd_handle()
@@ -179,6 +249,7 @@ class DumpWriter:
         self._batch_lock = threading.Lock()  # the writer thread takes a batch left waiting
         self._batch_ops = max(1, min(64, flush_ops))
         self._batch_since = time.monotonic()
+        self._ring = staging.acquire(max_pending_bytes)
         self._open(attrs)
         self._thread = threading.Thread(target=self._run, name="accuracy-dump-writer", daemon=True)
         self._thread.start()
@@ -190,10 +261,23 @@ class DumpWriter:
         self._next_row += 1
         return row
 
+    def stage(self, t: torch.Tensor) -> staging.StagedCopy | None:
+        """The one copy of a CPU tensor's bytes, into this writer's warm staging ring (waits
+        while the ring is full of bytes being written); None: make a private copy instead."""
+        if self.error is not None or t.device.type != "cpu":
+            return None
+        return self._ring.stage(t, self._can_wait)
+
+    def _can_wait(self) -> bool:
+        return self.error is None and self._thread.is_alive()
+
     def add_op(self, op: OpEntry, tensors: list[TensorEntry]) -> None:
         """Queue one op; blocks only while more than `max_pending_bytes` wait for the disk."""
         if self.error is not None:
             raise DumpWriteError(f"writing {self.path} failed: {self.error}") from self.error
+        for t in tensors:
+            if isinstance(t.data, staging.StagedCopy):
+                t.data.submit()  # the writer thread frees its slot
         size = sum(t.nbytes for t in tensors if t.data is not None)
         if size:
             with self._cond:
@@ -224,6 +308,7 @@ class DumpWriter:
         self._hand_over()
         self._queue.put(("close", (attrs, complete)))
         self._thread.join()
+        staging.give_back(self._ring)
         if self.error is not None:
             raise DumpWriteError(f"writing {self.path} failed: {self.error}") from self.error
 
@@ -234,15 +319,14 @@ class DumpWriter:
         # while the file is being set up never leaves a half-made dump (or clobbers an old one
         # that overwrite=True was about to replace) at the user's path.
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.creating")
-        f = h5py.File(tmp, "w", libver="latest", rdcc_nbytes=64 << 20)
+        f = h5py.File(tmp, "w", libver="latest", rdcc_nbytes=4 << 20)
         f.attrs["format"] = schema.FORMAT_NAME
         f.attrs["schema_version"] = schema.SCHEMA_VERSION
         f.attrs["complete"] = False
         for k, v in attrs.items():
             f.attrs[k] = _attr_value(v)
-        self._blob = f.create_dataset(
-            schema.BLOB, shape=(0,), maxshape=(None,), dtype=np.uint8, chunks=(_BLOB_CHUNK,)
-        )
+        self._space = BlobSpace(f, schema.BLOB, _BLOB_CHUNK)
+        self._blob = self._space.dataset
         self._ops = f.create_dataset(
             schema.OPS, shape=(0,), maxshape=(None,), dtype=schema.OP_ROW, chunks=(_TABLE_CHUNK,)
         )
@@ -262,7 +346,6 @@ class DumpWriter:
         os.replace(tmp, self.path)
         self._file = f
         self._blob_len = 0
-        self._blob_cap = 0
         self._offsets: dict[int, tuple[int, int]] = {}
         self._hashes: dict[int, int] = {}  # row -> content hash of the bytes it points at
         self._op_rows: list[tuple[Any, ...]] = []
@@ -270,7 +353,6 @@ class DumpWriter:
         self._n_ops = 0
         self._n_tensors = 0
         self._free_estimate = 0
-        self._unflushed = 0  # bytes appended but maybe still in HDF5's chunk cache
         self.bytes_written = 0
         self.bytes_linked = 0
 
@@ -325,9 +407,7 @@ class DumpWriter:
             self._free_estimate -= nbytes
             return
         st = os.statvfs(self.path.parent)
-        # Bytes still in HDF5's chunk cache (64 MiB) are not on the disk yet: count them as
-        # used, or a cache full of data passes the check and fails at the next flush.
-        free = st.f_bavail * st.f_frsize - self._unflushed
+        free = st.f_bavail * st.f_frsize  # the blob's bytes go straight to the file
         self._free_estimate = free - nbytes
         if nbytes + _HEADROOM > free:
             raise DiskFullError(
@@ -340,12 +420,12 @@ class DumpWriter:
         off = self._blob_len
         end = off + arr.size
         self._ensure_space(arr.size)
-        if end > self._blob_cap:
-            self._blob_cap = max(end, 2 * self._blob_cap, _BLOB_CHUNK)
-            self._blob.resize((self._blob_cap,))
+        space = self._space
+        if end > space.capacity:
+            # allocated space is file space: doubling up to 64 MiB steps (never a 2x file)
+            space.grow(max(end, min(2 * space.capacity, space.capacity + _BLOB_GROW), _BLOB_CHUNK))
         if arr.size:
-            self._blob[off:end] = arr
-            self._unflushed += arr.size
+            space.write(arr.data.cast("B"), off)
         self._blob_len = end
         return off
 
@@ -407,7 +487,6 @@ class DumpWriter:
         self._tensor_rows.clear()
         self._op_rows.clear()
         self._file.flush()
-        self._unflushed = 0
         self._status[:] = [self._n_ops, self._n_tensors, 0, self._blob_len]
         self._file.flush()
 
@@ -416,8 +495,8 @@ class DumpWriter:
         # chunked dataset), so even a kill during close leaves a consistent file.
         self._flush()
         f = self._file
-        if self._blob_len < self._blob_cap:
-            self._blob.resize((self._blob_len,))
+        if self._blob_len < self._space.capacity:
+            self._space.shrink(self._blob_len)
         for k, v in attrs.items():
             f.attrs[k] = _attr_value(v)
         f.attrs["bytes_written"] = self.bytes_written
@@ -456,5 +535,5 @@ class DumpWriter:
         self._release_handles()
 
     def _release_handles(self) -> None:
-        for name in ("_file", "_blob", "_ops", "_tensors", "_status"):
+        for name in ("_file", "_blob", "_space", "_ops", "_tensors", "_status"):
             self.__dict__.pop(name, None)
