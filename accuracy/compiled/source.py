@@ -65,6 +65,7 @@ class CompiledSource:
         self._plans: dict[str, OpPlan] = {}
         self._base: dict[str, str] = {}  # graph kind -> module path of the region it ran in
         self._with_code: set[int] = set()  # kernel ids whose subgraph is already in the dump
+        self._with_ref: set[int] = set()  # kernel ids whose replay reference is in the dump
         self._before: dict[int, list[Any]] = {}  # kernel id -> in-place outputs before launch
 
     def before(self, info: KernelInfo, tensors: list[Any]) -> None:
@@ -107,6 +108,14 @@ class CompiledSource:
                   and isinstance(t, torch.Tensor)]
         inputs += [t for t in self._before.pop(info.kid, []) if isinstance(t, torch.Tensor)]
         outputs = [tensors[i] for i in info.outputs if isinstance(tensors[i], torch.Tensor)]
+        # A kernel writes through raw pointers: no version counter moves, so the recorder
+        # would link an output held in reused memory (`buf6 = buf1  # reuse`, an in/out
+        # pointer) to the bytes it recorded before the launch. Bump them: stored afresh.
+        for t in outputs:
+            try:
+                torch.autograd.graph.increment_version(t)
+            except RuntimeError:  # an inference tensor has no version counter
+                rec.seen.forget_aliases(t)
         call = KernelCall(plan, seq, phase, module, source, owner.current_step,
                           owner._coll.current, inputs)
         extra = {
@@ -120,6 +129,9 @@ class CompiledSource:
         if info.graph_code and info.kid not in self._with_code:  # once per launch site
             self._with_code.add(info.kid)
             extra["graph_code"] = info.graph_code
+        if info.reference is not None and info.kid not in self._with_ref:
+            self._with_ref.add(info.kid)  # once per launch site, like graph_code
+            extra["reference"] = info.reference
         rec.write_tensors(call, inputs, outputs, extra)
         self.kernels += 1
         self.watch.recorded()

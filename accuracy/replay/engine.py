@@ -27,6 +27,7 @@ from accuracy.errors import AccuracyError, OutputExistsError
 from accuracy.outputs import writable_folder
 from accuracy.patterns import op_matches
 from accuracy.replay.cache import TensorCache
+from accuracy.replay.kernels import kernel_references, references
 from accuracy.replay.ops import OK, OpOutcome, caching, replay_op
 from accuracy.replay.rebuild import UPCASTS
 
@@ -192,13 +193,14 @@ _WORKER: dict[str, Any] = {}
 
 def _init_worker(path: str, on: str, upcast: str, threads: int) -> None:
     torch.set_num_threads(threads)
-    _WORKER.update(dump=load_dump(path), device=reference_device(on), upcast=upcast,
-                   cache=TensorCache())
+    d = load_dump(path)
+    _WORKER.update(dump=d, device=reference_device(on), upcast=upcast,
+                   cache=TensorCache(), kernels=references(d.records))
 
 
 def _work(seqs: list[int]) -> list[OpOutcome]:
     d: Dump = _WORKER["dump"]
-    with caching(_WORKER["cache"]):
+    with caching(_WORKER["cache"]), kernel_references(_WORKER["kernels"]):
         return [replay_op(d.record(s), _WORKER["device"], _WORKER["upcast"]) for s in seqs]
 
 
@@ -219,7 +221,7 @@ def _outcomes(d: Dump, recs: list[OpRecord], on: str, upcast: str, jobs: int,
     if jobs <= 1:
         device = reference_device(on)
         cache = TensorCache()
-        with caching(cache):
+        with caching(cache), kernel_references(references(d.records)):
             for rec in cache.read_ahead(recs, device):
                 yield replay_op(rec, device, upcast)
         return
