@@ -15,6 +15,7 @@ The reference is JSON read from an untrusted dump: ops are looked up in `torch.o
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -96,6 +97,16 @@ def _ops(nodes: list[dict[str, Any]]) -> list[Any]:
         if name == "getitem":
             fns.append(operator.getitem)
             continue
+        if isinstance(name, str) and name.startswith("prims.inductor_"):
+            # Inductor draws its randomness with its own prims (inductor_random, _randint,
+            # _lookup_seed, _seeds): a kernel's draws cannot be reproduced
+            raise Unreplayable(f"compiled kernel with an rng op ({name}): its random draws "
+                               "cannot be reproduced on the reference")
+        if isinstance(name, str) and name.startswith("prims."):
+            try:  # Inductor's own prims (fma...) are registered by this module
+                importlib.import_module("torch._inductor.inductor_prims")
+            except ImportError:
+                pass
         fn = resolve_op(name) if isinstance(name, str) else None
         if fn is None or not isinstance(n.get("args"), str):
             raise Unreplayable(f"compiled kernel whose reference calls {str(name)[:80]}, "
