@@ -172,11 +172,80 @@ def test_repro_refuses_graph_code_that_is_not_a_graph_of_aten_calls():
             check_graph_code(bad)
 
 
-def test_replay_says_why_it_skips_kernel_rows(runs, tmp_path):
+def _faulted_kernel(comp) -> int:
+    """Seq of the forward kernel that reads blocks.1.fc1's matmul (where the pass's 1.05 went)."""
+    d = load_dump(comp)
+    return next(r.seq for r in d.records if r.op.startswith("inductor.") and r.phase == "forward"
+                and any(o["module"] == "Net.blocks.1.fc1" for o in r.extra["outputs"]))
+
+
+def test_replay_names_the_miscompiled_kernel_by_its_local_error(runs, tmp_path):
     from accuracy.replay import replay
 
-    _, comp = runs["clean"]
+    eager, comp = runs["fault"]
+    replay(comp, tmp_path / "replay.h5")
+    faulted = _faulted_kernel(comp)
+    row = load_dump(tmp_path / "replay.h5").record(faulted)
+    rp = row.extra["replay"]
+    assert rp["status"] == "ok" and max(o["error_ratio"] for o in rp["outputs"]) > 1e3
+    # the pass's own node is re-run as it stands, and the row says that it was
+    assert "graph after Inductor's passes" in rp["reason"]
+    rep = compare(comp, eager, tmp_path / "replay.h5")
+    cul = rep.culprit
+    assert rep.summary["ranking"] == "local error (replay)"
+    assert cul is not None and cul["seq_my"] == faulted and cul["op"].startswith("inductor.")
+    assert "local error" in cul["message"]
+
+
+def test_replay_of_a_clean_compiled_step_keeps_every_kernel_within_its_bound(runs, tmp_path):
+    from accuracy.compare.precision import ComputePrecision
+    from accuracy.compare.verdict import judge_local, load_config
+    from accuracy.replay import replay
+
+    eager, comp = runs["clean"]
     res = replay(comp, tmp_path / "replay.h5")
-    kernels = sum(1 for r in load_dump(comp).records if r.op.startswith("inductor."))
-    text = res.format()
-    assert f"{kernels}  compiled kernel (Inductor)" in text
+    assert res.failed == 0
+    cfg = load_config(None)
+    precision = ComputePrecision.from_sources(cfg, load_dump(comp).attrs)
+    measured = 0
+    for r in load_dump(tmp_path / "replay.h5").records:
+        if not r.op.startswith("inductor."):
+            continue
+        rp = r.extra["replay"]
+        assert rp["status"] == "ok", (r.op, rp["reason"])
+        for o in rp["outputs"]:
+            verdict, figures = judge_local(r, o["idx"], r.outputs[o["idx"]].dtype,
+                                           o["error_ratio"], cfg, precision,
+                                           o["err_reference"])
+            assert verdict == "pass", (r.seq, r.op, o, figures)
+            measured += 1
+    assert measured >= 15  # forward and backward kernels' outputs, not a handful
+    rep = compare(comp, eager, tmp_path / "replay.h5")
+    assert rep.culprit is None and rep.summary["counts"]["error"] == 0
+    assert rep.summary["counts"]["warning"] == 0
+
+
+def test_a_kernel_that_cannot_be_rebuilt_says_why(runs, tmp_path):
+    import dataclasses
+    import json
+
+    from accuracy.replay import replay
+    from accuracy.replay.ops import SKIPPED, replay_op
+
+    _, comp = runs["clean"]
+    replay(comp, tmp_path / "replay.h5")
+    reasons = [r.extra["replay"]["reason"] for r in load_dump(tmp_path / "replay.h5").records
+               if r.op.startswith("inductor.")]
+    # Inductor's Welford sum of squares is no ATen op's value: said, not measured
+    assert any("not replayed: Inductor names no origin node" in x for x in reasons)
+    d = load_dump(comp)
+    rec = next(r for r in d.records if r.extra.get("reference"))
+    bare = dataclasses.replace(rec, extra={k: v for k, v in rec.extra.items()
+                                           if k != "reference"})
+    out = replay_op(bare, torch.device("cpu"), "fp64")
+    assert out.status == SKIPPED and "without a reference" in out.reason
+    ref = json.loads(json.dumps(rec.extra["reference"]))
+    ref["nodes"][0]["op"] = "aten.no_such_op.default"
+    odd = dataclasses.replace(rec, extra={**rec.extra, "reference": ref})
+    out = replay_op(odd, torch.device("cpu"), "fp64")
+    assert out.status == SKIPPED and "aten.no_such_op.default" in out.reason

@@ -35,6 +35,7 @@ _DISCONTINUOUS = ("aten.threshold_backward", "aten.hardtanh_backward", "aten.max
                   "aten.max_pool2d_with_indices_backward", "aten.masked_fill",
                   "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.heaviside",
                   "aten.leaky_relu_backward", "aten.nll_loss_forward")
+KERNEL_PREFIX = "inductor."  # compiled kernel rows (accuracy/compiled/source.py)
 MIN_GROUP = 4  # fewer calls of an op type than this: no outlier score
 EMULATION_GROUP = 3  # ops of a compute precision whose median says how the device rounds
 
@@ -88,6 +89,8 @@ def _kind(r: Row) -> tuple[str, int]:
     """The population a row's outlier score is taken in: its op type and output index (a
     convolution's grad_input and grad_weight are different kernels with different honest
     errors; pooled, their spread hides a faulty one)."""
+    if (r.op or "").startswith(KERNEL_PREFIX):  # a fused kernel: its own launch site's calls
+        return r.op or "", r.tensor_index or 0
     return _base(r.op), r.tensor_index or 0
 
 
@@ -102,7 +105,8 @@ def _with_outlier_scores(rows: list[Row], key: str, floor: float, pool: bool = T
         v = getattr(r, key)
         if v is not None:
             by_type[_kind(r)][r.index] = _log(v)
-            by_precision[r.compute_precision or ""][r.index] = _log(v)
+            if not (r.op or "").startswith(KERNEL_PREFIX):  # a fused kernel's ops are its
+                by_precision[r.compute_precision or ""][r.index] = _log(v)  # own: no pool
     z: dict[int, float] = {}
     for vals in by_type.values():
         if len(vals) >= MIN_GROUP:

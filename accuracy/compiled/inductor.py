@@ -69,6 +69,7 @@ class KernelInfo:
     # outputs written in place over a buffer an earlier kernel filled: their values before
     # the launch are inputs too (snapshotted by a line before it)
     before: list[str] = field(default_factory=list)
+    reference: dict[str, Any] | None = None  # for replay: compiled/reference.py
 
     def fused_ops(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -223,6 +224,11 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
                                          {b: reuses[b] for b in info.before})
     except Exception as e:  # noqa: BLE001 - a reproducer is extra: the row stands without it
         log.debug("no subgraph for %s: %s", kernel_name, e)
+    try:  # what replay re-runs for the kernel's local error (accuracy/replay/kernels.py)
+        from accuracy.compiled.reference import reference_graph
+        info.reference = reference_graph(g, names, outputs, {b: reuses[b] for b in info.before})
+    except Exception as e:  # noqa: BLE001 - the row stands without it; replay says why
+        log.debug("no reference for %s: %s", kernel_name, e)
     return info
 
 
@@ -337,6 +343,8 @@ def install() -> None:
         PythonWrapperCodegen.generate_kernel_call = generate_kernel_call
         config.fx_graph_cache = False
         fconfig.enable_autograd_cache = False
+        from accuracy.compiled import reference
+        reference.install()
 
 
 def uninstall() -> None:
@@ -350,4 +358,6 @@ def uninstall() -> None:
 
         cls, orig = _saved.pop("gkc")
         cls.generate_kernel_call = orig
+        from accuracy.compiled import reference
+        reference.uninstall()
         config.fx_graph_cache, fconfig.enable_autograd_cache = _saved.pop("caches")

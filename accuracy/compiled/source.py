@@ -65,6 +65,7 @@ class CompiledSource:
         self._plans: dict[str, OpPlan] = {}
         self._base: dict[str, str] = {}  # graph kind -> module path of the region it ran in
         self._with_code: set[int] = set()  # kernel ids whose subgraph is already in the dump
+        self._with_ref: set[int] = set()  # kernel ids whose replay reference is in the dump
         self._before: dict[int, list[Any]] = {}  # kernel id -> in-place outputs before launch
 
     def before(self, info: KernelInfo, tensors: list[Any]) -> None:
@@ -118,6 +119,11 @@ class CompiledSource:
         if info.graph_code and info.kid not in self._with_code:  # once per launch site
             self._with_code.add(info.kid)
             extra["graph_code"] = info.graph_code
+        if info.reference is not None and info.kid not in self._with_ref:
+            self._with_ref.add(info.kid)  # once per launch site, like graph_code
+            extra["reference"] = info.reference
+        # A kernel writes through raw pointers (no version counter moves, even into reused
+        # memory): its outputs are described afresh, never linked to bytes recorded before.
         rec.write_tensors(call, inputs, outputs, extra, written=True)
         self.kernels += 1
         self.watch.recorded()

@@ -63,10 +63,67 @@ class _ForwardTracker(ModuleTracker):
         self._exit(mod, input, output)
 
     def __enter__(self) -> _ForwardTracker:
-        self._fw_pre_handle = register_module_forward_pre_hook(self._fw_pre_hook)
-        self._fw_post_handle = register_module_forward_hook(self._fw_post_hook,
-                                                            always_call=True)
+        _ACTIVE.append(self)
+        _install_hooks()
+        self._fw_pre_handle = self._fw_post_handle = _Handle(self)
         return self
+
+
+# The global module hooks are two module-level functions under fixed keys, installed while a
+# tracker is active: dynamo guards compiled regions on the global hook dicts' keys, so hooks
+# registered anew per dumper (new handle ids) made every dumper context recompile every
+# compiled region it entered (benchmarks/README.md, "Compiled step, fair compile time").
+_ACTIVE: list[_ForwardTracker] = []
+_KEYS: dict[str, int] = {}
+
+
+def _global_pre(mod: torch.nn.Module, input: Any) -> None:
+    if torch.compiler.is_compiling():  # dynamo traces global hooks: none in its graph
+        return
+    for t in list(_ACTIVE):
+        t._enter(mod, input)
+
+
+def _global_post(mod: torch.nn.Module, input: Any, output: Any) -> None:
+    if torch.compiler.is_compiling():
+        return
+    for t in list(_ACTIVE):
+        t._exit(mod, input, output)
+
+
+def _install_hooks() -> None:
+    from torch.nn.modules import module as m
+
+    if not _KEYS:
+        _KEYS["pre"] = register_module_forward_pre_hook(_global_pre).id
+        _KEYS["post"] = register_module_forward_hook(_global_post, always_call=True).id
+        return
+    m._global_forward_pre_hooks[_KEYS["pre"]] = _global_pre
+    m._global_forward_hooks[_KEYS["post"]] = _global_post
+    m._global_forward_hooks_always_called[_KEYS["post"]] = True
+
+
+def _remove_hooks() -> None:
+    from torch.nn.modules import module as m
+
+    if _KEYS:
+        m._global_forward_pre_hooks.pop(_KEYS["pre"], None)
+        m._global_forward_hooks.pop(_KEYS["post"], None)
+        m._global_forward_hooks_always_called.pop(_KEYS["post"], None)
+
+
+class _Handle:
+    """What ModuleTracker.__exit__ removes: this tracker from the active ones (the hooks go
+    when none is left)."""
+
+    def __init__(self, tracker: _ForwardTracker) -> None:
+        self.tracker = tracker
+
+    def remove(self) -> None:
+        if self.tracker in _ACTIVE:
+            _ACTIVE.remove(self.tracker)
+        if not _ACTIVE:
+            _remove_hooks()
 
 
 class Scope:

@@ -42,12 +42,16 @@ def _state(path: str, on: str) -> dict[str, Any]:
 def run_ops(seqs: list[int], path: str, on: str, upcast: str, metrics_only: bool) -> list:
     """A Dask task: replay these seqs of the dump at `path` (kept open between tasks)."""
     from accuracy.replay.emulate import Emulation
+    from accuracy.replay.kernels import kernel_references, references
     from accuracy.replay.ops import caching, replay_op
 
     tune_worker_malloc()
     st = _state(path, on)
     d, cache, device = st["dump"], st["cache"], st["device"]
-    with caching(cache):  # the read path of an in-process replay: reads run ahead on a thread
+    if "kernels" not in st:
+        st["kernels"] = references(d.records)
+    # the read path of an in-process replay: reads run ahead on a thread
+    with caching(cache), kernel_references(st["kernels"]):
         emulation = Emulation.from_attrs(d.attrs)
         out = [replay_op(rec, device, upcast, keep=not metrics_only, emulation=emulation)
                for rec in cache.read_ahead([d.record(s) for s in seqs], device)]

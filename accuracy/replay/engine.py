@@ -28,6 +28,7 @@ from accuracy.outputs import writable_folder
 from accuracy.patterns import op_matches
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.emulate import Emulation
+from accuracy.replay.kernels import kernel_references, references
 from accuracy.replay.ops import OK, OpOutcome, caching, replay_op
 from accuracy.replay.rebuild import UPCASTS
 
@@ -195,12 +196,13 @@ def _init_worker(path: str, on: str, upcast: str, threads: int) -> None:
     torch.set_num_threads(threads)
     d = load_dump(path)
     _WORKER.update(dump=d, device=reference_device(on), upcast=upcast,
-                   cache=TensorCache(), emulation=Emulation.from_attrs(d.attrs))
+                   cache=TensorCache(), emulation=Emulation.from_attrs(d.attrs),
+                   kernels=references(d.records))
 
 
 def _work(seqs: list[int]) -> list[OpOutcome]:
     d: Dump = _WORKER["dump"]
-    with caching(_WORKER["cache"]):
+    with caching(_WORKER["cache"]), kernel_references(_WORKER["kernels"]):
         return [replay_op(d.record(s), _WORKER["device"], _WORKER["upcast"],
                           emulation=_WORKER["emulation"]) for s in seqs]
 
@@ -223,7 +225,7 @@ def _outcomes(d: Dump, recs: list[OpRecord], on: str, upcast: str, jobs: int,
         device = reference_device(on)
         cache = TensorCache()
         emulation = Emulation.from_attrs(d.attrs)
-        with caching(cache):
+        with caching(cache), kernel_references(references(d.records)):
             for rec in cache.read_ahead(recs, device):
                 yield replay_op(rec, device, upcast, keep=not metrics_only,
                                 emulation=emulation)

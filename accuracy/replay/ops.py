@@ -261,6 +261,9 @@ def guarded(seq: int, op: str, run: Callable[[], OpOutcome]) -> OpOutcome:
 
 def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache,
             keep: bool = True, emulation: Emulation | None = None) -> OpOutcome:
+    if rec.extra.get("compiled") == "inductor":  # a fused kernel: re-run its ATen ops
+        from accuracy.replay.kernels import replay_kernel
+        return replay_kernel(rec, device, upcast, cache)
     check_inputs(rec)
     fn, note = _kernel(rec)
     not_data = uninitialised_inputs(rec)

@@ -71,12 +71,12 @@ def stand_in(t: TensorRecord, device: torch.device) -> torch.Tensor:
     return torch.zeros(t.shape, dtype=dtype, device=device)
 
 
-def check_inputs(rec: OpRecord) -> None:
-    """Raise Unreplayable for ops whose call cannot be rebuilt faithfully."""
+def check_inputs(rec: OpRecord, compiled_ok: bool = False) -> None:
+    """Raise Unreplayable for ops whose call cannot be rebuilt faithfully; `compiled_ok`: a
+    kernel row, whose call is its reference's ops (replay/kernels.py), not recorded args."""
     extra = rec.extra
-    if extra.get("compiled"):  # docs/compile.md: `accuracy repro` re-runs one kernel's graph
-        raise Unreplayable("compiled kernel (Inductor): replay of fused kernels is not built; "
-                           "`accuracy repro --kernel` re-runs its graph")
+    if extra.get("compiled") and not compiled_ok:
+        raise Unreplayable(f"compiled kernel ({extra.get('compiled')}): no replay for it")
     if extra.get("uninitialized"):
         raise Unreplayable("uninitialised factory: its output is whatever memory held")
     not_data = uninitialised_inputs(rec)
@@ -87,7 +87,7 @@ def check_inputs(rec: OpRecord) -> None:
             raise Unreplayable(f"input not in the dump (statistics mode, filtered, or "
                                f"uninitialised memory): {where}")
         raise Unreplayable(f"input not in the dump (statistics mode or filtered): {where}")
-    if len(rec.inputs) != rec.args_json.count('"__tensor__"'):
+    if not compiled_ok and len(rec.inputs) != rec.args_json.count('"__tensor__"'):
         raise Unreplayable("inputs were not recorded (data_mode without 'input')")
 
 

@@ -1,0 +1,205 @@
+"""A kernel's reference: the ATen ops it stands for, over its input buffers, for replay.
+
+Replay gives a kernel its local error by re-running, in fp64 on its recorded inputs, what the
+kernel was meant to compute. That is the graph Inductor was *given* (AOTAutograd's ATen graph),
+not the graph after Inductor's post-grad passes: a pass that changes values (the issue's
+`blocks.1.fc1` matmul scaled by 1.05) is part of the miscompile, and re-running the passed
+graph would reproduce it and call the kernel honest. So while a dumper records, the graph is
+copied just before the post-grad passes (`snapshot`); at code generation each output buffer's
+origin node is looked up by name in that copy (passes keep the names of nodes they leave alone
+and give fresh names to nodes they add) and the ops between the kernel's input buffers and it
+are taken from the copy. An output whose node a pass added, or whose ops do not lead back to
+the kernel's inputs in the copy, takes its ops from the graph after the passes, and says so.
+
+The result is plain JSON (no code): `inputs` (buffer names, as the kernel row's
+`extra.inputs`), `nodes` (`op` name and `args` in the dump's argument encoding, where tensor
+placeholder i is value i: the inputs first, then each node's result), `outputs` (the value
+index of each output, or null) and `graph` (per output: "given", "passed" or why none).
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import weakref
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+GIVEN, PASSED = "given", "passed"  # the graph Inductor was given / after its post-grad passes
+MAX_NODES = 2000  # ops in one kernel's reference; more is not one kernel's worth
+_SNAPSHOTS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+_saved: dict[str, Any] = {}
+
+
+def _copy(gm: Any) -> dict[str, Any]:
+    """Name -> node of a copy of `gm`'s graph (copied nodes keep their names)."""
+    import torch.fx as fx
+
+    g = fx.Graph()
+    g.graph_copy(gm.graph, {})
+    return {n.name: n for n in g.nodes}
+
+
+def install() -> None:
+    """Copy each graph before Inductor's post-grad passes (called by inductor.install)."""
+    try:
+        from torch._inductor import compile_fx
+    except Exception as e:  # noqa: BLE001 - no Inductor: nothing to snapshot
+        log.info("Inductor not available (%s): no kernel references", e)
+        return
+    orig = getattr(compile_fx, "_recursive_post_grad_passes", None)
+    if orig is None or "rpgp" in _saved:
+        log.info("Inductor has no _recursive_post_grad_passes: kernel references come from "
+                 "the graph after its passes")
+        return
+
+    def snapshot(gm: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            _SNAPSHOTS[gm] = _copy(gm)
+        except Exception:  # noqa: BLE001 - the compile goes on; replay says what it lacks
+            log.debug("cannot copy the graph before post-grad passes", exc_info=True)
+        return orig(gm, *args, **kwargs)
+
+    _saved["rpgp"] = (compile_fx, orig)
+    compile_fx._recursive_post_grad_passes = snapshot
+
+
+def uninstall() -> None:
+    if "rpgp" in _saved:
+        mod, orig = _saved.pop("rpgp")
+        mod._recursive_post_grad_passes = orig
+
+
+def _fx_graph(g: Any) -> Any:
+    import torch.fx as fx
+
+    return g.graph if isinstance(getattr(g, "graph", None), fx.Graph) else g.module.graph
+
+
+def _input_node(g: Any, src: str, fused: set[Any], placeholders: dict[str, Any]) -> Any:
+    """The FX node whose value buffer `src` holds (as inductor._subgraph_code finds it)."""
+    node = placeholders.get(src)
+    if node is not None:
+        return node
+    buf = g.try_get_buffer(src)
+    node = buf.get_origin_node() if buf is not None else None
+    if node is None and buf is not None:
+        feeding = [o for o in buf.get_origins() if o not in fused
+                   and any(u in fused for u in o.users)]
+        node = feeding[0] if len(feeding) == 1 else None
+    return node
+
+
+def _between(out: Any, inputs: dict[Any, int]) -> list[Any] | str:
+    """The nodes computing `out` from `inputs`, in graph order, or why there are none."""
+    seen: set[Any] = set()
+    stack = [out]
+    while stack:
+        n = stack.pop()
+        if n in seen or n in inputs:
+            continue
+        if n.op != "call_function":
+            return f"reads {n.name} ({n.op}), which is not one of the kernel's input buffers"
+        seen.add(n)
+        if len(seen) > MAX_NODES:
+            return f"more than {MAX_NODES} ops between its inputs and it"
+        stack.extend(n.all_input_nodes)
+    order = {n: i for i, n in enumerate(out.graph.nodes)}
+    return sorted(seen, key=order.__getitem__)
+
+
+def _target(n: Any) -> str:
+    import torch
+
+    if n.target is operator.getitem:
+        return "getitem"
+    if isinstance(n.target, torch._ops.OpOverload):
+        return str(n.target)
+    raise ValueError(f"{n.name} calls {n.target!r}, not an ATen/prims op")
+
+
+def reference_graph(g: Any, names: list[str], outputs: list[int],
+                    before: dict[str, str] | None = None) -> dict[str, Any]:
+    """The reference of one kernel launch (see the module docstring); `g` is Inductor's
+    GraphLowering at code generation, `names` the kernel's buffers, `outputs` the positions
+    it materialises, `before` in-place outputs -> the buffer whose value they start from."""
+    import torch
+    import torch.fx as fx
+
+    from accuracy.dumpfile.argcodec import encode_call
+
+    post = _fx_graph(g)
+    placeholders = {n.name: n for n in post.nodes if n.op == "placeholder"}
+    fused: set[Any] = set()
+    for i in outputs:
+        fused |= set(g.try_get_buffer(names[i]).get_origins())
+    srcs = [(n, n) for i, n in enumerate(names) if i not in outputs]
+    srcs += [(f"{b}_before", old) for b, old in (before or {}).items()]
+    post_in: dict[Any, int] = {}
+    for k, (_, src) in enumerate(srcs):
+        node = _input_node(g, src, fused, placeholders)
+        if node is not None:
+            post_in.setdefault(node, k)
+    given = _SNAPSHOTS.get(getattr(g, "module", None))
+    given_in = {given[n.name]: k for n, k in post_in.items()
+                if given is not None and n.name in given}
+    nodes: list[dict[str, Any]] = []
+    index: dict[Any, int] = {}  # node (of either graph) -> value index
+    out_idx: list[int | None] = []
+    how: list[str] = []
+    for i in outputs:
+        node = g.try_get_buffer(names[i]).get_origin_node()
+        if node is None:
+            out_idx.append(None)
+            how.append("Inductor names no origin node for its buffer (a quantity of its own, "
+                       "e.g. a Welford sum of squares)")
+            continue
+        if isinstance(node.meta.get("val"), tuple | list):
+            out_idx.append(None)
+            how.append(f"one output of multi-output node {node.name} (which one is not kept)")
+            continue
+        chosen, kind, inputs = None, "", post_in
+        why_given = "the graph before Inductor's passes was not copied"
+        if given is not None:
+            why_given = f"node {node.name} was added by Inductor's graph passes"
+            if node.name in given:
+                got = _between(given[node.name], given_in)
+                if isinstance(got, list):
+                    chosen, kind, inputs, node = got, GIVEN, given_in, given[node.name]
+                else:
+                    why_given = got
+        if chosen is None:
+            got = _between(node, post_in)
+            if isinstance(got, str):
+                out_idx.append(None)
+                how.append(got)
+                continue
+            chosen, kind = got, f"{PASSED} ({why_given})"
+        try:
+            for n in chosen:
+                if n in index:
+                    continue
+                dummies: dict[int, int] = {}
+
+                def ref(a: fx.Node, dummies: dict[int, int] = dummies,
+                        inputs: dict[Any, int] = inputs) -> torch.Tensor:
+                    t = torch.empty(0)
+                    dummies[id(t)] = inputs[a] if a in inputs else index[a]
+                    return t
+
+                args = fx.node.map_arg(n.args, ref)
+                kwargs = fx.node.map_arg(n.kwargs, ref)
+                text = encode_call(args, kwargs,
+                                   lambda t, dummies=dummies: dummies[id(t)])
+                if '"__repr__"' in text:
+                    raise ValueError(f"{n.name} takes an argument only its repr can show")
+                index[n] = len(srcs) + len(nodes)
+                nodes.append({"op": _target(n), "node": n.name, "args": text})
+        except (ValueError, KeyError) as e:
+            out_idx.append(None)
+            how.append(f"cannot be written down: {e}")
+            continue
+        out_idx.append(inputs[node] if node in inputs else index[node])
+        how.append(kind)
+    return {"inputs": [s for s, _ in srcs], "nodes": nodes, "outputs": out_idx, "graph": how}

@@ -1,0 +1,189 @@
+"""Replay of an Inductor kernel row: its local error, like an eager op's.
+
+A kernel row (`inductor.<kernel>`, accuracy/compiled/source.py) holds the buffers the kernel
+read and the buffers it materialised. Its reference (accuracy/compiled/reference.py, in
+`extra.reference` of the launch site's first row) lists the ATen ops the kernel stands for,
+taken from the graph Inductor was given. Replay runs those ops on the recorded inputs, once in
+the kernel's dtype and once upcast (fp64), and measures each output exactly as an eager op's
+(`ops.rerun`): the kernel's error against fp64 over the same-dtype ATen ops' error. A kernel
+that computes something else than its ops (a miscompile, a wrong graph pass) has a large
+ratio; an honest fused kernel stays near 1. A kernel that cannot be re-run says why.
+
+The reference is JSON read from an untrusted dump: ops are looked up in `torch.ops` by name
+(nothing is executed as code), arguments decoded by the dump's own argument codec.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from accuracy.aten import resolve_op
+from accuracy.dumpfile.argcodec import decode_call
+from accuracy.dumpfile.reader import OpRecord
+from accuracy.replay.cache import TensorCache
+from accuracy.replay.rebuild import Unreplayable, _map, check_inputs, upcast_dtype
+
+MAX_NODES = 5000
+_active: dict[int, dict[str, Any]] | None = None
+
+
+def references(records: Any) -> dict[int, dict[str, Any]]:
+    """Kernel launch site id -> its reference, from the rows that carry one."""
+    out: dict[int, dict[str, Any]] = {}
+    for r in records:
+        ref = r.extra.get("reference") if r.extra.get("compiled") else None
+        kid = r.extra.get("kid")
+        if isinstance(ref, dict) and isinstance(kid, int) and kid not in out:
+            out[kid] = ref
+    return out
+
+
+@contextmanager
+def kernel_references(refs: dict[int, dict[str, Any]]) -> Iterator[None]:
+    """Within the block, kernel rows find their launch site's reference in `refs`."""
+    global _active
+    prev, _active = _active, refs
+    try:
+        yield
+    finally:
+        _active = prev
+
+
+def _reference(rec: OpRecord) -> dict[str, Any]:
+    ref = rec.extra.get("reference")
+    if not isinstance(ref, dict) and _active is not None:
+        ref = _active.get(rec.extra.get("kid"))  # type: ignore[arg-type]
+    if not isinstance(ref, dict):
+        raise Unreplayable("compiled kernel without a reference: the dump holds no ATen ops "
+                           "for it (dumped before kernel replay existed, or its launch "
+                           "site's first row was not recorded); `accuracy repro --kernel` "
+                           "re-runs its graph")
+    return ref
+
+
+def _check(ref: dict[str, Any], rec: OpRecord) -> tuple[list[Any], list[dict[str, Any]],
+                                                        list[Any], list[Any]]:
+    """The reference's parts, checked: it comes from a file."""
+    inputs, nodes = ref.get("inputs"), ref.get("nodes")
+    outputs, how = ref.get("outputs"), ref.get("graph")
+    if not (isinstance(inputs, list) and isinstance(nodes, list) and isinstance(outputs, list)
+            and isinstance(how, list) and len(how) == len(outputs)
+            and all(isinstance(n, dict) for n in nodes)):
+        raise Unreplayable("compiled kernel whose reference is malformed (damaged dump)")
+    if len(nodes) > MAX_NODES:
+        raise Unreplayable(f"compiled kernel whose reference has over {MAX_NODES} ops")
+    if len(outputs) != len(rec.outputs):
+        raise Unreplayable(f"compiled kernel whose reference has {len(outputs)} outputs, the "
+                           f"row {len(rec.outputs)}")
+    n_values = len(inputs) + len(nodes)
+    for o in outputs:
+        if o is not None and (not isinstance(o, int) or isinstance(o, bool)
+                              or not 0 <= o < n_values):
+            raise Unreplayable("compiled kernel whose reference is malformed (damaged dump)")
+    return inputs, nodes, outputs, how
+
+
+def _ops(nodes: list[dict[str, Any]]) -> list[Any]:
+    import operator
+
+    fns = []
+    for n in nodes:
+        name = n.get("op")
+        if name == "getitem":
+            fns.append(operator.getitem)
+            continue
+        if isinstance(name, str) and name.startswith("prims.inductor_"):
+            # Inductor draws its randomness with its own prims (inductor_random, _randint,
+            # _lookup_seed, _seeds): a kernel's draws cannot be reproduced
+            raise Unreplayable(f"compiled kernel with an rng op ({name}): its random draws "
+                               "cannot be reproduced on the reference")
+        if isinstance(name, str) and name.startswith("prims."):
+            try:  # Inductor's own prims (fma...) are registered by this module
+                importlib.import_module("torch._inductor.inductor_prims")
+            except ImportError:
+                pass
+        fn = resolve_op(name) if isinstance(name, str) else None
+        if fn is None or not isinstance(n.get("args"), str):
+            raise Unreplayable(f"compiled kernel whose reference calls {str(name)[:80]}, "
+                               f"unknown to torch {torch.__version__}")
+        if torch.Tag.nondeterministic_seeded in getattr(fn, "tags", ()):
+            raise Unreplayable(f"compiled kernel with an rng op ({name}): its random draws "
+                               "cannot be reproduced on the reference")
+        fns.append(fn)
+    return fns
+
+
+def _graph_fn(nodes: list[dict[str, Any]], fns: list[Any], outputs: list[Any],
+              device: torch.device) -> Any:
+    """fn(*inputs, upcast=...) running the reference's ops; an output without a reference
+    is an empty placeholder (not measured), so the others keep their positions."""
+
+    def run(*inputs: torch.Tensor, upcast: str = "none") -> list[torch.Tensor]:
+        def dt(d: torch.dtype) -> torch.dtype:
+            return upcast_dtype(d, upcast)
+
+        values: list[Any] = list(inputs)
+        for n, fn in zip(nodes, fns, strict=True):
+            args, kwargs = decode_call(n["args"], values)
+            if upcast != "none":
+                args, kwargs = _map(args, device, dt), _map(kwargs, device, dt)
+            values.append(fn(*args, **kwargs))
+        out = []
+        for o in outputs:
+            v = values[o] if o is not None else None
+            out.append(v if isinstance(v, torch.Tensor) else torch.empty(0))
+        return out
+
+    return run
+
+
+def replay_kernel(rec: OpRecord, device: torch.device, upcast: str,
+                  cache: TensorCache) -> Any:
+    """Replay one kernel row (an OpOutcome); Unreplayable with the reason when it can't."""
+    from accuracy.replay.ops import rerun
+
+    ref = _reference(rec)
+    inputs, nodes, outputs, how = _check(ref, rec)
+    try:
+        check_inputs(rec, compiled_ok=True)
+    except Unreplayable as e:
+        raise Unreplayable(f"compiled kernel: {e}") from None
+    names = rec.extra.get("inputs")
+    if not isinstance(names, list) or len(names) != len(rec.inputs):
+        raise Unreplayable("compiled kernel whose recorded inputs do not match its buffer "
+                           "names (a buffer that is not a tensor)")
+    by_name = dict(zip(names, rec.inputs, strict=True))
+    missing = [b for b in inputs if b not in by_name]
+    if missing:
+        raise Unreplayable("compiled kernel whose input buffer(s) "
+                           f"{', '.join(map(str, missing[:3]))} were not recorded")
+    fns = _ops(nodes)
+    tensors = [cache.input(by_name[b], device) for b in inputs]
+    notes = []
+    device_outputs = []
+    for i, (o, kind) in enumerate(zip(outputs, how, strict=True)):
+        t = rec.outputs[i]
+        if o is None:
+            notes.append(f"output {i} not replayed: {str(kind)[:200]}")
+        elif not t.has_data:
+            notes.append(f"output {i} has no data in the dump: not compared")
+        else:
+            device_outputs.append((i, cache.load(t)))
+            if kind != "given":
+                notes.append(f"output {i} against the graph after Inductor's passes "
+                             f"({str(kind)[:200]}): a pass that changed values is not seen")
+    if not device_outputs:
+        raise Unreplayable("compiled kernel with no output to replay: " + "; ".join(notes))
+    fn = _graph_fn(nodes, fns, outputs, device)
+
+    def build(up: str) -> tuple[list[Any], dict[str, Any]]:
+        return ([t.to(upcast_dtype(t.dtype, up), copy=True) for t in tensors], {"upcast": up})
+
+    note = "; ".join(["compiled kernel re-run as its ATen ops"] + notes)
+    return rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast,
+                 upcast != "none", note=note)
