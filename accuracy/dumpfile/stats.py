@@ -108,6 +108,32 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
+_NUMPY_FLOATS = {torch.float32, torch.float64}
+_UNSIGNED = {4: np.uint32, 8: np.uint64}
+
+
+def _large_cpu_float_stats(x: torch.Tensor):
+    """A large contiguous fp32/fp64 CPU tensor: torch's aminmax and sum, numpy's BLAS dot for
+    the L2 norm and its wrapping unsigned sum for the checksum, read in place (no copy):
+    each of those a third cheaper than torch's, and one Python number each, no `.item()`."""
+    a = _numpy_view(x)
+    size = a.itemsize
+    mn, mx = torch.aminmax(x)
+    mn_f, mx_f = mn.item(), mx.item()
+    total = torch.sum(x).item()  # fp32 accumulation for fp32 (torch's cascade), fp64 for fp64
+    with np.errstate(all="ignore"):
+        l2 = math.sqrt(float(np.dot(a, a)))
+    wrap = _UNSIGNED[size]
+    bits = int(a.view(wrap).sum(dtype=wrap))  # the sum modulo 2**32 (2**64): as stored, signed
+    half = 1 << (8 * size - 1)
+    checksum = bits - 2 * half if bits >= half else bits
+    if math.isfinite(mn_f) and math.isfinite(mx_f):
+        nans = infs = 0
+    else:
+        nans, infs = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+    return (mn_f, mx_f, total / a.size, l2, nans, infs), checksum
+
+
 def tensor_stats(t: torch.Tensor):
     """Statistics of `t`; call with python dispatch disabled so other modes don't see it."""
     t = t.detach()
@@ -122,6 +148,9 @@ def tensor_stats(t: torch.Tensor):
     if n <= _SMALL and t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES:
         return _small_cpu_stats(t)
     x = _value_view(t)
+    if (t.device.type == "cpu" and x.dtype in _NUMPY_FLOATS and x.is_contiguous()
+            and not x.is_neg()):
+        return _large_cpu_float_stats(x)
     mn, mx = torch.aminmax(x)
     if x.is_floating_point():
         # fp32 accumulation (cascade-summed by torch) is 5x faster than fp64 and accurate
