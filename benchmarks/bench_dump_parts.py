@@ -4,9 +4,10 @@ Each variant switches off one more part of the statistics-mode dumper (monkeypat
 process only) and runs interleaved with the bare step: bare, an empty TorchDispatchMode, the
 full statistics dump, and the dump without the statistics reductions, without the per-op
 observers other than the recorder, without the argument JSON. A part's cost is the full
-dump's time minus the variant's. Times are CPU seconds of the whole process (the writer
-thread included), which a shared machine disturbs less than wall time; wall time is printed
-beside them.
+dump's time minus the variant's. Times are CPU seconds of the whole process (the writer and
+statistics threads included) and of the training thread alone (what the step waits for when
+a core is spare), which a shared machine disturbs less than wall time; wall time beside them.
+The same script runs on an older tree (parts it lacks are left as they are).
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_dump_parts.py [--repeat 7]
 """
@@ -78,7 +79,12 @@ def main() -> None:
             bench_step(model, batch)
 
     def without_stats() -> None:
-        with _patched(recorder, "tensor_stats", lambda t: stats_mod.EMPTY_STATS):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_patched(recorder, "tensor_stats",
+                                         lambda t: stats_mod.EMPTY_STATS))
+            deferred = getattr(recorder, "DeferredStats", None)  # absent before issue 31
+            if deferred is not None:
+                stack.enter_context(_patched(deferred, "wants", staticmethod(lambda t: False)))
             stats_dump()
 
     def without_observers() -> None:
@@ -100,28 +106,35 @@ def main() -> None:
     }
     cpu: dict[str, list[float]] = {k: [] for k in variants}
     wall: dict[str, list[float]] = {k: [] for k in variants}
+    thread: dict[str, list[float]] = {k: [] for k in variants}
     for fn in variants.values():  # warm-up
         fn()
     for _ in range(args.repeat):
         for k, fn in variants.items():
-            c0, w0 = time.process_time(), time.perf_counter()
+            c0, w0, t0 = time.process_time(), time.perf_counter(), time.thread_time()
             fn()
+            thread[k].append(time.thread_time() - t0)
             cpu[k].append(time.process_time() - c0)
             wall[k].append(time.perf_counter() - w0)
     med = {k: statistics.median(v) for k, v in cpu.items()}
-    full = med["statistics dump"]
+    thr = {k: statistics.median(v) for k, v in thread.items()}
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {args.repeat} "
           f"interleaved rounds, load average {os.getloadavg()[0]:.2f}; median CPU seconds "
-          "per step (process, all threads)")
-    print(f"{'variant':38s} {'cpu s':>8s} {'wall s':>8s} {'x bare':>7s} {'part (ms)':>10s}")
+          "per step: the process (all threads) and the training thread alone")
+    print(f"{'variant':38s} {'cpu s':>7s} {'x bare':>7s} {'part ms':>8s} {'thread s':>9s} "
+          f"{'x bare':>7s} {'part ms':>8s} {'wall s':>7s}")
     for k in variants:
-        part = ""
-        if k.startswith("  "):
-            part = f"{(full - med[k]) * 1e3:10.1f}"
-        elif k == "empty dispatch mode":
-            part = f"{(med[k] - med['bare step']) * 1e3:10.1f}"
-        print(f"{k:38s} {med[k]:8.3f} {statistics.median(wall[k]):8.3f} "
-              f"{med[k] / med['bare step']:7.2f} {part}")
+        parts = []
+        for m in (med, thr):
+            if k.startswith("  "):
+                parts.append(f"{(m['statistics dump'] - m[k]) * 1e3:8.1f}")
+            elif k == "empty dispatch mode":
+                parts.append(f"{(m[k] - m['bare step']) * 1e3:8.1f}")
+            else:
+                parts.append(f"{'':8s}")
+        print(f"{k:38s} {med[k]:7.3f} {med[k] / med['bare step']:7.2f} {parts[0]} "
+              f"{thr[k]:9.3f} {thr[k] / thr['bare step']:7.2f} {parts[1]} "
+              f"{statistics.median(wall[k]):7.3f}")
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
