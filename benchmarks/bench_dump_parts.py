@@ -38,7 +38,8 @@ class _Empty(TorchDispatchMode):
 
 @contextlib.contextmanager
 def _patched(obj: object, name: str, value: object) -> Iterator[None]:
-    old = getattr(obj, name)
+    # a class keeps its staticmethod wrapper (getattr would hand back the bare function)
+    old = obj.__dict__[name] if isinstance(obj, type) else getattr(obj, name)
     setattr(obj, name, value)
     try:
         yield
