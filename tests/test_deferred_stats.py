@@ -53,6 +53,20 @@ def test_an_in_place_write_waits_for_the_pending_statistics(tmp_path, slow_helpe
         assert s["nan_count"] == 0 and not math.isnan(s["mean"])
 
 
+def test_an_in_place_op_on_a_tensor_not_seen_before_records_it_as_it_was(tmp_path,
+                                                                         slow_helper):
+    x = torch.randn(4 * _SMALL)  # made outside the block: its first record is the op's input
+    want = _expected(x)
+    with dumper(dump_path=tmp_path / "s.h5", mode="statistics") as d:
+        assert d._recorder._deferred is not None
+        x.mul_(0)
+    with load_dump(tmp_path / "s.h5") as dump:
+        (mul,) = dump.records
+    s = mul.inputs[0].stats
+    assert (s["min"], s["max"]) == want[:2]
+    assert mul.outputs[0].stats["max"] == 0.0
+
+
 def test_an_idle_step_waits_for_the_pending_statistics(tmp_path, slow_helper):
     x = torch.randn(4 * _SMALL)
     with dumper(dump_path=tmp_path / "s.h5", mode="statistics", steps=[0]) as d:

@@ -154,10 +154,6 @@ class Recorder:
             self._deferred.drain()
 
     def before(self, call: OpCall) -> None:
-        plan = call.plan
-        if self._deferred is not None and (plan.mutable or not plan.aten
-                                           or plan.collective is not None):
-            self._deferred.drain()  # this op may write a tensor whose statistics are pending
         uninit = self.uninit
         self._uninit_in = []
         if uninit:
@@ -171,6 +167,11 @@ class Recorder:
                                     for i, t in enumerate(call.inputs)]
         else:
             self._in_entries = []
+        plan = call.plan
+        if self._deferred is not None and (plan.mutable or not plan.aten
+                                           or plan.collective is not None):
+            # this op may write a tensor whose statistics are pending, its own inputs' too
+            self._deferred.drain()
         if self.sim is not None:
             self._n_faults = len(self.sim.applied)
 
