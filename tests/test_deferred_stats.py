@@ -19,6 +19,7 @@ from accuracy.dumpfile.stats import _SMALL
 def slow_helper(monkeypatch):
     """A spare core however many this machine has, and a helper thread slow enough that an
     op running before its job would change the figures."""
+    monkeypatch.setenv("ACCURACY_STATS_THREAD", "1")
     monkeypatch.setattr(recorder.os, "cpu_count", lambda: 64)
     real = deferred_stats.large_cpu_float_stats
 

@@ -101,7 +101,10 @@ class Recorder:
         self._n_faults = 0
         # statistics mode with a spare core, every op shown to the recorder: large CPU
         # tensors' reductions run on a helper thread (accuracy/dumper/deferred_stats.py)
+        # Opt-in (ACCURACY_STATS_THREAD=1) until it is timed on a quiet machine: one A/B at
+        # load 3.5 gave a slower step with it (GIL hand-offs), one at load 17 a faster one.
         self._deferred = (DeferredStats() if defer_stats and not self.tensor_mode
+                          and os.environ.get("ACCURACY_STATS_THREAD") == "1"
                           and torch.get_num_threads() < (os.cpu_count() or 1) else None)
 
     # -- the one write path ------------------------------------------------------------------
