@@ -194,7 +194,10 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             max_pending_bytes=self.max_pending_bytes,
         )
         self._recorder = Recorder(self._writer, self.mode, self.filter.io, self._coll,
-                                  sim=self._sim, strict=self.strict)
+                                  sim=self._sim, strict=self.strict,
+                                  # it sees every op of a recorded step, so it can wait
+                                  # before each write (idle steps wait on leaving)
+                                  defer_stats=self._sees_every_op())
         observers: list[Observer] = [] if self._loader is None else [self._loader]
         observers.append(QuantFigures())  # before the recorder: fills extra["quant"]
         observers.append(SubclassWatch())  # tensor subclasses it cannot see into: said first
@@ -226,6 +229,13 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     _installed = False
     _idle_allowed = True
 
+    def _sees_every_op(self) -> bool:
+        """Whether the recorder is shown every op while the mode is installed (no op, module
+        or phase filter, no select/load/overflow mode)."""
+        f = self.filter
+        return (not (f.ops or f.exclude_ops or f.modules) and f.phases == Filter().phases
+                and self.select is None and self._loader is None and self._overflow is None)
+
     def _set_installed(self, on: bool, exit_info: tuple[Any, Any, Any] | None = None) -> None:
         """Install the dispatch mode and module scope for a recorded step, or take them off
         for an idle one. Taken off only when ours is the innermost mode (another mode entered
@@ -246,6 +256,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             self._idle_allowed = False
             return
         self._installed = False
+        self._recorder.drain()  # unwatched ops follow: no statistics may still be pending
         exit_info = exit_info or (None, None, None)
         try:
             self._mode.__exit__(*exit_info)

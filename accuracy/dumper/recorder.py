@@ -10,6 +10,7 @@ pre-op values) and its outputs after. Each distinct tensor state (object identit
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -22,12 +23,13 @@ from accuracy.aten import (
     written_tensors,
 )
 from accuracy.dumper import collectives
+from accuracy.dumper.deferred_stats import DeferredStats
 from accuracy.dumper.identity import TensorStates, same_memory
 from accuracy.dumper.opcall import OpCall
 from accuracy.dumper.uninit import Uninitialised
 from accuracy.dumpfile import schema
 from accuracy.dumpfile.argcodec import encode_call
-from accuracy.dumpfile.stats import tensor_stats
+from accuracy.dumpfile.stats import flat_view, tensor_stats
 from accuracy.dumpfile.writer import DumpWriteError, DumpWriter, OpEntry, TensorEntry
 
 log = logging.getLogger(__name__)
@@ -75,7 +77,8 @@ class Recorder:
     """Writes op calls into one dump; as an observer, records every op it is shown."""
 
     def __init__(self, writer: DumpWriter, mode: str, io: frozenset[str] | set[str],
-                 coll: collectives.Collectives, sim: Any = None, strict: bool = False) -> None:
+                 coll: collectives.Collectives, sim: Any = None, strict: bool = False,
+                 defer_stats: bool = False) -> None:
         self.writer = writer
         self.tensor_mode = mode == "tensor"
         self.want_inputs = "input" in io
@@ -96,6 +99,13 @@ class Recorder:
         # per call, between before() and after()
         self._in_entries: list[TensorEntry] = []
         self._n_faults = 0
+        # statistics mode with a spare core, every op shown to the recorder: large CPU
+        # tensors' reductions run on a helper thread (accuracy/dumper/deferred_stats.py)
+        # Opt-in (ACCURACY_STATS_THREAD=1) until it is timed on a quiet machine: one A/B at
+        # load 3.5 gave a slower step with it (GIL hand-offs), one at load 17 a faster one.
+        self._deferred = (DeferredStats() if defer_stats and not self.tensor_mode
+                          and os.environ.get("ACCURACY_STATS_THREAD") == "1"
+                          and torch.get_num_threads() < (os.cpu_count() or 1) else None)
 
     # -- the one write path ------------------------------------------------------------------
 
@@ -148,6 +158,11 @@ class Recorder:
         with torch._C._DisableTorchDispatch():
             self.uninit.after(call_plan, inputs, outputs, written)
 
+    def drain(self) -> None:
+        """Wait for the statistics still being computed (before memory may be written)."""
+        if self._deferred is not None:
+            self._deferred.drain()
+
     def before(self, call: OpCall) -> None:
         uninit = self.uninit
         self._uninit_in = []
@@ -162,6 +177,11 @@ class Recorder:
                                     for i, t in enumerate(call.inputs)]
         else:
             self._in_entries = []
+        plan = call.plan
+        if self._deferred is not None and (plan.mutable or not plan.aten
+                                           or plan.collective is not None):
+            # this op may write a tensor whose statistics are pending, its own inputs' too
+            self._deferred.drain()
         if self.sim is not None:
             self._n_faults = len(self.sim.applied)
 
@@ -254,6 +274,9 @@ class Recorder:
             extra["tensor_names"] = names
 
     def finish(self) -> dict[str, Any]:
+        if self._deferred is not None:
+            self._deferred.close()
+            self._deferred = None
         return {}
 
     # -- tensors -----------------------------------------------------------------------------
@@ -293,6 +316,8 @@ class Recorder:
                 entry.first = same_as.first
                 self.seen.put(t, (entry.first, entry.stats))
                 return entry
+        elif self._deferred is not None and self._deferred.wants(flat := flat_view(t)):
+            entry.stats = self._deferred.submit(flat)
         else:
             entry.stats = tensor_stats(t)
         if self.tensor_mode:

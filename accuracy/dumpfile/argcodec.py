@@ -61,10 +61,12 @@ def encode_call(
     args: Sequence[Any], kwargs: dict[str, Any], tensor_index: Callable[[torch.Tensor], int]
 ) -> str:
     """JSON for one call; `tensor_index` gives each tensor its input placeholder number."""
-    return json.dumps(
-        {"args": _encode(list(args), tensor_index), "kwargs": _encode(kwargs, tensor_index)},
-        separators=(",", ":"),
-    )
+    return _COMPACT.encode(
+        {"args": _encode(list(args), tensor_index), "kwargs": _encode(kwargs, tensor_index)})
+
+
+# json.dumps with any non-default option builds a new encoder per call; this runs per op
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 class UnrebuildableArgument(AccuracyError, ValueError):
