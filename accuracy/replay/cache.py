@@ -217,18 +217,25 @@ class TensorCache:
 def _hashed_outputs(recs: Sequence[OpRecord]) -> dict[Any, int]:
     """Stored bytes first made by an op of `recs` as an output that has a content hash
     (`_raw_key` -> that op's position), not seen as an input before it. Ops whose replay is
-    refused for sure (random draws, compiled kernels...) make nothing here: theirs are read."""
+    refused for sure (random draws, compiled kernels...) and workspace outputs (never
+    compared) make nothing here: theirs are read ahead like any input. An rng-tagged op
+    that is re-run (attention with dropout_p=0) does make its outputs."""
+    from accuracy.aten import workspace_outputs
+    from accuracy.replay.ops import refused_for_sure
+
     seen: set[Any] = set()
     made: dict[Any, int] = {}
     for i, rec in enumerate(recs):
         for t in rec.inputs:
             if t.has_data:
                 seen.add(TensorCache._raw_key(t))
-        if any(rec.extra.get(k) for k in ("rng", "compiled", "uninitialized")):
+        if refused_for_sure(rec):
             continue
+        scratch = workspace_outputs(rec.op)
         for t in rec.outputs:
             key = TensorCache._raw_key(t)
-            if t.has_data and t.content_hash != NO_HASH and key not in seen:
+            if t.has_data and t.content_hash != NO_HASH and key not in seen \
+                    and t.idx not in scratch:
                 made.setdefault(key, i)
     return made
 

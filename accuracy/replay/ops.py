@@ -147,6 +147,25 @@ def rng_disabled(fn: Any, args: Any, kwargs: dict[str, Any]) -> bool:
 RNG_REASON = "rng op: its random draws cannot be reproduced on the reference"
 
 
+def refused_for_sure(rec: OpRecord) -> bool:
+    """Whether `replay_op` refuses `rec` before running anything (compiled kernel,
+    uninitialised factory, collective, profiler marker, random draws it cannot reproduce),
+    decided from the record alone, reading no tensor. An rng-tagged op whose randomness is
+    off (attention with dropout_p=0) or that has its own reference (dropout from its mask)
+    is re-run: its outputs can be settled by their hash."""
+    extra = rec.extra
+    if extra.get("compiled") or extra.get("uninitialized") or "collective" in extra \
+            or is_collective(rec.op) or rec.op.startswith("profiler."):
+        return True
+    if not extra.get("rng") or lookup_reference(rec.op) is not None \
+            or rec.op.startswith("aten._scaled_mm.") or rec.op == "aten.native_dropout.default":
+        return False
+    try:
+        return not _rng_disabled(rec)
+    except (TypeError, KeyError, IndexError, AttributeError, RuntimeError):
+        return True  # replay_op reports it; here its outputs are just read ahead
+
+
 def _kernel(rec: OpRecord) -> tuple[Any, str]:
     if is_collective(rec.op) or "collective" in rec.extra:
         raise Unreplayable("collective: it needs the other ranks; give all ranks' dumps to "
