@@ -151,17 +151,21 @@ class TensorCache:
             self._ahead_total -= self._ahead_bytes.pop(key)
 
     def read_ahead(self, recs: Sequence[OpRecord], device: torch.device | None = None,
-                   ops: int = _AHEAD_OPS, nbytes: int = _AHEAD_BYTES) -> Iterator[OpRecord]:
+                   ops: int = _AHEAD_OPS, nbytes: int = _AHEAD_BYTES,
+                   refused: Callable[[OpRecord], bool] = lambda rec: True
+                   ) -> Iterator[OpRecord]:
         """`recs`, in order, while a reader thread fetches the stored tensors of the next
         `ops` ops (at most `nbytes` of them beyond the current op), inputs with their
-        strides restored on `device`."""
+        strides restored on `device`. `refused(rec)`: whether the replay refuses `rec` for
+        sure (`ops.refused_for_sure`); the outputs of ops it re-runs are not read ahead,
+        their hashes may prove them. By default every op's bytes are read ahead."""
         if self._reader is not None:  # already reading ahead for an enclosing loop
             yield from recs
             return
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="accuracy-replay-read")
         sizes: dict[int, int] = {}
         ahead = nxt = 0
-        made = _hashed_outputs(recs)
+        made = _hashed_outputs(recs, refused)
         try:
             for i, rec in enumerate(recs):
                 while nxt < len(recs) and nxt <= i + ops:
@@ -214,14 +218,14 @@ class TensorCache:
         return self._put(key, value.to(dtype))
 
 
-def _hashed_outputs(recs: Sequence[OpRecord]) -> dict[Any, int]:
+def _hashed_outputs(recs: Sequence[OpRecord],
+                    refused: Callable[[OpRecord], bool]) -> dict[Any, int]:
     """Stored bytes first made by an op of `recs` as an output that has a content hash
     (`_raw_key` -> that op's position), not seen as an input before it. Ops whose replay is
     refused for sure (random draws, compiled kernels...) and workspace outputs (never
     compared) make nothing here: theirs are read ahead like any input. An rng-tagged op
     that is re-run (attention with dropout_p=0) does make its outputs."""
     from accuracy.aten import workspace_outputs
-    from accuracy.replay.ops import refused_for_sure
 
     seen: set[Any] = set()
     made: dict[Any, int] = {}
@@ -229,7 +233,7 @@ def _hashed_outputs(recs: Sequence[OpRecord]) -> dict[Any, int]:
         for t in rec.inputs:
             if t.has_data:
                 seen.add(TensorCache._raw_key(t))
-        if refused_for_sure(rec):
+        if refused(rec):
             continue
         scratch = workspace_outputs(rec.op)
         for t in rec.outputs:

@@ -43,7 +43,7 @@ def run_ops(seqs: list[int], path: str, on: str, upcast: str, metrics_only: bool
     """A Dask task: replay these seqs of the dump at `path` (kept open between tasks)."""
     from accuracy.replay.emulate import Emulation
     from accuracy.replay.kernels import kernel_references, references
-    from accuracy.replay.ops import caching, replay_op
+    from accuracy.replay.ops import caching, refused_for_sure, replay_op
 
     tune_worker_malloc()
     st = _state(path, on)
@@ -54,7 +54,8 @@ def run_ops(seqs: list[int], path: str, on: str, upcast: str, metrics_only: bool
     with caching(cache), kernel_references(st["kernels"]):
         emulation = Emulation.from_attrs(d.attrs)
         out = [replay_op(rec, device, upcast, keep=not metrics_only, emulation=emulation)
-               for rec in cache.read_ahead([d.record(s) for s in seqs], device)]
+               for rec in cache.read_ahead([d.record(s) for s in seqs], device,
+                                          refused=refused_for_sure)]
     if metrics_only:
         for o in out:
             o.tensors = []

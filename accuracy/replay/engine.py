@@ -29,7 +29,7 @@ from accuracy.patterns import op_matches
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.emulate import Emulation
 from accuracy.replay.kernels import kernel_references, references
-from accuracy.replay.ops import OK, OpOutcome, caching, replay_op
+from accuracy.replay.ops import OK, OpOutcome, caching, refused_for_sure, replay_op
 from accuracy.replay.rebuild import UPCASTS
 
 log = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ def _outcomes(d: Dump, recs: list[OpRecord], on: str, upcast: str, jobs: int,
         cache = TensorCache()
         emulation = Emulation.from_attrs(d.attrs)
         with caching(cache), kernel_references(references(d.records)):
-            for rec in cache.read_ahead(recs, device):
+            for rec in cache.read_ahead(recs, device, refused=refused_for_sure):
                 yield replay_op(rec, device, upcast, keep=not metrics_only,
                                 emulation=emulation)
         return
