@@ -16,7 +16,7 @@ The reference is JSON read from an untrusted dump: ops are looked up in `torch.o
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -143,10 +143,9 @@ def _graph_fn(nodes: list[dict[str, Any]], fns: list[Any], outputs: list[Any],
 
 
 def replay_kernel(rec: OpRecord, device: torch.device, upcast: str,
-                  cache: TensorCache) -> Any:
-    """Replay one kernel row (an OpOutcome); Unreplayable with the reason when it can't."""
-    from accuracy.replay.ops import rerun
-
+                  cache: TensorCache, rerun: Callable[..., Any]) -> Any:
+    """Replay one kernel row (an OpOutcome); Unreplayable with the reason when it can't.
+    `rerun` is `ops.rerun`, handed in by `ops._replay` (this module imports no `ops`)."""
     ref = _reference(rec)
     inputs, nodes, outputs, how = _check(ref, rec)
     try:

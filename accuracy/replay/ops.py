@@ -282,7 +282,7 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache
             keep: bool = True, emulation: Emulation | None = None) -> OpOutcome:
     if rec.extra.get("compiled") == "inductor":  # a fused kernel: re-run its ATen ops
         from accuracy.replay.kernels import replay_kernel
-        return replay_kernel(rec, device, upcast, cache)
+        return replay_kernel(rec, device, upcast, cache, rerun)
     check_inputs(rec)
     fn, note = _kernel(rec)
     not_data = uninitialised_inputs(rec)
