@@ -13,6 +13,26 @@ HERE = Path(__file__).resolve().parent
 MSPROBE_PY = HERE / ".msprobe-venv" / "bin" / "python"
 
 
+def on_device(profile: str | None):
+    """The `sim` accelerator with `profile`, or plain CPU (a null context) for None."""
+    import contextlib
+
+    if profile is None:
+        return contextlib.nullcontext()
+    from accuracy.device_backend import sim
+
+    return sim(profile=profile)
+
+
+def bare_step(model, batch, profile: str | None) -> None:
+    """One bench step on the device `profile` names, gradients dropped after it."""
+    from accuracy.examples import bench_step
+
+    with on_device(profile):
+        bench_step(model, batch)
+    model.zero_grad(set_to_none=True)
+
+
 def timed(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
     """Median wall time of `fn` in seconds."""
     for _ in range(warmup):

@@ -29,27 +29,23 @@ HERE = Path(__file__).resolve()
 
 
 def _child(args: argparse.Namespace) -> None:
-    import contextlib
 
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from _common import bare_step, on_device
+
     from accuracy.examples import bench_setup, bench_step
 
     model, batch = bench_setup()
     profile = None if args.profile == "none" else args.profile
 
     def device():
-        if profile is None:
-            return contextlib.nullcontext()
-        from accuracy.device_backend import sim
-        return sim(profile=profile)
+        return on_device(profile)
 
     def bare() -> None:
-        with device():
-            bench_step(model, batch)
-        model.zero_grad(set_to_none=True)
+        bare_step(model, batch, profile)
 
     if args.job == "dump":
         from accuracy import dumper

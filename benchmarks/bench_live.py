@@ -15,7 +15,6 @@ Run: .venv/bin/python benchmarks/bench_live.py [--repeat 3] [--profile fp16-cube
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shutil
 import statistics
 import tempfile
@@ -23,7 +22,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import timed
+from _common import bare_step, on_device, timed
 
 from accuracy import dumper
 from accuracy.examples import bench_setup, bench_step
@@ -44,15 +43,10 @@ def main() -> None:
     model, batch = bench_setup()
 
     def device():
-        if profile is None:
-            return contextlib.nullcontext()
-        from accuracy.device_backend import sim
-        return sim(profile=profile)
+        return on_device(profile)
 
     def bare() -> None:
-        with device():
-            bench_step(model, batch)
-            model.zero_grad(set_to_none=True)
+        bare_step(model, batch, profile)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_live_"))
     rows: dict[str, list[float]] = {"live check": [], "dump": [], "replay": [],

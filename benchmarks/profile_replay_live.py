@@ -13,7 +13,6 @@ Run: PYTHONPATH=$PWD [OMP_NUM_THREADS=1] python benchmarks/profile_replay_live.p
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import os
 import pstats
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import bare_step, on_device
 
 from accuracy import dumper
 from accuracy.examples import bench_setup, bench_step
@@ -75,15 +75,10 @@ def main() -> None:
     model, batch = bench_setup()
 
     def device():
-        if profile is None:
-            return contextlib.nullcontext()
-        from accuracy.device_backend import sim
-        return sim(profile=profile)
+        return on_device(profile)
 
     def bare() -> None:
-        with device():
-            bench_step(model, batch)
-        model.zero_grad(set_to_none=True)
+        bare_step(model, batch, profile)
 
     tmp = Path(tempfile.mkdtemp(prefix="profile_rl_"))
     dump, out = tmp / "tensor.h5", tmp / "replay.h5"
