@@ -138,3 +138,23 @@ def test_pairing_follows_source_line_and_op_not_the_nearest_value():
     assert pairs[0].golden_op.seq == 2 and pairs[1].golden_op.seq == 1  # v, then k
     assert pairs[2].golden is None and "output 0 of aten.var_mean" in pairs[2].reason
     assert pairs[2].reason.startswith("only in my run")
+
+
+def test_replay_of_the_compiled_gpt2_judges_every_kernel_honest(gpt2, tmp_path):
+    """The loss kernel finishes its reductions in place in memory it reuses (`buf7 = buf6  #
+    reuse`, an in/out pointer): that memory held nothing before the launch. Taken as the
+    kernel's input, its reference divided garbage and named the clean kernel the culprit."""
+    from accuracy.replay import replay
+
+    eager, comp = gpt2
+    out = tmp_path / "replay.h5"
+    r = replay(comp, out)
+    assert r.failed == 0
+    rep = compare(comp, eager, replay=out)
+    counts = rep.summary["counts"]
+    assert counts["error"] == 0 and counts["warning"] == 0, rep.format()
+    assert rep.culprit is None
+    with load_dump(out) as d:
+        kernels = [rec.extra["replay"] for rec in d.records if rec.op.startswith("inductor.")
+                   and rec.extra.get("replay", {}).get("status") == "ok"]
+    assert len(kernels) >= 15  # the kernels really were re-run as their ATen ops

@@ -218,7 +218,15 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
         return None
     info = KernelInfo(next(_ids), kernel_name, graph, names, outputs, origins, primary, held)
     reuses = reuses or {}
-    info.before = [names[i] for i in outputs if names[i] in reuses]
+
+    def filled(old: str) -> bool:
+        """Whether the memory an output reuses held a value before this launch: a graph
+        input, or a buffer an earlier kernel or extern call wrote. A buffer allocated and
+        first written by this very kernel (a reduction it finishes in place) held nothing."""
+        return old in seen or old in g.graph_inputs or isinstance(
+            g.try_get_buffer(old), ir.ExternKernel)
+
+    info.before = [names[i] for i in outputs if names[i] in reuses and filled(reuses[names[i]])]
     try:
         info.graph_code = _subgraph_code(g, names, outputs,
                                          {b: reuses[b] for b in info.before})
