@@ -158,3 +158,18 @@ def test_metadata_damage_is_refused_by_every_reader(tmp_path, damage, capsys):
 
     with pytest.raises(DumpError, match="damaged"):
         compare(my, golden)
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 7, 240, 4096, 1 << 20, (3 << 20) + 5])
+def test_whole_buffer_hash_equals_the_chunked_hash(nbytes):
+    """The writer hashes a tensor's bytes in one call; compare and the bounded reads go chunk
+    by chunk: both must reach the same stored value, or every dump would read as damaged."""
+    from accuracy.dumpfile.checksum import ContentHash, content_hash
+
+    raw = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    for piece in (1 if nbytes <= 4096 else 4093, 32768, max(nbytes, 1)):
+        h = ContentHash()
+        for s in range(0, nbytes, piece):
+            h.update(raw[s:s + piece])
+        assert h.value == content_hash(raw)
+    assert content_hash(raw[::2]) == content_hash(np.ascontiguousarray(raw[::2]))

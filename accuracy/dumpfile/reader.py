@@ -29,6 +29,7 @@ from accuracy.dumpfile.checksum import (
     Checksum,
     ContentHash,
     attrs_hash,
+    content_hash,
     rows_hash,
     running_check,
 )
@@ -563,6 +564,9 @@ class Dump:
 
     def check_bytes(self, t: TensorRecord, raw: np.ndarray) -> None:
         """Raise DumpError when `raw` (all of `t`'s bytes) does not match the stored check."""
+        if t.content_hash != NO_HASH:  # all the bytes at hand: one call, not a running state
+            self.check_checksum(t.address, content_hash(raw), t.content_hash)
+            return
         c = self.new_check(t)
         if c is None:
             return
