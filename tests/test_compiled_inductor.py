@@ -249,3 +249,20 @@ def test_a_kernel_that_cannot_be_rebuilt_says_why(runs, tmp_path):
     odd = dataclasses.replace(rec, extra={**rec.extra, "reference": ref})
     out = replay_op(odd, torch.device("cpu"), "fp64")
     assert out.status == SKIPPED and "aten.no_such_op.default" in out.reason
+
+
+@pytest.mark.parametrize(("spelled", "named"), [
+    ("L['self'].blocks[1].fc1", "blocks.1.fc1"),
+    # transformers' decorated forward(*args): dynamo reaches the model as L['args'][0]
+    ("L['args'][0].model.layers.0.mlp", "model.layers.0.mlp"),
+    ("L['kwargs']['model'].lm_head", "lm_head"),
+    ("L['self']._modules['h']._modules['1'].attn", "h.1.attn"),
+    ("L['args'][0]", ""),
+])
+def test_kernel_rows_name_modules_as_eager_rows_do(spelled, named):
+    """A kernel row's module must read as the eager row's, or compiled and eager values are
+    never paired (a tiny Llama compiled: 64 of 67 kernel outputs 'only in my run', PASS)."""
+    from accuracy.compiled.inductor import _module_path
+
+    assert _module_path({"nn_module_stack": {"k": (spelled, torch.nn.Linear)}}) == \
+        (named, "Linear")

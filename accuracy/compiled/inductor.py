@@ -26,6 +26,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from accuracy.dumper.fxnames import module_path
+
 log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
@@ -35,7 +37,6 @@ _ids = itertools.count(1)
 KERNELS: dict[int, KernelInfo] = {}  # kernel id (in generated code) -> what it is
 SINKS: list[Any] = []  # recording sources: `.kernel(info, tensors)`
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MODULE_KEY = re.compile(r"^L\['[^']*'\]\.?")
 
 
 @dataclass
@@ -84,8 +85,7 @@ def _module_path(meta: dict[str, Any]) -> tuple[str, str]:
     if not stack:
         return "", ""
     path, typ = list(stack.values())[-1]
-    path = _MODULE_KEY.sub("", str(path))
-    path = re.sub(r"\._modules\['([^']*)'\]", r".\1", path).strip(".")
+    path = module_path(str(path))
     name = getattr(typ, "__name__", None) or str(typ).rsplit(".", 1)[-1].strip("'>")
     return path, name
 
