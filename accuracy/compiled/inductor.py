@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from accuracy.dumper.fxnames import module_path
+from accuracy.compiled.names import module_path
 
 log = logging.getLogger(__name__)
 
