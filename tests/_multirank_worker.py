@@ -133,6 +133,32 @@ def fsdp_ln(out: str, fault: bool, size: float = 0.05, profile: str = "exact") -
     return {}
 
 
+def fsdp_live(out: str) -> dict:
+    """FSDP2 over the LayerNorm model under `live_check` (no dumper): what it judged and
+    skipped, per call, for the test to read."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from accuracy.live import live_check
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    m = _ln_model()
+    for layer in (m[0], m[3]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False)
+    with live_check() as chk:
+        for _ in range(2):  # the second step reuses the buffers FSDP2 freed with resize_(0)
+            m(_batch(dist.get_rank())[0]).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    return {"counts": {str(k): v for k, v in chk.counts().items()},
+            "errors": [r.describe() for r in chk.errors()],
+            "ops": [{"seq": r.seq, "op": r.op, "status": r.status, "reason": r.reason,
+                     "verdict": None if r.verdict is None else str(r.verdict)}
+                    for r in chk.results]}
+
+
 class _Scale(nn.Module):
     def __init__(self, s: float) -> None:
         super().__init__()
@@ -175,6 +201,7 @@ SCENARIOS = {
     "fsdp-gold-b": lambda out: fsdp_ln(out, fault=False),
     "fsdp-fault": lambda out: fsdp_ln(out, fault=True),
     "fsdp-fault-bf16": lambda out: fsdp_ln(out, fault=True, size=0.01, profile="bf16"),
+    "fsdp-live": fsdp_live,
     "tp-gold": lambda out: tp(out, None, 1.0),
     "tp-sim": lambda out: tp(out, "fp16-cube", 1.0),
     "tp-scale": lambda out: tp(out, None, 1.05),

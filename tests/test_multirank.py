@@ -32,7 +32,7 @@ from accuracy.replay.collectives import check_collectives, replay_ranks
 
 WORLD = 2
 SCENARIOS = ("functional,dtensor,fsdp,ranks,ddp-golden,ddp-fault,ddp-fp16,fsdp-gold-a,"
-             "fsdp-gold-b,fsdp-fault,fsdp-fault-bf16,tp-gold,tp-sim,tp-scale")
+             "fsdp-gold-b,fsdp-fault,fsdp-fault-bf16,fsdp-live,tp-gold,tp-sim,tp-scale")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -290,6 +290,26 @@ def test_fsdp2_gold_vs_gold_judges_no_uninitialised_bytes(runs, tmp_path):
     with load_dump(tmp_path / "r_0.h5") as rp:
         steps = [r for r in rp.records if r.op == "aten.addcdiv_.default"]
         assert steps and all(r.extra["replay"]["status"] == "ok" for r in steps)
+
+
+def test_fsdp2_live_check_skips_unfilled_buffers_and_judges_the_compute(runs):
+    """Live check over two FSDP2 steps (gold, CPU): the copy-in reads the all-gather buffer
+    while other ranks' parts of it are unfilled (not judged, whatever it held), and every
+    matmul and layer norm runs on parameters the all-gather filled (judged), also in the
+    second step, whose parameters FSDP2 freed and brought back with `storage.resize_`."""
+    compute = ("aten.addmm.default", "aten.mm.default", "aten.native_layer_norm.default",
+               "aten.native_layer_norm_backward.default", "aten.gelu.default")
+    for rank in range(WORLD):
+        res = _result(runs, "fsdp-live", rank)
+        assert res["errors"] == [] and "warning" not in res["counts"], res["counts"]
+        ops = res["ops"]
+        copy_in = [o for o in ops if o["op"] == "fsdp.all_gather_copy_in.default"]
+        assert copy_in and all(o["status"] == "skipped" and
+                               o["reason"].startswith("uninitialised memory") for o in copy_in)
+        judged = [o for o in ops if o["op"] in compute]
+        assert all(o["status"] == "ok" and o["verdict"] == "pass" for o in judged), [
+            (o["seq"], o["op"], o["reason"]) for o in judged if o["status"] != "ok"]
+        assert sum(o["op"] == "aten.addmm.default" for o in judged) == 4  # 2 linears x 2 steps
 
 
 def test_fsdp2_fault_on_rank_1_is_found_and_rank_1_diverged_first(runs):

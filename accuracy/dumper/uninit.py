@@ -14,6 +14,10 @@ arguments of overwriting ops (`copy_`, `fill_`, `out=`), the outputs of collecti
 receive data (all-gather, reduce-scatter, broadcast), and for ops returning a buffer they fill
 only partly (`aten.PARTLY_FILLED_OUTPUTS`), everything but that buffer.
 
+The live check (`accuracy/live/check.py`) follows memory with the same class and leaves an
+op unjudged when it reads such bytes or leaves an output touching them: one definition of
+"bytes that are not data" for the dump, compare, replay and the live check.
+
 A storage is identified by its StorageImpl and checked against a weak reference on every
 look-up (memory freed and its address reused is never taken for the old buffer). A storage
 an uninitialised factory made stays watched after it is filled: when its data pointer changes

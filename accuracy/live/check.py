@@ -7,6 +7,11 @@ the same local error figures, and the same rule as `accuracy compare` judges the
 (`accuracy.compare.verdict.judge_local`). Only the figures are kept: no tensor is stored, and
 inputs are copied to the reference one op at a time, so memory stays bounded.
 
+Bytes that are not data are followed as the dumper follows them (`accuracy/dumper/uninit.py`,
+one `Uninitialised` per block, updated by every op, checked or not): an op that reads bytes no
+op has written since an `empty*` (FSDP2's all-gather buffer before its collective, any buffer
+filled many calls after its allocation), or leaves an output touching them, is not judged.
+
 Under `sim`, enter `live_check` inside `sim(...)` (like the dumper): it then sees each op's
 real arguments and the sim's faulty result, as on hardware.
 """
@@ -24,14 +29,22 @@ from typing import Any
 
 import torch
 
-from accuracy.aten import workspace_outputs
+from accuracy.aten import (
+    OpPlan,
+    overwritten_ids,
+    plan_of,
+    returns_nothing,
+    workspace_outputs,
+    written_tensors,
+)
 from accuracy.compare import verdict as V
 from accuracy.compare.precision import ComputePrecision
 from accuracy.compiled.watch import CompileWatch, mode_is_on
 from accuracy.dumper.flatten import tensors_in
+from accuracy.dumper.uninit import Uninitialised
 from accuracy.dumpfile.compiled import blind_lines
 from accuracy.errors import AccuracyError
-from accuracy.live.select import UNINITIALISED_REASON, Selection, Site, SiteMode, unrunnable
+from accuracy.live.select import Selection, Site, SiteMode, unrunnable
 from accuracy.replay.engine import reference_device
 from accuracy.replay.ops import (
     FAILED,
@@ -48,7 +61,7 @@ from accuracy.replay.registry import lookup_reference
 
 log = logging.getLogger(__name__)
 STOP_ON = (None, "error", "warning")
-_UNINIT_WINDOW = 16
+UNFILLED_REASON = "uninitialised memory (bytes no op has written since empty*): not judged"
 _RANK = {None: 0, V.PASS: 1, V.WARNING: 2, V.ERROR: 3}
 
 
@@ -215,7 +228,7 @@ class LiveCheck(SiteMode):
         self._site: Site | None = None
         self._names: dict[Any, str] = {}
         self._warned_stack = False
-        self._uninit: dict[int, int] = {}  # storage address of an empty* output -> its call
+        self._uninit = Uninitialised()  # bytes no op has filled yet (as the dumper follows)
         self.compiled: dict[str, Any] = {}  # compiled regions entered (accuracy/compiled/watch)
 
     # -- context ------------------------------------------------------------------------
@@ -226,7 +239,7 @@ class LiveCheck(SiteMode):
         self.precision = ComputePrecision.from_sources(self.cfg, attrs)
         self.results, self.calls, self.notes, self.checked = [], 0, [], 0
         self._counts, self._reasons = Counter(), Counter()
-        self._uninit = {}
+        self._uninit = Uninitialised()
         self._start()
         self._compiled = CompileWatch(
             mode_is_on(lambda: self._mode),
@@ -255,21 +268,30 @@ class LiveCheck(SiteMode):
         assert site is not None
         phase, module, source = site.locate()
         name = self._op_name(func)
+        plan = plan_of(func)
         if not self.selection.wants(seq, name, module, phase):
             out = func(*args, **kwargs)
-            site.after(phase, module, seq, source, tensors_in(out))
+            outs = tensors_in(out)
+            site.after(phase, module, seq, source, outs)
+            if plan.uninitialised or self._uninit:  # unchecked ops fill memory too
+                self._follow(func, plan, args, kwargs, tensors_in(kwargs, tensors_in(args)),
+                             outs)
             return out
         self._check_stacking()
         result = OpResult(seq, name, phase, module, source, SKIPPED)
-        reason = unrunnable(func, name, args, kwargs) or self._uninitialised(func, seq, args)
+        inputs = tensors_in(kwargs, tensors_in(args))
+        reason = unrunnable(func, name, args, kwargs)
+        if reason is None and self._reads_unfilled(plan, args, kwargs, inputs):
+            reason = UNFILLED_REASON
         snapshot = None
         if reason is None:
             snapshot = self._snapshot(func, args, kwargs, result)
         out = func(*args, **kwargs)
         outs = tensors_in(out)
         site.after(phase, module, seq, source, outs)
-        if reason == UNINITIALISED_REASON and outs and _storage(outs[0]) > 0:
-            self._uninit[_storage(outs[0])] = seq
+        if (plan.uninitialised or self._uninit) and \
+                self._follow(func, plan, args, kwargs, inputs, outs) and reason is None:
+            reason = UNFILLED_REASON  # it left (part of) an output unfilled: not data
         if reason is not None:
             result.reason = reason
         elif snapshot is not None:
@@ -284,19 +306,31 @@ class LiveCheck(SiteMode):
             raise LiveCheckError(result)
         return out
 
-    def _uninitialised(self, func: Any, seq: int, args: tuple) -> str | None:
-        """Views of an empty* output hold uninitialised memory until an op writes it; not
-        judged (as compare leaves them), followed for at most _UNINIT_WINDOW calls."""
-        if not self._uninit:
-            return None
-        self._uninit = {k: v for k, v in self._uninit.items() if seq - v <= _UNINIT_WINDOW}
-        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if first is None or _storage(first) not in self._uninit:
-            return None
-        if func._schema.is_mutable:  # written: initialised from here on
-            del self._uninit[_storage(first)]
-            return None
-        return "uninitialised memory (empty*, before its first write): not judged"
+    def _reads_unfilled(self, plan: OpPlan, args: tuple, kwargs: dict,
+                        inputs: list[torch.Tensor]) -> bool:
+        """Whether the op reads bytes no op has written since an empty* made them (the
+        dumper's rule, `accuracy/dumper/uninit.py`). An argument it overwrites without
+        reading (`copy_`'s, `fill_`'s target, `out=`) does not count: what it held is
+        never used, and `_follow` sees whether the op filled it."""
+        uninit = self._uninit
+        if not uninit:
+            return False
+        skip = overwritten_ids(plan, args, kwargs)
+        with torch._C._DisableTorchDispatch():
+            return any(uninit.holds(t) for t in inputs if id(t) not in skip)
+
+    def _follow(self, func: Any, plan: OpPlan, args: tuple, kwargs: dict,
+                inputs: list[torch.Tensor], outs: list[torch.Tensor]) -> bool:
+        """Follow uninitialised memory through one op that ran, as the dumper's recorder
+        does: what it allocated uninitialised, what it filled. True when an output (other
+        than an empty*'s own, which `unrunnable` names) still touches unfilled bytes."""
+        if not outs and plan.mutable and returns_nothing(func):
+            outs = written_tensors(func, args, kwargs)  # a fused op's results are its writes
+        uninit = self._uninit
+        with torch._C._DisableTorchDispatch():
+            uninit.after(plan, inputs, outs, overwritten_ids(plan, args, kwargs))
+            return not plan.uninitialised and bool(uninit) and any(uninit.holds(t)
+                                                                    for t in outs)
 
     def _snapshot(self, func: Any, args: tuple, kwargs: dict, result: OpResult
                   ) -> list[torch.Tensor] | None:
@@ -433,13 +467,6 @@ class LiveCheck(SiteMode):
 def _worst_ratio(r: OpResult) -> float:
     vals = [o.get("error_ratio") for o in r.outputs if o.get("error_ratio") is not None]
     return max(vals, default=0.0)
-
-
-def _storage(t: torch.Tensor) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):
-        return -1
 
 
 def _finite_or_none(v: Any) -> Any:
