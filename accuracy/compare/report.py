@@ -11,7 +11,7 @@ from typing import Any
 
 from accuracy.compare.row import JUDGED, Row
 from accuracy.compare.row import Verdict as V
-from accuracy.compare.terminal import format_summary
+from accuracy.compare.terminal import NOT_COMPARED, format_summary
 from accuracy.compare.writers import DEFAULT_FORMATS, WRITERS
 from accuracy.compare.writers import FORMATS as ALL_FORMATS
 from accuracy.errors import InputNotFoundError, OutputExistsError, UsageError
@@ -87,19 +87,41 @@ def analyse(rows: list[Row], cfg: dict[str, Any], meta: dict[str, Any]
                      "device dump (`accuracy replay`) and compare with -r to confirm which "
                      "kernel is wrong")
     summary["notes"] = notes
-    matched = sum(1 for r in rows if r.verdict != V.UNMATCHED)
     judged = sum(1 for r in rows if r.verdict in (V.PASS, V.WARNING, V.ERROR))
+    mine, paired = coverage(rows)
+    summary["coverage"] = {"my_tensors": mine, "compared": paired}
     if not judged:
         summary["warning"] = (f"nothing was compared ({meta.get('ops_my', 0)} ops in my dump, "
                               f"{meta.get('ops_golden', 0)} in golden): did the dumped block run "
                               "the step, or did filters exclude everything?")
-    elif rows and matched / len(rows) < 0.5:
-        summary["warning"] = (f"only {matched} of {len(rows)} rows matched: are these dumps of "
-                              "the same model and step?")
+    elif mostly_uncompared(summary):
+        # said first with what was not seen: a verdict over 6 of 1391 tensors is no verdict
+        summary["blind"] = [*(summary.get("blind") or []),
+                            f"{NOT_COMPARED}: {mine - paired} of {mine} tensors of my run have no "
+                            "golden counterpart (are these dumps of the same model and step?)"]
     first = [m for m in meta.get("refusals") or [] if "incomplete" in m]
     if first:  # the reason for missing rows comes before any count of them
         summary["warning"] = " ".join(first + [summary.get("warning", "")]).strip()
     return summary
+
+
+def coverage(rows: list[Row]) -> tuple[int, int]:
+    """(tensors of my run, those paired with a golden tensor). Golden tensors without a
+    counterpart do not count against it: a compiled run fuses most eager values away."""
+    mine = paired = 0
+    for r in rows:
+        if r.kind == "op" and r.my_address is not None:
+            mine += 1
+            paired += r.golden_address is not None
+    return mine, paired
+
+
+def mostly_uncompared(summary: dict[str, Any]) -> bool:
+    """Fewer than half of my run's tensors had a golden counterpart: the verdict covers
+    too little of the run to pass a pipeline."""
+    c = summary.get("coverage") or {}
+    mine = c.get("my_tensors", 0)
+    return bool(mine) and c.get("compared", 0) < 0.5 * mine
 
 
 def _sort_num(x: float | None) -> float:
@@ -126,9 +148,12 @@ class Report:
 
     def exit_code(self, fail_on: str | None) -> int:
         """Non-zero for CI when a row reaches `fail_on` ('error' or 'warning'), or when
-        nothing at all was compared (an empty dump must not pass a pipeline)."""
+        nothing, or less than half of my run, was compared (an empty dump or another model's
+        dump must not pass a pipeline)."""
         c = self.summary["counts"]
         if fail_on and not (c.get(V.PASS) or c.get(V.WARNING) or c.get(V.ERROR)):
+            return 1
+        if fail_on and mostly_uncompared(self.summary):
             return 1
         if fail_on == "error" and c.get(V.ERROR):
             return 1

@@ -18,16 +18,26 @@ def _where(r: dict[str, Any]) -> str:
             f"at {r['source'] or '?'}\n      {r['my_address']}  vs  {r['golden_address']}")
 
 
+NOT_COMPARED = "not compared"  # a BLIND line: most of my run had no golden counterpart
+
+
 def verdict_text(s: dict[str, Any]) -> str:
-    """The overall verdict, qualified when compiled regions were not seen as compiled: a
-    PASS over code the dumps never saw is never printed bare."""
+    """The overall verdict, qualified when compiled regions were not seen as compiled, tensor
+    subclasses not seen into, or most of my run not compared: a PASS over code the compare
+    never saw is never printed bare."""
     blind = s.get("blind") or []
     if not blind:
         return s["verdict"].upper()
-    n = sum(1 for b in blind if "tensor subclass" not in b)
+    subclasses = sum(1 for b in blind if "tensor subclass" in b)
+    uncompared = [b for b in blind if b.startswith(NOT_COMPARED)]
+    n = len(blind) - subclasses - len(uncompared)
     parts = [f"{n} compiled region(s) not seen as compiled"] if n else []
-    if len(blind) > n:
-        parts.append(f"{len(blind) - n} tensor subclass(es) not seen into")
+    if subclasses:
+        parts.append(f"{subclasses} tensor subclass(es) not seen into")
+    if uncompared:
+        c = s.get("coverage") or {}
+        parts.append(f"{c.get('my_tensors', 0) - c.get('compared', 0)} of "
+                     f"{c.get('my_tensors', 0)} tensors of my run not compared")
     return f"{s['verdict'].upper()} over what was recorded only: {', '.join(parts)} (BLIND above)"
 
 
