@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,11 @@ class RankFiles:
 def _candidates(spec: str) -> list[Path]:
     if PLACEHOLDER in spec:
         pattern = glob.escape(spec).replace(PLACEHOLDER, "*")  # escape() leaves {} alone
-        return sorted(Path(p) for p in glob.glob(pattern) if Path(p).is_file())
+        # the placeholder stands for a rank number only: 'run/{rank}.h5' must not take the
+        # 'run/replay_0.h5' written beside it, nor 'run_{rank}.h5' a 'run_0_old.h5'
+        number = re.compile(re.escape(spec).replace(re.escape(PLACEHOLDER), r"\d+"))
+        return sorted(Path(p) for p in glob.glob(pattern)
+                      if number.fullmatch(p) and Path(p).is_file())
     folder = Path(spec)
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".h5"
                   and not p.name.startswith("."))

@@ -200,6 +200,22 @@ def _write_rank(path: Path, rank: int, x: torch.Tensor, y: torch.Tensor) -> None
     w.close({}, complete=True)
 
 
+def test_the_rank_placeholder_stands_for_a_number_only(tmp_path):
+    """'g/{rank}.h5' names g/0.h5 and g/1.h5, not the g/replay_0.h5 a replay wrote beside them
+    (that once stopped replay --overwrite and compare: 'both hold rank 0')."""
+    from accuracy.ranks import find_rank_files
+
+    a = torch.randn(8)
+    for r in (0, 1):
+        _write_rank(tmp_path / f"{r}.h5", r, a, a)
+        _write_rank(tmp_path / f"replay_{r}.h5", r, a, a)
+        _write_rank(tmp_path / f"run_{r}_old.h5", r, a, a)
+        _write_rank(tmp_path / f"run_{r}.h5", r, a, a)
+    for stem in ("", "run_"):
+        files = find_rank_files(tmp_path / f"{stem}{{rank}}.h5").files
+        assert files == {r: tmp_path / f"{stem}{r}.h5" for r in (0, 1)}
+
+
 def test_offline_check_catches_a_broken_all_reduce(tmp_path):
     a, b = torch.randn(64), torch.randn(64)
     good = a + b

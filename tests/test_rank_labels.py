@@ -4,6 +4,8 @@ clean low-precision run names no rank as diverged first."""
 
 from __future__ import annotations
 
+import pytest
+
 from accuracy.compare.multirank import merge
 from accuracy.compare.report import Report
 from accuracy.compare.row import Row
@@ -15,12 +17,12 @@ def _row(seq: int, op: str, acc: str, verdict: str = "pass", **kw) -> Row:
                accumulated_verdict=acc, verdict=verdict, **kw)
 
 
-def _report(rows: list[Row], culprit: Row | None = None, first_div: Row | None = None
-            ) -> Report:
+def _report(rows: list[Row], culprit: Row | None = None, first_div: Row | None = None,
+            verdict: str | None = None) -> Report:
     counts = {"pass": 0, "warning": 0, "error": 1 if culprit else 0, "unmatched": 0,
               "skipped": 0}
     summary = {"counts": counts, "my": "m", "golden": "g", "rows": len(rows),
-               "verdict": "error" if culprit else "pass",
+               "verdict": verdict or ("error" if culprit else "pass"),
                "culprit": culprit.as_dict() if culprit else None,
                "first_divergence": first_div.as_dict() if first_div else None}
     return Report(rows, summary)
@@ -59,3 +61,59 @@ def test_a_clean_low_precision_run_names_no_rank_diverged_first():
     assert [e["label"] for e in s["ranks"]] == ["clean", "clean"]
     text = format_ranks(s)
     assert "diverged first: none (deviations within precision only" in text
+
+
+@pytest.mark.parametrize("rank0_verdict", ["pass", "warning"])
+def test_a_fault_under_the_error_threshold_meets_the_other_rank_at_an_all_reduce(rank0_verdict):
+    """Tensor parallel, a 5% fault in rank 1's row-parallel matmul: a warning at bf16 (under
+    the error threshold); the all-reduce right after is an accumulated error on both ranks, at
+    the same epoch and seq. Rank 1 brought the deviation there: it diverged first, and rank 0
+    inherited through the all-reduce (once: rank 0 named first, rank 1 'inherited from 0')."""
+    ar = "_c10d_functional.all_reduce.default"
+    r0 = [_row(7, "aten.addmm.default", "pass"), _row(8, ar, "error")]
+    r1 = [_row(7, "aten.addmm.default", "warning", "warning"), _row(8, ar, "error")]
+    epochs = {0: {7: 0, 8: 0}, 1: {7: 0, 8: 0}}
+    if rank0_verdict == "warning":  # its own bf16 rounding later: a rank that may diverge too
+        r0.append(_row(9, "aten.gelu.default", "error", "warning"))
+        epochs[0][9] = 0
+    s = merge({0: _report(r0, first_div=r0[1], verdict=rank0_verdict),
+               1: _report(r1, first_div=r1[1], verdict="warning")}, epochs, {}).summary
+    rank0, rank1 = s["ranks"]
+    assert s["first_rank"] == 1, [(e["rank"], e["label"]) for e in s["ranks"]]
+    assert rank1["label"] == "diverged"
+    assert rank0["label"] == "inherited" and rank0["inherited"]["from_rank"] == 1
+    assert rank0["inherited"]["via"] == ar
+
+
+def test_no_rank_inherits_through_a_collective_older_than_the_fault():
+    """DDP, a fault in rank 1's forward convolution at epoch 2. Rank 0's own accumulated error
+    in backward (seq 93) follows only a broadcast of epoch 1, which cannot carry an error
+    made at epoch 2: rank 0 diverged by itself, never 'inherited via broadcast (epoch 1)'.
+    When every tensor of rank 0 passed, that error is its precision: clean."""
+    cul = _row(40, "aten.convolution.default", "error", "error", local_verdict="error")
+    r1 = [_row(10, "c10d.broadcast_.default", "pass"), cul]
+    epochs = {0: {10: 1, 35: 2, 93: 2}, 1: {10: 1, 40: 2}}
+
+    def rank0(verdict: str) -> dict:
+        r0 = [_row(10, "c10d.broadcast_.default", "pass"),
+              _row(35, "aten.native_batch_norm.default", "warning"),
+              _row(93, "aten.convolution_backward.default", "error", verdict)]
+        s = merge({0: _report(r0, first_div=r0[2], verdict=verdict), 1: _report(r1, cul)},
+                  epochs, {"replay": "r"}).summary
+        assert s["first_rank"] == 1
+        return s["ranks"][0]
+
+    own = rank0("warning")
+    assert own["label"] == "diverged", own.get("inherited")
+    assert rank0("pass")["label"] == "clean"
+
+
+def test_a_clean_run_whose_rounding_noise_is_an_accumulated_error_names_no_rank():
+    """bf16 autocast against fp32 gold: a gradient that is zero in exact arithmetic holds
+    rounding noise on both sides (accumulated error, cosine -0.2) and every tensor passed
+    (replay: an honest kernel). PASS, so no rank 'diverged first'."""
+    r = [_row(93, "aten.convolution_backward.default", "error")]
+    s = merge({0: _report(list(r), first_div=r[0]), 1: _report(list(r), first_div=r[0])},
+              {0: {93: 2}, 1: {93: 2}}, {"replay": "r"}).summary
+    assert s["first_rank"] is None
+    assert [e["label"] for e in s["ranks"]] == ["clean", "clean"]

@@ -109,36 +109,65 @@ def _inherited(entry: dict[str, Any], row: dict[str, Any], origin: dict[str, Any
             "from_rank": origin["rank"]}
 
 
+def _epoch_of(row: dict[str, Any]) -> float:
+    return row.get("epoch") if row.get("epoch") is not None else math.inf
+
+
 def _deviating_collective(rows: list[dict[str, Any]], epoch: float) -> dict[str, Any] | None:
     """The first recorded collective at or after collective `epoch` whose output deviates
     from golden (warning or error): where another rank's error came into this one."""
     for r in rows:
         if r["kind"] == "op" and r["io"] == "output" and is_collective(r.get("op") or "") \
-                and (r.get("epoch") if r.get("epoch") is not None else math.inf) >= epoch \
+                and _epoch_of(r) >= epoch \
                 and (r.get("accumulated_verdict") or r["verdict"]) in (V.WARNING, V.ERROR):
             return r
     return None
 
 
+def _own_noise(entry: dict[str, Any]) -> bool:
+    """Every tensor of this rank was judged pass: its accumulated error, if any, is what its
+    precision explains (a gradient that is zero in exact arithmetic holds rounding noise on
+    both sides), not a divergence of its own."""
+    return entry["culprit"] is None and entry["verdict"] == V.PASS
+
+
+def _diverged(entry: dict[str, Any]) -> bool:
+    """A rank that may be where divergence starts: a culprit, or an accumulated error beside
+    a tensor judged warning or worse."""
+    return entry["culprit"] is not None or (entry["first_divergence"] is not None
+                                            and not _own_noise(entry))
+
+
+def _start(entry: dict[str, Any]) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Where a rank starts to diverge (`_order`), ties broken by its first deviation: two
+    ranks meeting an error at the same collective are told apart by which one brought a
+    deviation to it (seq numbers of different ranks are not otherwise comparable)."""
+    return _order(entry), _at(entry.get("first_deviation"))
+
+
 def _label(entry: dict[str, Any], origin: dict[str, Any] | None, has_replay: bool) -> None:
     """Decide whether this rank's culprit is its own, or error inherited via a collective.
 
-    A rank with no culprit inherited when a collective after the origin's start brought a
-    deviation in (or its accumulated error starts after the origin's); it diverged when its
-    own accumulated error comes first; it is clean when it only deviates within its precision
-    (warnings, no error) and nothing came in."""
+    A rank with no culprit inherited when a collective at or after the origin's epoch brought
+    a deviation in (or its accumulated error starts after the origin's, and the last
+    collective before it, if recorded, is not older than the origin's epoch); it diverged
+    when its own accumulated error comes first; it is clean when it only deviates within its
+    precision and nothing came in."""
     cul = entry["culprit"]
     if cul is None:
         div = entry.get("first_divergence")
         other = origin is not None and origin is not entry
-        via = _deviating_collective(entry["_rows"], _order(origin)[0]) if other else None
-        if via is not None and (div is None or _at(via) <= _at(div)):
+        start = _order(origin)[0] if other else math.inf
+        via = _deviating_collective(entry["_rows"], start) if other else None
+        carrier = _collective_before(entry["_rows"], div.get("seq_my")) if div else None
+        if via is not None and (div is None or _own_noise(entry) or _at(via) <= _at(div)):
             entry["label"] = INHERITED
             entry["inherited"] = _inherited(entry, via, origin)
-        elif div is None:
+        elif div is None or _own_noise(entry):
             entry["label"] = CLEAN
-        elif other and (is_collective(div.get("op") or "")
-                        or _order({"first_divergence": div}) > _order(origin)):
+        elif other and (is_collective(div.get("op") or "") or (
+                _order({"first_divergence": div}) > _order(origin)
+                and (carrier is None or _epoch_of(carrier) >= start))):
             entry["label"] = INHERITED
             entry["inherited"] = _inherited(entry, div, origin)
         else:
@@ -196,10 +225,10 @@ def merge(reports: dict[int, Report], epochs: dict[int, dict[int, int]], meta: d
         suspects += [b for x in s.get("suspects", []) if (b := _brief(x, rank, offset, ep))]
         entries.append(entry)
     # Diverged: a culprit or an accumulated error. Deviations within a rank's precision
-    # (warnings) alone name no rank: a clean low-precision run has no "first" rank.
-    diverged = [e for e in entries if e["first_divergence"] is not None
-                or e["culprit"] is not None]
-    origin = min(diverged, key=_order) if diverged else None
+    # (warnings, or accumulated error where every tensor passed) alone name no rank: a clean
+    # low-precision run has no "first" rank.
+    diverged = [e for e in entries if _diverged(e)]
+    origin = min(diverged, key=_start) if diverged else None
     has_replay = meta.get("replay") is not None
     for e in entries:
         _label(e, origin, has_replay)
