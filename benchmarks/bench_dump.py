@@ -41,7 +41,7 @@ import torch
 from _common import interleaved, msprobe_available, ratios, run_msprobe, spread
 
 from accuracy import dumper, load_dump
-from accuracy.dumpfile.checksum import checksum, content_hash, part_size
+from accuracy.dumpfile.checksum import ContentHash, checksum, content_hash, part_size
 from accuracy.dumpfile.stats import _checksum
 from accuracy.examples import bench_setup, bench_step
 
@@ -107,8 +107,14 @@ def _hash_cost(path: Path) -> None:
             times.append(time.perf_counter() - t0)
         return min(times)
 
+    def streamed(r) -> int:  # the running state the readers use chunk by chunk
+        h = ContentHash()
+        h.update(r)
+        return h.value
+
     rows = {
         "xxh3-64 content hash (schema 3)": best(lambda: [content_hash(r) for r in raws]),
+        "xxh3-64 streaming state (before)": best(lambda: [streamed(r) for r in raws]),
         "bit-pattern sum, torch (stats path)": best(lambda: [_checksum(t) for t in tensors]),
         "bit-pattern sum, numpy (reader)": best(
             lambda: [checksum(r, p) for r, p in zip(raws, parts, strict=True)]),
