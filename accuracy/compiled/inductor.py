@@ -70,6 +70,12 @@ class KernelInfo:
     # outputs written in place over a buffer an earlier kernel filled: their values before
     # the launch are inputs too (snapshotted by a line before it)
     before: list[str] = field(default_factory=list)
+    # in-place output -> (size, stride) of the buffer whose memory it reuses: the value
+    # before the launch is that buffer's, read with its layout, not the output's (a reused
+    # `[32, 64]` matmul result reinterpreted as a transposed `[2, 4, 16, 16]` holds the
+    # matmul's value only when read as `[32, 64]`)
+    before_layout: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(
+        default_factory=dict)
     reference: dict[str, Any] | None = None  # for replay: compiled/reference.py
 
     def fused_ops(self) -> list[str]:
@@ -227,6 +233,10 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
             g.try_get_buffer(old), ir.ExternKernel)
 
     info.before = [names[i] for i in outputs if names[i] in reuses and filled(reuses[names[i]])]
+    for b in info.before:
+        layout = _layout(g, reuses[b])
+        if layout is not None:
+            info.before_layout[b] = layout
     try:
         info.graph_code = _subgraph_code(g, names, outputs,
                                          {b: reuses[b] for b in info.before})
@@ -238,6 +248,18 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
     except Exception as e:  # noqa: BLE001 - the row stands without it; replay says why
         log.debug("no reference for %s: %s", kernel_name, e)
     return info
+
+
+def _layout(g: Any, name: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The size and stride of buffer or graph input `name` (None when symbolic)."""
+    try:
+        node = g.graph_inputs.get(name) if name in g.graph_inputs else g.try_get_buffer(name)
+        if node is None:
+            return None
+        return (tuple(int(s) for s in node.get_size()),
+                tuple(int(s) for s in node.get_stride()))
+    except Exception:  # noqa: BLE001 - symbolic or no layout: the output's own layout
+        return None
 
 
 def _subgraph_code(g: Any, names: list[str], outputs: list[int],

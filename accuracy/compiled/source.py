@@ -74,8 +74,23 @@ class CompiledSource:
         if rec is None or rec.failed or not self.watch._active():
             return
         with torch._C._DisableTorchDispatch():
-            self._before[info.kid] = [t.clone() if isinstance(t, torch.Tensor) else t
-                                      for t in tensors]
+            self._before[info.kid] = [
+                self._as_before(t, info.before_layout.get(b)) if isinstance(t, torch.Tensor)
+                else t for b, t in zip(info.before, tensors, strict=False)]
+
+    @staticmethod
+    def _as_before(t: torch.Tensor, layout: Any) -> torch.Tensor:
+        """A copy of the value the memory of output `t` holds before the launch: the reused
+        buffer's value, read with that buffer's size and stride (the output's own view of
+        the memory is another tensor); `t` as it is when the layout is unknown or does not
+        fit in its storage."""
+        if layout is not None:
+            size, stride = layout
+            need = 1 + sum((n - 1) * s for n, s in zip(size, stride, strict=True) if n > 0)
+            if all(n > 0 for n in size) and t.storage_offset() * t.element_size() \
+                    + need * t.element_size() <= t.untyped_storage().nbytes():
+                return t.as_strided(size, stride, t.storage_offset()).clone()
+        return t.clone()
 
     def kernel(self, info: KernelInfo, tensors: list[Any]) -> None:
         owner = self.owner

@@ -40,11 +40,26 @@ def same_elements(plan: OpPlan, ins: list[torch.Tensor], outs: list[torch.Tensor
             and outs[0].numel() == ins[0].numel() and same_memory(outs[0], ins[0]))
 
 
+def _mem_keys(t: torch.Tensor) -> list[tuple]:
+    """Keys of the elements `t` shows of its memory: its exact layout, and for a contiguous
+    tensor its element count (a contiguous `[32, 64]` and `[2, 16, 64]` of the same memory
+    hold the same elements in the same order)."""
+    try:
+        base = (t.untyped_storage().data_ptr(), t.storage_offset(), t.dtype, t.device)
+    except (RuntimeError, NotImplementedError):
+        return []
+    keys = [base + (tuple(t.shape), tuple(t.stride()))]
+    if t.is_contiguous():
+        keys.append(base + (t.numel(),))
+    return keys
+
+
 class TensorStates:
     """id -> (weakref, _version, value, storage pointer or 0)."""
 
     def __init__(self, track_storage: bool = False, prune_at: int = 200_000) -> None:
         self._map: dict[int, tuple[weakref.ref, int, Any, int]] = {}
+        self._mem: dict[tuple, int] = {}  # memory key (`_mem_keys`) -> id of its tensor
         self._track = track_storage  # needed by forget_aliases
         self._prune_at = prune_at
 
@@ -58,14 +73,44 @@ class TensorStates:
         except RuntimeError:  # inference tensors have no version counter
             return None
 
-    def put(self, t: torch.Tensor, value: Any) -> None:
+    def get_alias(self, t: torch.Tensor) -> Any:
+        """The value of the state of another tensor object over the same elements of the
+        same memory (same storage, offset and dtype, and same shape and strides, or both
+        contiguous with as many elements), or None. Inductor's generated code hands buffers
+        to its kernels as fresh reinterpreted views (`reinterpret_tensor(buf3, ...)`: a new
+        object with its own version counter), so the identity key alone never finds what
+        the kernel that wrote `buf3` stored. Needs `track_storage`; writers through an alias
+        that bump no shared version counter must `forget_aliases`."""
+        if not self._track:
+            return None
+        for key in _mem_keys(t):
+            tid = self._mem.get(key)
+            hit = self._map.get(tid) if tid is not None else None
+            src = hit[0]() if hit is not None else None
+            if src is None or src is t or key not in _mem_keys(src):
+                continue
+            try:
+                if src._version == hit[1]:
+                    return hit[2]
+            except RuntimeError:
+                continue
+        return None
+
+    def put(self, t: torch.Tensor, value: Any, version: int | None = None) -> None:
+        """Remember `value` for `t`'s current state, or for state `version` (an `out=`
+        argument, whose counter is bumped after the dispatch mode returns)."""
         try:
-            entry = (weakref.ref(t), t._version, value, storage_ptr(t) if self._track else 0)
+            entry = (weakref.ref(t), t._version if version is None else version, value,
+                     storage_ptr(t) if self._track else 0)
         except (RuntimeError, TypeError):
             return
         self._map[id(t)] = entry
+        if self._track:
+            for key in _mem_keys(t):
+                self._mem[key] = id(t)
         if len(self._map) > self._prune_at:  # drop entries of dead tensors
             self._map = {k: v for k, v in self._map.items() if v[0]() is not None}
+            self._mem = {k: v for k, v in self._mem.items() if v in self._map}
             self._prune_at = max(self._prune_at, 2 * len(self._map))
 
     def forget(self, t: torch.Tensor) -> None:
