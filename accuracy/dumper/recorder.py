@@ -136,22 +136,25 @@ class Recorder:
 
     def write_tensors(self, call: OpCall, inputs: list[torch.Tensor],
                       outputs: list[torch.Tensor], extra: dict[str, Any],
-                      written: bool = False) -> None:
+                      written: bool = False, links: dict[int, Any] | None = None) -> None:
         """Write `call` with these input and output tensors described afresh (the overflow
         watcher's births, judged after the fact). `written`: the outputs were just written
         by code that bumps no version counter (an Inductor kernel writing a buffer in place):
-        their earlier states, and their aliases', are stale."""
+        their earlier states, and their aliases', are stale. `links`: input index -> the
+        recorded state it holds (a copy taken before a launch of memory another write
+        filled)."""
         with torch._C._DisableTorchDispatch():
             # a buffer another launch wrote is handed over as a fresh reinterpreted view:
             # found by its memory, it links to that write
-            entries = [self.entry(call.seq, schema.INPUT, i, t, alias=True)
+            links = links or {}
+            entries = [self.entry(call.seq, schema.INPUT, i, t, alias=True, link=links.get(i))
                        for i, t in enumerate(inputs)]
             for i, t in enumerate(outputs):
                 e = self.entry(call.seq, schema.OUTPUT, i, t, fresh=written)
                 entries.append(e)
                 if written and e.stats is not None:
                     self.seen.forget_aliases(t)
-                    self.seen.put(t, (e.first, e.stats))
+                    self.seen.put(t, (e.first, e.stats), memory=True)
         self.write(call, entries, len(inputs), len(outputs), extra)
 
     # -- observer ----------------------------------------------------------------------------
@@ -243,7 +246,8 @@ class Recorder:
                         # buffer next links to this write
                         try:
                             self.seen.forget_aliases(t)
-                            self.seen.put(t, (e.first, e.stats), version=t._version + 1)
+                            self.seen.put(t, (e.first, e.stats), version=t._version + 1,
+                                          memory=True)
                         except RuntimeError:  # inference tensors have no version counter
                             pass
                     if coll is not None and e.stats is not None:
@@ -302,7 +306,8 @@ class Recorder:
 
     def entry(self, seq: int, io: int, idx: int, t: torch.Tensor, skip: bool = False,
               fresh: bool = False, same_as: TensorEntry | None = None,
-              same_bytes: bool = False, alias: bool = False) -> TensorEntry:
+              same_bytes: bool = False, alias: bool = False,
+              link: Any = None) -> TensorEntry:
         """Describe one tensor use (call with python dispatch disabled).
 
         `fresh` forbids dedupe (outputs of in-place ops, whose version counter is bumped only
@@ -324,7 +329,7 @@ class Recorder:
                             tuple(t.shape), tuple(t.stride()) if strided else (), device, None)
         if skip or not strided or t.dim() > schema.MAX_DIMS:
             return entry
-        seen = None if fresh else self.seen.get(t)
+        seen = None if fresh else (link if link is not None else self.seen.get(t))
         if seen is None and alias and not fresh:
             seen = self.seen.get_alias(t)
         if seen is not None:
