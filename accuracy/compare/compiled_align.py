@@ -81,9 +81,16 @@ def _norm(module: str) -> str:
     return module.replace("._orig_mod", "")
 
 
+def _below_root(module: str) -> str:
+    """A module path without its root: the compiled run's eager rows name the root
+    `OptimizedModule` (`OptimizedModule._orig_mod.model.layers.1...`), the eager run's
+    `LlamaForCausalLM`; what lies below is the same model's."""
+    return _norm(module).partition(".")[2]
+
+
 def _related(a: str, b: str) -> int:
-    """2: same module, 1: one contains the other, 0: unrelated."""
-    a, b = _norm(a), _norm(b)
+    """2: same module, 1: one contains the other, 0: unrelated (paths below their roots)."""
+    a, b = _below_root(a), _below_root(b)
     if a == b:
         return 2
     if a and b and (a.startswith(b + ".") or b.startswith(a + ".")):
@@ -199,6 +206,7 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
             every.by_key.setdefault((r.phase, t.dtype, tuple(t.shape)), []).append((r, t))
     golden_of: dict[int, TensorRecord] = {}  # my tensor's first row -> golden tensor
     made: dict[int, OpRecord] = {}  # my tensor's first row -> the op that wrote it
+    by_row = {t.row: r for r in golden for t in r.outputs + r.inputs}  # golden tensor -> op
     out: list[TensorPair] = []
 
     def link(t: TensorRecord | None, g: TensorRecord | None) -> None:
@@ -207,7 +215,7 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
 
     for r in my:
         for t in r.outputs:
-            made.setdefault(t.first if t.first >= 0 else t.row, r)
+            made.setdefault(t.row, r)
         p = matched.get(r.seq)
         if p is not None:
             for tp in _tensor_pairs(p):
@@ -235,6 +243,12 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
                                        "that Inductor keeps, not a value eager materialises",
                                        module=module, source=meta.get("source")))
                 continue
+            elif t.first != t.row and t.first in golden_of and t.first in made \
+                    and made[t.first] is not r:
+                # the bytes another op wrote (a `detach` of a weight gradient an extern
+                # matmul wrote): that op's golden value, not a look-alike by statistics
+                g0 = golden_of[t.first]
+                hit, how = (by_row[g0.row], g0), "by its producer"
             else:
                 hit, how = pool.take(r.phase, t, module), "by value"
             if hit is None:
