@@ -81,16 +81,9 @@ def _norm(module: str) -> str:
     return module.replace("._orig_mod", "")
 
 
-def _below_root(module: str) -> str:
-    """A module path without its root: the compiled run's eager rows name the root
-    `OptimizedModule` (`OptimizedModule._orig_mod.model.layers.1...`), the eager run's
-    `LlamaForCausalLM`; what lies below is the same model's."""
-    return _norm(module).partition(".")[2]
-
-
 def _related(a: str, b: str) -> int:
-    """2: same module, 1: one contains the other, 0: unrelated (paths below their roots)."""
-    a, b = _below_root(a), _below_root(b)
+    """2: same module, 1: one contains the other, 0: unrelated."""
+    a, b = _norm(a), _norm(b)
     if a == b:
         return 2
     if a and b and (a.startswith(b + ".") or b.startswith(a + ".")):
