@@ -7,8 +7,10 @@ the compiled run (graph breaks, code outside compiled regions) are aligned as us
 usual alignment left alone (extern kernels such as `aten.addmm.out`), is paired with the eager
 op output that holds the same value: same phase, dtype and shape, in the module its origin node
 came from (`nn_module_stack`, recorded with the buffer), nearest in statistics. A kernel's
-inputs are paired with what their producers were paired with (tensor dumps link a reused
-tensor to the row that wrote it), else by the same nearest-value rule. Eager values that no
+inputs are paired with what their producers were paired with (tensor dumps link a buffer a
+kernel or extern call wrote to the row that wrote it), or with nothing when the producer
+found no eager value; only inputs no op of the run wrote (weights, graph inputs) are paired by
+the same nearest-value rule. Eager values that no
 buffer holds (fused away) are reported as golden-only rows with that reason.
 """
 
@@ -196,6 +198,8 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
         for t in r.inputs:
             every.by_key.setdefault((r.phase, t.dtype, tuple(t.shape)), []).append((r, t))
     golden_of: dict[int, TensorRecord] = {}  # my tensor's first row -> golden tensor
+    made: dict[int, OpRecord] = {}  # my tensor's first row -> the op that wrote it
+    by_row = {t.row: r for r in golden for t in r.outputs + r.inputs}  # golden tensor -> op
     out: list[TensorPair] = []
 
     def link(t: TensorRecord | None, g: TensorRecord | None) -> None:
@@ -203,6 +207,8 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
             golden_of.setdefault(t.first if t.first >= 0 else t.row, g)
 
     for r in my:
+        for t in r.outputs:
+            made.setdefault(t.row, r)
         p = matched.get(r.seq)
         if p is not None:
             for tp in _tensor_pairs(p):
@@ -230,6 +236,12 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
                                        "that Inductor keeps, not a value eager materialises",
                                        module=module, source=meta.get("source")))
                 continue
+            elif t.first != t.row and t.first in golden_of and t.first in made \
+                    and made[t.first] is not r:
+                # the bytes another op wrote (a `detach` of a weight gradient an extern
+                # matmul wrote): that op's golden value, not a look-alike by statistics
+                g0 = golden_of[t.first]
+                hit, how = (by_row[g0.row], g0), "by its producer"
             else:
                 hit, how = pool.take(r.phase, t, module), "by value"
             if hit is None:
@@ -251,12 +263,19 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
         for t in r.inputs:
             if t in written:  # an extern kernel's out= buffer before it is written
                 continue
-            g = golden_of.get(t.first if t.first >= 0 else t.row)
-            if g is None:
+            first = t.first if t.first >= 0 else t.row
+            g = golden_of.get(first)
+            why = "no golden value matches this input"
+            producer = made.get(first) if t.first != t.row else None
+            if g is None and producer is not None and producer.seq != r.seq:
+                # the value another op (a kernel, an extern call) wrote: it is what that
+                # op's output was paired with, or nothing (never a look-alike by value)
+                why = (f"its producer ({producer.op} seq {producer.seq}) holds no value of "
+                       "the golden run")
+            elif g is None:
                 hit = every.take(r.phase, t, r.module)
                 g = hit[1] if hit is not None else None
-            ins.append(TensorPair(r, None, "input", t.idx, t, g,
-                                  "" if g is not None else "no golden value matches this input"))
+            ins.append(TensorPair(r, None, "input", t.idx, t, g, "" if g is not None else why))
         for tp in ins + rows:
             tp.group = group
         out.extend(ins + rows)

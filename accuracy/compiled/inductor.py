@@ -36,6 +36,9 @@ _saved: dict[str, Any] = {}
 _ids = itertools.count(1)
 KERNELS: dict[int, KernelInfo] = {}  # kernel id (in generated code) -> what it is
 SINKS: list[Any] = []  # recording sources: `.kernel(info, tensors)`
+# extern kernel call site id -> (graph, the FX node it computes); the one running now
+EXTERNS: dict[int, tuple[str, Origin]] = {}
+_running_extern: list[int] = [0]
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -70,6 +73,12 @@ class KernelInfo:
     # outputs written in place over a buffer an earlier kernel filled: their values before
     # the launch are inputs too (snapshotted by a line before it)
     before: list[str] = field(default_factory=list)
+    # in-place output -> (size, stride) of the buffer whose memory it reuses: the value
+    # before the launch is that buffer's, read with its layout, not the output's (a reused
+    # `[32, 64]` matmul result reinterpreted as a transposed `[2, 4, 16, 16]` holds the
+    # matmul's value only when read as `[32, 64]`)
+    before_layout: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(
+        default_factory=dict)
     reference: dict[str, Any] | None = None  # for replay: compiled/reference.py
 
     def fused_ops(self) -> list[str]:
@@ -227,6 +236,10 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
             g.try_get_buffer(old), ir.ExternKernel)
 
     info.before = [names[i] for i in outputs if names[i] in reuses and filled(reuses[names[i]])]
+    for b in info.before:
+        layout = _layout(g, reuses[b])
+        if layout is not None:
+            info.before_layout[b] = layout
     try:
         info.graph_code = _subgraph_code(g, names, outputs,
                                          {b: reuses[b] for b in info.before})
@@ -238,6 +251,18 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
     except Exception as e:  # noqa: BLE001 - the row stands without it; replay says why
         log.debug("no reference for %s: %s", kernel_name, e)
     return info
+
+
+def _layout(g: Any, name: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The size and stride of buffer or graph input `name` (None when symbolic)."""
+    try:
+        node = g.graph_inputs.get(name) if name in g.graph_inputs else g.try_get_buffer(name)
+        if node is None:
+            return None
+        return (tuple(int(s) for s in node.get_size()),
+                tuple(int(s) for s in node.get_stride()))
+    except Exception:  # noqa: BLE001 - symbolic or no layout: the output's own layout
+        return None
 
 
 def _subgraph_code(g: Any, names: list[str], outputs: list[int],
@@ -301,6 +326,36 @@ def _notify(event: str, kid: int, tensors: list[Any]) -> None:
             log.exception("%s of kernel %s failed", event, info.kernel)
 
 
+def _extern(eid: int) -> None:
+    """Called by generated code around an extern kernel call (`aten.mm.out`...): the ATen
+    ops the dumper sees until `_extern(0)` are that call's."""
+    _running_extern[0] = eid
+
+
+def current_extern() -> tuple[str, Origin] | None:
+    """(graph, origin node) of the extern kernel call running now, or None."""
+    eid = _running_extern[0]
+    return EXTERNS.get(eid) if eid else None
+
+
+def _describe_extern(node: Any) -> tuple[str, Origin] | None:
+    from torch._inductor.virtualized import V
+
+    origins = sorted(getattr(node, "get_origins", lambda: ())(), key=lambda n: n.name)
+    target = getattr(node, "op_overload", None)  # a fallback kernel's op: the node calling it
+    on = next((n for n in origins if target is not None and n.target == target), None)
+    if on is None and hasattr(node, "get_origin_node"):
+        on = node.get_origin_node()
+    if on is None:
+        on = origins[-1] if origins else None
+    if on is None:
+        return None
+    g = V.graph
+    graph = "backward" if getattr(g, "is_backward", False) else (
+        "inference" if getattr(g, "is_inference", False) else "forward")
+    return graph, _origin(on)
+
+
 def _pre(kid: int, tensors: list[Any]) -> None:
     """Called by generated code before kernel `kid` overwrites buffers in place."""
     _notify("before", kid, tensors)
@@ -346,6 +401,37 @@ def install() -> None:
                                f"_acc_hook({info.kid}, [{', '.join(info.buffers)}])")
             return out
 
+        def wrap_extern(name: str) -> None:
+            """Mark the lines of extern kernel calls with the FX node they compute: their
+            rows take its module and source line, as fused kernels' do."""
+            orig_ext = getattr(PythonWrapperCodegen, name, None)
+            if orig_ext is None:
+                return
+
+            def generate(self: Any, node: Any, *args: Any, **kwargs: Any) -> Any:
+                eid = 0
+                try:
+                    site = _describe_extern(node)
+                    if site is not None:
+                        eid = next(_ids)
+                        EXTERNS[eid] = site
+                        self.writeline("from accuracy.compiled.inductor import _extern as "
+                                       f"_acc_extern; _acc_extern({eid})")
+                except Exception:  # noqa: BLE001 - codegen goes on without our line
+                    log.debug("cannot mark extern kernel", exc_info=True)
+                    eid = 0
+                out = orig_ext(self, node, *args, **kwargs)
+                if eid:
+                    self.writeline("from accuracy.compiled.inductor import _extern as "
+                                   "_acc_extern; _acc_extern(0)")
+                return out
+
+            _saved["ext_" + name] = orig_ext
+            setattr(PythonWrapperCodegen, name, generate)
+
+        for name in ("generate_extern_kernel_out", "generate_extern_kernel_alloc",
+                     "generate_fallback_kernel"):
+            wrap_extern(name)
         _saved["gkc"] = (PythonWrapperCodegen, orig)
         _saved["caches"] = (config.fx_graph_cache, fconfig.enable_autograd_cache)
         PythonWrapperCodegen.generate_kernel_call = generate_kernel_call
@@ -366,6 +452,9 @@ def uninstall() -> None:
 
         cls, orig = _saved.pop("gkc")
         cls.generate_kernel_call = orig
+        for key in [k for k in _saved if k.startswith("ext_")]:
+            setattr(cls, key[4:], _saved.pop(key))
+        _running_extern[0] = 0
         from accuracy.compiled import reference
         reference.uninstall()
         config.fx_graph_cache, fconfig.enable_autograd_cache = _saved.pop("caches")

@@ -183,7 +183,12 @@ def write_repro(dump: str | os.PathLike[str], kernel: str, out: str | os.PathLik
         if sum(t.nbytes for t in rec.inputs + rec.outputs) > MAX_BYTES:
             raise UsageError(f"{rec.op}'s tensors exceed {MAX_BYTES >> 20} MB: too large to "
                              "embed in a script")
-        inputs = [d.read_tensor(t) for t in rec.inputs]
+        from accuracy.replay.rebuild import restore_strides
+
+        # each input as the kernel saw it: its values with its recorded strides (a view
+        # of a graph's buffer is not contiguous; ops of the graph may depend on it)
+        inputs = [restore_strides(d.read_tensor(t), t, torch.device("cpu"))
+                  for t in rec.inputs]
         recorded = [d.read_tensor(t) for t in rec.outputs]
         gold: list[Any] = [None] * len(recorded)
         if golden is not None:

@@ -67,6 +67,7 @@ class CompiledSource:
         self._with_code: set[int] = set()  # kernel ids whose subgraph is already in the dump
         self._with_ref: set[int] = set()  # kernel ids whose replay reference is in the dump
         self._before: dict[int, list[Any]] = {}  # kernel id -> in-place outputs before launch
+        self._before_links: dict[int, list[Any]] = {}  # kernel id -> their recorded states
 
     def before(self, info: KernelInfo, tensors: list[Any]) -> None:
         """Keep copies of buffers the kernel is about to overwrite (they are its inputs)."""
@@ -74,8 +75,30 @@ class CompiledSource:
         if rec is None or rec.failed or not self.watch._active():
             return
         with torch._C._DisableTorchDispatch():
-            self._before[info.kid] = [t.clone() if isinstance(t, torch.Tensor) else t
-                                      for t in tensors]
+            views = [self._as_before(t, info.before_layout.get(b))
+                     if isinstance(t, torch.Tensor) else t
+                     for b, t in zip(info.before, tensors, strict=False)]
+            # what wrote that memory (an extern kernel's out=, an earlier kernel): the
+            # snapshot links to its row
+            self._before_links[info.kid] = [
+                (rec.seen.get(v) or rec.seen.get_alias(v))
+                if isinstance(v, torch.Tensor) else None for v in views]
+            self._before[info.kid] = [v.clone() if isinstance(v, torch.Tensor) else v
+                                      for v in views]
+
+    @staticmethod
+    def _as_before(t: torch.Tensor, layout: Any) -> torch.Tensor:
+        """The value the memory of output `t` holds before the launch: the reused buffer's
+        value, a view with that buffer's size and stride (the output's own view of the
+        memory is another tensor); `t` as it is when the layout is unknown or does not fit
+        in its storage."""
+        if layout is not None:
+            size, stride = layout
+            need = 1 + sum((n - 1) * s for n, s in zip(size, stride, strict=True) if n > 0)
+            if all(n > 0 for n in size) and t.storage_offset() * t.element_size() \
+                    + need * t.element_size() <= t.untyped_storage().nbytes():
+                return t.as_strided(size, stride, t.storage_offset())
+        return t
 
     def kernel(self, info: KernelInfo, tensors: list[Any]) -> None:
         owner = self.owner
@@ -104,7 +127,14 @@ class CompiledSource:
         out_pos = set(info.outputs)
         inputs = [t for i, t in enumerate(tensors) if i not in out_pos
                   and isinstance(t, torch.Tensor)]
-        inputs += [t for t in self._before.pop(info.kid, []) if isinstance(t, torch.Tensor)]
+        befores = self._before.pop(info.kid, [])
+        known = self._before_links.pop(info.kid, None) or [None] * len(befores)
+        links: dict[int, Any] = {}
+        for t, v in zip(befores, known, strict=False):
+            if isinstance(t, torch.Tensor):
+                if v is not None:
+                    links[len(inputs)] = v
+                inputs.append(t)
         outputs = [tensors[i] for i in info.outputs if isinstance(tensors[i], torch.Tensor)]
         call = KernelCall(plan, seq, phase, module, source, owner.current_step,
                           owner._coll.current, inputs)
@@ -124,9 +154,24 @@ class CompiledSource:
             extra["reference"] = info.reference
         # A kernel writes through raw pointers (no version counter moves, even into reused
         # memory): its outputs are described afresh, never linked to bytes recorded before.
-        rec.write_tensors(call, inputs, outputs, extra, written=True)
+        rec.write_tensors(call, inputs, outputs, extra, written=True, links=links)
         self.kernels += 1
         self.watch.recorded()
+
+    def extern_site(self, backward: bool) -> tuple[str, str] | None:
+        """(module, source) of the extern kernel call running now (its FX node's, under the
+        region's path), or None outside one."""
+        from accuracy.compiled.inductor import current_extern
+
+        cur = current_extern()
+        if cur is None:
+            return None
+        origin = cur[1]
+        if backward:
+            base = self._base.get("forward", "")
+        else:
+            base = self.watch.region_module() or self.owner._scope.module
+        return join_module(base, origin.module), origin.source
 
     @staticmethod
     def _held(buf: str, info: KernelInfo) -> Origin | None:

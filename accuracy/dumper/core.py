@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import accuracy
 from accuracy.aten import OpPlan, plan_of
+from accuracy.compiled.inductor import _running_extern
 from accuracy.dumper import collectives, guide_args
 from accuracy.dumper.filters import Filter, Selection
 from accuracy.dumper.flatten import tensors_in
@@ -375,6 +376,11 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             if phase == OPTIMIZER:  # optimizer rows name the parameter they update
                 module = scope.optimizer_param(args, kwargs) or module
             source, stack = user_source(self.stack)
+        if _running_extern[0]:  # an Inductor extern kernel call: its FX node's module
+            src = getattr(getattr(self, "_compiled", None), "source", None)
+            site = src.extern_site(phase == BACKWARD) if src is not None else None
+            if site is not None:
+                module, source = site[0], site[1] or source
         rec = self._recorder
         if rec is None or rec.failed or not (self._everything or self._wants(plan, seq, phase,
                                                                               module)):

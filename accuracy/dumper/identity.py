@@ -11,6 +11,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 if TYPE_CHECKING:
     from accuracy.aten import OpPlan
@@ -40,11 +41,31 @@ def same_elements(plan: OpPlan, ins: list[torch.Tensor], outs: list[torch.Tensor
             and outs[0].numel() == ins[0].numel() and same_memory(outs[0], ins[0]))
 
 
+def _mem_keys(t: torch.Tensor) -> list[tuple]:
+    """Keys of the elements `t` shows of its memory: its exact layout, and for a contiguous
+    tensor its element count (a contiguous `[32, 64]` and `[2, 16, 64]` of the same memory
+    hold the same elements in the same order)."""
+    try:
+        base = (t.untyped_storage().data_ptr(), t.storage_offset(), t.dtype, t.device)
+    except (RuntimeError, NotImplementedError):
+        return []
+    if not base[0]:
+        return []
+    keys = [base + (tuple(t.shape), tuple(t.stride()))]
+    if t.is_contiguous():
+        keys.append(base + (t.numel(),))
+    return keys
+
+
 class TensorStates:
     """id -> (weakref, _version, value, storage pointer or 0)."""
 
     def __init__(self, track_storage: bool = False, prune_at: int = 200_000) -> None:
         self._map: dict[int, tuple[weakref.ref, int, Any, int]] = {}
+        # memory key (`_mem_keys`) -> (weakref, _version, value, its storage's weak reference)
+        # of the last tensor put there with `memory=True`
+        self._mem: dict[tuple, tuple[weakref.ref, int, Any, Any]] = {}
+        self._ptr_keys: dict[int, set[tuple]] = {}  # storage pointer -> its memory keys
         self._track = track_storage  # needed by forget_aliases
         self._prune_at = prune_at
 
@@ -58,14 +79,66 @@ class TensorStates:
         except RuntimeError:  # inference tensors have no version counter
             return None
 
-    def put(self, t: torch.Tensor, value: Any) -> None:
+    def get_alias(self, t: torch.Tensor) -> Any:
+        """The value of the state of another tensor object over the same elements of the
+        same memory (same storage, offset and dtype, and same shape and strides, or both
+        contiguous with as many elements), or None. Inductor's generated code hands buffers
+        to its kernels as fresh reinterpreted views (`reinterpret_tensor(buf3, ...)`: a new
+        object with its own version counter), and deletes a buffer whose memory it reuses,
+        so the identity key alone never finds what the launch that wrote `buf3` stored.
+        That object's version is checked while it lives; once it is gone, the memory's
+        storage must be the one it wrote (a weak reference to it has not expired). Only
+        what was put with `memory=True`; writers through an alias that bump no shared
+        version counter must `forget_aliases`."""
+        if not self._track:
+            return None
+        for key in _mem_keys(t):
+            hit = self._mem.get(key)
+            if hit is None:
+                continue
+            src = hit[0]()
+            if src is t:
+                continue
+            if src is None:
+                if not hit[3].expired():
+                    return hit[2]
+                continue
+            if key not in _mem_keys(src):
+                continue
+            try:
+                if src._version == hit[1]:
+                    return hit[2]
+            except RuntimeError:
+                continue
+        return None
+
+    def put(self, t: torch.Tensor, value: Any, version: int | None = None,
+            memory: bool = False) -> None:
+        """Remember `value` for `t`'s current state, or for state `version` (an `out=`
+        argument, whose counter is bumped after the dispatch mode returns). `memory`: also
+        for other tensor objects over the same elements (`get_alias`; what compiled code's
+        launches write)."""
         try:
-            entry = (weakref.ref(t), t._version, value, storage_ptr(t) if self._track else 0)
+            entry = (weakref.ref(t), t._version if version is None else version, value,
+                     storage_ptr(t) if self._track else 0)
         except (RuntimeError, TypeError):
             return
         self._map[id(t)] = entry
+        if self._track and memory:
+            try:
+                alive = StorageWeakRef(t.untyped_storage())
+            except (RuntimeError, NotImplementedError):
+                alive = None
+            if alive is not None:
+                keys = self._ptr_keys.setdefault(entry[3], set())
+                for key in _mem_keys(t):
+                    self._mem[key] = (*entry[:3], alive)
+                    keys.add(key)
         if len(self._map) > self._prune_at:  # drop entries of dead tensors
             self._map = {k: v for k, v in self._map.items() if v[0]() is not None}
+            self._mem = {k: v for k, v in self._mem.items() if not v[3].expired()}
+            live = set(self._mem)
+            self._ptr_keys = {p: ks & live for p, ks in self._ptr_keys.items() if ks & live}
             self._prune_at = max(self._prune_at, 2 * len(self._map))
 
     def forget(self, t: torch.Tensor) -> None:
@@ -79,3 +152,5 @@ class TensorStates:
         if ptr:
             for key in [k for k, v in self._map.items() if v[3] == ptr]:
                 del self._map[key]
+            for key in self._ptr_keys.pop(ptr, ()):
+                self._mem.pop(key, None)

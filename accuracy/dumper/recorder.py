@@ -63,6 +63,11 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+def _is_out(plan: OpPlan) -> bool:
+    """An ATen `out=` overload (`aten.mm.out`): how Inductor calls its extern kernels."""
+    return plan.aten and plan.mutable and plan.name.endswith(".out")
+
+
 def _contiguous(entry: TensorEntry) -> bool:
     """Whether a recorded shape/stride pair is row-major contiguous."""
     expected = 1
@@ -131,19 +136,25 @@ class Recorder:
 
     def write_tensors(self, call: OpCall, inputs: list[torch.Tensor],
                       outputs: list[torch.Tensor], extra: dict[str, Any],
-                      written: bool = False) -> None:
+                      written: bool = False, links: dict[int, Any] | None = None) -> None:
         """Write `call` with these input and output tensors described afresh (the overflow
         watcher's births, judged after the fact). `written`: the outputs were just written
         by code that bumps no version counter (an Inductor kernel writing a buffer in place):
-        their earlier states, and their aliases', are stale."""
+        their earlier states, and their aliases', are stale. `links`: input index -> the
+        recorded state it holds (a copy taken before a launch of memory another write
+        filled)."""
         with torch._C._DisableTorchDispatch():
-            entries = [self.entry(call.seq, schema.INPUT, i, t) for i, t in enumerate(inputs)]
+            # a buffer another launch wrote is handed over as a fresh reinterpreted view:
+            # found by its memory, it links to that write
+            links = links or {}
+            entries = [self.entry(call.seq, schema.INPUT, i, t, alias=True, link=links.get(i))
+                       for i, t in enumerate(inputs)]
             for i, t in enumerate(outputs):
                 e = self.entry(call.seq, schema.OUTPUT, i, t, fresh=written)
                 entries.append(e)
                 if written and e.stats is not None:
                     self.seen.forget_aliases(t)
-                    self.seen.put(t, (e.first, e.stats))
+                    self.seen.put(t, (e.first, e.stats), memory=True)
         self.write(call, entries, len(inputs), len(outputs), extra)
 
     # -- observer ----------------------------------------------------------------------------
@@ -172,8 +183,9 @@ class Recorder:
         if self.want_inputs:
             seq, entry = call.seq, self.entry
             skip = self._uninit_in
+            alias = _is_out(call.plan)  # an extern kernel reading Inductor's buffers
             with torch._C._DisableTorchDispatch():
-                self._in_entries = [entry(seq, schema.INPUT, i, t, skip=i in skip)
+                self._in_entries = [entry(seq, schema.INPUT, i, t, skip=i in skip, alias=alias)
                                     for i, t in enumerate(call.inputs)]
         else:
             self._in_entries = []
@@ -221,12 +233,23 @@ class Recorder:
                     and same_memory(outputs[0], call.inputs[0])):
                 same = entries[0]
             seq, entry = call.seq, self.entry
+            out_op = coll is None and _is_out(plan) and not torch.is_inference_mode_enabled()
             with torch._C._DisableTorchDispatch():
                 for i, t in enumerate(outputs):
                     e = entry(seq, schema.OUTPUT, i, t,
                               skip=plan.uninitialised or i in uninit_out, fresh=mutable,
                               same_as=same, same_bytes=plan.same_bytes)
                     entries.append(e)
+                    if out_op and e.stats is not None:
+                        # an `out=` buffer (Inductor's extern kernels write theirs): the
+                        # counter moves once this mode returns; the kernel that reads the
+                        # buffer next links to this write
+                        try:
+                            self.seen.forget_aliases(t)
+                            self.seen.put(t, (e.first, e.stats), version=t._version + 1,
+                                          memory=True)
+                        except RuntimeError:  # inference tensors have no version counter
+                            pass
                     if coll is not None and e.stats is not None:
                         # no version bump will follow: later uses may share these bytes
                         local = collectives.local_tensor(t)
@@ -283,13 +306,15 @@ class Recorder:
 
     def entry(self, seq: int, io: int, idx: int, t: torch.Tensor, skip: bool = False,
               fresh: bool = False, same_as: TensorEntry | None = None,
-              same_bytes: bool = False) -> TensorEntry:
+              same_bytes: bool = False, alias: bool = False,
+              link: Any = None) -> TensorEntry:
         """Describe one tensor use (call with python dispatch disabled).
 
         `fresh` forbids dedupe (outputs of in-place ops, whose version counter is bumped only
         after this mode returns). `same_as` is the input entry of a view-like op whose output
         holds the same elements: its statistics are reused, and with `same_bytes` and both
-        tensors contiguous, its stored bytes too.
+        tensors contiguous, its stored bytes too. `alias`: another tensor object over the
+        same elements of the same memory counts as the same state (`TensorStates.get_alias`).
         """
         if type(t) is not torch.Tensor:  # wrapper subclasses: DTensor, async collective results
             local = collectives.local_tensor(t)
@@ -304,7 +329,9 @@ class Recorder:
                             tuple(t.shape), tuple(t.stride()) if strided else (), device, None)
         if skip or not strided or t.dim() > schema.MAX_DIMS:
             return entry
-        seen = None if fresh else self.seen.get(t)
+        seen = None if fresh else (link if link is not None else self.seen.get(t))
+        if seen is None and alias and not fresh:
+            seen = self.seen.get_alias(t)
         if seen is not None:
             entry.first, entry.stats = seen
             return entry
