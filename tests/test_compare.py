@@ -297,3 +297,30 @@ def test_another_models_dump_does_not_pass_a_pipeline(tmp_path, capsys):
     assert "tensors of my run have no golden counterpart" in blind
     assert "over what was recorded only" in text and "of my run not compared" in text
     assert text.index("BLIND") < text.index("rows ")
+
+
+def test_compiled_kernels_left_unpaired_are_said_first():
+    """Per-block `block.compile()` named every kernel of a Llama without its layer index: 0 of
+    52 kernel outputs paired, while the eager rows around them did, and compare said a bare
+    PASS. Whatever pairs the eager rows, the compiled code itself must have been compared."""
+    from accuracy.compare.report import Report, analyse
+    from accuracy.compare.row import Row
+    from accuracy.compare.terminal import format_summary
+
+    def row(i: int, op: str, paired: bool) -> Row:
+        return Row(index=i, kind="op", op=op, seq_my=i, io="output", my_address=f"/{op}/{i}",
+                   golden_address=f"/{op}/{i}" if paired else None,
+                   verdict="pass" if paired else "unmatched", accumulated_verdict="pass")
+
+    eager = [row(i, "aten.detach.default", True) for i in range(40)]
+    meta = {"my": "m", "golden": "g", "bytes_compared": 0, "seconds": 0.0}
+    for paired, blind in ((3, True), (8, False)):
+        kernels = [row(100 + i, "inductor.cpp_fused_gelu_0", i < paired) for i in range(10)]
+        s = analyse(eager + kernels, {}, meta)
+        rep = Report(eager + kernels, s)
+        assert rep.exit_code("error") == (1 if blind else 0), s.get("coverage")
+        text = format_summary(s)
+        assert ("7 of 10 outputs of compiled kernels have no eager counterpart" in text) == blind
+        if blind:
+            assert "7 of 10 compiled kernel outputs not compared" in text
+            assert text.index("BLIND") < text.index("rows ")

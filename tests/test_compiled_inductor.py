@@ -83,6 +83,18 @@ def test_forward_and_backward_kernels_are_recorded_with_module_and_source(runs):
     assert any(r.extra["graph"] == "backward" for r in kernels)
 
 
+def test_info_says_which_regions_were_recorded_compiled(runs):
+    """`info` said only what was not seen (BLIND): a user could not tell a compiled step that
+    was recorded as compiled from one that never ran compiled."""
+    from accuracy.dumpfile.describe import describe
+
+    _, comp = runs["clean"]
+    text = describe(comp).format()
+    line = next(x for x in text.splitlines() if "recorded as compiled" in x)
+    assert "[backend inductor" in line and "kernel launch(es) recorded" in line
+    assert "BLIND" not in text
+
+
 def test_clean_compiled_step_against_eager_has_no_error(runs):
     eager, comp = runs["clean"]
     rep = compare(comp, eager)

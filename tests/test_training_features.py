@@ -138,11 +138,16 @@ def test_custom_autograd_function_forward_and_backward(tmp_path):
     assert torch.equal(x.grad, torch.full((5,), 3.0))
 
 
-def test_max_pending_bytes_blocks_the_training_thread(tmp_path, monkeypatch):
+@pytest.mark.parametrize("staged", [True, False], ids=["staging-ring", "private-copies"])
+def test_max_pending_bytes_blocks_the_training_thread(tmp_path, monkeypatch, staged):
     """With the disk stalled, the training thread stops once `max_pending_bytes` are waiting,
-    and carries on (losing nothing) when the disk catches up."""
+    and carries on (losing nothing) when the disk catches up: with CPU tensors staged in the
+    writer's ring (sized to the budget), and with private copies (device tensors, or tensors
+    the ring cannot take), where the pending-bytes count alone holds the training thread."""
     gate = threading.Event()
     real = writer_mod.DumpWriter._write_op
+    if not staged:
+        monkeypatch.setattr(writer_mod.DumpWriter, "stage", lambda self, t: None)
 
     def stalled(self, *a, **kw):
         gate.wait(120)

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from accuracy.compare.judge import KERNEL_PREFIX
 from accuracy.compare.row import JUDGED, Row
 from accuracy.compare.row import Verdict as V
 from accuracy.compare.terminal import NOT_COMPARED, format_summary
@@ -99,29 +100,40 @@ def analyse(rows: list[Row], cfg: dict[str, Any], meta: dict[str, Any]
         summary["blind"] = [*(summary.get("blind") or []),
                             f"{NOT_COMPARED}: {mine - paired} of {mine} tensors of my run have no "
                             "golden counterpart (are these dumps of the same model and step?)"]
+    kernels, kernels_paired = coverage(rows, kernels=True)
+    if kernels and kernels_paired < 0.5 * kernels:
+        # the compiled code itself was not compared, whatever the eager rows around it say
+        summary["coverage"].update(kernel_outputs=kernels, kernels_compared=kernels_paired)
+        summary["blind"] = [*(summary.get("blind") or []),
+                            f"{NOT_COMPARED}: {kernels - kernels_paired} of {kernels} outputs of "
+                            "compiled kernels have no eager counterpart (their module or source "
+                            "line differs from the golden run's: docs/compile.md)"]
     first = [m for m in meta.get("refusals") or [] if "incomplete" in m]
     if first:  # the reason for missing rows comes before any count of them
         summary["warning"] = " ".join(first + [summary.get("warning", "")]).strip()
     return summary
 
 
-def coverage(rows: list[Row]) -> tuple[int, int]:
-    """(tensors of my run, those paired with a golden tensor). Golden tensors without a
-    counterpart do not count against it: a compiled run fuses most eager values away."""
+def coverage(rows: list[Row], kernels: bool = False) -> tuple[int, int]:
+    """(tensors of my run, those paired with a golden tensor); with `kernels`, the outputs
+    of compiled kernels only. Golden tensors without a counterpart do not count against it:
+    a compiled run fuses most eager values away."""
     mine = paired = 0
     for r in rows:
-        if r.kind == "op" and r.my_address is not None:
+        if r.kind == "op" and r.my_address is not None and (
+                not kernels or (r.io == "output" and (r.op or "").startswith(KERNEL_PREFIX))):
             mine += 1
             paired += r.golden_address is not None
     return mine, paired
 
 
 def mostly_uncompared(summary: dict[str, Any]) -> bool:
-    """Fewer than half of my run's tensors had a golden counterpart: the verdict covers
-    too little of the run to pass a pipeline."""
+    """Fewer than half of my run's tensors, or of its compiled kernels' outputs, had a
+    golden counterpart: the verdict covers too little of the run to pass a pipeline."""
     c = summary.get("coverage") or {}
-    mine = c.get("my_tensors", 0)
-    return bool(mine) and c.get("compared", 0) < 0.5 * mine
+    mine, kernels = c.get("my_tensors", 0), c.get("kernel_outputs", 0)
+    return (bool(mine) and c.get("compared", 0) < 0.5 * mine) or (
+        bool(kernels) and c.get("kernels_compared", 0) < 0.5 * kernels)
 
 
 def _sort_num(x: float | None) -> float:

@@ -34,10 +34,13 @@ def verdict_text(s: dict[str, Any]) -> str:
     parts = [f"{n} compiled region(s) not seen as compiled"] if n else []
     if subclasses:
         parts.append(f"{subclasses} tensor subclass(es) not seen into")
-    if uncompared:
-        c = s.get("coverage") or {}
+    c = s.get("coverage") or {}
+    if uncompared and c.get("my_tensors", 0) > 2 * c.get("compared", 0):
         parts.append(f"{c.get('my_tensors', 0) - c.get('compared', 0)} of "
                      f"{c.get('my_tensors', 0)} tensors of my run not compared")
+    if uncompared and c.get("kernel_outputs"):
+        parts.append(f"{c['kernel_outputs'] - c.get('kernels_compared', 0)} of "
+                     f"{c['kernel_outputs']} compiled kernel outputs not compared")
     return f"{s['verdict'].upper()} over what was recorded only: {', '.join(parts)} (BLIND above)"
 
 

@@ -41,6 +41,16 @@ def blind_lines(attrs: dict[str, Any], side: str = "") -> list[str]:
     return out
 
 
+def seen_lines(attrs: dict[str, Any]) -> list[str]:
+    """One line per compiled region the dump recorded as compiled (what `info` says beside
+    the regions it did not see)."""
+    kernels = attrs.get("compiled_kernels_recorded")
+    return [f"compiled region {r.get('name')!s} [backend {r.get('backend')!s}, "
+            f"{r.get('calls')} call(s)] recorded as compiled"
+            + (f" ({kernels} kernel launch(es) recorded in the dump)" if kernels else "")
+            for r in regions(attrs) if r.get("status") == RECORDED]
+
+
 def blind_count(attrs: dict[str, Any]) -> int:
     """Compiled regions not recorded as compiled (plus one if they were not watched)."""
     watch = attrs.get("compiled_watch")

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from accuracy.dumpfile.compiled import blind_lines, recompile_lines
+from accuracy.dumpfile.compiled import blind_lines, recompile_lines, seen_lines
 from accuracy.dumpfile.reader import load_dump
 from accuracy.errors import UsageError
 
@@ -44,6 +44,7 @@ class DumpInfo:
         # compiled code the dump did not see comes before anything else it holds
         lines += [f"  BLIND: {b}" for b in blind_lines(a)]
         lines += [f"  RECOMPILED: {b}" for b in recompile_lines(a)]
+        lines += [f"  {b}" for b in seen_lines(a)]
         lines += [
             f"  mode {a.get('mode')}, backend {a.get('backend')}"
             + (f" (profile {a['profile']})" if a.get("profile") else "")
