@@ -278,3 +278,43 @@ def test_kernel_rows_name_modules_as_eager_rows_do(spelled, named):
 
     assert _module_path({"nn_module_stack": {"k": (spelled, torch.nn.Linear)}}) == \
         (named, "Linear")
+
+
+def test_blocks_compiled_in_place_name_their_kernels_by_layer(tmp_path, monkeypatch):
+    """`block.compile()` per layer: the region is entered before the block's own forward
+    hooks, where the module path is still the parent's. Kernels were named `Net.ln` (no
+    layer index), paired with nothing, and the blocks were one region of 3 calls. (Blocks
+    sharing one compiled program still name their backward kernels after the last block
+    that ran forward: docs/compile.md, limits.)"""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(4, 8)
+    with dumper(tmp_path / "eager.h5", mode="tensor"):
+        net(x).sum().backward()
+    net.zero_grad()
+    torch._dynamo.reset()
+    try:
+        for b in net.blocks:
+            b.compile()
+        with dumper(tmp_path / "compiled.h5", mode="tensor"):
+            net(x).sum().backward()
+        d = load_dump(tmp_path / "compiled.h5")
+        names = {r["name"] for r in d.attrs["compiled_regions"]}
+        assert names == {f"Net.blocks.{i} (Block)" for i in range(3)}, names
+        fwd = {r.module for r in d.records
+               if r.op.startswith("inductor.") and r.phase == "forward"}
+        assert {m.rsplit(".", 1)[0] for m in fwd} >= {f"Net.blocks.{i}" for i in range(3)}, fwd
+        rep = compare(tmp_path / "compiled.h5", tmp_path / "eager.h5")
+        assert rep.summary["counts"]["error"] == 0
+        judged = {r.module for r in rep.rows if (r.op or "").startswith("inductor.")
+                  and r.io == "output" and r.phase == "forward" and r.verdict == "pass"}
+        assert {m.rsplit(".", 1)[0] for m in judged} >= {f"Net.blocks.{i}" for i in range(3)}
+        # the first block's backward graph is its own compile: its kernels take its name
+        back = {r.module for r in d.records
+                if r.op.startswith("inductor.") and r.phase == "backward"}
+        assert any(m.startswith("Net.blocks.0") for m in back), back
+    finally:
+        for b in net.blocks:
+            b._compiled_call_impl = None
+        torch._dynamo.reset()

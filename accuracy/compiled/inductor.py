@@ -36,8 +36,8 @@ _saved: dict[str, Any] = {}
 _ids = itertools.count(1)
 KERNELS: dict[int, KernelInfo] = {}  # kernel id (in generated code) -> what it is
 SINKS: list[Any] = []  # recording sources: `.kernel(info, tensors)`
-# extern kernel call site id -> (graph, the FX node it computes); the one running now
-EXTERNS: dict[int, tuple[str, Origin]] = {}
+# extern kernel call site id -> (graph, the FX node it computes, compile id); the one running
+EXTERNS: dict[int, tuple[str, Origin, str]] = {}
 _running_extern: list[int] = [0]
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -80,6 +80,9 @@ class KernelInfo:
     before_layout: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(
         default_factory=dict)
     reference: dict[str, Any] | None = None  # for replay: compiled/reference.py
+    # dynamo's compile of the frame (its backward graph is compiled under the same one): ties
+    # a backward kernel to the region its forward ran in
+    compile_id: str = ""
 
     def fused_ops(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -225,7 +228,8 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
             held[a] = h
     if not outputs:
         return None
-    info = KernelInfo(next(_ids), kernel_name, graph, names, outputs, origins, primary, held)
+    info = KernelInfo(next(_ids), kernel_name, graph, names, outputs, origins, primary, held,
+                      compile_id=_compile_id())
     reuses = reuses or {}
 
     def filled(old: str) -> bool:
@@ -251,6 +255,16 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
     except Exception as e:  # noqa: BLE001 - the row stands without it; replay says why
         log.debug("no reference for %s: %s", kernel_name, e)
     return info
+
+
+def _compile_id() -> str:
+    try:
+        from torch._guards import CompileContext
+
+        cid = CompileContext.current_compile_id()
+        return "" if cid is None else str(cid)
+    except Exception:  # noqa: BLE001 - torch moved it: every kernel shares one key
+        return ""
 
 
 def _layout(g: Any, name: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -332,13 +346,13 @@ def _extern(eid: int) -> None:
     _running_extern[0] = eid
 
 
-def current_extern() -> tuple[str, Origin] | None:
-    """(graph, origin node) of the extern kernel call running now, or None."""
+def current_extern() -> tuple[str, Origin, str] | None:
+    """(graph, origin node, compile id) of the extern kernel call running now, or None."""
     eid = _running_extern[0]
     return EXTERNS.get(eid) if eid else None
 
 
-def _describe_extern(node: Any) -> tuple[str, Origin] | None:
+def _describe_extern(node: Any) -> tuple[str, Origin, str] | None:
     from torch._inductor.virtualized import V
 
     origins = sorted(getattr(node, "get_origins", lambda: ())(), key=lambda n: n.name)
@@ -353,7 +367,7 @@ def _describe_extern(node: Any) -> tuple[str, Origin] | None:
     g = V.graph
     graph = "backward" if getattr(g, "is_backward", False) else (
         "inference" if getattr(g, "is_inference", False) else "forward")
-    return graph, _origin(on)
+    return graph, _origin(on), _compile_id()
 
 
 def _pre(kid: int, tensors: list[Any]) -> None:

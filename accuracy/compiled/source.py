@@ -63,7 +63,9 @@ class CompiledSource:
         self.watch = watch
         self.kernels = 0
         self._plans: dict[str, OpPlan] = {}
-        self._base: dict[str, str] = {}  # graph kind -> module path of the region it ran in
+        # compile id (a forward graph and its backward share one) -> module path of the
+        # region its forward ran in
+        self._base: dict[str, str] = {}
         self._with_code: set[int] = set()  # kernel ids whose subgraph is already in the dump
         self._with_ref: set[int] = set()  # kernel ids whose replay reference is in the dump
         self._before: dict[int, list[Any]] = {}  # kernel id -> in-place outputs before launch
@@ -109,10 +111,10 @@ class CompiledSource:
         scope = owner._scope
         phase = "backward" if backward else scope.phase
         if backward:
-            base = self._base.get("forward", "")
+            base = self._base.get(info.compile_id, "")
         else:
             base = self.watch.region_module() or scope.module
-            self._base["forward"] = base
+            self._base[info.compile_id] = base
         outs = [info.buffers[i] for i in info.outputs]
         first = outs[0]
         prim = self._held(first, info)
@@ -168,7 +170,7 @@ class CompiledSource:
             return None
         origin = cur[1]
         if backward:
-            base = self._base.get("forward", "")
+            base = self._base.get(cur[2], "")
         else:
             base = self.watch.region_module() or self.owner._scope.module
         return join_module(base, origin.module), origin.source

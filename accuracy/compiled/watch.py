@@ -94,15 +94,20 @@ def _code_of(fn: Any) -> Any:
     return code
 
 
-def _describe(fn: Any, module_path: str) -> tuple[str, str, str]:
+def _describe(fn: Any, module_path: str, name_of: Callable[[Any], str | None] | None = None
+              ) -> tuple[str, str, str]:
     """A region's name, kind and module path: the module path (as an eager dump names it:
     no `OptimizedModule` root, no `_orig_mod`) and class of a compiled module, else the
-    function's qualified name and the module path it was called from."""
+    function's qualified name and the module path it was called from. A module compiled in
+    place (`block.compile()`) is entered before its own forward hooks run, where the module
+    path is still its parent's: its own name comes from `name_of` where the scope knows it."""
     import torch
 
     inner = inspect.unwrap(fn) if callable(fn) else fn
     target = getattr(inner, "__self__", inner)
-    path = module_path.replace("._orig_mod", "")
+    own = name_of(target) if name_of is not None and isinstance(target, torch.nn.Module) \
+        else None
+    path = (own or module_path).replace("._orig_mod", "")
     if isinstance(target, torch.nn.Module):
         cls = type(target).__name__
         head, _, rest = path.partition(".")
@@ -123,8 +128,10 @@ class CompileWatch:
 
     def __init__(self, active: Callable[[], bool], *, step: Callable[[], int] = lambda: 0,
                  seq: Callable[[], int] = lambda: -1,
-                 module: Callable[[], str] = lambda: "") -> None:
+                 module: Callable[[], str] = lambda: "",
+                 name_of: Callable[[Any], str | None] | None = None) -> None:
         self._active, self._step, self._seq, self._module = active, step, seq, module
+        self._name_of = name_of  # a module's own path, where the caller's scope knows it
         self.regions: dict[tuple[str, str], Region] = {}
         self._pending: list[tuple[Any, Region]] = []  # (code dynamo will be asked about, region)
         self._last: tuple[Region, str] | None = None  # latest region entered, its module path
@@ -166,7 +173,7 @@ class CompileWatch:
         self._current = None
         if not self._active():
             return
-        name, kind, path = _describe(fn, self._module())
+        name, kind, path = _describe(fn, self._module(), self._name_of)
         backend, options = _backend_of(callback)
         region = self.regions.get((name, backend))
         if region is None:
@@ -355,7 +362,8 @@ class DumperWatch(CompileWatch):
             recording,
             step=lambda: int(getattr(owner, "current_step", 0)),
             seq=lambda: int(getattr(owner, "_seq", -1)),
-            module=lambda: str(getattr(getattr(owner, "_scope", None), "module", "") or ""))
+            module=lambda: str(getattr(getattr(owner, "_scope", None), "module", "") or ""),
+            name_of=lambda m: getattr(owner, "_scope", None) and owner._scope.known_name(m))
         from accuracy.compiled import inductor
         from accuracy.compiled.source import CompiledSource
 

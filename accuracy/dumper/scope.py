@@ -157,6 +157,15 @@ class Scope:
         self._handles = []
         self._tracker.__exit__(*exc)
 
+    def known_name(self, mod: torch.nn.Module) -> str | None:
+        """The name of a module under one this scope has entered (its path as rows name it),
+        or None for a module not seen under any: never a new root named by its class."""
+        known = getattr(self._tracker, "_known_modules", None)  # torch's ModuleTracker
+        try:
+            return known.get(mod) if known is not None else None
+        except TypeError:  # not weak-referenceable
+            return None
+
     # -- forward module stack ------------------------------------------------------------
 
     def _fw_enter(self, mod: torch.nn.Module, _args: Any) -> None:
