@@ -28,7 +28,9 @@ def _report(rows: list[Row], culprit: Row | None = None, first_div: Row | None =
     return Report(rows, summary)
 
 
-def test_tp_rank_that_deviates_by_its_precision_then_receives_the_fault_is_inherited():
+@pytest.mark.parametrize("rank0_verdict", ["pass", "warning"])
+def test_tp_rank_that_deviates_by_its_precision_then_receives_the_fault_is_inherited(
+        rank0_verdict):
     """Tensor parallel, bf16 on both ranks, a fault in rank 1's backward layer norm (epoch
     1). Rank 0 deviates at warning level from its first op (its own bf16 rounding, epoch 0),
     then the all-reduce of epoch 1 brings rank 1's error in: inherited via that all-reduce,
@@ -42,7 +44,8 @@ def test_tp_rank_that_deviates_by_its_precision_then_receives_the_fault_is_inher
     r1 = [_row(3, "aten.view.default", "warning"), cul,
           _row(45, "_c10d_functional.all_reduce.default", "warning")]
     epochs = {0: {3: 0, 20: 0, 45: 1, 50: 2}, 1: {3: 0, 40: 1, 45: 1}}
-    s = merge({0: _report(r0), 1: _report(r1, cul)}, epochs, {"replay": "r"}).summary
+    s = merge({0: _report(r0, verdict=rank0_verdict), 1: _report(r1, cul)}, epochs,
+              {"replay": "r"}).summary
     rank0, rank1 = s["ranks"]
     assert s["first_rank"] == 1 and rank1["label"] == "culprit"
     assert rank0["label"] == "inherited", rank0["label"]

@@ -134,3 +134,20 @@ def test_lstm_layer_lengths():
                 [(5, 2, 16), (96, 16), (96, 24), (96,), (96,), (2, 24), (2, 24)],
                 [(5, 2, 16), (96, 16), (96, 24), (96,), (96,), (2, 24), (2, 24)])
     assert reduction_length(back, 0) == 96 and reduction_length(back, 1) == 10
+
+
+def test_grad_input_and_grad_weight_are_separate_outlier_populations():
+    """A convolution's grad_input and grad_weight are different kernels with different honest
+    errors (here ~1x and ~100x their bounds). Pooled, their spread hides a grad_weight 6x its
+    siblings: it must stand out among grad_weights (the outlier_error score is 5)."""
+    from accuracy.compare.judge import _with_outlier_scores
+    from accuracy.compare.row import Row
+
+    op = "aten.convolution_backward.default"
+    rows = [Row(index=i, kind="op", op=op, tensor_index=0, local_excess=1.0 + 0.02 * (i % 5))
+            for i in range(12)]
+    rows += [Row(index=12 + i, kind="op", op=op, tensor_index=1,
+                 local_excess=100.0 + 2.0 * (i % 5)) for i in range(12)]
+    rows.append(Row(index=99, kind="op", op=op, tensor_index=1, local_excess=600.0))
+    z = _with_outlier_scores(rows, "local_excess", 0.15)
+    assert z[99] >= 5.0, z[99]
