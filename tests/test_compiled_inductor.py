@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _miscompile import ScaleMatmul
 from test_compiled_watch import Block, Net
 
 from accuracy import dumper, load_dump
@@ -18,23 +19,6 @@ from accuracy.compare import compare
 LINE = f"test_compiled_watch.py:{Block.forward.__code__.co_firstlineno + 1}"  # its return
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `torch.compile")
-
-
-class ScaleFc1(torch._inductor.custom_graph_pass.CustomGraphPass):
-    """The miscompile: blocks.1.fc1's matmul output times 1.05."""
-
-    def __call__(self, g: torch.fx.Graph) -> None:
-        for n in list(g.nodes):
-            stack = n.meta.get("nn_module_stack") or {}
-            path = list(stack.values())[-1][0] if stack else ""
-            if n.target == torch.ops.aten.addmm.default and path.endswith("blocks.1.fc1"):
-                with g.inserting_after(n):
-                    m = g.call_function(torch.ops.aten.mul.Tensor, (n, 1.05))
-                n.replace_all_uses_with(m)
-                m.args = (n, 1.05)
-
-    def uuid(self) -> str:
-        return "accuracy-test-scale-blocks.1.fc1"
 
 
 def _dumps(folder, fault: bool) -> tuple:
@@ -46,7 +30,8 @@ def _dumps(folder, fault: bool) -> tuple:
     net.zero_grad()
     torch._dynamo.reset()
     compiled = torch.compile(net)
-    with torch._inductor.config.patch(post_grad_custom_post_pass=ScaleFc1() if fault else None):
+    miscompile = ScaleMatmul(torch.ops.aten.addmm.default, "blocks.1.fc1") if fault else None
+    with torch._inductor.config.patch(post_grad_custom_post_pass=miscompile):
         with dumper(comp, mode="tensor"):
             compiled(x).sum().backward()
     return eager, comp

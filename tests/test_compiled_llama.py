@@ -26,6 +26,7 @@ import sys
 
 import pytest
 import torch
+from _miscompile import ScaleMatmul
 
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
@@ -37,23 +38,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore:Using `torch.compile", "ignore:
               pytest.mark.timeout(900)]
 
 ROPE = "inductor.cpp_fused__to_copy__unsafe_view_add_arange_cat_cos_mul_neg_sin_slice"
-
-
-class ScaleUpProj(torch._inductor.custom_graph_pass.CustomGraphPass):
-    """The miscompile: layers.1.mlp.up_proj's matmul output times 1.05."""
-
-    def __call__(self, g: torch.fx.Graph) -> None:
-        for n in list(g.nodes):
-            stack = n.meta.get("nn_module_stack") or {}
-            path = list(stack.values())[-1][0] if stack else ""
-            if n.target == torch.ops.aten.mm.default and path.endswith("layers.1.mlp.up_proj"):
-                with g.inserting_after(n):
-                    m = g.call_function(torch.ops.aten.mul.Tensor, (n, 1.05))
-                n.replace_all_uses_with(m)
-                m.args = (n, 1.05)
-
-    def uuid(self) -> str:
-        return "accuracy-test-scale-llama-up-proj"
 
 
 def _dumps(folder, fault: bool) -> tuple:
@@ -70,8 +54,9 @@ def _dumps(folder, fault: bool) -> tuple:
     model.zero_grad()
     torch._dynamo.reset()
     compiled = torch.compile(model)
-    with torch._inductor.config.patch(post_grad_custom_post_pass=ScaleUpProj() if fault
-                                      else None):
+    miscompile = ScaleMatmul(torch.ops.aten.mm.default, "layers.1.mlp.up_proj") if fault \
+        else None
+    with torch._inductor.config.patch(post_grad_custom_post_pass=miscompile):
         with dumper(comp, mode="tensor"):
             compiled(ids, labels=ids).loss.backward()
     torch._dynamo.reset()
