@@ -38,10 +38,12 @@ if __name__ == "__main__" and "--threads" in sys.argv:  # before torch reads OMP
         os.environ["OMP_NUM_THREADS"] = _t
 
 import torch
+import xxhash
 from _common import interleaved, msprobe_available, ratios, run_msprobe, spread
 
 from accuracy import dumper, load_dump
-from accuracy.dumpfile.checksum import ContentHash, checksum, content_hash, part_size
+from accuracy.dumpfile import writer as writer_mod
+from accuracy.dumpfile.checksum import checksum, content_hash, part_size
 from accuracy.dumpfile.stats import _checksum
 from accuracy.examples import bench_setup, bench_step
 
@@ -107,14 +109,10 @@ def _hash_cost(path: Path) -> None:
             times.append(time.perf_counter() - t0)
         return min(times)
 
-    def streamed(r) -> int:  # the running state the readers use chunk by chunk
-        h = ContentHash()
-        h.update(r)
-        return h.value
-
     rows = {
         "xxh3-64 content hash (schema 3)": best(lambda: [content_hash(r) for r in raws]),
-        "xxh3-64 streaming state (before)": best(lambda: [streamed(r) for r in raws]),
+        "xxh3-64 one-shot digest": best(
+            lambda: [xxhash.xxh3_64_intdigest(r.data) for r in raws]),
         "bit-pattern sum, torch (stats path)": best(lambda: [_checksum(t) for t in tensors]),
         "bit-pattern sum, numpy (reader)": best(
             lambda: [checksum(r, p) for r, p in zip(raws, parts, strict=True)]),
@@ -157,7 +155,8 @@ def main() -> None:
     ap.add_argument("--dir", default=_TMPFS if os.path.isdir(_TMPFS) else None,
                     help="folder for the dumps (default: tmpfs /dev/shm where there is one)")
     ap.add_argument("--modes", default="statistics,tensor",
-                    help="dump modes to run beside the bare step, comma-separated")
+                    help="dump modes to run beside the bare step, comma-separated "
+                    "(tensor-nohash: the tensor dump with the writer's content hash a no-op)")
     args = ap.parse_args()
     if args.threads == "both":
         _both(sys.argv[1:])
@@ -170,6 +169,17 @@ def main() -> None:
           f"cache {_dirty_mb()}, busiest processes: {_busy_others()}", flush=True)
 
     def dumped(mode: str):
+        if mode == "tensor-nohash":  # the tensor dump with the writer's content hash a no-op
+            def run():
+                real = writer_mod.content_hash
+                writer_mod.content_hash = lambda arr: 1
+                try:
+                    with dumper(dump_path=tmp / f"{mode}.h5", mode="tensor", overwrite=True):
+                        bench_step(model, batch)
+                finally:
+                    writer_mod.content_hash = real
+            return run
+
         def run():
             with dumper(dump_path=tmp / f"{mode}.h5", mode=mode, overwrite=True):
                 bench_step(model, batch)
@@ -184,6 +194,10 @@ def main() -> None:
     print(f"{'run':24s} {'seconds':>28s}   {'x bare (per round)':>28s}  details")
     print(f"{'bare step':24s} {spread(t['bare']):>28s}")
     for mode in modes:
+        if mode == "tensor-nohash":  # its file's hashes are not real: not opened
+            print(f"{'tensor, hash a no-op':24s} {spread(t[mode]):>28s}   "
+                  f"{spread(ratios(t[mode], t['bare']), '{:.2f}'):>28s}")
+            continue
         with load_dump(tmp / f"{mode}.h5") as d:
             s = d.summary()
         print(f"{'accuracy ' + mode:24s} {spread(t[mode]):>28s}   "
@@ -197,6 +211,10 @@ def main() -> None:
         print(f"accuracy statistics / bare step (median): {stats_ratio:.2f}x (goal <= 1.3x: "
               f"{'met' if stats_ratio <= 1.3 else 'not met'}); {per_op * 1e6:.0f} us per op "
               f"(goal <= 60 us: {'met' if per_op <= 60e-6 else 'not met'})")
+    if "tensor" in t and "tensor-nohash" in t:
+        cost = ratios(t["tensor"], t["tensor-nohash"])
+        print(f"tensor step with the content hash / without it, round by round: "
+              f"{spread(cost, '{:.3f}')} (the hash's cost on the step)")
     if "tensor" in t:
         _hash_cost(tmp / "tensor.h5")
     if msprobe_available() and not args.no_msprobe and set(modes) == {"statistics", "tensor"}:

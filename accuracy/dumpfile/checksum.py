@@ -20,7 +20,6 @@ import xxhash
 CONTENT_HASH_KIND = "xxh3-64"
 SUM_KIND = "bit-pattern sum"
 NO_HASH = 0  # a row without stored bytes (or of an older schema): no content hash
-_EMPTY_HASH = xxhash.xxh3_64_intdigest(b"") or 1
 
 _BITS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 _WRAP = {4: np.uint32, 8: np.uint64}  # parts whose own width holds the checksum's modulus
@@ -69,17 +68,17 @@ def checksum(raw: np.ndarray, part: int) -> int:
 
 
 def content_hash(raw: np.ndarray) -> int:
-    """XXH3-64 of an array's bytes, as stored in a schema-3 tensor row (never 0). One call
-    over the whole buffer: xxhash's one-shot digest runs about twice as fast as its streaming
-    state on tensors of a MiB and more (the same value as `ContentHash` fed in pieces)."""
-    if not raw.size:
-        return _EMPTY_HASH
-    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(raw).view(np.uint8).data) or 1
+    """XXH3-64 of an array's bytes, as stored in a schema-3 tensor row (never 0). (xxhash's
+    one-shot digest is faster on buffers in cache, but on a dump's tensors, read from memory,
+    it measured slower than the running state: benchmarks/README.md.)"""
+    h = ContentHash()
+    h.update(raw)
+    return h.value
 
 
 class ContentHash:
     """XXH3-64 over consecutive pieces of one tensor's bytes, fed in order (a reader going
-    through a tensor chunk by chunk; whole buffers go through `content_hash`)."""
+    through a tensor chunk by chunk; `content_hash` for a whole buffer)."""
 
     def __init__(self) -> None:
         self._h = xxhash.xxh3_64()
