@@ -120,3 +120,21 @@ def test_a_clean_run_whose_rounding_noise_is_an_accumulated_error_names_no_rank(
               {0: {93: 2}, 1: {93: 2}}, {"replay": "r"}).summary
     assert s["first_rank"] is None
     assert [e["label"] for e in s["ranks"]] == ["clean", "clean"]
+
+
+def test_ranks_mostly_not_compared_fail_a_pipeline():
+    """Each rank's compare paired 2 of its 10 tensors (another model's dumps): the merged
+    report says it first and `--fail-on` fails, as a single pair's does."""
+    rows = [_row(1, "aten.mm.default", "pass")]
+    reps = {}
+    for r in (0, 1):
+        rep = _report(list(rows))
+        rep.summary.update(coverage={"my_tensors": 10, "compared": 2},
+                           blind=["not compared: 8 of 10 tensors of my run have no golden "
+                                  "counterpart (are these dumps of the same model and step?)"])
+        reps[r] = rep
+    meta = {"my": "m", "golden": "g", "world_size": 2, "bytes_compared": 0, "seconds": 0.0}
+    merged = merge(reps, {0: {1: 0}, 1: {1: 0}}, meta)
+    assert merged.exit_code("error") == 1
+    text = format_ranks(merged.summary)
+    assert "16 of 20 tensors of my run not compared" in text, text

@@ -258,6 +258,11 @@ def merge(reports: dict[int, Report], epochs: dict[int, dict[int, int]], meta: d
         summary["warning"] = "; ".join(warnings)
     summary["blind"] = [f"rank {r}: {b}" for r, rep in sorted(reports.items())
                         for b in rep.summary.get("blind") or []]
+    coverage: dict[str, int] = {}  # summed over ranks: what was compared, for the exit code
+    for rep in reports.values():
+        for k, v in (rep.summary.get("coverage") or {}).items():
+            coverage[k] = coverage.get(k, 0) + int(v)
+    summary["coverage"] = coverage
     return Report(rows, summary)
 
 

@@ -29,7 +29,7 @@ def verdict_text(s: dict[str, Any]) -> str:
     if not blind:
         return s["verdict"].upper()
     subclasses = sum(1 for b in blind if "tensor subclass" in b)
-    uncompared = [b for b in blind if b.startswith(NOT_COMPARED)]
+    uncompared = [b for b in blind if f"{NOT_COMPARED}:" in b]  # "rank 1: not compared: ..."
     n = len(blind) - subclasses - len(uncompared)
     parts = [f"{n} compiled region(s) not seen as compiled"] if n else []
     if subclasses:
