@@ -1,8 +1,13 @@
-"""The miscompile the compiled-program tests inject: a post-grad pass that scales one module's
-matmul output by 1.05, as a wrong fused kernel would."""
+"""What the compiled-program tests share: the miscompile they inject (a post-grad pass that
+scales one module's matmul output by 1.05, as a wrong fused kernel would) and the cache set-up."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 import torch
 
 
@@ -24,3 +29,17 @@ class ScaleMatmul(torch._inductor.custom_graph_pass.CustomGraphPass):
 
     def uuid(self) -> str:  # Inductor's cache key: one per injected fault
         return f"accuracy-test-scale-{self.op}-{self.module}-{self.factor}"
+
+
+@contextlib.contextmanager
+def inductor_cache(folder: Path) -> Iterator[Path]:
+    """Inductor's cache in `folder/cache`, one compile thread, dynamo reset on the way out:
+    each compiled-program test module compiles its models once, in its own temporary folder."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder / "cache"))
+    mp.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    try:
+        yield folder
+    finally:
+        torch._dynamo.reset()
+        mp.undo()

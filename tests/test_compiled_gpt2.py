@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _miscompile import inductor_cache
 
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
@@ -35,11 +36,7 @@ def _gpt2() -> tuple[torch.nn.Module, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gpt2")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder / "cache"))
-    mp.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    try:
+    with inductor_cache(tmp_path_factory.mktemp("gpt2")) as folder:
         model, ids = _gpt2()
         eager, comp = folder / "eager.h5", folder / "compiled.h5"
         with dumper(eager, mode="tensor"):
@@ -50,9 +47,6 @@ def gpt2(tmp_path_factory):
         with dumper(comp, mode="tensor"):
             compiled(ids, labels=ids).loss.backward()
         yield eager, comp
-    finally:
-        torch._dynamo.reset()
-        mp.undo()
 
 
 def test_compiled_gpt2_step_against_eager_has_no_error(gpt2):

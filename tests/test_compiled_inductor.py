@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _miscompile import ScaleMatmul
+from _miscompile import ScaleMatmul, inductor_cache
 from test_compiled_watch import Block, Net
 
 from accuracy import dumper, load_dump
@@ -39,17 +39,10 @@ def _dumps(folder, fault: bool) -> tuple:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("inductor")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder / "cache"))
-    mp.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    try:
+    with inductor_cache(tmp_path_factory.mktemp("inductor")) as folder:
         (folder / "clean").mkdir()
         (folder / "fault").mkdir()
         yield {"clean": _dumps(folder / "clean", False), "fault": _dumps(folder / "fault", True)}
-    finally:
-        torch._dynamo.reset()
-        mp.undo()
 
 
 def test_forward_and_backward_kernels_are_recorded_with_module_and_source(runs):

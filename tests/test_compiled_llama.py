@@ -26,7 +26,7 @@ import sys
 
 import pytest
 import torch
-from _miscompile import ScaleMatmul
+from _miscompile import ScaleMatmul, inductor_cache
 
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
@@ -65,15 +65,8 @@ def _dumps(folder, fault: bool) -> tuple:
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("llama")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder / "cache"))
-    mp.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    try:
+    with inductor_cache(tmp_path_factory.mktemp("llama")) as folder:
         yield folder
-    finally:
-        torch._dynamo.reset()
-        mp.undo()
 
 
 @pytest.fixture(scope="module")
