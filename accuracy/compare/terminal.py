@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from accuracy.dumpfile.compiled import NOT_RECORDED
+
 
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else ("-" if v is None else str(v))
@@ -25,15 +27,21 @@ def verdict_text(s: dict[str, Any]) -> str:
     """The overall verdict, qualified when compiled regions were not seen as compiled, tensor
     subclasses not seen into, or most of my run not compared: a PASS over code the compare
     never saw is never printed bare."""
+    counts = s.get("counts") or {}
+    if not any(counts.get(v) for v in ("pass", "warning", "error")):
+        return "NOTHING COMPARED (no verdict)"  # an empty dump passes nothing
     blind = s.get("blind") or []
     if not blind:
         return s["verdict"].upper()
     subclasses = sum(1 for b in blind if "tensor subclass" in b)
+    failed = sum(1 for b in blind if NOT_RECORDED in b)
     uncompared = [b for b in blind if f"{NOT_COMPARED}:" in b]  # "rank 1: not compared: ..."
-    n = len(blind) - subclasses - len(uncompared)
+    n = len(blind) - subclasses - failed - len(uncompared)
     parts = [f"{n} compiled region(s) not seen as compiled"] if n else []
     if subclasses:
         parts.append(f"{subclasses} tensor subclass(es) not seen into")
+    if failed:
+        parts.append("ops the dumper failed on not recorded")
     c = s.get("coverage") or {}
     if uncompared and c.get("my_tensors", 0) > 2 * c.get("compared", 0):
         parts.append(f"{c.get('my_tensors', 0) - c.get('compared', 0)} of "

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import accuracy
@@ -26,6 +27,7 @@ from accuracy.dumper import collectives, guide_args
 from accuracy.dumper.filters import Filter, Selection
 from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.opcall import Observer, OpCall
+from accuracy.dumper.overflow_watch import OverflowDetected
 from accuracy.dumper.quant_observer import QuantFigures
 from accuracy.dumper.recorder import Recorder
 from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
@@ -37,6 +39,19 @@ from accuracy.steps import Schedule
 log = logging.getLogger(__name__)
 
 MODES = ("tensor", "statistics")
+# Raised by an observer on purpose, for the user: overflow_raise=True, strict=True
+_DELIBERATE = (OverflowDetected, DumpWriteError)
+_INFRA_MODES = tuple(getattr(torch._C._TorchDispatchModeKey, k) for k in ("FAKE", "PROXY")
+                     if hasattr(torch._C._TorchDispatchModeKey, k))
+
+
+def _compile_machinery(args: tuple[Any, ...]) -> bool:
+    """Whether a call is compile machinery's, not the step's: tracing under a fake or proxy
+    mode, or on fake tensors (DDP's graph splitter runs the user's layers on fake parameters
+    while our mode is still on the stack). Such calls compute nothing real: not recorded."""
+    if any(torch._C._get_dispatch_mode(k) is not None for k in _INFRA_MODES):
+        return True
+    return any(isinstance(a, FakeTensor) for a in args)
 
 
 def _rank() -> tuple[int, int]:
@@ -157,6 +172,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self._writer: DumpWriter | None = None
         self._recorder: Recorder | None = None
         self._observers: tuple[Observer, ...] = ()
+        self._failed_ops: dict[str, Any] = {}  # ops an observer failed on: count, first error
         f = self.filter
         # no filter at all: the loop skips the per-op checks
         self._everything = (not (f.ops or f.exclude_ops or f.modules) and f.steps is None
@@ -295,6 +311,30 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             attrs["sim"] = self._sim.describe()
         return attrs
 
+    def _observe(self, call: OpCall, outputs: list[torch.Tensor] | None) -> bool:
+        """Every observer's `before` (outputs None) or `after`. An error of ours is logged
+        and counted, the op left unrecorded, and the step goes on: the user's training
+        never dies because of the dumper (only the errors raised for the user pass)."""
+        try:
+            for o in self._observers:
+                if outputs is None:
+                    o.before(call)
+                else:
+                    o.after(call, outputs)
+            return True
+        except _DELIBERATE:
+            raise
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            failed = self._failed_ops
+            if not failed:
+                log.warning("the dumper failed on %s (seq %d), which is left unrecorded; the "
+                            "step goes on (further failures are counted in the dump)",
+                            call.plan.name, call.seq, exc_info=True)
+                failed.update(count=0, first=f"{call.plan.name} seq {call.seq}: "
+                              f"{type(e).__name__}: {str(e)[:200]}")
+            failed["count"] += 1
+            return False
+
     @property
     def ops_recorded(self) -> int:
         """Ops written to the dump so far."""
@@ -320,6 +360,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
                  **attrs}
         if self._sim is not None:
             attrs["faults_applied"] = list(self._sim.applied)
+        if self._failed_ops:
+            attrs["ops_not_recorded"] = dict(self._failed_ops)
         try:
             writer.close(attrs, complete=complete and not rec.failed)
         except DumpWriteError as e:
@@ -352,6 +394,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
 
     def _on_op(self, func, args, kwargs):
         """The dispatch loop: one OpCall, every observer's before/after around the op."""
+        if _compile_machinery(args):
+            return func(*args, **kwargs)
         plan = plan_of(func)
         seq = self._seq
         self._seq += 1
@@ -397,14 +441,13 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             call = OpCall(func, plan, seq, phase, module, source, stack, self.current_step,
                           coll.current, args, kwargs, tensors_in(kwargs, tensors_in(args)),
                           fwd_seq)
-            for o in self._observers:
-                o.before(call)
+            observed = self._observe(call, None)
             out = func(*call.args, **call.kwargs)
             if plan.collective is not None:  # waited: the outputs hold the collective's result
                 call.collective = coll.settle(plan.collective, func, call.args, call.kwargs, out)
             outputs = tensors_in(out)
-            for o in self._observers:
-                o.after(call, outputs)
+            if observed:
+                self._observe(call, outputs)
         if phase == FORWARD:
             scope.forward_outputs(tensors_in(out) if outputs is None else outputs,
                                   (module, seq, source))

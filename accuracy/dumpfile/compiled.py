@@ -1,6 +1,7 @@
 """What a dump says about what it could not see: compiled regions (root attributes
-`compiled_watch` and `compiled_regions`, written by accuracy/compiled/watch.py) and tensor
-subclasses it cannot see into (`tensor_subclasses`, dumper/subclass_watch.py), as sentences
+`compiled_watch` and `compiled_regions`, written by accuracy/compiled/watch.py), tensor
+subclasses it cannot see into (`tensor_subclasses`, dumper/subclass_watch.py) and ops the
+dumper failed on (`ops_not_recorded`, dumper/core.py), as sentences
 every reader shows first: `accuracy info`, compare's summary, the report files and the web UI."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 RECORDED = "recorded-compiled"
+NOT_RECORDED = "ran but were not recorded"  # ops the dumper failed on (`ops_not_recorded`)
 
 
 def regions(attrs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -32,6 +34,11 @@ def blind_lines(attrs: dict[str, Any], side: str = "") -> list[str]:
         out.append(f"{who}compiled region {r.get('name')!s} [backend {r.get('backend')!s}, "
                    f"{r.get('calls')} call(s), step(s) {steps}] {r.get('status')}: "
                    f"{r.get('reason')}")
+    failed = attrs.get("ops_not_recorded")
+    if isinstance(failed, dict):
+        out.append(f"{who}{failed.get('count')!s} op(s) {NOT_RECORDED}: the dumper "
+                   f"failed on them (first: {failed.get('first')!s}); their values are not in "
+                   "the dump")
     subs = attrs.get("tensor_subclasses")
     if isinstance(subs, dict):
         for name, ops in sorted(subs.items()):
@@ -55,7 +62,8 @@ def blind_count(attrs: dict[str, Any]) -> int:
     """Compiled regions not recorded as compiled (plus one if they were not watched)."""
     watch = attrs.get("compiled_watch")
     return (sum(1 for r in regions(attrs) if r.get("status") != RECORDED)
-            + (1 if isinstance(watch, str) and watch != "on" else 0))
+            + (1 if isinstance(watch, str) and watch != "on" else 0)
+            + (1 if isinstance(attrs.get("ops_not_recorded"), dict) else 0))
 
 
 def recompile_lines(attrs: dict[str, Any], side: str = "") -> list[str]:
