@@ -238,3 +238,24 @@ def test_web_report_page_shows_unseen_compiled_regions_first(tmp_path):
     assert 'id="blind"' in page and page.index('id="blind"') < page.index('id="culprit"')
     assert "<h2>Not seen</h2>" in page  # it lists tensor subclasses too, not only compiled code
     assert "blocks.1 (Block)" in page
+
+
+def test_a_compiled_model_names_its_parameters_as_the_eager_model(tmp_path):
+    """`torch.compile(model)` wraps it in an OptimizedModule: gradient, optimizer and other
+    eager rows of the compiled run are named `Net.blocks.0.fc1.weight`, as in the eager run
+    (not `OptimizedModule._orig_mod.blocks…`), so they pair."""
+    def run(path, compiled: bool) -> set[tuple[str, str]]:
+        torch.manual_seed(0)
+        net = Net()
+        model = torch.compile(net, backend=opaque) if compiled else net
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with dumper(path, mode="statistics"):
+            model(torch.randn(4, 8)).square().mean().backward()
+            opt.step()
+        return {(r.phase, r.module) for r in load_dump(path).records
+                if r.phase in ("optimizer", "backward") and r.op in (
+                    "aten.add_.Tensor", "aten.detach.default")}
+
+    eager, compiled = run(tmp_path / "e.h5", False), run(tmp_path / "c.h5", True)
+    assert ("optimizer", "Net.blocks.0.fc1.weight") in eager
+    assert compiled == eager

@@ -48,9 +48,25 @@ class _ForwardTracker(ModuleTracker):
     def __init__(self, enter: Any, exit: Any) -> None:
         super().__init__()
         self._enter, self._exit = enter, exit
+        self._unwrapped: dict[str, str] = {}  # `X._orig_mod` prefix -> the eager run's name
 
     def name(self, mod: torch.nn.Module) -> str:
-        return self._get_mod_name(mod)
+        return self.plain(self._get_mod_name(mod), mod)
+
+    def plain(self, name: str, mod: Any = None) -> str:
+        """`name` as the eager run of the same model names it: a `torch.compile`d module
+        (`OptimizedModule`) is transparent, so `OptimizedModule._orig_mod.layers.0` is
+        `Net.layers.0` (parameters, optimizer rows and eager parts of a compiled run pair
+        with the eager run's)."""
+        orig = getattr(mod, "_orig_mod", None)
+        if isinstance(orig, torch.nn.Module) and type(mod).__name__ == "OptimizedModule":
+            plain = type(orig).__name__ if "." not in name else name
+            self._unwrapped.setdefault(f"{name}._orig_mod", plain)
+            return plain
+        for prefix, plain in self._unwrapped.items():
+            if name == prefix or name.startswith(prefix + "."):
+                return plain + name[len(prefix):]
+        return name
 
     def _fw_pre_hook(self, mod: torch.nn.Module, input: Any) -> None:
         if torch.compiler.is_compiling():  # dynamo traces global hooks: none in its graph
@@ -162,9 +178,10 @@ class Scope:
         or None for a module not seen under any: never a new root named by its class."""
         known = getattr(self._tracker, "_known_modules", None)  # torch's ModuleTracker
         try:
-            return known.get(mod) if known is not None else None
+            name = known.get(mod) if known is not None else None
         except TypeError:  # not weak-referenceable
             return None
+        return self._tracker.plain(name, mod) if name is not None else None
 
     # -- forward module stack ------------------------------------------------------------
 
@@ -181,7 +198,9 @@ class Scope:
             # Owner of each parameter: the submodule holding it, named under this module
             # (some are used without their module's forward running, e.g. out_proj).
             self._owned.add(mod)
+            raw = self._tracker._get_mod_name(mod)  # its parameters' names, unwrapped too
             for pname, p in mod.named_parameters():
+                pname = self._tracker.plain(f"{raw}.{pname}")[len(name) + 1:]
                 sub, _, _ = pname.rpartition(".")
                 self._owners.setdefault(id(p), f"{name}.{sub}" if sub else name)
                 self._param_names.setdefault(id(p), f"{name}.{pname}")
