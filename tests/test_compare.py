@@ -324,3 +324,23 @@ def test_compiled_kernels_left_unpaired_are_said_first():
         if blind:
             assert "7 of 10 compiled kernel outputs not compared" in text
             assert text.index("BLIND") < text.index("rows ")
+
+
+def test_terminal_names_the_first_divergence_when_it_is_not_the_culprit():
+    """The README's promise: the terminal shows where the run starts to differ as well as
+    the op that broke it, when those are two ops."""
+    from accuracy.compare.terminal import format_summary
+
+    def row(seq: int, op: str) -> dict:
+        return {"seq_my": seq, "op": op, "phase": "forward", "module": "Net.fc", "source": "m.py:3",
+                "my_address": f"/{op}/{seq}/output/0", "golden_address": f"/{op}/{seq}/output/0",
+                "verdict": "error", "message": "x"}
+
+    s = {"my": "a.h5", "golden": "b.h5", "rows": 2, "counts": {"pass": 0, "error": 2},
+         "verdict": "error", "bytes_compared": 0, "seconds": 0.1,
+         "culprit": row(7, "aten.mm.default"), "first_divergence": row(3, "aten.add.Tensor")}
+    text = format_summary(s)
+    assert "first divergence (where the run starts to differ, whoever caused it): seq 3 " \
+           "aten.add.Tensor" in text
+    s["first_divergence"] = s["culprit"]
+    assert "first divergence" not in format_summary(s)

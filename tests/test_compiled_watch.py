@@ -244,10 +244,12 @@ def test_a_compiled_model_names_its_parameters_as_the_eager_model(tmp_path):
     """`torch.compile(model)` wraps it in an OptimizedModule: gradient, optimizer and other
     eager rows of the compiled run are named `Net.blocks.0.fc1.weight`, as in the eager run
     (not `OptimizedModule._orig_mod.blocks…`), so they pair."""
-    def run(path, compiled: bool) -> set[tuple[str, str]]:
+    def run(path, compiled: bool | str) -> set[tuple[str, str]]:
         torch.manual_seed(0)
         net = Net()
-        model = torch.compile(net, backend=opaque) if compiled else net
+        model = torch.compile(net, backend=opaque) if compiled is True else net
+        if compiled == "regional":  # a block compiled inside the eager model
+            net.blocks[1] = torch.compile(net.blocks[1], backend=opaque)
         opt = torch.optim.SGD(net.parameters(), lr=0.1)
         with dumper(path, mode="statistics"):
             model(torch.randn(4, 8)).square().mean().backward()
@@ -259,3 +261,4 @@ def test_a_compiled_model_names_its_parameters_as_the_eager_model(tmp_path):
     eager, compiled = run(tmp_path / "e.h5", False), run(tmp_path / "c.h5", True)
     assert ("optimizer", "Net.blocks.0.fc1.weight") in eager
     assert compiled == eager
+    assert run(tmp_path / "r.h5", "regional") == eager  # not `Net.blocks.1._orig_mod.fc1…`

@@ -153,3 +153,34 @@ def test_ddp_compiled_inside_the_dumper_runs_and_is_recorded(tmp_path):
         assert [r["status"] for r in d.attrs["compiled_regions"]] == ["recorded-compiled"], \
             d.attrs["compiled_regions"][0]["reason"]
         assert any(r.op.startswith("inductor.") for r in d.records)
+
+
+def _adamw_step(path, fused: bool) -> None:
+    torch.manual_seed(0)
+    net = _net()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2, fused=fused, foreach=False if not fused
+                            else None)
+    with dumper(dump_path=path):
+        _step(net)
+        opt.step()
+
+
+def test_an_optimizer_step_compared_with_another_implementation_is_not_a_pass(tmp_path):
+    """Fused AdamW (one `_fused_adamw_` op) against the per-parameter one: the update itself
+    pairs with nothing, however much of forward and backward compared; said, and no module
+    summary row passes over ops that were never compared."""
+    _adamw_step(tmp_path / "fused.h5", True)
+    _adamw_step(tmp_path / "plain.h5", False)
+    rep = compare(tmp_path / "fused.h5", tmp_path / "plain.h5")
+    blind = [b for b in rep.summary["blind"] if "optimizer phase" in b]
+    assert len(blind) == 1 and "have no golden counterpart" in blind[0]
+    assert "1 phase(s) of my run not compared" in rep.format()
+    assert rep.exit_code("error") == 1
+    fused_rows = [r for r in rep.rows if r.kind == "module" and r.phase == "optimizer"
+                  and r.op == "aten._fused_adamw_.default"]
+    assert fused_rows and all(r.verdict == "skipped" for r in fused_rows)
+    assert all("none of the" in r.message for r in fused_rows)
+    # the same implementation on both sides: compared, no such line
+    _adamw_step(tmp_path / "fused2.h5", True)
+    same = compare(tmp_path / "fused.h5", tmp_path / "fused2.h5")
+    assert not same.summary.get("blind") and same.exit_code("error") == 0

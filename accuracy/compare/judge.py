@@ -335,16 +335,22 @@ def _summarise_modules(rows: list[Row]) -> None:
             continue
         while i + 1 < len(ops) and ops[i + 1].seq_my == m.seq_my:
             i += 1
-        worst, which, n = V.PASS, None, 0
+        worst, which, n, judged = V.PASS, None, 0, 0
         while i >= 0:
             r = ops[i]
             rmod = r.module or ""
             if r.phase != phase or not (rmod == mod or rmod.startswith(mod + ".")):
                 break
             n += 1
+            judged += r.verdict in _JUDGED
             if r.verdict in _JUDGED and r.verdict.rank > worst.rank:
                 worst, which = r.verdict, r
             i -= 1
+        if n and not judged:  # none of its ops compared (another optimizer's fused op): which
+            m.verdict = V.SKIPPED  # values its boundary pairs is unknown, so no verdict
+            m.message = "; ".join([x for x in [m.message] if x] + [
+                f"not judged: none of the {n} op outputs inside was compared"])
+            continue
         m.verdict = worst
         note = f"summary of {n} op outputs inside"
         if which is not None:

@@ -263,6 +263,8 @@ def merge(reports: dict[int, Report], epochs: dict[int, dict[int, int]], meta: d
         for k, v in (rep.summary.get("coverage") or {}).items():
             coverage[k] = coverage.get(k, 0) + int(v)
     summary["coverage"] = coverage
+    if reports and all(rep.summary.get("nothing_compared") for rep in reports.values()):
+        summary["nothing_compared"] = True
     return Report(rows, summary)
 
 

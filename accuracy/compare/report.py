@@ -92,6 +92,7 @@ def analyse(rows: list[Row], cfg: dict[str, Any], meta: dict[str, Any]
     mine, paired = coverage(rows)
     summary["coverage"] = {"my_tensors": mine, "compared": paired}
     if not judged:
+        summary["nothing_compared"] = True
         summary["warning"] = (f"nothing was compared ({meta.get('ops_my', 0)} ops in my dump, "
                               f"{meta.get('ops_golden', 0)} in golden): did the dumped block run "
                               "the step, or did filters exclude everything?")
@@ -100,6 +101,13 @@ def analyse(rows: list[Row], cfg: dict[str, Any], meta: dict[str, Any]
         summary["blind"] = [*(summary.get("blind") or []),
                             f"{NOT_COMPARED}: {mine - paired} of {mine} tensors of my run have no "
                             "golden counterpart (are these dumps of the same model and step?)"]
+    lost = uncompared_phases(rows) if judged else {}
+    if lost:
+        summary["coverage"]["phases_uncompared"] = len(lost)
+        summary["blind"] = [*(summary.get("blind") or []), *(
+            f"{NOT_COMPARED}: {left} of {n} tensors of my run's {phase} phase have no "
+            "golden counterpart (another implementation, e.g. a fused optimizer?)"
+            for phase, (n, left) in sorted(lost.items()))]
     kernels, kernels_paired = coverage(rows, kernels=True)
     if kernels and kernels_paired < 0.5 * kernels:
         # the compiled code itself was not compared, whatever the eager rows around it say
@@ -127,13 +135,28 @@ def coverage(rows: list[Row], kernels: bool = False) -> tuple[int, int]:
     return mine, paired
 
 
+def uncompared_phases(rows: list[Row]) -> dict[str, tuple[int, int]]:
+    """Phases of my run (forward, backward, optimizer) fewer than half of whose tensors
+    paired with a golden tensor: (tensors, not paired). A fused optimizer against a plain one
+    leaves the update unseen, however much of the rest was compared."""
+    mine: dict[str, int] = {}
+    paired: dict[str, int] = {}
+    for r in rows:
+        if r.kind == "op" and r.my_address is not None and r.phase:
+            mine[r.phase] = mine.get(r.phase, 0) + 1
+            paired[r.phase] = paired.get(r.phase, 0) + (r.golden_address is not None)
+    return {p: (n, n - paired[p]) for p, n in mine.items() if paired[p] < 0.5 * n}
+
+
 def mostly_uncompared(summary: dict[str, Any]) -> bool:
     """Fewer than half of my run's tensors, or of its compiled kernels' outputs, had a
-    golden counterpart: the verdict covers too little of the run to pass a pipeline."""
+    golden counterpart, or a whole phase had none: the verdict covers too little of the run
+    to pass a pipeline."""
     c = summary.get("coverage") or {}
     mine, kernels = c.get("my_tensors", 0), c.get("kernel_outputs", 0)
     return (bool(mine) and c.get("compared", 0) < 0.5 * mine) or (
-        bool(kernels) and c.get("kernels_compared", 0) < 0.5 * kernels)
+        bool(kernels) and c.get("kernels_compared", 0) < 0.5 * kernels) or bool(
+        c.get("phases_uncompared", 0))
 
 
 def _sort_num(x: float | None) -> float:

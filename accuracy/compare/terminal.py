@@ -27,8 +27,7 @@ def verdict_text(s: dict[str, Any]) -> str:
     """The overall verdict, qualified when compiled regions were not seen as compiled, tensor
     subclasses not seen into, or most of my run not compared: a PASS over code the compare
     never saw is never printed bare."""
-    counts = s.get("counts") or {}
-    if not any(counts.get(v) for v in ("pass", "warning", "error")):
+    if s.get("nothing_compared"):
         return "NOTHING COMPARED (no verdict)"  # an empty dump passes nothing
     blind = s.get("blind") or []
     if not blind:
@@ -46,6 +45,8 @@ def verdict_text(s: dict[str, Any]) -> str:
     if uncompared and c.get("my_tensors", 0) > 2 * c.get("compared", 0):
         parts.append(f"{c.get('my_tensors', 0) - c.get('compared', 0)} of "
                      f"{c.get('my_tensors', 0)} tensors of my run not compared")
+    if c.get("phases_uncompared"):
+        parts.append(f"{c['phases_uncompared']} phase(s) of my run not compared")
     if uncompared and c.get("kernel_outputs"):
         parts.append(f"{c['kernel_outputs'] - c.get('kernels_compared', 0)} of "
                      f"{c['kernel_outputs']} compiled kernel outputs not compared")
@@ -77,6 +78,10 @@ def format_summary(s: dict[str, Any], top: int = 5) -> str:
         out.append(f"      {cul['verdict']}: {cul['message']}")
     else:
         out.append("  culprit: none (no op output is judged an error)")
+    first = s.get("first_divergence")
+    if first and (not cul or first.get("my_address") != cul.get("my_address")):
+        out.append(f"  first divergence (where the run starts to differ, whoever caused it): "
+                   f"{_where(first)}")
     suspects = s.get("suspects") or []
     if suspects:
         out.append(f"  top suspects (score = {s.get('ranking') or 'local error or amplification'}"

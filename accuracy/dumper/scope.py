@@ -18,6 +18,7 @@ Optimizer: torch.optim's global step hooks.
 
 from __future__ import annotations
 
+import re
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from accuracy.aten import OpPlan
 
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
+_ORIG_MOD = re.compile(r"\._orig_mod(?=\.|$)")  # the module a compiled wrapper holds
 
 
 class _ForwardTracker(ModuleTracker):
@@ -59,14 +61,16 @@ class _ForwardTracker(ModuleTracker):
         `Net.layers.0` (parameters, optimizer rows and eager parts of a compiled run pair
         with the eager run's)."""
         orig = getattr(mod, "_orig_mod", None)
-        if isinstance(orig, torch.nn.Module) and type(mod).__name__ == "OptimizedModule":
-            plain = type(orig).__name__ if "." not in name else name
-            self._unwrapped.setdefault(f"{name}._orig_mod", plain)
-            return plain
+        if isinstance(orig, torch.nn.Module) and type(mod).__name__ == "OptimizedModule" \
+                and "." not in name:  # the root: named by the module it wraps
+            self._unwrapped.setdefault(f"{name}._orig_mod", type(orig).__name__)
+            return type(orig).__name__
         for prefix, plain in self._unwrapped.items():
             if name == prefix or name.startswith(prefix + "."):
-                return plain + name[len(prefix):]
-        return name
+                name = plain + name[len(prefix):]
+                break
+        # inside (regional `torch.compile(block)`): `Net.blocks.1._orig_mod.fc1` -> `…1.fc1`
+        return _ORIG_MOD.sub("", name) if "._orig_mod" in name else name
 
     def _fw_pre_hook(self, mod: torch.nn.Module, input: Any) -> None:
         if torch.compiler.is_compiling():  # dynamo traces global hooks: none in its graph
