@@ -12,10 +12,12 @@ import torch
 
 
 class ScaleMatmul(torch._inductor.custom_graph_pass.CustomGraphPass):
-    """Multiply the output of every `op` node of the module whose path ends with `module`."""
+    """Multiply the output of every `op` node of the module whose path ends with `module`
+    (only the first such node of each graph with `first`)."""
 
-    def __init__(self, op: torch._ops.OpOverload, module: str, factor: float = 1.05) -> None:
-        self.op, self.module, self.factor = op, module, factor
+    def __init__(self, op: torch._ops.OpOverload, module: str, factor: float = 1.05,
+                 first: bool = False) -> None:
+        self.op, self.module, self.factor, self.first = op, module, factor, first
 
     def __call__(self, g: torch.fx.Graph) -> None:
         for n in list(g.nodes):
@@ -26,9 +28,12 @@ class ScaleMatmul(torch._inductor.custom_graph_pass.CustomGraphPass):
                     m = g.call_function(torch.ops.aten.mul.Tensor, (n, self.factor))
                 n.replace_all_uses_with(m)
                 m.args = (n, self.factor)
+                if self.first:
+                    break
 
     def uuid(self) -> str:  # Inductor's cache key: one per injected fault
-        return f"accuracy-test-scale-{self.op}-{self.module}-{self.factor}"
+        return (f"accuracy-test-scale-{self.op}-{self.module}-{self.factor}"
+                + ("-first" if self.first else ""))
 
 
 @contextlib.contextmanager

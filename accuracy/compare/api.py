@@ -371,7 +371,14 @@ def _add_replay(row: Row, s: _Spec, rp: dict[str, Any], compute: str | None,
     row.replay_status = rp.get("status")
     if rp.get("status") == "ok":
         out = next((o for o in rp.get("outputs", []) if o.get("idx") == s.idx), None)
-        if out is not None:
+        blind = _blind_reference(s.my_op, out) if out is not None else None
+        if blind is not None:
+            assert out is not None
+            ratio = out.get("error_ratio")
+            msgs.append(f"not judged by replay: {blind}"
+                        + (f" (its ratio {ratio:.3g} only reported)"
+                           if isinstance(ratio, int | float) else ""))
+        elif out is not None:
             row.local_error_ratio = out.get("error_ratio")
             row.local_error = out.get("err_device")
             k = reduction_length(s.my_op, s.idx)
@@ -389,6 +396,39 @@ def _add_replay(row: Row, s: _Spec, rp: dict[str, Any], compute: str | None,
         msgs.append(f"replay {rp.get('status')}: {rp.get('reason')}")
 
 
+def _blind_reference(op: OpRecord, out: dict[str, Any]) -> str | None:
+    """Why a compiled kernel's replayed output cannot be judged by its local error, or None.
+
+    Replay re-runs a kernel as the graph Inductor was *given* (before its post-grad passes);
+    an output whose node a pass created, or whose ops fell back to the graph after the
+    passes, was re-run with what the pass did: a pass that changed values looks honest there.
+    Such an output keeps the judgment it has without a replay."""
+    if not is_kernel(op):
+        return None
+    ref = out.get("reference")
+    if ref == "given":
+        return None
+    if not isinstance(ref, str):
+        return ("the replay does not say which graph it re-ran the kernel as (replayed by an "
+                "older version): run `accuracy replay` again")
+    why = ref.removeprefix("passed (").removesuffix(")") if ref.startswith("passed (") else ref
+    return (f"replay re-ran it as the graph after Inductor's passes ({why}), which holds "
+            "what a pass changed")
+
+
+def _judge_alone(row: Row, s: _Spec, rp: dict[str, Any], precision: ComputePrecision) -> None:
+    """A kernel output no eager value holds, replayed: its local error needs no golden value,
+    so it is judged by that (judge.py), not left unmatched."""
+    assert s.my is not None and s.my_op is not None
+    compute = precision.coarser(s.my_op.op, s.my.dtype)
+    msgs: list[str] = []
+    _add_replay(row, s, rp, compute, msgs)
+    if row.local_error_ratio is not None:
+        row.compute_precision = compute
+        msgs.append("judged by its local error alone (replay)")
+    row.message = "; ".join([m for m in [row.message] if m] + msgs)
+
+
 def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
          replay: dict[int, dict[str, Any]], precision: ComputePrecision) -> Row:
     """One row before judging: identity, statistics, metrics, the threshold verdict against
@@ -397,6 +437,9 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
     _add_statistics(row, s.my, s.golden)
     msgs: list[str] = []
     if _not_comparable(row, s, msgs):
+        if row.verdict == V.UNMATCHED and s.my is not None and s.io == "output" \
+                and s.my_op is not None and is_kernel(s.my_op) and s.my_op.seq in replay:
+            _judge_alone(row, s, replay[s.my_op.seq], precision)
         return row
     assert s.my is not None
     compute = None

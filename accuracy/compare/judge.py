@@ -271,7 +271,10 @@ def judge(rows: list[Row], producers: dict[int, int | None],
     groups = _groups(rows)
     outs = [o for _, os_ in groups for o in os_ if o.verdict in _JUDGED
             and not _structural(o)]
-    _judge_local(outs, sec)
+    # a replayed output no golden value holds (api._judge_alone): its local error alone
+    alone = [o for o in rows if o.verdict == V.UNMATCHED and o.kind == "op"
+             and o.io == "output" and o.local_error_ratio is not None]
+    _judge_local(outs + alone, sec)
     pending = {o.index for o in outs if o.local_verdict is None}
     _judge_amplification(groups, sec, pending)
     for ins, os_ in groups:

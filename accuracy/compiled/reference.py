@@ -109,6 +109,25 @@ def _between(out: Any, inputs: dict[Any, int]) -> list[Any] | str:
     return sorted(seen, key=order.__getitem__)
 
 
+def _finished_in_place(g: Any) -> dict[str, str]:
+    """Buffer -> the extern kernel that mutates it later (`scatter_add` lowers to a kernel
+    filling the buffer and an `aten.scatter_reduce_` fallback writing into it): such a
+    kernel output is named after the node whose value the extern kernel completes."""
+    from torch._inductor import ir
+
+    out: dict[str, str] = {}
+    for op in getattr(g, "operations", None) or []:
+        if not isinstance(op, ir.ExternKernel):
+            continue
+        try:
+            names = op.get_mutation_names()
+        except NotImplementedError:
+            continue
+        for n in names:
+            out.setdefault(n, getattr(op, "python_kernel_name", None) or type(op).__name__)
+    return out
+
+
 def _target(n: Any) -> str:
     import torch
 
@@ -148,8 +167,15 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
     index: dict[Any, int] = {}  # node (of either graph) -> value index
     out_idx: list[int | None] = []
     how: list[str] = []
+    finished = _finished_in_place(g)
     for i in outputs:
         node = g.try_get_buffer(names[i]).get_origin_node()
+        if names[i] in finished:
+            out_idx.append(None)
+            how.append(f"its buffer is finished in place by extern kernel {finished[names[i]]} "
+                       f"after this launch: the kernel writes only its starting value, not "
+                       f"{node.name if node is not None else 'its node'}'s")
+            continue
         if node is None:
             out_idx.append(None)
             how.append("Inductor names no origin node for its buffer (a quantity of its own, "
