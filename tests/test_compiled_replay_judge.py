@@ -163,3 +163,30 @@ def test_a_buffer_an_extern_scatter_finishes_is_not_replayed(clean):
                    if r.extra.get("compiled") and r.phase == "backward"]
     assert any("finished in place by extern kernel" in s and "scatter_add" in s
                for s in reasons), reasons
+
+
+def test_repro_of_the_max_pool_kernel_runs_and_diverges(fault, tmp_path):
+    """The generated script runs a graph calling Inductor's own max-pool prim: it must
+    import it (before: AttributeError on `prims._low_memory_max_pool_with_offsets`, exit 1,
+    read as DIVERGES); a graph that cannot run exits 2, never 1."""
+    import os
+    import subprocess
+    import sys
+
+    from accuracy.compiled.repro import write_repro
+
+    seq, _, _ = _relu_kernel(fault["compiled"])
+    with load_dump(fault["compiled"]) as d:
+        kernel = next(r.op for r in d.records if r.seq == seq)
+    out = tmp_path / "repro.py"
+    write_repro(fault["compiled"], kernel, out, golden=fault["eager"], seq=seq)
+    assert "_low_memory_max_pool_with_offsets" in out.read_text()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, str(out)], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert run.returncode == 1 and "DIVERGES" in run.stdout, run.stdout + run.stderr
+    broken = tmp_path / "broken.py"
+    broken.write_text(out.read_text().replace("def main():", "def main():\n    raise KeyError('x')"))
+    run = subprocess.run([sys.executable, str(broken)], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert run.returncode == 2 and "could not run the kernel's graph" in run.stdout

@@ -33,6 +33,10 @@ Run: python {name}   (needs torch; exits 1 when the recorded output diverges)
 """
 import base64, io, sys
 import torch
+try:  # the prims Inductor's graphs call (low-memory max pool...)
+    import torch._inductor.inductor_prims  # noqa: F401
+except ImportError:
+    pass
 from torch import device  # noqa: F401 - the graph code may name devices
 inf, nan = float("inf"), float("nan")
 
@@ -75,7 +79,11 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception as e:  # the graph did not run: no verdict (exit 2, not DIVERGES' 1)
+        print(f"could not run the kernel's graph: {{type(e).__name__}}: {{e}}")
+        sys.exit(2)
 '''
 
 
