@@ -186,7 +186,8 @@ def test_repro_of_the_max_pool_kernel_runs_and_diverges(fault, tmp_path):
                          timeout=300, env=env)
     assert run.returncode == 1 and "DIVERGES" in run.stdout, run.stdout + run.stderr
     broken = tmp_path / "broken.py"
-    broken.write_text(out.read_text().replace("def main():", "def main():\n    raise KeyError('x')"))
+    text = out.read_text().replace("def main():", "def main():\n    raise KeyError('x')")
+    broken.write_text(text)
     run = subprocess.run([sys.executable, str(broken)], capture_output=True, text=True,
                          timeout=300, env=env)
     assert run.returncode == 2 and "could not run the kernel's graph" in run.stdout
