@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from accuracy.compiled.names import module_path
+from accuracy.compiled.names import split_root
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,10 @@ class Origin:
     multi: bool = False  # one output of a multi-output node (var_mean...): not an eager value
     orig: str = ""  # the ATen op the user's code called, before decomposition (`original_aten`)
     index: int = -1  # which output of a multi-output node it is, when known (through getitem)
+    # the traced variable `module` is relative to (`L['self']`, `L['model']`, `G['net']`)
+    # and its module's class: named at run time as the eager dump names it (names.RegionCall)
+    root: str = ""
+    root_cls: str = ""
 
 
 @dataclass
@@ -92,14 +96,28 @@ class KernelInfo:
         return list(seen)
 
 
-def _module_path(meta: dict[str, Any]) -> tuple[str, str]:
+def _type_name(typ: Any) -> str:
+    return getattr(typ, "__name__", None) or str(typ).rsplit(".", 1)[-1].strip("'>")
+
+
+def module_site(meta: dict[str, Any]) -> tuple[str, str, str, str]:
+    """(traced variable, path inside it, class, the traced variable's class) of the
+    innermost module of a node (`nn_module_stack`, or a backward node's
+    `fwd_nn_module_stack`: the forward node it differentiates); all '' without one."""
     stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack") or {}
     if not stack:
-        return "", ""
-    path, typ = list(stack.values())[-1]
-    path = module_path(str(path))
-    name = getattr(typ, "__name__", None) or str(typ).rsplit(".", 1)[-1].strip("'>")
-    return path, name
+        return "", "", "", ""
+    entries = list(stack.values())
+    text, typ = entries[-1]
+    root, path = split_root(str(text))
+    root_cls = next((_type_name(t) for x, t in entries if split_root(str(x)) == (root, "")),
+                    "")
+    return root, path, _type_name(typ), root_cls
+
+
+def _module_path(meta: dict[str, Any]) -> tuple[str, str]:
+    root, path, typ, _ = module_site(meta)
+    return path, typ
 
 
 def _source(meta: dict[str, Any]) -> str:
@@ -177,19 +195,20 @@ def _origin(node: Any) -> Origin:
     output of a multi-output node)."""
     node, index = _producer(node)
     meta = getattr(node, "meta", {}) or {}
-    module, typ = _module_path(meta)
+    root, module, typ, root_cls = module_site(meta)
     source = _source(meta)
-    if not module:
+    if not module:  # no module below the traced one (a node a pass inserted): its inputs'
         for arg in getattr(node, "all_input_nodes", ()):
             am = getattr(arg, "meta", {}) or {}
-            module, typ = _module_path(am)
-            if module:
+            site = module_site(am)
+            if site[1]:
+                root, module, typ, root_cls = site
                 source = source or _source(am)
                 break
     multi = index >= 0 or isinstance(meta.get("val"), tuple | list)
     orig = meta.get("original_aten")
     return Origin(node.name, str(getattr(node, "target", "")), module, typ, source, multi,
-                  str(orig) if orig is not None else "", index)
+                  str(orig) if orig is not None else "", index, root, root_cls)
 
 
 def _describe(kernel_name: str, call_args: Any, seen: set[str],

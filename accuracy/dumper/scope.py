@@ -48,9 +48,23 @@ class _ForwardTracker(ModuleTracker):
     def __init__(self, enter: Any, exit: Any) -> None:
         super().__init__()
         self._enter, self._exit = enter, exit
+        self._compiled_root = ""  # the class a root `torch.compile(model)` wraps
 
     def name(self, mod: torch.nn.Module) -> str:
-        return self._get_mod_name(mod)
+        """ModuleTracker's name, spelled as the eager dump spells the module: a root
+        `OptimizedModule` (`torch.compile(net)`) is named by the class it wraps and its
+        `_orig_mod` step is dropped (`Net.blocks.0`, not `OptimizedModule._orig_mod.blocks.0`),
+        so the rows a compiled model runs outside its graphs pair with the eager rows."""
+        name = self._get_mod_name(mod)
+        if not name.startswith("OptimizedModule") and "._orig_mod" not in name:
+            return name
+        if name == "OptimizedModule" and hasattr(mod, "_orig_mod"):
+            self._compiled_root = type(mod._orig_mod).__name__
+        name = name.replace("._orig_mod", "")
+        head, _, rest = name.partition(".")
+        if head == "OptimizedModule" and self._compiled_root:
+            name = self._compiled_root + (f".{rest}" if rest else "")
+        return name
 
     def _fw_pre_hook(self, mod: torch.nn.Module, input: Any) -> None:
         if torch.compiler.is_compiling():  # dynamo traces global hooks: none in its graph
@@ -182,6 +196,7 @@ class Scope:
             # (some are used without their module's forward running, e.g. out_proj).
             self._owned.add(mod)
             for pname, p in mod.named_parameters():
+                pname = pname.removeprefix("_orig_mod.")  # a compiled module's parameters
                 sub, _, _ = pname.rpartition(".")
                 self._owners.setdefault(id(p), f"{name}.{sub}" if sub else name)
                 self._param_names.setdefault(id(p), f"{name}.{pname}")
