@@ -166,6 +166,27 @@ def test_aot_eager_blocks_sharing_one_program_name_their_own_backward(tmp_path):
 
 # -- a compiled function that takes or closes over the model --------------------------------
 
+def test_a_compiled_function_given_a_submodule_names_it_as_the_scope_does(tmp_path):
+    """`f(net.blocks[1], x)` after `net` ran in the dumped block: `L['block']` is named as
+    the scope named that module object (`Net.blocks.1`), not as a new root `Block`."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(4, 8)
+
+    @torch.compile(backend="aot_eager")
+    def f(block: torch.nn.Module, y: torch.Tensor) -> torch.Tensor:
+        return block(y)
+
+    try:
+        with dumper(tmp_path / "c.h5", mode="statistics"):
+            f(net.blocks[1], net(x))
+        mods = [r.module for r in load_dump(tmp_path / "c.h5").records
+                if r.op == "aten.addmm.default"]
+        assert mods == [f"Net.blocks.{i}.fc1" for i in range(3)] + ["Net.blocks.1.fc1"], mods
+    finally:
+        torch._dynamo.reset()
+
+
 _NET: MNet | None = None  # the global a compiled function reads (G['_NET'])
 
 
