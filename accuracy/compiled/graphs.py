@@ -17,7 +17,6 @@ Two questions the rows of a compiled region need answered at run time:
 
 from __future__ import annotations
 
-import sys
 import weakref
 from types import FrameType
 from typing import Any
@@ -124,8 +123,3 @@ def in_region(frame: FrameType | None) -> bool:
             return True
         f = f.f_back
     return False
-
-
-def caller(depth: int = 1) -> FrameType:
-    """The frame `depth` levels above the caller."""
-    return sys._getframe(depth + 1)
