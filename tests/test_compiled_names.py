@@ -27,6 +27,7 @@ from test_compiled_watch import Net
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
 from accuracy.compare.report import coverage
+from accuracy.compiled.names import RegionCall
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Using `torch.compile", "ignore::UserWarning"),
               pytest.mark.timeout(900)]
@@ -144,6 +145,23 @@ def test_aot_eager_against_eager_has_no_error_and_names_the_wrong_backward_op(ao
     assert (cul["module"], cul["phase"]) == ("Net.blocks.1.fc1", "backward")
 
 
+def test_aot_eager_gradient_sums_take_their_inputs_module(tmp_path):
+    """AOTAutograd sums the gradients of a value used twice (a residual) in nodes of its own
+    (`is_gradient_acc`: a line, no module): named by their inputs' module, as a pass's
+    nodes are, not as the model's root, where they split the backward's module spans."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net, x = MNet(), torch.randn(4, 8)
+    try:
+        with dumper(tmp_path / "c.h5", mode="statistics"):
+            torch.compile(net, backend="aot_eager")(x).sum().backward()
+        adds = [r.module for r in load_dump(tmp_path / "c.h5").records
+                if r.phase == "backward" and r.op == "aten.add.Tensor"]
+        assert adds and all(m.startswith("MNet.blocks.") for m in adds), adds
+    finally:
+        torch._dynamo.reset()
+
+
 def test_aot_eager_blocks_sharing_one_program_name_their_own_backward(tmp_path):
     """Per-block `.compile()` with aot_eager: each call's backward ops are named by the
     block whose forward made them (its autograd node), not by the last block."""
@@ -165,6 +183,23 @@ def test_aot_eager_blocks_sharing_one_program_name_their_own_backward(tmp_path):
 
 
 # -- a compiled function that takes or closes over the model --------------------------------
+
+@pytest.mark.parametrize(("call", "spelled", "named"), [
+    # the compiled module itself: the region's path
+    (RegionCall("Net.blocks.1"), "L['self'].fc1", "Net.blocks.1.fc1"),
+    (RegionCall("Llama"), "L['args'][0].model.layers[0]", "Llama.model.layers.0"),
+    # a function's argument, global or cell, resolved at the call
+    (RegionCall("", "function", {"L['model']": "Net"}), "L['model'].blocks[0]", "Net.blocks.0"),
+    (RegionCall("Outer", "function", {"G['net']": "Outer.net"}), "G['net'].fc", "Outer.net.fc"),
+    # a module the call could not resolve (a global of an inlined function): its class
+    (RegionCall("", "function"), "G['__import_m'].net.fc", "Net.net.fc"),
+])
+def test_traced_variables_are_named_as_the_eager_dump_names_their_modules(call, spelled, named):
+    from accuracy.compiled.names import split_root
+
+    root, rel = split_root(spelled)
+    assert call.module(root, rel, "Net") == named
+
 
 def test_a_compiled_function_given_a_submodule_names_it_as_the_scope_does(tmp_path):
     """`f(net.blocks[1], x)` after `net` ran in the dumped block: `L['block']` is named as

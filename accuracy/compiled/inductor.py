@@ -188,16 +188,24 @@ def _held(on: Any, buf: Any, nodes: list[Any]) -> Origin | None:
     return _origin(fits[0]) if fits else _origin(on)
 
 
-def _origin(node: Any) -> Origin:
-    """A node's op, module and source; a node a graph pass inserted without metadata takes
-    its inputs' (a `mul` added after a matmul belongs to that matmul's module). A view of
-    another node's value is described as that node (a view of `var_mean`'s output is one
-    output of a multi-output node)."""
-    node, index = _producer(node)
+def _placed(meta: dict[str, Any]) -> bool:
+    """Whether a node's metadata says where it is: a module stack (an empty one: the traced
+    module's own code), or a line of the traced code with no module stack (the traced
+    module's own forward). A node a graph pass inserted has neither; a gradient sum
+    AOTAutograd inserted (`is_gradient_acc`) has the line of no module."""
+    if "nn_module_stack" in meta or "fwd_nn_module_stack" in meta:
+        return True
+    return bool(meta.get("stack_trace")) and not meta.get("is_gradient_acc")
+
+
+def node_site(node: Any) -> tuple[str, str, str, str, str]:
+    """(traced variable, module path inside it, class, the variable's class, source line) of
+    an FX node; a node its metadata does not place (a `mul` a graph pass added after a
+    matmul, a backward's gradient sum) takes its first input's module that has one."""
     meta = getattr(node, "meta", {}) or {}
     root, module, typ, root_cls = module_site(meta)
     source = _source(meta)
-    if not module:  # no module below the traced one (a node a pass inserted): its inputs'
+    if not module and not _placed(meta):  # a node a pass inserted: its inputs'
         for arg in getattr(node, "all_input_nodes", ()):
             am = getattr(arg, "meta", {}) or {}
             site = module_site(am)
@@ -205,6 +213,16 @@ def _origin(node: Any) -> Origin:
                 root, module, typ, root_cls = site
                 source = source or _source(am)
                 break
+    return root, module, typ, root_cls, source
+
+
+def _origin(node: Any) -> Origin:
+    """A node's op, module and source (`node_site`). A view of another node's value is
+    described as that node (a view of `var_mean`'s output is one output of a multi-output
+    node)."""
+    node, index = _producer(node)
+    meta = getattr(node, "meta", {}) or {}
+    root, module, typ, root_cls, source = node_site(node)
     multi = index >= 0 or isinstance(meta.get("val"), tuple | list)
     orig = meta.get("original_aten")
     return Origin(node.name, str(getattr(node, "target", "")), module, typ, source, multi,

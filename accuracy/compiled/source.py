@@ -171,7 +171,7 @@ class CompiledSource:
         `fwd_nn_module_stack` (the forward node it differentiates) under the call whose
         forward made the autograd node the engine runs, so the whole backward graph no longer
         takes the module of the last forward op."""
-        from accuracy.compiled.inductor import _source, module_site
+        from accuracy.compiled.inductor import node_site
 
         if backward:
             call = graphs.backward_call()
@@ -188,9 +188,8 @@ class CompiledSource:
             if not call.base:
                 call = dataclasses.replace(call, base=self.owner._scope.module)
             graphs.file_call(hit[1], call)
-        meta = getattr(hit[0], "meta", {}) or {}
-        root, rel, _, root_cls = module_site(meta)
-        return call.module(root, rel, root_cls), _source(meta)
+        root, rel, _, root_cls, source = node_site(hit[0])
+        return call.module(root, rel, root_cls), source
 
     def _call(self, backward: bool, compile_id: str) -> RegionCall:
         """The names of the region call a kernel runs for. Forward: the latest region entered
