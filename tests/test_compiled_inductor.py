@@ -262,8 +262,7 @@ def test_blocks_compiled_in_place_name_their_kernels_by_layer(tmp_path, monkeypa
     """`block.compile()` per layer: the region is entered before the block's own forward
     hooks, where the module path is still the parent's. Kernels were named `Net.ln` (no
     layer index), paired with nothing, and the blocks were one region of 3 calls. (Blocks
-    sharing one compiled program still name their backward kernels after the last block
-    that ran forward: docs/compile.md, limits.)"""
+    sharing one compiled program: tests/test_compiled_names.py.)"""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
     torch.manual_seed(0)

@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from accuracy.compiled.names import module_path
+from accuracy.compiled.names import split_root
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,10 @@ class Origin:
     multi: bool = False  # one output of a multi-output node (var_mean...): not an eager value
     orig: str = ""  # the ATen op the user's code called, before decomposition (`original_aten`)
     index: int = -1  # which output of a multi-output node it is, when known (through getitem)
+    # the traced variable `module` is relative to (`L['self']`, `L['model']`, `G['net']`)
+    # and its module's class: named at run time as the eager dump names it (names.RegionCall)
+    root: str = ""
+    root_cls: str = ""
 
 
 @dataclass
@@ -92,14 +96,28 @@ class KernelInfo:
         return list(seen)
 
 
-def _module_path(meta: dict[str, Any]) -> tuple[str, str]:
+def _type_name(typ: Any) -> str:
+    return getattr(typ, "__name__", None) or str(typ).rsplit(".", 1)[-1].strip("'>")
+
+
+def module_site(meta: dict[str, Any]) -> tuple[str, str, str, str]:
+    """(traced variable, path inside it, class, the traced variable's class) of the
+    innermost module of a node (`nn_module_stack`, or a backward node's
+    `fwd_nn_module_stack`: the forward node it differentiates); all '' without one."""
     stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack") or {}
     if not stack:
-        return "", ""
-    path, typ = list(stack.values())[-1]
-    path = module_path(str(path))
-    name = getattr(typ, "__name__", None) or str(typ).rsplit(".", 1)[-1].strip("'>")
-    return path, name
+        return "", "", "", ""
+    entries = list(stack.values())
+    text, typ = entries[-1]
+    root, path = split_root(str(text))
+    root_cls = next((_type_name(t) for x, t in entries if split_root(str(x)) == (root, "")),
+                    "")
+    return root, path, _type_name(typ), root_cls
+
+
+def _module_path(meta: dict[str, Any]) -> tuple[str, str]:
+    root, path, typ, _ = module_site(meta)
+    return path, typ
 
 
 def _source(meta: dict[str, Any]) -> str:
@@ -170,26 +188,45 @@ def _held(on: Any, buf: Any, nodes: list[Any]) -> Origin | None:
     return _origin(fits[0]) if fits else _origin(on)
 
 
-def _origin(node: Any) -> Origin:
-    """A node's op, module and source; a node a graph pass inserted without metadata takes
-    its inputs' (a `mul` added after a matmul belongs to that matmul's module). A view of
-    another node's value is described as that node (a view of `var_mean`'s output is one
-    output of a multi-output node)."""
-    node, index = _producer(node)
+def _placed(meta: dict[str, Any]) -> bool:
+    """Whether a node's metadata says where it is: a module stack (an empty one: the traced
+    module's own code), or a line of the traced code with no module stack (the traced
+    module's own forward). A node a graph pass inserted has neither; a gradient sum
+    AOTAutograd inserted (`is_gradient_acc`) has the line of no module."""
+    if "nn_module_stack" in meta or "fwd_nn_module_stack" in meta:
+        return True
+    return bool(meta.get("stack_trace")) and not meta.get("is_gradient_acc")
+
+
+def node_site(node: Any) -> tuple[str, str, str, str, str]:
+    """(traced variable, module path inside it, class, the variable's class, source line) of
+    an FX node; a node its metadata does not place (a `mul` a graph pass added after a
+    matmul, a backward's gradient sum) takes its first input's module that has one."""
     meta = getattr(node, "meta", {}) or {}
-    module, typ = _module_path(meta)
+    root, module, typ, root_cls = module_site(meta)
     source = _source(meta)
-    if not module:
+    if not module and not _placed(meta):  # a node a pass inserted: its inputs'
         for arg in getattr(node, "all_input_nodes", ()):
             am = getattr(arg, "meta", {}) or {}
-            module, typ = _module_path(am)
-            if module:
+            site = module_site(am)
+            if site[1]:
+                root, module, typ, root_cls = site
                 source = source or _source(am)
                 break
+    return root, module, typ, root_cls, source
+
+
+def _origin(node: Any) -> Origin:
+    """A node's op, module and source (`node_site`). A view of another node's value is
+    described as that node (a view of `var_mean`'s output is one output of a multi-output
+    node)."""
+    node, index = _producer(node)
+    meta = getattr(node, "meta", {}) or {}
+    root, module, typ, root_cls, source = node_site(node)
     multi = index >= 0 or isinstance(meta.get("val"), tuple | list)
     orig = meta.get("original_aten")
     return Origin(node.name, str(getattr(node, "target", "")), module, typ, source, multi,
-                  str(orig) if orig is not None else "", index)
+                  str(orig) if orig is not None else "", index, root, root_cls)
 
 
 def _describe(kernel_name: str, call_args: Any, seen: set[str],

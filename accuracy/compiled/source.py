@@ -10,14 +10,18 @@ fused into it with their module and source (`extra`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from accuracy.aten import OpPlan
+from accuracy.compiled import graphs
 from accuracy.compiled.inductor import KernelInfo, Origin
+from accuracy.compiled.names import RegionCall
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +52,6 @@ def _plan(name: str) -> OpPlan:
                   amp=False)
 
 
-def join_module(base: str, rel: str) -> str:
-    """A node's module path inside a compiled region, under the region's own path."""
-    if not rel:
-        return base
-    return f"{base}.{rel}" if base else rel
-
-
 class CompiledSource:
     """Writes kernel rows for one dumper while its dispatch mode is on the stack."""
 
@@ -63,9 +60,9 @@ class CompiledSource:
         self.watch = watch
         self.kernels = 0
         self._plans: dict[str, OpPlan] = {}
-        # compile id (a forward graph and its backward share one) -> module path of the
-        # region its forward ran in
-        self._base: dict[str, str] = {}
+        # compile id (a forward graph and its backward share one) -> the names of the
+        # latest call its forward ran in: for a backward whose autograd node has none
+        self._calls: dict[str, RegionCall] = {}
         self._with_code: set[int] = set()  # kernel ids whose subgraph is already in the dump
         self._with_ref: set[int] = set()  # kernel ids whose replay reference is in the dump
         self._before: dict[int, list[Any]] = {}  # kernel id -> in-place outputs before launch
@@ -110,15 +107,11 @@ class CompiledSource:
         backward = torch._C._current_graph_task_id() != -1
         scope = owner._scope
         phase = "backward" if backward else scope.phase
-        if backward:
-            base = self._base.get(info.compile_id, "")
-        else:
-            base = self.watch.region_module() or scope.module
-            self._base[info.compile_id] = base
+        region = self._call(backward, info.compile_id)
         outs = [info.buffers[i] for i in info.outputs]
         first = outs[0]
         prim = self._held(first, info)
-        module = join_module(base, prim.module) if prim is not None else base
+        module = self._name(region, prim)
         source = prim.source if prim is not None else ""
         seq = owner._seq
         owner._seq += 1
@@ -145,7 +138,7 @@ class CompiledSource:
             "fused_ops": info.fused_ops(),
             "inputs": [b for i, b in enumerate(info.buffers) if i not in out_pos]
             + [f"{b}_before" for b in info.before],
-            "outputs": [self._out(b, info, base) for b in outs],
+            "outputs": [self._out(b, info, region) for b in outs],
             "kid": info.kid,
         }
         if info.graph_code and info.kid not in self._with_code:  # once per launch site
@@ -169,11 +162,55 @@ class CompiledSource:
         if cur is None:
             return None
         origin = cur[1]
+        return self._name(self._call(backward, cur[2]), origin), origin.source
+
+    def graph_site(self, backward: bool, frame: Any, internal: Any) -> tuple[str, str] | None:
+        """(module, source) of the ATen op an `aot_eager`/`eager` compiled graph is running
+        now, from its FX node (`graphs.graph_node`), named as the eager dump names modules;
+        None for an op outside such a graph. A backward op is named by its node's
+        `fwd_nn_module_stack` (the forward node it differentiates) under the call whose
+        forward made the autograd node the engine runs, so the whole backward graph no longer
+        takes the module of the last forward op."""
+        from accuracy.compiled.inductor import node_site
+
         if backward:
-            base = self._base.get(cur[2], "")
+            call = graphs.backward_call()
+            if call is None:
+                return None
+            hit = graphs.graph_node(frame, internal)
+            if hit is None:  # the compiled function's own wrapper ops, around its graph
+                return call.base, ""
         else:
-            base = self.watch.region_module() or self.owner._scope.module
-        return join_module(base, origin.module), origin.source
+            hit = graphs.graph_node(frame, internal)
+            if hit is None or not graphs.in_region(hit[1]):  # not a graph dynamo runs
+                return None
+            call = self.watch.region_call()
+            if not call.base:
+                call = dataclasses.replace(call, base=self.owner._scope.module)
+            graphs.file_call(hit[1], call)
+        root, rel, _, root_cls, source = node_site(hit[0])
+        return call.module(root, rel, root_cls), source
+
+    def _call(self, backward: bool, compile_id: str) -> RegionCall:
+        """The names of the region call a kernel runs for. Forward: the latest region entered
+        (filed on the call's autograd node, for its backward). Backward: the call whose
+        forward made the autograd node the engine runs (blocks sharing one compiled program
+        each name their own backward), else the latest forward of the same compile."""
+        if backward:
+            return graphs.backward_call() or self._calls.get(compile_id) or RegionCall("")
+        call = self.watch.region_call()
+        if not call.base:
+            call = dataclasses.replace(call, base=self.owner._scope.module)
+        self._calls[compile_id] = call
+        graphs.file_call(sys._getframe(2), call)
+        return call
+
+    @staticmethod
+    def _name(call: RegionCall, origin: Origin | None) -> str:
+        """An origin node's module as the eager dump names it."""
+        if origin is None:
+            return call.base
+        return call.module(origin.root, origin.module, origin.root_cls)
 
     @staticmethod
     def _held(buf: str, info: KernelInfo) -> Origin | None:
@@ -187,12 +224,12 @@ class CompiledSource:
         return prim
 
     @classmethod
-    def _out(cls, buf: str, info: KernelInfo, base: str) -> dict[str, Any]:
+    def _out(cls, buf: str, info: KernelInfo, call: RegionCall) -> dict[str, Any]:
         origins = info.origins.get(buf, [])
         prim = cls._held(buf, info)
         out = {"buffer": buf,
                "node": prim.node if prim else "", "op": prim.op if prim else "",
-               "module": join_module(base, prim.module) if prim else base,
+               "module": cls._name(call, prim),
                "source": prim.source if prim else "",
                "multi": bool(prim.multi) if prim else False,
                "fused": sorted({o.op for o in origins})}

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from accuracy.compiled.names import RegionCall
+
 log = logging.getLogger(__name__)
 
 RAN_EAGER = "ran-eager"
@@ -119,6 +121,62 @@ def _describe(fn: Any, module_path: str, name_of: Callable[[Any], str | None] | 
     return (f"{mod}.{qual}" if mod else qual), "function", path
 
 
+def _eager_name(name: str, mod: Any) -> str:
+    """A scope name as the eager dump spells it: no `_orig_mod`, no `OptimizedModule`
+    root (a root compiled module is named by the class it wraps)."""
+    name = name.replace("._orig_mod", "")
+    head, _, rest = name.partition(".")
+    if head == "OptimizedModule":
+        inner = getattr(mod, "_orig_mod", mod)
+        name = type(inner).__name__ + (f".{rest}" if rest else "")
+    return name
+
+
+def _roots(fn: Any, args: tuple, kwargs: dict,
+           name_of: Callable[[Any], str | None] | None) -> dict[str, str]:
+    """The modules a compiled function's frame can reach by a variable of its own, by the
+    name dynamo gives that variable (`L['model']`, `L['args'][0]`, `G['net']`, a closed-over
+    `L['n2']`) -> the eager dump's name of the module: the scope's name where the dumper saw
+    it, else its class (the name ModuleTracker gives a module it enters as a root)."""
+    import torch
+
+    out: dict[str, str] = {}
+
+    def add(key: str, obj: Any) -> None:
+        if isinstance(obj, torch.nn.Module):
+            inner = getattr(obj, "_orig_mod", obj)
+            known = name_of(obj) if name_of is not None else None
+            out[key] = _eager_name(known, obj) if known else type(inner).__name__
+
+    inner = inspect.unwrap(fn) if callable(fn) else fn
+    code = _code_of(inner)
+    if code is None:
+        return out
+    try:
+        bound = inspect.signature(inner).bind_partial(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        bound = {}
+    for name, value in bound.items():
+        add(f"L['{name}']", value)
+        if isinstance(value, tuple | list):
+            for i, v in enumerate(value[:16]):
+                add(f"L['{name}'][{i}]", v)
+        elif isinstance(value, dict):
+            for k, v in list(value.items())[:16]:
+                add(f"L['{name}']['{k}']", v)
+    closure = getattr(getattr(inner, "__func__", inner), "__closure__", None) or ()
+    for name, cell in zip(code.co_freevars, closure, strict=False):
+        try:
+            add(f"L['{name}']", cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    glob = getattr(getattr(inner, "__func__", inner), "__globals__", {})
+    for name in code.co_names:
+        if name in glob:
+            add(f"G['{name}']", glob[name])
+    return out
+
+
 class CompileWatch:
     """Regions entered while `active()` is true, with how each ran.
 
@@ -136,6 +194,8 @@ class CompileWatch:
         self._pending: list[tuple[Any, Region]] = []  # (code dynamo will be asked about, region)
         self._last: tuple[Region, str] | None = None  # latest region entered, its module path
         self._current: Region | None = None  # the region the running call entered, if recorded
+        self._call: RegionCall | None = None  # names for the rows of the latest call entered
+        self.aten_graphs = False  # a region of an ATen backend was entered: ops name nodes
         self.error: str | None = None
         self.running = False
 
@@ -169,12 +229,17 @@ class CompileWatch:
 
     # -- events (called from the patched torch functions; never raise) ----------------------
 
-    def _entered(self, fn: Any, callback: Any) -> None:
+    def _entered(self, fn: Any, callback: Any, args: tuple = (), kwargs: dict | None = None
+                 ) -> None:
         self._current = None
         if not self._active():
             return
         name, kind, path = _describe(fn, self._module(), self._name_of)
         backend, options = _backend_of(callback)
+        roots = _roots(fn, args, kwargs or {}, self._name_of) if kind == "function" else {}
+        self._call = RegionCall(path, kind, roots)
+        if backend in ATEN_BACKENDS:
+            self.aten_graphs = True
         region = self.regions.get((name, backend))
         if region is None:
             region = self.regions[(name, backend)] = Region(name, kind, backend, options,
@@ -195,6 +260,11 @@ class CompileWatch:
     def region_module(self) -> str:
         """The module path where the latest region was entered ('' if none)."""
         return self._last[1] if self._last is not None else ""
+
+    def region_call(self) -> RegionCall:
+        """How to name the rows of the latest region call entered (module paths relative
+        to the module the dumper is in, when none was)."""
+        return self._call if self._call is not None else RegionCall(self._module())
 
     def recorded(self) -> None:
         """A compiled source wrote a kernel of the latest region."""
@@ -247,10 +317,10 @@ class CompileWatch:
                 return
 
 
-def _notify_enter(fn: Any, callback: Any) -> None:
+def _notify_enter(fn: Any, callback: Any, args: tuple, kwargs: dict) -> None:
     for w in list(_watches):
         try:
-            w._entered(fn, callback)
+            w._entered(fn, callback, args, kwargs)
         except Exception:  # noqa: BLE001 - the user's step must never die because of us
             log.exception("compiled-region watch failed at a region entry")
 
@@ -272,10 +342,12 @@ def _install() -> str | None:
         if callback not in (None, False) and _watches:
             try:
                 caller = sys._getframe(1)
-                fn = caller.f_locals.get("fn") if caller.f_code.co_name == "compile_wrapper" \
-                    else None
+                local = caller.f_locals if caller.f_code.co_name == "compile_wrapper" else {}
+                fn = local.get("fn")
                 if fn is not None:
-                    _notify_enter(fn, callback)
+                    args, kwargs = local.get("args"), local.get("kwargs")
+                    _notify_enter(fn, callback, args if isinstance(args, tuple) else (),
+                                  kwargs if isinstance(kwargs, dict) else {})
             except Exception:  # noqa: BLE001
                 log.exception("compiled-region watch failed")
         return orig_stance(callback)

@@ -13,6 +13,7 @@ import datetime as _dt
 import logging
 import os
 import platform
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,7 +32,7 @@ from accuracy.dumper.overflow_watch import OverflowDetected
 from accuracy.dumper.quant_observer import QuantFigures
 from accuracy.dumper.recorder import Recorder
 from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
-from accuracy.dumper.source import user_source
+from accuracy.dumper.source import _internal, user_source
 from accuracy.dumper.subclass_watch import SubclassWatch
 from accuracy.dumpfile.writer import DumpWriteError, DumpWriter
 from accuracy.steps import Schedule
@@ -420,8 +421,15 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             if phase == OPTIMIZER:  # optimizer rows name the parameter they update
                 module = scope.optimizer_param(args, kwargs) or module
             source, stack = user_source(self.stack)
+        watch = getattr(self, "_compiled", None)
+        if watch is not None and getattr(watch, "aten_graphs", False):
+            # an op of an aot_eager/eager compiled graph: its FX node's module and line
+            site = watch.source.graph_site(phase == BACKWARD, sys._getframe(1), _internal)
+            if site is not None:
+                module, source = site[0], site[1] or source
+                fwd_seq = -1
         if _running_extern[0]:  # an Inductor extern kernel call: its FX node's module
-            src = getattr(getattr(self, "_compiled", None), "source", None)
+            src = getattr(watch, "source", None)
             site = src.extern_site(phase == BACKWARD) if src is not None else None
             if site is not None:
                 module, source = site[0], site[1] or source
