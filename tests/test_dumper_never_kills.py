@@ -120,10 +120,13 @@ _DDP = textwrap.dedent("""
         def forward(self, x):
             return self.fc2(self.ln2(self.fc(self.ln(x))))
 
-    torch.manual_seed(0)
-    m = torch.compile(DDP(Net()))
-    with dumper(dump_path=sys.argv[1]):
-        m(torch.randn(4, 16)).square().mean().backward()
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    for path, compiled in ((sys.argv[1], True), (sys.argv[1] + ".eager.h5", False)):
+        torch.manual_seed(0)
+        m = DDP(Net())
+        m = torch.compile(m) if compiled else m
+        with dumper(dump_path=path):
+            m(x).square().mean().backward()
     dist.destroy_process_group()
     print("step done")
 """)
@@ -153,6 +156,17 @@ def test_ddp_compiled_inside_the_dumper_runs_and_is_recorded(tmp_path):
         assert [r["status"] for r in d.attrs["compiled_regions"]] == ["recorded-compiled"], \
             d.attrs["compiled_regions"][0]["reason"]
         assert any(r.op.startswith("inductor.") for r in d.records)
+        # the compiled model's parameters are named as in the eager run
+        grads = {r.module for r in d.records if r.op == "aten.detach.default"
+                 and r.phase == "backward"}
+    with load_dump(tmp_path / "ddp.h5.eager.h5") as d:
+        eager = {r.module for r in d.records if r.op == "aten.detach.default"
+                 and r.phase == "backward"}
+    assert grads and grads == eager
+    # its kernels are named relative to DDP's `module` without it (docs/compile.md, Limits):
+    # a compare says so instead of passing over them
+    rep = compare(tmp_path / "ddp.h5", tmp_path / "ddp.h5.eager.h5")
+    assert any("compiled kernels" in b for b in rep.summary.get("blind") or []), rep.format()
 
 
 def _adamw_step(path, fused: bool) -> None:
