@@ -78,8 +78,9 @@ def _log(x: float) -> float:
 def _groups(rows: list[Row]) -> list[tuple[list[Row], list[Row]]]:
     groups: dict[tuple, tuple[list[Row], list[Row]]] = {}
     for r in rows:
-        if r.kind != "op" or r.seq_my is None or r.seq_golden is None:
-            continue
+        if r.kind != "op" or r.seq_my is None or (
+                r.seq_golden is None and r.local_error_ratio is None):
+            continue  # an output with no golden is judged on its replayed local error alone
         g = groups.setdefault((r.seq_my, r.seq_golden), ([], []))
         g[0 if r.io == "input" else 1].append(r)
     return list(groups.values())

@@ -148,8 +148,10 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
     index: dict[Any, int] = {}  # node (of either graph) -> value index
     out_idx: list[int | None] = []
     how: list[str] = []
+    from accuracy.compiled.inductor import output_node
+
     for i in outputs:
-        node = g.try_get_buffer(names[i]).get_origin_node()
+        node = output_node(g, names[i])
         if node is None:
             out_idx.append(None)
             how.append("Inductor names no origin node for its buffer (a quantity of its own, "
