@@ -373,6 +373,13 @@ class DumperWatch(CompileWatch):
         self._inductor = inductor
         self.source = CompiledSource(owner, self)
 
+    def _entered(self, fn: Any, callback: Any) -> None:
+        super()._entered(fn, callback)
+        if self._current is not None:  # compiled code guards on the scope's global hooks
+            keep = getattr(getattr(self._owner, "_scope", None), "keep_hooks", None)
+            if keep is not None:
+                keep()
+
     def start(self) -> DumperWatch:
         super().start()
         self._unhooked_from = self._inductor.unhooked_serial()
