@@ -206,3 +206,74 @@ def test_a_cpp_kernels_writes_are_its_non_const_pointers_without_kernel_args():
                          ["const float*", "const float*", "float*", "float*", "const int64_t"])
     assert got == {"buf0", "arg0_1"}
     assert _kernel_writes(["buf0"], None) is None
+
+
+class _CopyScale(torch._inductor.custom_graph_pass.CustomGraphPass):
+    """Scale what every floating `copy_` writes into a buffer (BatchNorm's running stats) by
+    1.05: a pass of its own between the value and the copy, as a wrong kernel would write."""
+
+    def __call__(self, g: torch.fx.Graph) -> None:
+        for n in list(g.nodes):
+            if n.target == torch.ops.aten.copy_.default \
+                    and n.args[1].meta["val"].dtype.is_floating_point:
+                with g.inserting_before(n):
+                    m = g.call_function(torch.ops.aten.mul.Tensor, (n.args[1], 1.05))
+                n.args = (n.args[0], m)
+
+    def uuid(self) -> str:
+        return "accuracy-test-copy-scale"
+
+
+class _CNN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.fc = torch.nn.Linear(4 * 4 * 4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+        return self.fc(x.flatten(1))
+
+
+def _bn_dumps(folder, fault: bool) -> tuple:
+    torch.manual_seed(0)
+    sd = _CNN().state_dict()
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g)
+    eager, comp = folder / "eager.h5", folder / "compiled.h5"
+    m = _CNN()
+    m.load_state_dict(sd)
+    with dumper(eager, mode="tensor"):
+        F.cross_entropy(m(x), y).backward()
+    torch._dynamo.reset()
+    m = _CNN()
+    m.load_state_dict(sd)
+    cm = torch.compile(m)
+    with torch._inductor.config.patch(post_grad_custom_post_pass=_CopyScale() if fault
+                                      else None):
+        with dumper(comp, mode="tensor"):
+            F.cross_entropy(cm(x), y).backward()
+    return eager, comp
+
+
+@pytest.mark.parametrize("fault", [False, True])
+def test_batchnorm_running_stats_written_by_a_compiled_kernel_are_judged(folder, fault,
+                                                                          tmp_path):
+    """A 5% fault on the running statistics gave the same verdict as a clean run; the clean
+    run's max-pool backward zero-fills a buffer a later scatter writes: that partial value
+    has no reference (re-running the scatter called the honest kernel wrong)."""
+    from accuracy.replay import replay
+
+    sub = folder / f"bn-{fault}"
+    sub.mkdir()
+    with inductor_cache(sub):
+        eager, comp = _bn_dumps(sub, fault)
+    replay(comp, tmp_path / "replay.h5")
+    rep = compare(comp, eager, tmp_path / "replay.h5")
+    if not fault:
+        assert rep.culprit is None and rep.summary["counts"]["error"] == 0, rep.format()
+        return
+    cul = rep.culprit
+    assert cul is not None and "batch_norm" in cul["op"], rep.format()
+    assert cul["module"].endswith("bn") and "local error" in cul["message"]

@@ -315,15 +315,36 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
         from accuracy.compiled.reference import reference_graph
         info.reference = reference_graph(g, irnames, outputs,
                                          {b: reuses[b] for b in info.before})
+        _drop_partial(g, info)
     except Exception as e:  # noqa: BLE001 - the row stands without it; replay says why
         log.debug("no reference for %s: %s", kernel_name, e)
     return info
 
 
-def output_node(g: Any, name: str) -> Any:
+PARTIAL = ("a later kernel or ATen call writes it in place (scatter into a zeroed buffer...): "
+           "this kernel only starts its value, which is not its origin node's")
+
+
+def _drop_partial(g: Any, info: KernelInfo) -> None:
+    """No replay reference for an output a mutation writes over afterwards: the value the
+    kernel leaves there is not its origin node's (a scatter's zero fill is named after the
+    scatter), and re-running the origin would call an honest kernel wrong."""
+    real = getattr(getattr(g, "scheduler", None), "mutation_real_name", None) or {}
+    targets = set(real.values())
+    ref = info.reference
+    if ref is None or not targets:
+        return
+    for k, i in enumerate(info.outputs):
+        b = info.buffers[i]
+        if b not in info.mutated and b in targets and k < len(ref["outputs"]):
+            ref["outputs"][k] = None
+            ref["graph"][k] = PARTIAL
+
+
+def output_node(g: Any, name: str, follow_copy: bool = True) -> Any:
     """The FX node whose value IR buffer `name` holds after its kernel: its origin node; for
     a mutation of a graph input or an earlier buffer (no origin node of its own), the source
-    of the `copy_` into it."""
+    of the `copy_` into it (the `copy_` itself without `follow_copy`)."""
     buf = g.try_get_buffer(name)
     node = buf.get_origin_node() if hasattr(buf, "get_origin_node") else None
     if node is None and buf is not None:
@@ -334,7 +355,7 @@ def output_node(g: Any, name: str) -> Any:
         into = [n for n in copies if n.args and getattr(n.args[0], "name", None) == real]
         pick = into or copies
         node = pick[0] if len(pick) == 1 else None
-    return _copied(node)
+    return _copied(node) if follow_copy else node
 
 
 def _copied(node: Any) -> Any:

@@ -148,10 +148,13 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
     index: dict[Any, int] = {}  # node (of either graph) -> value index
     out_idx: list[int | None] = []
     how: list[str] = []
-    from accuracy.compiled.inductor import output_node
+    from accuracy.compiled.inductor import _copied, output_node
 
     for i in outputs:
-        node = output_node(g, names[i])
+        # a write into a mutated buffer is the source of its `copy_`, looked up in each graph
+        # from the copy (a pass may have put its own node between them)
+        raw = output_node(g, names[i], follow_copy=False)
+        node = _copied(raw)
         if node is None:
             out_idx.append(None)
             how.append("Inductor names no origin node for its buffer (a quantity of its own, "
@@ -165,10 +168,11 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
         why_given = "the graph before Inductor's passes was not copied"
         if given is not None:
             why_given = f"node {node.name} was added by Inductor's graph passes"
-            if node.name in given:
-                got = _between(given[node.name], given_in)
+            gnode = _copied(given[raw.name]) if raw.name in given else None
+            if gnode is not None:
+                got = _between(gnode, given_in)
                 if isinstance(got, list):
-                    chosen, kind, inputs, node = got, GIVEN, given_in, given[node.name]
+                    chosen, kind, inputs, node = got, GIVEN, given_in, gnode
                 else:
                     why_given = got
         if chosen is None:
