@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,10 @@ SINKS: list[Any] = []  # recording sources: `.kernel(info, tensors)`
 # extern kernel call site id -> (graph, the FX node it computes, compile id); the one running
 EXTERNS: dict[int, tuple[str, Origin, str]] = {}
 _running_extern: list[int] = [0]
+# kernel launch sites generated with no recording hook: (serial, kernel name, why); a dumper
+# says those compiled while it ran (never silently blind)
+UNHOOKED: list[tuple[int, str, str]] = []
+_unhooked_ids = itertools.count(1)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -87,6 +92,10 @@ class KernelInfo:
     # dynamo's compile of the frame (its backward graph is compiled under the same one): ties
     # a backward kernel to the region its forward ran in
     compile_id: str = ""
+    # outputs the kernel writes in place into a buffer it also names as an input (a graph
+    # input an optimizer step or BatchNorm's running stats update, an earlier buffer) ->
+    # the IR buffer of that mutation, which holds its origins
+    mutated: dict[str, str] = field(default_factory=dict)
 
     def fused_ops(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -229,12 +238,57 @@ def _origin(node: Any) -> Origin:
                   str(orig) if orig is not None else "", index, root, root_cls)
 
 
+def _kernel_writes(call_args: Any, arg_types: Any) -> set[str] | None:
+    """The buffers the kernel being launched writes: its `KernelArgs`' output and in-place
+    buffers (under the names the call passes: a mutated graph input by its own name), found
+    on the code generator's `call_kernel` frame; else the non-const pointers of a C++ call's
+    `arg_types`. None when neither is there (then only fresh buffers count as written)."""
+    try:
+        from torch._inductor.codegen.common import KernelArgs, RemovedArg
+    except Exception:  # noqa: BLE001 - torch moved it: fall back on the argument types
+        KernelArgs = RemovedArg = None  # noqa: N806
+    frame = sys._getframe(1)
+    for _ in range(8):
+        frame = frame.f_back
+        if frame is None or KernelArgs is None:
+            break
+        args = getattr(frame.f_locals.get("self"), "args", None)
+        if isinstance(args, KernelArgs):
+            out = {k for k, v in args.output_buffers.items() if not isinstance(v, RemovedArg)}
+            for v in args.inplace_buffers.values():
+                if not isinstance(v, RemovedArg) and v.other_names:
+                    out.add(v.other_names[-1])
+            return out
+    if isinstance(arg_types, list | tuple) and len(arg_types) == len(call_args):
+        return {a for a, t in zip(call_args, arg_types, strict=True) if isinstance(a, str)
+                and isinstance(t, str) and t.endswith("*") and not t.startswith("const")}
+    return None
+
+
+def _mutation_buffer(g: Any, name: str, used: set[str]) -> Any:
+    """The IR buffer of the next mutation written into `name` (a graph input or an earlier
+    buffer), in graph order; None when Inductor names none."""
+    real = getattr(getattr(g, "scheduler", None), "mutation_real_name", None) or {}
+    cands = [b for b, r in real.items() if r == name and b not in used]
+    cands.sort(key=lambda b: (len(b), b))  # buf9 before buf10
+    for b in cands:
+        buf = g.try_get_buffer(b)
+        if buf is not None and hasattr(buf, "get_origins"):
+            used.add(b)
+            return buf
+    return None
+
+
 def _describe(kernel_name: str, call_args: Any, seen: set[str],
-              reuses: dict[str, str] | None = None) -> KernelInfo | None:
+              reuses: dict[str, str] | None = None,
+              writes: set[str] | None = None) -> KernelInfo | None:
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
     g = V.graph
+    writes = writes or set()
+    used = g.__dict__.setdefault("_accuracy_mutations", set())
+    mutated: dict[str, str] = {}
     graph = "backward" if getattr(g, "is_backward", False) else (
         "inference" if getattr(g, "is_inference", False) else "forward")
     names: list[str] = []
@@ -245,20 +299,27 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
     for a in call_args:
         if not isinstance(a, str) or not _NAME.match(a) or a in names:
             continue
-        if a in g.graph_inputs:
-            names.append(a)
-            continue
-        buf = g.try_get_buffer(a)
-        if buf is None or not hasattr(buf, "get_origins"):
+        buf = None if a in g.graph_inputs else g.try_get_buffer(a)
+        if a not in g.graph_inputs and (buf is None or not hasattr(buf, "get_origins")):
             continue
         names.append(a)
-        if a in seen or isinstance(buf, ir.ExternKernel):
-            continue  # written earlier (by an extern kernel or another kernel): an input
-        seen.add(a)
-        outputs.append(len(names) - 1)
+        if a in g.graph_inputs or a in seen or isinstance(buf, ir.ExternKernel):
+            # a graph input or a buffer written earlier (by an extern kernel or another
+            # kernel): an input, unless this kernel writes into it in place
+            if a not in writes:
+                continue
+            buf = _mutation_buffer(g, a, used)
+            mutated[a] = buf.get_name() if buf is not None else a
+            outputs.append(len(names) - 1)
+            if buf is None:
+                origins[a], primary[a] = [], ""
+                continue
+        else:
+            seen.add(a)
+            outputs.append(len(names) - 1)
         nodes = sorted(buf.get_origins(), key=lambda n: n.name)
         origins[a] = [_origin(n) for n in nodes]
-        on = buf.get_origin_node() if hasattr(buf, "get_origin_node") else None
+        on = output_node(g, buf.get_name())
         primary[a] = on.name if on is not None else ""
         h = _held(on, buf, nodes)
         if h is not None:
@@ -266,8 +327,8 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
     if not outputs:
         return None
     info = KernelInfo(next(_ids), kernel_name, graph, names, outputs, origins, primary, held,
-                      compile_id=_compile_id())
-    reuses = reuses or {}
+                      compile_id=_compile_id(), mutated=mutated)
+    reuses = {**(reuses or {}), **{a: a for a in mutated}}  # in place: its own value before
 
     def filled(old: str) -> bool:
         """Whether the memory an output reuses held a value before this launch: a graph
@@ -281,17 +342,68 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
         layout = _layout(g, reuses[b])
         if layout is not None:
             info.before_layout[b] = layout
+    irnames = [mutated.get(n, n) for n in names]  # an in-place output: its mutation's buffer
     try:
-        info.graph_code = _subgraph_code(g, names, outputs,
+        info.graph_code = _subgraph_code(g, irnames, outputs,
                                          {b: reuses[b] for b in info.before})
     except Exception as e:  # noqa: BLE001 - a reproducer is extra: the row stands without it
         log.debug("no subgraph for %s: %s", kernel_name, e)
     try:  # what replay re-runs for the kernel's local error (accuracy/replay/kernels.py)
         from accuracy.compiled.reference import reference_graph
-        info.reference = reference_graph(g, names, outputs, {b: reuses[b] for b in info.before})
+        info.reference = reference_graph(g, irnames, outputs,
+                                         {b: reuses[b] for b in info.before})
+        _drop_partial(g, info)
     except Exception as e:  # noqa: BLE001 - the row stands without it; replay says why
         log.debug("no reference for %s: %s", kernel_name, e)
     return info
+
+
+PARTIAL = ("a later kernel or ATen call writes it in place (scatter into a zeroed buffer...): "
+           "this kernel only starts its value, which is not its origin node's")
+
+
+def _drop_partial(g: Any, info: KernelInfo) -> None:
+    """No replay reference for an output a mutation writes over afterwards: the value the
+    kernel leaves there is not its origin node's (a scatter's zero fill is named after the
+    scatter), and re-running the origin would call an honest kernel wrong."""
+    real = getattr(getattr(g, "scheduler", None), "mutation_real_name", None) or {}
+    targets = set(real.values())
+    ref = info.reference
+    if ref is None or not targets:
+        return
+    for k, i in enumerate(info.outputs):
+        b = info.buffers[i]
+        if b not in info.mutated and b in targets and k < len(ref["outputs"]):
+            ref["outputs"][k] = None
+            ref["graph"][k] = PARTIAL
+
+
+def output_node(g: Any, name: str, follow_copy: bool = True) -> Any:
+    """The FX node whose value IR buffer `name` holds after its kernel: its origin node; for
+    a mutation of a graph input or an earlier buffer (no origin node of its own), the source
+    of the `copy_` into it (the `copy_` itself without `follow_copy`)."""
+    buf = g.try_get_buffer(name)
+    node = buf.get_origin_node() if hasattr(buf, "get_origin_node") else None
+    if node is None and buf is not None:
+        real = (getattr(getattr(g, "scheduler", None), "mutation_real_name", None)
+                or {}).get(name)
+        copies = [n for n in getattr(buf, "get_origins", lambda: ())()
+                  if "copy_" in str(getattr(n, "target", ""))]
+        into = [n for n in copies if n.args and getattr(n.args[0], "name", None) == real]
+        pick = into or copies
+        node = pick[0] if len(pick) == 1 else None
+    return _copied(node) if follow_copy else node
+
+
+def _copied(node: Any) -> Any:
+    """The node whose value a `copy_` into a mutated buffer writes (its source), else `node`:
+    an in-place write's value is its source's."""
+    for _ in range(8):
+        if node is None or "copy_" not in str(getattr(node, "target", "")) \
+                or len(node.args) < 2 or not hasattr(node.args[1], "meta"):
+            return node
+        node = node.args[1]
+    return node
 
 
 def _compile_id() -> str:
@@ -331,7 +443,7 @@ def _subgraph_code(g: Any, names: list[str], outputs: list[int],
     for i in outputs:
         buf = g.try_get_buffer(names[i])
         fused |= set(buf.get_origins())
-        out_nodes.append(buf.get_origin_node())
+        out_nodes.append(output_node(g, names[i]))
     if all(n is None for n in out_nodes):
         return ""
     import operator
@@ -417,6 +529,21 @@ def _hook(kid: int, tensors: list[Any]) -> None:
     _notify("kernel", kid, tensors)
 
 
+def _unhooked(kernel: str, why: str) -> None:
+    UNHOOKED.append((next(_unhooked_ids), kernel, why))
+    del UNHOOKED[:-256]  # bounded: a dumper reads those compiled while it ran
+
+
+def unhooked_since(serial: int) -> list[tuple[str, str]]:
+    """(kernel, why) of the launch sites generated without a hook after `serial`."""
+    return [(k, w) for n, k, w in UNHOOKED if n > serial]
+
+
+def unhooked_serial() -> int:
+    """The serial of the latest unhooked launch site (0 if none)."""
+    return UNHOOKED[-1][0] if UNHOOKED else 0
+
+
 def install() -> None:
     """Wrap the wrapper code generator (refcounted) and turn the compile caches off."""
     global _users
@@ -438,12 +565,17 @@ def install() -> None:
             info = None
             try:
                 seen = self.__dict__.setdefault("_accuracy_seen", set())
-                info = _describe(kernel_name, call_args, seen, getattr(self, "reuses", {}))
+                info = _describe(kernel_name, call_args, seen, getattr(self, "reuses", {}),
+                                 _kernel_writes(call_args, kwargs.get("arg_types")))
                 if info is not None and info.before:
                     self.writeline("from accuracy.compiled.inductor import _pre as _acc_pre; "
                                    f"_acc_pre({info.kid}, [{', '.join(info.before)}])")
-            except Exception:  # noqa: BLE001 - codegen goes on without our line
+                elif info is None:
+                    _unhooked(kernel_name, "it writes no buffer Inductor names as its output "
+                              "or as mutated")
+            except Exception as e:  # noqa: BLE001 - codegen goes on without our line
                 log.exception("cannot hook kernel %s", kernel_name)
+                _unhooked(kernel_name, f"describing it failed ({type(e).__name__}: {e})")
                 info = None
             out = orig(self, kernel_name, call_args, *args, **kwargs)
             if info is not None:

@@ -168,8 +168,13 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
     out_idx: list[int | None] = []
     how: list[str] = []
     finished = _finished_in_place(g)
+    from accuracy.compiled.inductor import _copied, output_node
+
     for i in outputs:
-        node = g.try_get_buffer(names[i]).get_origin_node()
+        # a write into a mutated buffer is the source of its `copy_`, looked up in each graph
+        # from the copy (a pass may have put its own node between them)
+        raw = output_node(g, names[i], follow_copy=False)
+        node = _copied(raw)
         if names[i] in finished:
             out_idx.append(None)
             how.append(f"its buffer is finished in place by extern kernel {finished[names[i]]} "
@@ -189,10 +194,11 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
         why_given = "the graph before Inductor's passes was not copied"
         if given is not None:
             why_given = f"node {node.name} was added by Inductor's graph passes"
-            if node.name in given:
-                got = _between(given[node.name], given_in)
+            gnode = _copied(given[raw.name]) if raw.name in given else None
+            if gnode is not None:
+                got = _between(gnode, given_in)
                 if isinstance(got, list):
-                    chosen, kind, inputs, node = got, GIVEN, given_in, given[node.name]
+                    chosen, kind, inputs, node = got, GIVEN, given_in, gnode
                 else:
                     why_given = got
         if chosen is None:

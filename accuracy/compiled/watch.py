@@ -67,6 +67,7 @@ class Region:
     first_seq: int = -1
     # recompilations inside the recorded block: {"step", "seq", "frame", "reason"}
     recompiles: list[dict[str, Any]] = field(default_factory=list)
+    compiled_here: bool = False  # dynamo compiled a frame of it while the watch ran
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "backend": self.backend,
@@ -301,6 +302,7 @@ class CompileWatch:
                     return
                 del self._pending[i]
                 if reason is None:  # compiled
+                    region.compiled_here = True
                     if region.backend in ATEN_BACKENDS and region.status != RECORDED:
                         region.status = RECORDED
                         region.reason = ("its backend runs the graph's ATen ops through the "
@@ -439,11 +441,20 @@ class DumperWatch(CompileWatch):
         from accuracy.compiled import inductor
         from accuracy.compiled.source import CompiledSource
 
+        self._owner = owner
         self._inductor = inductor
         self.source = CompiledSource(owner, self)
 
+    def _entered(self, fn: Any, callback: Any) -> None:
+        super()._entered(fn, callback)
+        if self._current is not None:  # compiled code guards on the scope's global hooks
+            keep = getattr(getattr(self._owner, "_scope", None), "keep_hooks", None)
+            if keep is not None:
+                keep()
+
     def start(self) -> DumperWatch:
         super().start()
+        self._unhooked_from = self._inductor.unhooked_serial()
         try:
             self._inductor.install()
             self._inductor.SINKS.append(self.source)
@@ -455,8 +466,24 @@ class DumperWatch(CompileWatch):
         if self.source in self._inductor.SINKS:
             self._inductor.SINKS.remove(self.source)
             self._inductor.uninstall()
+        unhooked = self._inductor.unhooked_since(getattr(self, "_unhooked_from", 0))
+        for r in self.regions.values():
+            if r.status != NOT_RECORDED or not r.compiled_here or r.reason != NOT_SEEN:
+                continue
+            if r.backend == "inductor":
+                r.reason = ("compiled inside the dumper, yet none of its kernels was recorded"
+                            + (f" ({len(unhooked)} kernel launch site(s) got no recording "
+                               "hook: see compiled_kernels_not_recorded)" if unhooked else ""))
+            else:
+                r.reason = (f"compiled inside the dumper by backend {r.backend}, whose program "
+                            "the dumper cannot see into: only the ATen calls it dispatched "
+                            "reached the dump")
         attrs = super().finish()
         attrs["compiled_kernels_recorded"] = self.source.kernels
+        if unhooked:
+            attrs["compiled_kernels_not_recorded"] = {
+                "count": len(unhooked), "kernels": [k for k, _ in unhooked][:16],
+                "why": unhooked[0][1]}
         return attrs
 
 

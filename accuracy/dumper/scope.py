@@ -93,8 +93,19 @@ class _ForwardTracker(ModuleTracker):
 # tracker is active: dynamo guards compiled regions on the global hook dicts' keys, so hooks
 # registered anew per dumper (new handle ids) made every dumper context recompile every
 # compiled region it entered (benchmarks/README.md, "Compiled step, fair compile time").
+# Once a dumper entered a compiled region, the hooks stay installed (no-ops with no tracker
+# active): removing them failed those guards, so the first bare step after the dumper
+# recompiled, and the next dumper reused that hookless program and recorded none of its
+# kernels. Eager-only jobs still get the hooks removed (they slow every module call).
 _ACTIVE: list[_ForwardTracker] = []
 _KEYS: dict[str, int] = {}
+_KEEP: list[bool] = [False]
+
+
+def keep_hooks() -> None:
+    """Leave the global hooks installed after the last tracker exits (compiled code was
+    guarded on them)."""
+    _KEEP[0] = True
 
 
 def _global_pre(mod: torch.nn.Module, input: Any) -> None:
@@ -142,7 +153,7 @@ class _Handle:
     def remove(self) -> None:
         if self.tracker in _ACTIVE:
             _ACTIVE.remove(self.tracker)
-        if not _ACTIVE:
+        if not _ACTIVE and not _KEEP[0]:
             _remove_hooks()
 
 
@@ -176,6 +187,11 @@ class Scope:
             h.remove()
         self._handles = []
         self._tracker.__exit__(*exc)
+
+    @staticmethod
+    def keep_hooks() -> None:
+        """Compiled code ran under this scope: leave the global hooks installed after it."""
+        keep_hooks()
 
     def known_name(self, mod: torch.nn.Module) -> str | None:
         """The name of a module under one this scope has entered (its path as rows name it),

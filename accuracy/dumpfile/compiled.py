@@ -34,6 +34,12 @@ def blind_lines(attrs: dict[str, Any], side: str = "") -> list[str]:
         out.append(f"{who}compiled region {r.get('name')!s} [backend {r.get('backend')!s}, "
                    f"{r.get('calls')} call(s), step(s) {steps}] {r.get('status')}: "
                    f"{r.get('reason')}")
+    unhooked = attrs.get("compiled_kernels_not_recorded")
+    if isinstance(unhooked, dict):
+        names = ", ".join(str(k) for k in unhooked.get("kernels") or [])
+        out.append(f"{who}{unhooked.get('count')!s} compiled kernel launch site(s) were "
+                   f"generated without a recording hook ({names}): {unhooked.get('why')!s}; "
+                   "their writes are not in the dump")
     failed = attrs.get("ops_not_recorded")
     if isinstance(failed, dict):
         out.append(f"{who}{failed.get('count')!s} op(s) {NOT_RECORDED}: the dumper "
@@ -63,7 +69,8 @@ def blind_count(attrs: dict[str, Any]) -> int:
     watch = attrs.get("compiled_watch")
     return (sum(1 for r in regions(attrs) if r.get("status") != RECORDED)
             + (1 if isinstance(watch, str) and watch != "on" else 0)
-            + (1 if isinstance(attrs.get("ops_not_recorded"), dict) else 0))
+            + (1 if isinstance(attrs.get("ops_not_recorded"), dict) else 0)
+            + (1 if isinstance(attrs.get("compiled_kernels_not_recorded"), dict) else 0))
 
 
 def recompile_lines(attrs: dict[str, Any], side: str = "") -> list[str]:
