@@ -174,6 +174,38 @@ class _Pool:
         return [c for cs in self.by_key.values() for c in cs if c[1].row not in self.used]
 
 
+# Ops whose output holds input 0's value unchanged (dynamo's detach of a compiled output,
+# AccumulateGrad's detach of a gradient a kernel wrote)
+HOLDERS = ("aten.detach.default", "aten.alias.default")
+
+
+def _first(t: TensorRecord) -> int:
+    return t.first if t.first >= 0 else t.row
+
+
+def _holds_compiled(r: OpRecord, compiled: set[int]) -> bool:
+    """A detach (alias) of my run whose input is a value the compiled program wrote: it
+    holds that value, so it pairs by its producer, never by its position among the eager
+    run's detaches."""
+    if r.op not in HOLDERS or not r.inputs or is_kernel(r):
+        return False
+    return _first(r.inputs[0]) in compiled
+
+
+# Ops whose output is a copy of one input's value: op -> that input's position
+COPIES = {"aten.copy_.default": 1, "aten.clone.default": 0, "aten.lift_fresh_copy.default": 0}
+
+
+def _copied(r: OpRecord, t: TensorRecord) -> TensorRecord | None:
+    """The input whose value output `t` of a copy holds (the source of a `copy_`: the
+    contiguous tangent AOTAutograd makes of an expanded gradient), same dtype and shape."""
+    i = COPIES.get(r.op)
+    if i is None or t.idx != 0 or i >= len(r.inputs):
+        return None
+    src = r.inputs[i]
+    return src if src.dtype == t.dtype and tuple(src.shape) == tuple(t.shape) else None
+
+
 def _tensor_pairs(p: Pair) -> list[TensorPair]:
     out = []
     for io in ("input", "output"):
@@ -188,7 +220,15 @@ def _tensor_pairs(p: Pair) -> list[TensorPair]:
 def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping | None = None
                    ) -> list[TensorPair]:
     """Tensor pairs of a compiled run (my) against an eager run (golden), in my order."""
-    plain = [r for r in my if not is_kernel(r)]
+    compiled: set[int] = set()  # rows of values the compiled program wrote, or detached
+    holders: set[int] = set()
+    for r in my:
+        if _holds_compiled(r, compiled):
+            holders.add(r.seq)
+        elif not (is_kernel(r) or r.op.endswith(".out")):
+            continue
+        compiled.update(t.row for t in r.outputs)
+    plain = [r for r in my if not is_kernel(r) and r.seq not in holders]
     pairs = align(plain, golden, mapping)
     matched = {p.my.seq: p for p in pairs if p.my is not None and p.golden is not None}
     golden_free = [p.golden for p in pairs if p.my is None and p.golden is not None]
@@ -242,6 +282,29 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
                 # matmul wrote): that op's golden value, not a look-alike by statistics
                 g0 = golden_of[t.first]
                 hit, how = (by_row[g0.row], g0), "by its producer"
+            elif r.seq in holders:
+                # a detach of a compiled value: what it holds, or nothing (never the eager
+                # run's detach at the same position, nor a look-alike)
+                src = r.inputs[0]
+                g0 = golden_of.get(_first(src))
+                if g0 is not None and tuple(g0.shape) == tuple(t.shape):
+                    hit, how = (by_row[g0.row], g0), "by its producer"
+                else:
+                    producer = made.get(_first(src))
+                    hit, how = None, (f"its producer ({producer.op} seq {producer.seq}) holds "
+                                      "no value of the golden run" if producer is not None
+                                      else "no golden value holds what it detaches")
+                if hit is None:
+                    rows.append(TensorPair(r, None, "output", t.idx, t, None,
+                                           f"only in my run: {how}", module=module))
+                    continue
+            elif not kernel and (src := _copied(r, t)) is not None \
+                    and _first(src) in golden_of:
+                # a copy holds its source's value: the golden value the source was paired
+                # with, never a look-alike by statistics (a tangent of ones is near a
+                # tanh_backward's output)
+                g0 = golden_of[_first(src)]
+                hit, how = (by_row[g0.row], g0), "by its source (a copy)"
             else:
                 hit, how = pool.take(r.phase, t, module), "by value"
             if hit is None:

@@ -112,6 +112,10 @@ class TensorStates:
                 continue
         return None
 
+    def has_memory(self) -> bool:
+        """Whether any write was remembered by its memory (a compiled program ran)."""
+        return bool(self._mem)
+
     def put(self, t: torch.Tensor, value: Any, version: int | None = None,
             memory: bool = False) -> None:
         """Remember `value` for `t`'s current state, or for state `version` (an `out=`

@@ -183,7 +183,9 @@ class Recorder:
         if self.want_inputs:
             seq, entry = call.seq, self.entry
             skip = self._uninit_in
-            alias = _is_out(call.plan)  # an extern kernel reading Inductor's buffers
+            # an extern kernel reading Inductor's buffers; once a compiled program ran,
+            # any op reading them (a fallback kernel, eager code given a compiled output)
+            alias = _is_out(call.plan) or self.seen.has_memory()
             with torch._C._DisableTorchDispatch():
                 self._in_entries = [entry(seq, schema.INPUT, i, t, skip=i in skip, alias=alias)
                                     for i, t in enumerate(call.inputs)]
