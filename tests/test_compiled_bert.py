@@ -21,6 +21,7 @@ import torch
 from _miscompile import inductor_cache
 
 from accuracy import dumper, load_dump
+from accuracy.aten import VIEW_PREFIXES
 from accuracy.compare import compare
 from accuracy.compare.compiled_align import compiled_pairs
 
@@ -89,3 +90,32 @@ def test_the_contiguous_tangent_pairs_with_the_expanded_gradient(dumps):
     [p] = [p for p in pairs if p.my_op is not None and p.my_op.op == "aten.copy_.default"
            and p.io == "output"]
     assert p.golden_op is not None and p.golden_op.op == "aten.expand.default", p.golden_op
+
+
+def test_the_cls_select_of_a_kernel_output_pairs_by_its_producer(dumps):
+    """The pooler's matmul reads `hidden[:, 0]` of the last LayerNorm kernel's output, a
+    strided view (`[2, 32]`, stride `(512, 1)`): it is recorded as a view of that kernel's
+    write and paired with the eager pooler's `select`, not by statistics (stored afresh and
+    paired by value before)."""
+    eager, comp = dumps
+    with load_dump(comp) as my, load_dump(eager) as golden:
+        pairs = compiled_pairs(my.records, golden.records)
+        writers = {t.row: r for r in my.records for t in r.outputs}
+        [mm] = [r for r in my.records if r.op == "aten.addmm.out" and r.phase == "forward"
+                and r.module.endswith("pooler.dense")]
+        [cls] = [t for t in mm.inputs if tuple(t.shape) == (2, 32) and t.stride == (512, 1)]
+        w = mm.extra.get("view_of", {}).get(f"i{cls.idx}")
+        assert w is not None and writers[w].op.startswith("inductor."), mm.extra
+        assert tuple(writers[w].outputs[[t.row for t in writers[w].outputs].index(w)].shape) \
+            == (2, 16, 32)
+        [p] = [p for p in pairs if p.my_op is mm and p.io == "input" and p.idx == cls.idx]
+        gop = next(r for r in golden.records if any(t.row == p.golden.row for t in r.outputs))
+        assert gop.op == "aten.select.int" and gop.module.endswith("pooler"), gop
+        # every input recorded as a view pairs with an eager view of its value, or nothing
+        views = [p for p in pairs if p.my_op is not None and p.io == "input"
+                 and f"i{p.idx}" in (p.my_op.extra.get("view_of") or {})]
+        assert len(views) >= 5
+        by_row = {t.row: r for r in golden.records for t in r.outputs}
+        for p in views:
+            if p.golden is not None and p.golden.row in by_row:
+                assert by_row[p.golden.row].op.startswith(VIEW_PREFIXES), by_row[p.golden.row]
