@@ -55,6 +55,13 @@ MOVEMENT: set[str] = {
 # uninitialised memory through a dump without torch.
 ALIAS_PREFIXES = ("aten.detach.", "aten.alias.", "aten.view.", "aten._reshape_alias.",
                   "aten.as_strided.", "aten.t.", "aten.transpose.")
+# Prefixes of ops whose output is a view of part or all of input 0's elements (a compiled
+# run's strided view of a kernel output pairs with the eager run's view of the same value).
+VIEW_PREFIXES = ALIAS_PREFIXES + (
+    "aten.select.", "aten.slice.", "aten.permute.", "aten.expand.", "aten.unsqueeze.",
+    "aten.squeeze.", "aten.narrow.", "aten.diagonal.", "aten._unsafe_view.", "aten.reshape.",
+    "aten.unfold.", "aten.split.", "aten.split_with_sizes.", "aten.unbind.", "aten.chunk.",
+    "aten.flatten.", "aten.movedim.", "aten.swapaxes.", "aten.unflatten.")
 OVERWRITE_PREFIXES = tuple(f"aten.{n}_" for n in (
     "zero", "fill", "normal", "uniform", "random", "bernoulli", "exponential", "geometric",
     "log_normal", "cauchy", "copy"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -269,6 +270,37 @@ def _replay_index(replay: Dump | None) -> dict[int, dict[str, Any]]:
         return {}
     return {r.seq: r.extra["replay"] for r in replay.records
             if isinstance(r.extra.get("replay"), dict)}
+
+
+def _first_reason(text: str) -> str:
+    """A replay reason's first clause, without the prefixes every kernel's reason shares."""
+    text = text.removeprefix("compiled kernel with no output to replay: ").split("; ")[0]
+    text = re.sub(r"^output \d+ not replayed: ", "", text)
+    return text[:100]
+
+
+def _kernel_replay(my: Dump, replay: Dump | None,
+                   rp: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """With a replay: how many compiled kernel launches of my run it judged (status ok: at
+    least one output re-run and measured) and why the others were not, by reason. A kernel
+    replay left unjudged gets no local verdict: the count is said, never a silent PASS."""
+    if replay is None:
+        return None
+    kernels = [r for r in my.records if is_kernel(r)]
+    if not kernels:
+        return None
+    why: dict[str, int] = {}
+    judged = 0
+    for r in kernels:
+        got = rp.get(r.seq)
+        if got is not None and got.get("status") == "ok":
+            judged += 1
+            continue
+        reason = "not in the replay" if got is None else (
+            f"{got.get('status')}: {_first_reason(str(got.get('reason') or ''))}")
+        why[reason] = why.get(reason, 0) + 1
+    return {"kernels": len(kernels), "judged": judged,
+            "reasons": dict(sorted(why.items(), key=lambda kv: -kv[1])[:5])}
 
 
 def _identity(i: int, s: _Spec) -> Row:
@@ -566,6 +598,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             "refusals": refusals,
             "blind": blind,
             "recompiles": recompile_lines(dm.attrs, "my") + recompile_lines(dg.attrs, "golden"),
+            "kernel_replay": _kernel_replay(dm, dr, rp),
         }
         log.info("compared %d rows, %.1f MB in %.2f s", len(rows), nbytes / 1e6, seconds)
         return Report(rows, analyse(rows, cfg, meta))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from accuracy.aten import VIEW_PREFIXES
 from accuracy.compare.align import Mapping, Pair, align
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
 
@@ -185,6 +186,55 @@ class _Pool:
         return [c for cs in self.by_key.values() for c in cs if c[1].row not in self.used]
 
 
+# Ops whose output holds input 0's value unchanged (dynamo's detach of a compiled output,
+# AccumulateGrad's detach of a gradient a kernel wrote)
+HOLDERS = ("aten.detach.default", "aten.alias.default")
+
+
+def _first(t: TensorRecord) -> int:
+    return t.first if t.first >= 0 else t.row
+
+
+def view_of(r: OpRecord, io: str, idx: int) -> int | None:
+    """The row of the write (a kernel's, an extern call's) whose memory tensor `idx` of `r`
+    is a strided view of (`hidden[:, 0]` of a kernel output), as the recorder found it."""
+    got = ((r.extra or {}).get("view_of") or {}).get(f"{io[0]}{idx}")
+    return got if isinstance(got, int) and not isinstance(got, bool) else None
+
+
+def _holds_compiled(r: OpRecord, compiled: set[int]) -> bool:
+    """A detach (alias) of my run whose input is a value the compiled program wrote, or a
+    strided view of one: it holds that value, so it pairs by its producer, never by its
+    position among the eager run's detaches."""
+    if r.op not in HOLDERS or not r.inputs or is_kernel(r):
+        return False
+    return _first(r.inputs[0]) in compiled or view_of(r, "input", 0) in compiled
+
+
+# Ops whose output is a copy of one input's value: op -> that input's position
+COPIES = {"aten.copy_.default": 1, "aten.clone.default": 0, "aten.lift_fresh_copy.default": 0}
+
+
+def _copied(r: OpRecord, t: TensorRecord) -> TensorRecord | None:
+    """The input whose value output `t` of a copy holds (the source of a `copy_`: the
+    contiguous tangent AOTAutograd makes of an expanded gradient), same dtype and shape."""
+    i = COPIES.get(r.op)
+    if i is None or t.idx != 0 or i >= len(r.inputs):
+        return None
+    src = r.inputs[i]
+    return src if src.dtype == t.dtype and tuple(src.shape) == tuple(t.shape) else None
+
+
+def _golden_views(golden: list[OpRecord]) -> dict[int, list[tuple[OpRecord, TensorRecord]]]:
+    """Golden tensor (its first row) -> the outputs of the view ops taken of it."""
+    out: dict[int, list[tuple[OpRecord, TensorRecord]]] = {}
+    for r in golden:
+        if r.inputs and r.op.startswith(VIEW_PREFIXES):
+            src = _first(r.inputs[0])
+            out.setdefault(src, []).extend((r, t) for t in r.outputs)
+    return out
+
+
 def _tensor_pairs(p: Pair) -> list[TensorPair]:
     out = []
     for io in ("input", "output"):
@@ -199,7 +249,15 @@ def _tensor_pairs(p: Pair) -> list[TensorPair]:
 def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping | None = None
                    ) -> list[TensorPair]:
     """Tensor pairs of a compiled run (my) against an eager run (golden), in my order."""
-    plain = [r for r in my if not is_kernel(r)]
+    compiled: set[int] = set()  # rows of values the compiled program wrote, or detached
+    holders: set[int] = set()
+    for r in my:
+        if _holds_compiled(r, compiled):
+            holders.add(r.seq)
+        elif not (is_kernel(r) or r.op.endswith(".out")):
+            continue
+        compiled.update(t.row for t in r.outputs)
+    plain = [r for r in my if not is_kernel(r) and r.seq not in holders]
     pairs = align(plain, golden, mapping)
     matched = {p.my.seq: p for p in pairs if p.my is not None and p.golden is not None}
     golden_free = [p.golden for p in pairs if p.my is None and p.golden is not None]
@@ -211,7 +269,29 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
     golden_of: dict[int, TensorRecord] = {}  # my tensor's first row -> golden tensor
     made: dict[int, OpRecord] = {}  # my tensor's first row -> the op that wrote it
     by_row = {t.row: r for r in golden for t in r.outputs + r.inputs}  # golden tensor -> op
+    gviews = _golden_views(golden)
     out: list[TensorPair] = []
+
+    def through_view(t: TensorRecord, w: int) -> tuple[tuple[OpRecord, TensorRecord] | None,
+                                                        str]:
+        """The golden value of `t`, a strided view of write `w`: the eager run's view of the
+        same shape of what `w` was paired with, nearest in statistics; (None, why) when
+        there is none, never a look-alike elsewhere in the run."""
+        producer = made.get(w)
+        what = f"{producer.op} seq {producer.seq}" if producer is not None else f"row {w}"
+        g = golden_of.get(w)
+        if g is None:
+            return None, (f"a view of what {what} wrote, which holds no value of the golden "
+                          "run")
+        n = math.prod(t.shape)
+        cands = [((vop, gt), _distance(t.stats, gt.stats, n)) for vop, gt in gviews.get(
+            _first(g), []) if gt.dtype == t.dtype and tuple(gt.shape) == tuple(t.shape)]
+        cands = [c for c in cands if c[1] <= MAX_DISTANCE]
+        if not cands:
+            return None, (f"a view of what {what} wrote; no view the eager run took of its "
+                          f"golden value ({by_row[g.row].op} seq {by_row[g.row].seq}) has "
+                          "this shape and values")
+        return min(cands, key=lambda c: c[1])[0], "as a view of its producer's golden value"
 
     def link(t: TensorRecord | None, g: TensorRecord | None) -> None:
         if t is not None and g is not None:
@@ -253,6 +333,32 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
                 # matmul wrote): that op's golden value, not a look-alike by statistics
                 g0 = golden_of[t.first]
                 hit, how = (by_row[g0.row], g0), "by its producer"
+            elif r.seq in holders:
+                # a detach of a compiled value: what it holds, or nothing (never the eager
+                # run's detach at the same position, nor a look-alike)
+                src = r.inputs[0]
+                g0 = golden_of.get(_first(src))
+                w = view_of(r, "input", 0)
+                if g0 is not None and tuple(g0.shape) == tuple(t.shape):
+                    hit, how = (by_row[g0.row], g0), "by its producer"
+                elif w is not None and tuple(t.shape) == tuple(src.shape):
+                    hit, how = through_view(t, w)
+                else:
+                    producer = made.get(_first(src))
+                    hit, how = None, (f"its producer ({producer.op} seq {producer.seq}) holds "
+                                      "no value of the golden run" if producer is not None
+                                      else "no golden value holds what it detaches")
+                if hit is None:
+                    rows.append(TensorPair(r, None, "output", t.idx, t, None,
+                                           f"only in my run: {how}", module=module))
+                    continue
+            elif not kernel and (src := _copied(r, t)) is not None \
+                    and _first(src) in golden_of:
+                # a copy holds its source's value: the golden value the source was paired
+                # with, never a look-alike by statistics (a tangent of ones is near a
+                # tanh_backward's output)
+                g0 = golden_of[_first(src)]
+                hit, how = (by_row[g0.row], g0), "by its source (a copy)"
             else:
                 hit, how = pool.take(r.phase, t, module), "by value"
             if hit is None:
@@ -278,7 +384,13 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
             g = golden_of.get(first)
             why = "no golden value matches this input"
             producer = made.get(first) if t.first != t.row else None
-            if g is None and producer is not None and producer.seq != r.seq:
+            w = view_of(r, "input", t.idx) if g is None and producer is None else None
+            if w is not None and w in made:
+                # a strided view of another launch's write (`hidden[:, 0]` of a kernel
+                # output): the eager run's view of that write's golden value
+                hit, why = through_view(t, w)
+                g = hit[1] if hit is not None else None
+            elif g is None and producer is not None and producer.seq != r.seq:
                 # the value another op (a kernel, an extern call) wrote: it is what that
                 # op's output was paired with, or nothing (never a look-alike by value)
                 why = (f"its producer ({producer.op} seq {producer.seq}) holds no value of "

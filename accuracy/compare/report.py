@@ -12,7 +12,7 @@ from typing import Any
 from accuracy.compare.judge import KERNEL_PREFIX
 from accuracy.compare.row import JUDGED, Row
 from accuracy.compare.row import Verdict as V
-from accuracy.compare.terminal import NOT_COMPARED, format_summary
+from accuracy.compare.terminal import NOT_COMPARED, NOT_REPLAYED, format_summary
 from accuracy.compare.writers import DEFAULT_FORMATS, WRITERS
 from accuracy.compare.writers import FORMATS as ALL_FORMATS
 from accuracy.errors import InputNotFoundError, OutputExistsError, UsageError
@@ -116,10 +116,29 @@ def analyse(rows: list[Row], cfg: dict[str, Any], meta: dict[str, Any]
                             f"{NOT_COMPARED}: {kernels - kernels_paired} of {kernels} outputs of "
                             "compiled kernels have no eager counterpart (their module or source "
                             "line differs from the golden run's: docs/compile.md)"]
+    _replay_coverage(summary, meta.get("kernel_replay"))
     first = [m for m in meta.get("refusals") or [] if "incomplete" in m]
     if first:  # the reason for missing rows comes before any count of them
         summary["warning"] = " ".join(first + [summary.get("warning", "")]).strip()
     return summary
+
+
+def _replay_coverage(summary: dict[str, Any], kr: dict[str, Any] | None) -> None:
+    """With a replay of a compiled run: how many kernel launches it judged, in `coverage`;
+    a note naming those it left unjudged, and a BLIND line when they are half or more (their
+    outputs get no local verdict: a PASS over them would be a PASS over code nobody re-ran)."""
+    if not kr or not kr.get("kernels"):
+        return
+    n, judged = int(kr["kernels"]), int(kr.get("judged", 0))
+    summary["coverage"].update(kernel_launches=n, kernels_replayed=judged)
+    if judged >= n:
+        return
+    why = "; ".join(f"{k} x{v}" for k, v in (kr.get("reasons") or {}).items())
+    line = f"{NOT_REPLAYED}: {n - judged} of {n} compiled kernels ({why})"
+    if judged < 0.5 * n:
+        summary["blind"] = [*(summary.get("blind") or []), line]
+    else:
+        summary["notes"] = [*summary.get("notes", []), line]
 
 
 def coverage(rows: list[Row], kernels: bool = False) -> tuple[int, int]:
@@ -150,12 +169,15 @@ def uncompared_phases(rows: list[Row]) -> dict[str, tuple[int, int]]:
 
 def mostly_uncompared(summary: dict[str, Any]) -> bool:
     """Fewer than half of my run's tensors, or of its compiled kernels' outputs, had a
-    golden counterpart, or a whole phase had none: the verdict covers too little of the run
-    to pass a pipeline."""
+    golden counterpart, or a whole phase had none, or (with a replay) fewer than half of its
+    kernel launches were judged by replay: the verdict covers too little of the run to pass
+    a pipeline."""
     c = summary.get("coverage") or {}
     mine, kernels = c.get("my_tensors", 0), c.get("kernel_outputs", 0)
+    launches = c.get("kernel_launches", 0)
     return (bool(mine) and c.get("compared", 0) < 0.5 * mine) or (
-        bool(kernels) and c.get("kernels_compared", 0) < 0.5 * kernels) or bool(
+        bool(kernels) and c.get("kernels_compared", 0) < 0.5 * kernels) or (
+        bool(launches) and c.get("kernels_replayed", 0) < 0.5 * launches) or bool(
         c.get("phases_uncompared", 0))
 
 

@@ -21,6 +21,7 @@ def _where(r: dict[str, Any]) -> str:
 
 
 NOT_COMPARED = "not compared"  # a BLIND line: most of my run had no golden counterpart
+NOT_REPLAYED = "not judged by replay"  # a BLIND line: most compiled kernels not re-run
 
 
 def verdict_text(s: dict[str, Any]) -> str:
@@ -35,7 +36,8 @@ def verdict_text(s: dict[str, Any]) -> str:
     subclasses = sum(1 for b in blind if "tensor subclass" in b)
     failed = sum(1 for b in blind if NOT_RECORDED in b)
     uncompared = [b for b in blind if f"{NOT_COMPARED}:" in b]  # "rank 1: not compared: ..."
-    n = len(blind) - subclasses - failed - len(uncompared)
+    unreplayed = [b for b in blind if f"{NOT_REPLAYED}:" in b]
+    n = len(blind) - subclasses - failed - len(uncompared) - len(unreplayed)
     parts = [f"{n} compiled region(s) not seen as compiled"] if n else []
     if subclasses:
         parts.append(f"{subclasses} tensor subclass(es) not seen into")
@@ -50,6 +52,9 @@ def verdict_text(s: dict[str, Any]) -> str:
     if uncompared and c.get("kernel_outputs"):
         parts.append(f"{c['kernel_outputs'] - c.get('kernels_compared', 0)} of "
                      f"{c['kernel_outputs']} compiled kernel outputs not compared")
+    if unreplayed and c.get("kernel_launches"):
+        parts.append(f"{c['kernel_launches'] - c.get('kernels_replayed', 0)} of "
+                     f"{c['kernel_launches']} compiled kernels not judged by replay")
     return f"{s['verdict'].upper()} over what was recorded only: {', '.join(parts)} (BLIND above)"
 
 

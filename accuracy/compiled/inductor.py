@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accuracy.compiled.names import split_root
+from accuracy.compiled.symbolic import layout_of, sizes_of
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +87,11 @@ class KernelInfo:
     # before the launch is that buffer's, read with its layout, not the output's (a reused
     # `[32, 64]` matmul result reinterpreted as a transposed `[2, 4, 16, 16]` holds the
     # matmul's value only when read as `[32, 64]`)
-    before_layout: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(
+    # (sizes of a `dynamic=True` program are expression text: compiled/symbolic.py)
+    before_layout: dict[str, tuple[tuple[int | str, ...], tuple[int | str, ...]]] = field(
         default_factory=dict)
+    # in-place output -> its own symbolic size: binds the layout's symbols at run time
+    before_sizes: dict[str, list[int | str]] = field(default_factory=dict)
     reference: dict[str, Any] | None = None  # for replay: compiled/reference.py
     # dynamo's compile of the frame (its backward graph is compiled under the same one): ties
     # a backward kernel to the region its forward ran in
@@ -342,6 +346,8 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
         layout = _layout(g, reuses[b])
         if layout is not None:
             info.before_layout[b] = layout
+            if any(isinstance(d, str) for d in layout[0] + layout[1]):
+                info.before_sizes[b] = sizes_of(g, b) or []
     irnames = [mutated.get(n, n) for n in names]  # an in-place output: its mutation's buffer
     try:
         info.graph_code = _subgraph_code(g, irnames, outputs,
@@ -416,16 +422,11 @@ def _compile_id() -> str:
         return ""
 
 
-def _layout(g: Any, name: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The size and stride of buffer or graph input `name` (None when symbolic)."""
-    try:
-        node = g.graph_inputs.get(name) if name in g.graph_inputs else g.try_get_buffer(name)
-        if node is None:
-            return None
-        return (tuple(int(s) for s in node.get_size()),
-                tuple(int(s) for s in node.get_stride()))
-    except Exception:  # noqa: BLE001 - symbolic or no layout: the output's own layout
-        return None
+def _layout(g: Any, name: str) -> tuple[tuple[int | str, ...], tuple[int | str, ...]] | None:
+    """The size and stride of buffer or graph input `name` (expression text where symbolic,
+    evaluated at run time from the output's shape), None when unknown."""
+    got = layout_of(g, name)
+    return None if got is None else (tuple(got[0]), tuple(got[1]))
 
 
 def _subgraph_code(g: Any, names: list[str], outputs: list[int],

@@ -91,13 +91,25 @@ def _input_node(g: Any, src: str, fused: set[Any], placeholders: dict[str, Any])
     return node
 
 
+def _is_sym(n: Any) -> bool:
+    """A node whose value is a symbolic size (a SymInt graph input, `sym_size`, `s0*s1`):
+    replay evaluates it from the launch's recorded shapes instead of computing it."""
+    from accuracy.compiled.symbolic import is_symbolic
+
+    return is_symbolic((getattr(n, "meta", None) or {}).get("val"))
+
+
 def _between(out: Any, inputs: dict[Any, int]) -> list[Any] | str:
-    """The nodes computing `out` from `inputs`, in graph order, or why there are none."""
+    """The nodes computing `out` from `inputs`, in graph order, or why there are none.
+    Symbolic sizes are leaves (written down as expressions, not as the ops computing them)."""
     seen: set[Any] = set()
     stack = [out]
     while stack:
         n = stack.pop()
         if n in seen or n in inputs:
+            continue
+        if n is not out and _is_sym(n):
+            seen.add(n)
             continue
         if n.op != "call_function":
             return f"reads {n.name} ({n.op}), which is not one of the kernel's input buffers"
@@ -146,6 +158,7 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
     import torch
     import torch.fx as fx
 
+    from accuracy.compiled.symbolic import is_symbolic, sizes_of, sym_text, symbolic
     from accuracy.dumpfile.argcodec import encode_call
 
     post = _fx_graph(g)
@@ -165,6 +178,15 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
                 if given is not None and n.name in given}
     nodes: list[dict[str, Any]] = []
     index: dict[Any, int] = {}  # node (of either graph) -> value index
+    sym_index: dict[int | str, int] = {}  # size expression -> value index
+
+    def sym_value(val: Any) -> int:
+        """The value index of a symbolic size: a `sym` node holding its expression."""
+        expr = sym_text(g, val)
+        if expr not in sym_index:
+            sym_index[expr] = len(srcs) + len(nodes)
+            nodes.append({"op": "sym", "expr": expr})
+        return sym_index[expr]
     out_idx: list[int | None] = []
     how: list[str] = []
     finished = _finished_in_place(g)
@@ -212,6 +234,9 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
             for n in chosen:
                 if n in index:
                     continue
+                if _is_sym(n) and n not in inputs:
+                    index[n] = sym_value(n.meta["val"])
+                    continue
                 dummies: dict[int, int] = {}
 
                 def ref(a: fx.Node, dummies: dict[int, int] = dummies,
@@ -220,8 +245,15 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
                     dummies[id(t)] = inputs[a] if a in inputs else index[a]
                     return t
 
-                args = fx.node.map_arg(n.args, ref)
-                kwargs = fx.node.map_arg(n.kwargs, ref)
+                def sym(a: Any, dummies: dict[int, int] = dummies) -> Any:
+                    if not is_symbolic(a):
+                        return a
+                    t = torch.empty(0)  # a SymInt in the arguments: its expression
+                    dummies[id(t)] = sym_value(a)
+                    return t
+
+                args = fx.node.map_aggregate(fx.node.map_arg(n.args, ref), sym)
+                kwargs = fx.node.map_aggregate(fx.node.map_arg(n.kwargs, ref), sym)
                 text = encode_call(args, kwargs,
                                    lambda t, dummies=dummies: dummies[id(t)])
                 if '"__repr__"' in text:
@@ -234,4 +266,10 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
             continue
         out_idx.append(inputs[node] if node in inputs else index[node])
         how.append(kind)
-    return {"inputs": [s for s, _ in srcs], "nodes": nodes, "outputs": out_idx, "graph": how}
+    ref = {"inputs": [s for s, _ in srcs], "nodes": nodes, "outputs": out_idx, "graph": how}
+    in_sizes = [sizes_of(g, src) for _, src in srcs]
+    out_sizes = [sizes_of(g, names[i]) for i in outputs]
+    if sym_index or any(symbolic(d) for d in in_sizes + out_sizes):
+        # a dynamic-shape kernel: replay binds the symbols from the recorded shapes
+        ref["sizes"] = {"inputs": in_sizes, "outputs": out_sizes}
+    return ref

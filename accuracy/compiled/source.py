@@ -22,6 +22,7 @@ from accuracy.aten import OpPlan
 from accuracy.compiled import graphs
 from accuracy.compiled.inductor import KernelInfo, Origin
 from accuracy.compiled.names import RegionCall
+from accuracy.dumpfile import symsizes
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,20 @@ def _plan(name: str) -> OpPlan:
                   amp=False)
 
 
+def concrete_layout(layout: Any, sizes: list[Any], shape: tuple[int, ...]
+                    ) -> tuple[list[int], list[int]] | None:
+    """A symbolic (size, stride) evaluated with the symbols that `shape`, the live shape of
+    a buffer of symbolic size `sizes`, binds; None when it binds too few."""
+    if len(sizes) != len(shape):
+        return None
+    try:
+        env = symsizes.bind(zip(sizes, shape, strict=True))
+        return ([int(symsizes.evaluate(d, env)) for d in layout[0]],
+                [int(symsizes.evaluate(d, env)) for d in layout[1]])
+    except ValueError:
+        return None
+
+
 class CompiledSource:
     """Writes kernel rows for one dumper while its dispatch mode is on the stack."""
 
@@ -74,7 +89,7 @@ class CompiledSource:
         if rec is None or rec.failed or not self.watch._active():
             return
         with torch._C._DisableTorchDispatch():
-            views = [self._as_before(t, info.before_layout.get(b))
+            views = [self._as_before(t, info.before_layout.get(b), info.before_sizes.get(b))
                      if isinstance(t, torch.Tensor) else t
                      for b, t in zip(info.before, tensors, strict=False)]
             # what wrote that memory (an extern kernel's out=, an earlier kernel): the
@@ -86,11 +101,14 @@ class CompiledSource:
                                       for v in views]
 
     @staticmethod
-    def _as_before(t: torch.Tensor, layout: Any) -> torch.Tensor:
+    def _as_before(t: torch.Tensor, layout: Any, sizes: Any = None) -> torch.Tensor:
         """The value the memory of output `t` holds before the launch: the reused buffer's
         value, a view with that buffer's size and stride (the output's own view of the
         memory is another tensor); `t` as it is when the layout is unknown or does not fit
-        in its storage."""
+        in its storage. A symbolic layout (`dynamic=True`) is evaluated with the symbols
+        bound by `t`'s shape against its symbolic `sizes`."""
+        if layout is not None and sizes is not None:
+            layout = concrete_layout(layout, sizes, tuple(t.shape))
         if layout is not None:
             size, stride = layout
             need = 1 + sum((n - 1) * s for n, s in zip(size, stride, strict=True) if n > 0)

@@ -57,6 +57,37 @@ def _mem_keys(t: torch.Tensor) -> list[tuple]:
     return keys
 
 
+def _numel_of(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _span(offset: int, shape: Any, stride: Any) -> tuple[int, int]:
+    """The lowest and highest element offsets a strided layout reaches."""
+    lo = hi = offset
+    for n, s in zip(shape, stride, strict=True):
+        if n > 1:
+            if s >= 0:
+                hi += (n - 1) * s
+            else:
+                lo += (n - 1) * s
+    return lo, hi
+
+
+def _dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether a layout's elements fill one range of memory with no gap or overlap (a
+    permutation of a contiguous layout)."""
+    expected = 1
+    for n, s in sorted(((n, s) for n, s in zip(shape, stride, strict=True) if n != 1),
+                       key=lambda ns: ns[1]):
+        if s != expected:
+            return False
+        expected *= n
+    return True
+
+
 class TensorStates:
     """id -> (weakref, _version, value, storage pointer or 0)."""
 
@@ -93,6 +124,51 @@ class TensorStates:
         if not self._track:
             return None
         for key in _mem_keys(t):
+            hit = self._mem.get(key)
+            if hit is None:
+                continue
+            src = hit[0]()
+            if src is t:
+                continue
+            if src is None:
+                if not hit[3].expired():
+                    return hit[2]
+                continue
+            if key not in _mem_keys(src):
+                continue
+            try:
+                if src._version == hit[1]:
+                    return hit[2]
+            except RuntimeError:
+                continue
+        return None
+
+    def has_memory(self) -> bool:
+        """Whether any write was remembered by its memory (a compiled program ran)."""
+        return bool(self._mem)
+
+    def get_view(self, t: torch.Tensor) -> Any:
+        """The value of the write (put with `memory=True`) whose elements hold all of `t`'s,
+        when `t` is another view of part of them (`hidden[:, 0]` of a kernel's output, a
+        permuted or strided `reinterpret_tensor` of it), or None. Not the same state: `t`'s
+        values are a subset, in its own order. The write must be dense (its elements fill
+        one range of its memory) and still current, as for `get_alias`."""
+        if not self._track or not self._mem:
+            return None
+        try:
+            ptr = t.untyped_storage().data_ptr()
+            lo, hi = _span(t.storage_offset(), t.shape, t.stride())
+        except (RuntimeError, NotImplementedError):
+            return None
+        if not ptr or t.numel() == 0:
+            return None
+        for key in self._ptr_keys.get(ptr, ()):
+            if len(key) != 6 or key[2] != t.dtype or key[3] != t.device:
+                continue
+            off, shape, stride = key[1], key[4], key[5]
+            n = _numel_of(shape)
+            if not (off <= lo and hi < off + n and _dense(shape, stride)):
+                continue
             hit = self._mem.get(key)
             if hit is None:
                 continue

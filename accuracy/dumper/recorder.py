@@ -104,6 +104,8 @@ class Recorder:
         # per call, between before() and after()
         self._in_entries: list[TensorEntry] = []
         self._n_faults = 0
+        # seq -> {"i<idx>": row}: inputs that are strided views of a remembered write
+        self._views: dict[int, dict[str, int]] = {}
         # statistics mode with a spare core, every op shown to the recorder: large CPU
         # tensors' reductions run on a helper thread (accuracy/dumper/deferred_stats.py)
         # Opt-in (ACCURACY_STATS_THREAD=1) until it is timed on a quiet machine: one A/B at
@@ -118,6 +120,9 @@ class Recorder:
               extra: dict[str, Any]) -> None:
         """Queue one op record; a write failure stops the dump (or raises when strict)."""
         counter = iter(range(len(call.inputs)))
+        views = self._views.pop(call.seq, None) if self._views else None
+        if views:  # tensor ("i<idx>") -> the row of the write it is a strided view of
+            extra["view_of"] = views
         op = OpEntry(
             seq=call.seq, op=call.plan.name, phase=call.phase, module=call.module,
             source=call.source, stack=call.stack,
@@ -183,7 +188,9 @@ class Recorder:
         if self.want_inputs:
             seq, entry = call.seq, self.entry
             skip = self._uninit_in
-            alias = _is_out(call.plan)  # an extern kernel reading Inductor's buffers
+            # an extern kernel reading Inductor's buffers; once a compiled program ran,
+            # any op reading them (a fallback kernel, eager code given a compiled output)
+            alias = _is_out(call.plan) or self.seen.has_memory()
             with torch._C._DisableTorchDispatch():
                 self._in_entries = [entry(seq, schema.INPUT, i, t, skip=i in skip, alias=alias)
                                     for i, t in enumerate(call.inputs)]
@@ -332,6 +339,12 @@ class Recorder:
         seen = None if fresh else (link if link is not None else self.seen.get(t))
         if seen is None and alias and not fresh:
             seen = self.seen.get_alias(t)
+            if seen is None:
+                # part of what a launch wrote, seen through another view (`hidden[:, 0]`
+                # of a kernel's output): its own bytes, and which write it is a view of
+                view = self.seen.get_view(t)
+                if view is not None and view[0] >= 0:
+                    self._views.setdefault(seq, {})[f"{'io'[io]}{idx}"] = view[0]
         if seen is not None:
             entry.first, entry.stats = seen
             return entry

@@ -23,12 +23,14 @@ from typing import Any
 import torch
 
 from accuracy.aten import resolve_op
+from accuracy.dumpfile import symsizes
 from accuracy.dumpfile.argcodec import decode_call
 from accuracy.dumpfile.reader import OpRecord
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.rebuild import Unreplayable, _map, check_inputs, upcast_dtype
 
 MAX_NODES = 5000
+SYM = "sym"  # a reference node holding a symbolic size (its `expr`), not an op
 _active: dict[int, dict[str, Any]] | None = None
 
 
@@ -97,6 +99,9 @@ def _ops(nodes: list[dict[str, Any]]) -> list[Any]:
         if name == "getitem":
             fns.append(operator.getitem)
             continue
+        if name == SYM:  # a symbolic size: evaluated from the launch's bindings
+            fns.append(SYM)
+            continue
         if isinstance(name, str) and name.startswith("prims.inductor_"):
             # Inductor draws its randomness with its own prims (inductor_random, _randint,
             # _lookup_seed, _seeds): a kernel's draws cannot be reproduced
@@ -119,9 +124,10 @@ def _ops(nodes: list[dict[str, Any]]) -> list[Any]:
 
 
 def _graph_fn(nodes: list[dict[str, Any]], fns: list[Any], outputs: list[Any],
-              device: torch.device) -> Any:
+              device: torch.device, env: dict[str, int] | None = None) -> Any:
     """fn(*inputs, upcast=...) running the reference's ops; an output without a reference
-    is an empty placeholder (not measured), so the others keep their positions."""
+    is an empty placeholder (not measured), so the others keep their positions. `sym` nodes
+    take their value from `env`, the launch's symbolic sizes."""
 
     def run(*inputs: torch.Tensor, upcast: str = "none") -> list[torch.Tensor]:
         def dt(d: torch.dtype) -> torch.dtype:
@@ -129,6 +135,9 @@ def _graph_fn(nodes: list[dict[str, Any]], fns: list[Any], outputs: list[Any],
 
         values: list[Any] = list(inputs)
         for n, fn in zip(nodes, fns, strict=True):
+            if fn is SYM:
+                values.append(symsizes.evaluate(n.get("expr"), env or {}))
+                continue
             args, kwargs = decode_call(n["args"], values)
             if upcast != "none":
                 args, kwargs = _map(args, device, dt), _map(kwargs, device, dt)
@@ -140,6 +149,41 @@ def _graph_fn(nodes: list[dict[str, Any]], fns: list[Any], outputs: list[Any],
         return out
 
     return run
+
+
+def _bindings(ref: dict[str, Any], nodes: list[dict[str, Any]], inputs: list[Any],
+              outputs: list[Any]) -> dict[str, int]:
+    """The symbolic sizes of one launch of a `dynamic=True` kernel, bound from the shapes its
+    input and output buffers were recorded with (`sizes` of its reference); {} for a static
+    kernel. Unreplayable when a size its ops need is not bound, or the shapes contradict the
+    reference."""
+    exprs = [n.get("expr") for n in nodes if n.get("op") == SYM]
+    sizes = ref.get("sizes")
+    if not exprs and sizes is None:
+        return {}
+    if not isinstance(sizes, dict):
+        raise Unreplayable("compiled kernel with symbolic sizes but no recorded buffer sizes "
+                           "(damaged dump)")
+    pairs: list[tuple[Any, int]] = []
+    for key, recs in (("inputs", inputs), ("outputs", outputs)):
+        dims = sizes.get(key)
+        if not isinstance(dims, list) or len(dims) != len(recs):
+            raise Unreplayable("compiled kernel whose recorded buffer sizes are malformed "
+                               "(damaged dump)")
+        for d, t in zip(dims, recs, strict=True):
+            shape = list(getattr(t, "shape", None) or [])
+            if isinstance(d, list) and len(d) == len(shape):
+                pairs += list(zip(d, shape, strict=True))
+    try:
+        env = symsizes.bind(pairs)
+        for e in exprs:
+            symsizes.evaluate(e, env)
+    except symsizes.Unbound as e:
+        raise Unreplayable(f"compiled kernel ({e} by its buffers' recorded shapes)") from None
+    except ValueError as e:
+        raise Unreplayable(f"compiled kernel whose symbolic sizes do not fit its recorded "
+                           f"shapes: {str(e)[:200]}") from None
+    return env
 
 
 def replay_kernel(rec: OpRecord, device: torch.device, upcast: str,
@@ -162,6 +206,7 @@ def replay_kernel(rec: OpRecord, device: torch.device, upcast: str,
         raise Unreplayable("compiled kernel whose input buffer(s) "
                            f"{', '.join(map(str, missing[:3]))} were not recorded")
     fns = _ops(nodes)
+    env = _bindings(ref, nodes, [by_name[b] for b in inputs], rec.outputs)
     tensors = [cache.input(by_name[b], device) for b in inputs]
     notes = []
     device_outputs = []
@@ -178,7 +223,7 @@ def replay_kernel(rec: OpRecord, device: torch.device, upcast: str,
                              f"({str(kind)[:200]}): a pass that changed values is not seen")
     if not device_outputs:
         raise Unreplayable("compiled kernel with no output to replay: " + "; ".join(notes))
-    fn = _graph_fn(nodes, fns, outputs, device)
+    fn = _graph_fn(nodes, fns, outputs, device, env)
 
     def build(up: str) -> tuple[list[Any], dict[str, Any]]:
         return ([t.to(upcast_dtype(t.dtype, up), copy=True) for t in tensors], {"upcast": up})

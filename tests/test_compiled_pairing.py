@@ -1,0 +1,128 @@
+"""How the eager rows of a compiled run pair with an eager run (accuracy/compare/
+compiled_align.py), on crafted records (no compile): rows that hold a value the compiled
+program wrote pair with what holds that value in the eager run, never by their position among
+the eager run's ops of the same name, nor with a look-alike by statistics."""
+
+from __future__ import annotations
+
+from accuracy.compare.compiled_align import compiled_pairs
+from accuracy.dumpfile.reader import OpRecord, TensorRecord
+
+A = {"l2": 8.0, "mean": 0.1, "max": 2.0, "min": -2.0}
+B = {"l2": 8.2, "mean": 0.12, "max": 2.1, "min": -2.0}  # a look-alike of A
+ONES = {"l2": 8.0, "mean": 1.0, "max": 1.0, "min": 1.0}
+NEAR_ONES = {"l2": 7.9, "mean": 0.99, "max": 1.0, "min": 0.9}
+
+
+def _t(seq: int, idx: int, row: int, stats: dict, first: int | None = None, io: int = 1,
+       shape: tuple = (8, 8)) -> TensorRecord:
+    return TensorRecord(None, row, "op", seq, io, idx, "float32", shape, (), "cpu",
+                        -1, 0, row if first is None else first, dict(stats))
+
+
+def _out_buffer(seq: int, idx: int) -> TensorRecord:
+    """An extern kernel's `out=` buffer before it is written (its last input)."""
+    return _t(seq, idx, 1000 + seq, {}, first=-1, io=0, shape=(8,))
+
+
+def _op(seq: int, op: str, ins: list, outs: list, module: str = "M.lin",
+        phase: str = "backward", extra: dict | None = None) -> OpRecord:
+    return OpRecord(seq, op, phase, module, "", "", "", 0, extra or {}, ins, outs)
+
+
+def _output(pairs, op: OpRecord):
+    [p] = [p for p in pairs if p.my_op is op and p.io == "output"]
+    return p
+
+
+def test_a_detach_of_a_compiled_write_pairs_with_its_producer_not_by_position():
+    """AccumulateGrad's detach of a gradient an extern matmul wrote: the eager run has a
+    detach at the same place, of another tensor (a bias gradient). Positional alignment
+    paired the two; the detach holds the matmul's value."""
+    golden = [_op(0, "aten.mm.default", [], [_t(0, 0, 0, A)]),
+              _op(1, "aten.detach.default", [_t(1, 0, 1, B, first=90, io=0)],
+                  [_t(1, 0, 2, B, first=90)])]
+    mm = _op(0, "aten.mm.out", [], [_t(0, 0, 10, A)])
+    det = _op(1, "aten.detach.default", [_t(1, 0, 11, A, first=10, io=0)],
+              [_t(1, 0, 12, A, first=10)])
+    p = _output(compiled_pairs([mm, det], golden), det)
+    assert p.golden_op is golden[0] and "by its producer" in p.note, (p.golden_op, p.note)
+
+
+def test_a_detach_whose_producer_has_no_golden_value_stays_unpaired():
+    far = {"l2": 90.0, "mean": 5.0, "max": 9.0, "min": 1.0}
+    golden = [_op(0, "aten.mm.default", [], [_t(0, 0, 0, A)]),
+              _op(1, "aten.detach.default", [_t(1, 0, 1, B, first=90, io=0)],
+                  [_t(1, 0, 2, B, first=90)])]
+    mm = _op(0, "aten.mm.out", [], [_t(0, 0, 10, far)])  # no eager value near it
+    det = _op(1, "aten.detach.default", [_t(1, 0, 11, far, first=10, io=0)],
+              [_t(1, 0, 12, far)])  # stored afresh (a non-contiguous detach)
+    p = _output(compiled_pairs([mm, det], golden), det)
+    assert p.golden is None and "its producer (aten.mm.out seq 0)" in p.reason, p.reason
+
+
+def test_a_copy_pairs_with_its_sources_golden_value_not_a_look_alike():
+    """AOTAutograd makes a contiguous tangent of an expanded gradient of ones (`copy_` into
+    `empty_strided`): it held the value of the eager run's `expand`, not the nearest golden
+    value in statistics (a `tanh_backward` output near ones: a false warning on BERT)."""
+    golden = [_op(0, "aten.expand.default", [], [_t(0, 0, 0, ONES)]),
+              _op(1, "aten.tanh_backward.default", [], [_t(1, 0, 1, NEAR_ONES)],
+                  module="M.act")]
+    expand = _op(0, "aten.expand.default", [], [_t(0, 0, 10, ONES)])
+    empty = _op(1, "aten.empty_strided.default", [], [_t(1, 0, 11, {}, first=-1)])
+    copy = _op(2, "aten.copy_.default", [_t(2, 0, 12, {}, first=-1, io=0),
+                                         _t(2, 1, 13, ONES, first=10, io=0)],
+               [_t(2, 0, 14, ONES)])
+    p = _output(compiled_pairs([expand, empty, copy], golden), copy)
+    assert p.golden_op is golden[0] and "by its source" in p.note, (p.golden_op, p.note)
+
+
+def test_a_strided_view_of_a_compiled_write_pairs_with_the_eager_view_of_its_value():
+    """The pooler's matmul reads `hidden[:, 0]` of the LayerNorm kernel's output, a strided
+    `reinterpret_tensor` of it (recorded in `extra.view_of`): it pairs with the eager run's
+    select of the value that kernel output was paired with, not with a look-alike."""
+    v = {"l2": 3.0, "mean": 0.2, "max": 1.0, "min": -1.0}
+    v_select = {"l2": 3.05, "mean": 0.21, "max": 1.0, "min": -1.0}
+    golden = [_op(0, "aten.mm.default", [], [_t(0, 0, 0, A, shape=(4, 8))]),
+              _op(1, "aten.select.int", [_t(1, 0, 1, A, first=0, io=0, shape=(4, 8))],
+                  [_t(1, 0, 2, v_select, shape=(8,))]),
+              _op(2, "aten.exp.default", [], [_t(2, 0, 3, v, shape=(8,))])]  # a look-alike
+    mm = _op(0, "aten.mm.out", [], [_t(0, 0, 10, A, shape=(4, 8))])
+    user = _op(1, "aten.mul.out", [_t(1, 0, 11, v, io=0, shape=(8,)), _out_buffer(1, 1)],
+               [_t(1, 0, 12, {"l2": 50.0, "mean": 9.0, "max": 20.0, "min": 1.0}, shape=(8,))],
+               extra={"view_of": {"i0": 10}})
+    [p] = [p for p in compiled_pairs([mm, user], golden) if p.my_op is user and p.io == "input"]
+    assert p.golden is not None and p.golden.row == 2, (p.golden, p.reason)
+
+
+def test_a_view_of_a_write_without_golden_value_stays_unpaired():
+    v = {"l2": 3.0, "mean": 0.2, "max": 1.0, "min": -1.0}
+    far = {"l2": 90.0, "mean": 5.0, "max": 9.0, "min": 1.0}
+    golden = [_op(0, "aten.exp.default", [], [_t(0, 0, 0, v, shape=(8,))])]
+    mm = _op(0, "aten.mm.out", [], [_t(0, 0, 10, far, shape=(4, 8))])
+    user = _op(1, "aten.mul.out", [_t(1, 0, 11, v, io=0, shape=(8,)), _out_buffer(1, 1)], [],
+               extra={"view_of": {"i0": 10}})
+    [p] = [p for p in compiled_pairs([mm, user], golden) if p.my_op is user and p.io == "input"]
+    assert p.golden is None and "a view of what aten.mm.out seq 0 wrote" in p.reason, p.reason
+
+
+def test_a_view_is_found_only_inside_a_dense_current_write():
+    """`TensorStates.get_view`: a fresh strided view over part of what a launch wrote finds
+    that write (not as the same state: `get_alias` does not); memory the write does not hold
+    (a strided write's gaps), or a write since overwritten, is no view of it."""
+    import torch
+
+    from accuracy.dumper.identity import TensorStates
+
+    seen = TensorStates(track_storage=True)
+    buf = torch.randn(4, 8)
+    seen.put(buf, (7, "stats"), memory=True)
+    cls = buf.as_strided((4,), (8,), 0)  # buf[:, 0], a fresh object as Inductor hands it over
+    assert seen.get_alias(cls) is None and seen.get_view(cls) == (7, "stats")
+    assert seen.get_view(torch.randn(4)) is None
+    big = torch.randn(4, 16)
+    seen.put(big[:, ::2], (8, "stats"), memory=True)  # writes every other column only
+    gap = big.as_strided((4,), (2,), 1)  # odd columns of row 0: none of its elements
+    assert seen.get_view(gap) is None
+    buf.add_(1)  # written since: no longer that launch's value
+    assert seen.get_view(cls) is None
