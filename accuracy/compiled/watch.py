@@ -445,8 +445,9 @@ class DumperWatch(CompileWatch):
         self._inductor = inductor
         self.source = CompiledSource(owner, self)
 
-    def _entered(self, fn: Any, callback: Any) -> None:
-        super()._entered(fn, callback)
+    def _entered(self, fn: Any, callback: Any, args: tuple = (), kwargs: dict | None = None
+                 ) -> None:
+        super()._entered(fn, callback, args, kwargs)
         if self._current is not None:  # compiled code guards on the scope's global hooks
             keep = getattr(getattr(self._owner, "_scope", None), "keep_hooks", None)
             if keep is not None:
