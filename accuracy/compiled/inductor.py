@@ -27,6 +27,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from accuracy.compiled.irnodes import output_node
 from accuracy.compiled.names import split_root
 from accuracy.compiled.symbolic import layout_of, sizes_of
 
@@ -379,37 +380,10 @@ def _drop_partial(g: Any, info: KernelInfo) -> None:
         return
     for k, i in enumerate(info.outputs):
         b = info.buffers[i]
-        if b not in info.mutated and b in targets and k < len(ref["outputs"]):
+        if b not in info.mutated and b in targets and k < len(ref["outputs"]) \
+                and ref["outputs"][k] is not None:  # else its reason is said already
             ref["outputs"][k] = None
             ref["graph"][k] = PARTIAL
-
-
-def output_node(g: Any, name: str, follow_copy: bool = True) -> Any:
-    """The FX node whose value IR buffer `name` holds after its kernel: its origin node; for
-    a mutation of a graph input or an earlier buffer (no origin node of its own), the source
-    of the `copy_` into it (the `copy_` itself without `follow_copy`)."""
-    buf = g.try_get_buffer(name)
-    node = buf.get_origin_node() if hasattr(buf, "get_origin_node") else None
-    if node is None and buf is not None:
-        real = (getattr(getattr(g, "scheduler", None), "mutation_real_name", None)
-                or {}).get(name)
-        copies = [n for n in getattr(buf, "get_origins", lambda: ())()
-                  if "copy_" in str(getattr(n, "target", ""))]
-        into = [n for n in copies if n.args and getattr(n.args[0], "name", None) == real]
-        pick = into or copies
-        node = pick[0] if len(pick) == 1 else None
-    return _copied(node) if follow_copy else node
-
-
-def _copied(node: Any) -> Any:
-    """The node whose value a `copy_` into a mutated buffer writes (its source), else `node`:
-    an in-place write's value is its source's."""
-    for _ in range(8):
-        if node is None or "copy_" not in str(getattr(node, "target", "")) \
-                or len(node.args) < 2 or not hasattr(node.args[1], "meta"):
-            return node
-        node = node.args[1]
-    return node
 
 
 def _compile_id() -> str:

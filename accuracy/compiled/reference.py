@@ -24,6 +24,8 @@ import operator
 import weakref
 from typing import Any
 
+from accuracy.compiled.irnodes import copy_source, output_node
+
 log = logging.getLogger(__name__)
 
 GIVEN, PASSED = "given", "passed"  # the graph Inductor was given / after its post-grad passes
@@ -190,13 +192,11 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
     out_idx: list[int | None] = []
     how: list[str] = []
     finished = _finished_in_place(g)
-    from accuracy.compiled.inductor import _copied, output_node
-
     for i in outputs:
         # a write into a mutated buffer is the source of its `copy_`, looked up in each graph
         # from the copy (a pass may have put its own node between them)
         raw = output_node(g, names[i], follow_copy=False)
-        node = _copied(raw)
+        node = copy_source(raw)
         if names[i] in finished:
             out_idx.append(None)
             how.append(f"its buffer is finished in place by extern kernel {finished[names[i]]} "
@@ -216,7 +216,7 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
         why_given = "the graph before Inductor's passes was not copied"
         if given is not None:
             why_given = f"node {node.name} was added by Inductor's graph passes"
-            gnode = _copied(given[raw.name]) if raw.name in given else None
+            gnode = copy_source(given[raw.name]) if raw.name in given else None
             if gnode is not None:
                 got = _between(gnode, given_in)
                 if isinstance(got, list):
