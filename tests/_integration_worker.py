@@ -105,3 +105,8 @@ if __name__ == "__main__":
     rank = int(os.environ.get("RANK", 0))
     with open(os.path.join(out, f"result_{kind}_{rank}.json"), "w") as f:
         json.dump(result, f)
+    # gloo/DDP's C++ teardown at interpreter exit aborts now and then ("terminate called
+    # without an active exception", after Python finished): the result is written, leave
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
