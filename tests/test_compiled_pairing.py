@@ -126,3 +126,17 @@ def test_a_view_is_found_only_inside_a_dense_current_write():
     assert seen.get_view(gap) is None
     buf.add_(1)  # written since: no longer that launch's value
     assert seen.get_view(cls) is None
+
+
+def test_a_value_far_from_every_free_eager_value_stays_unpaired():
+    """An op of the compiled run that aligns with nothing and has no producer is paired by
+    value only with an eager value of its phase, dtype and shape whose statistics are near:
+    a far one is another value, not an error (Inductor's own intermediates read as errors)."""
+    far = {"l2": 90.0, "mean": 5.0, "max": 9.0, "min": 1.0}
+    golden = [_op(0, "aten.mul.Tensor", [], [_t(0, 0, 0, A)])]
+    add = _op(0, "aten.add.Tensor", [], [_t(0, 0, 10, far)])
+    p = _output(compiled_pairs([add], golden), add)
+    assert p.golden is None and "near it" in p.reason, (p.golden_op, p.reason)
+    near = _op(0, "aten.add.Tensor", [], [_t(0, 0, 10, B)])
+    p = _output(compiled_pairs([near], golden), near)
+    assert p.golden_op is golden[0] and "by value" in p.note
