@@ -140,3 +140,16 @@ def test_a_value_far_from_every_free_eager_value_stays_unpaired():
     near = _op(0, "aten.add.Tensor", [], [_t(0, 0, 10, B)])
     p = _output(compiled_pairs([near], golden), near)
     assert p.golden_op is golden[0] and "by value" in p.note
+
+
+def test_an_op_holding_bytes_another_op_wrote_pairs_with_that_ops_value():
+    """A view the dump stored as a link to an extern matmul's write (same bytes) holds the
+    matmul's value: it pairs with the golden value the matmul paired with, never with a
+    look-alike by statistics (an unrelated eager add of similar statistics)."""
+    golden = [_op(0, "aten.mm.default", [], [_t(0, 0, 0, A)]),
+              _op(1, "aten.add.Tensor", [], [_t(1, 0, 1, B)])]
+    mm = _op(0, "aten.mm.out", [], [_t(0, 0, 10, A)])
+    view = _op(1, "aten.view.default", [_t(1, 0, 11, A, first=10, io=0)],
+               [_t(1, 0, 12, A, first=10)])
+    p = _output(compiled_pairs([mm, view], golden), view)
+    assert p.golden_op is golden[0] and "by its producer" in p.note, (p.golden_op, p.note)
