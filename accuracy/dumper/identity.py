@@ -127,20 +127,8 @@ class TensorStates:
             hit = self._mem.get(key)
             if hit is None:
                 continue
-            src = hit[0]()
-            if src is t:
-                continue
-            if src is None:
-                if not hit[3].expired():
-                    return hit[2]
-                continue
-            if key not in _mem_keys(src):
-                continue
-            try:
-                if src._version == hit[1]:
-                    return hit[2]
-            except RuntimeError:
-                continue
+            if _still_current(key, hit, t):
+                return hit[2]
         return None
 
     def has_memory(self) -> bool:
@@ -172,20 +160,8 @@ class TensorStates:
             hit = self._mem.get(key)
             if hit is None:
                 continue
-            src = hit[0]()
-            if src is t:
-                continue
-            if src is None:
-                if not hit[3].expired():
-                    return hit[2]
-                continue
-            if key not in _mem_keys(src):
-                continue
-            try:
-                if src._version == hit[1]:
-                    return hit[2]
-            except RuntimeError:
-                continue
+            if _still_current(key, hit, t):
+                return hit[2]
         return None
 
     def put(self, t: torch.Tensor, value: Any, version: int | None = None,
@@ -230,3 +206,20 @@ class TensorStates:
                 del self._map[key]
             for key in self._ptr_keys.pop(ptr, ()):
                 self._mem.pop(key, None)
+
+
+def _still_current(key: tuple, hit: tuple, t: torch.Tensor) -> bool:
+    """Whether a write remembered by its memory (`key` -> `hit`) still holds for `t`: its
+    tensor object, while it lives, has the version it had and covers the same elements;
+    once gone, the memory's storage is the one it wrote (its weak reference not expired)."""
+    src = hit[0]()
+    if src is t:
+        return False
+    if src is None:
+        return not hit[3].expired()
+    if key not in _mem_keys(src):
+        return False
+    try:
+        return src._version == hit[1]
+    except RuntimeError:
+        return False
