@@ -31,6 +31,7 @@ import torch
 
 from accuracy.dumpfile import schema, staging
 from accuracy.dumpfile.checksum import ATTRS_HASH, NO_HASH, attrs_hash, content_hash, rows_hash
+from accuracy.dumpfile.reserve import SpaceReserve, give_back
 from accuracy.errors import AccuracyError, OutputExistsError
 from accuracy.outputs import writable_folder
 
@@ -93,7 +94,9 @@ class DiskFullError(AccuracyError, OSError):
 
 # Room kept free for the index rows and HDF5 metadata written at close. Stopping before the
 # disk is really full keeps the file consistent; HDF5 cannot recover from a failed write.
+# The same room is held past the file's end (see reserve.py) for the next flush and the close.
 _HEADROOM = 4 << 20
+_CLOSE_ROOM = 1 << 20  # what a commit or the close writes: status, attributes, metadata
 
 
 def check_dump_path(path: str | os.PathLike[str], overwrite: bool) -> Path:
@@ -159,7 +162,7 @@ class BlobSpace:
         self.chunk = chunk
         self.capacity = 0
         self._name = f.filename
-        self._fd = f.id.get_vfd_handle()  # the sec2 driver's descriptor (see _discard_writes)
+        self.fd = f.id.get_vfd_handle()  # the sec2 driver's descriptor (see _discard_writes)
         self._addr: list[int] = []  # file offset of each chunk
 
     def grow(self, size: int) -> None:
@@ -172,8 +175,8 @@ class BlobSpace:
                 raise DumpWriteError(f"HDF5 did not allocate chunk {c} of the blob")
             self._addr.append(addr)
         end = max(self._addr) + chunk if self._addr else 0
-        if os.fstat(self._fd).st_size < end:
-            os.ftruncate(self._fd, end)
+        if os.fstat(self.fd).st_size < end:
+            os.ftruncate(self.fd, end)
         self.capacity = size
 
     def shrink(self, size: int) -> None:
@@ -183,7 +186,7 @@ class BlobSpace:
 
     def write(self, data: memoryview, offset: int) -> None:
         """Write bytes at blob offset `offset` (inside the capacity), chunk run by chunk run."""
-        fd, chunk, addr = self._fd, self.chunk, self._addr
+        fd, chunk, addr = self.fd, self.chunk, self._addr
         pos, n = 0, len(data)
         while pos < n:
             c, within = divmod(offset + pos, chunk)
@@ -201,9 +204,13 @@ class BlobSpace:
 
 
 def _discard_writes(f: h5py.File) -> None:
-    """Point the file's descriptor at /dev/null: HDF5's later writes succeed, and vanish."""
+    """Point the file's descriptor at an anonymous memory file (or /dev/null where there is
+    none): HDF5's later writes and its truncation succeed, and vanish."""
     fd = f.id.get_vfd_handle()
-    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        null = os.memfd_create("accuracy-discarded-writes")
+    except (AttributeError, OSError):
+        null = os.open(os.devnull, os.O_RDWR)
     try:
         os.dup2(null, fd)
     finally:
@@ -351,10 +358,17 @@ class DumpWriter:
         self._op_rows: list[tuple[Any, ...]] = []
         self._tensor_rows: list[tuple[Any, ...]] = []
         self._n_ops = 0
+        self._n_committed = 0
         self._n_tensors = 0
         self._free_estimate = 0
         self.bytes_written = 0
         self.bytes_linked = 0
+        self._reserve = SpaceReserve(self._space.fd)
+        try:
+            self._hold(_HEADROOM)
+        except DiskFullError as e:  # nothing will be recorded: the dump stays empty
+            log.error("%s", e)
+            self.error = e
 
     def _run(self) -> None:
         last_flush = time.monotonic()
@@ -410,11 +424,28 @@ class DumpWriter:
         free = st.f_bavail * st.f_frsize  # the blob's bytes go straight to the file
         self._free_estimate = free - nbytes
         if nbytes + _HEADROOM > free:
-            raise DiskFullError(
-                f"disk almost full ({free / 1e6:.1f} MB free in {self.path.parent}): recording "
-                f"stopped after {self._n_ops + len(self._op_rows)} ops; the dump keeps them. "
-                "Free space, or dump less: mode='statistics', or ops=/modules= filters"
-            )
+            raise self._disk_full(f"disk almost full ({free / 1e6:.1f} MB free")
+
+    def _hold(self, nbytes: int) -> None:
+        """Hold `nbytes` of disk past the file's end for HDF5's next writes (see reserve.py)."""
+        try:
+            self._reserve.renew(nbytes)
+        except OSError as e:
+            raise self._disk_full(f"disk full ({e.strerror}") from None
+
+    def _disk_full(self, why: str) -> DiskFullError:
+        return DiskFullError(
+            f"{why} in {self.path.parent}): recording stopped after "
+            f"{self._n_ops + len(self._op_rows)} ops; the dump keeps the {self._n_committed} "
+            "written before. "
+            "Free space, or dump less: mode='statistics', or ops=/modules= filters"
+        )
+
+    def _pending_rows_size(self) -> int:
+        """An upper bound of the file space the rows waiting for `_flush` take."""
+        n = (len(self._op_rows) * schema.OP_ROW.itemsize
+             + len(self._tensor_rows) * (schema.TENSOR_ROW.itemsize + 64))
+        return n + 4 * sum(len(v) for r in self._op_rows for v in r if isinstance(v, str))
 
     def _append_bytes(self, arr: np.ndarray) -> int:
         off = self._blob_len
@@ -423,7 +454,9 @@ class DumpWriter:
         space = self._space
         if end > space.capacity:
             # allocated space is file space: doubling up to 64 MiB steps (never a 2x file)
-            space.grow(max(end, min(2 * space.capacity, space.capacity + _BLOB_GROW), _BLOB_CHUNK))
+            size = max(end, min(2 * space.capacity, space.capacity + _BLOB_GROW), _BLOB_CHUNK)
+            self._hold(size - space.capacity + _HEADROOM)  # the new chunks and what follows
+            space.grow(size)
         if arr.size:
             space.write(arr.data.cast("B"), off)
         self._blob_len = end
@@ -476,6 +509,9 @@ class DumpWriter:
         # Bytes first, then the tensor rows that point at them, then op rows, then the hash of
         # those rows, then the status counts that make them visible: a crash between any two
         # steps loses no committed row.
+        # HDF5 writes only here and at close, into space held first (a DiskFullError leaves
+        # the file as the last commit left it); its flush may truncate what was held away.
+        self._hold(self._pending_rows_size() + _HEADROOM)
         self._n_tensors, trows = self._append_rows(self._tensors, self._tensor_rows,
                                                    self._n_tensors)
         self._n_ops, orows = self._append_rows(self._ops, self._op_rows, self._n_ops)
@@ -487,13 +523,16 @@ class DumpWriter:
         self._tensor_rows.clear()
         self._op_rows.clear()
         self._file.flush()
+        self._hold(_CLOSE_ROOM)  # failing: the rows above are in the file, not committed
         self._status[:] = [self._n_ops, self._n_tensors, 0, self._blob_len]
         self._file.flush()
+        self._n_committed = self._n_ops
 
     def _finish(self, attrs: dict[str, Any], complete: bool) -> None:
         # Still in SWMR mode (HDF5 >= 1.10 lets a SWMR writer add attributes and shrink a
         # chunked dataset), so even a kill during close leaves a consistent file.
         self._flush()
+        self._hold(_CLOSE_ROOM)
         f = self._file
         if self._blob_len < self._space.capacity:
             self._space.shrink(self._blob_len)
@@ -506,33 +545,29 @@ class DumpWriter:
         f.attrs[ATTRS_HASH] = np.uint64(attrs_hash(dict(f.attrs.items())))
         f.flush()
         self._status[:] = [self._n_ops, self._n_tensors, int(ok), self._blob_len]
-        f.close()
+        f.close()  # HDF5 truncates the file to its end: what was held is given back
         self._release_handles()
 
     def _abandon(self) -> None:
-        """Close after a write error, keeping whatever was committed, exactly once.
+        """Close after the close failed, keeping whatever was committed, exactly once.
 
-        After a failed HDF5 write (ENOSPC on a disk another program filled) HDF5 cannot close
-        the file: its close retries the failed writes, fails half-way, and HDF5 then
-        segfaulted the training process at exit, closing the file again. So after such an
-        error the file's descriptor is pointed at /dev/null first: the close then succeeds
-        without touching the disk, and the file keeps what was committed before the error
-        (SWMR ordering: it reads like the file of a killed process). Should a close still
-        fail, its h5py objects are never freed (see `_keep_forever`).
+        The close failed in HDF5 (ENOSPC on a disk another program filled) or was refused for
+        want of held disk space. HDF5 cannot close such a file: its close retries the failed
+        writes, fails half-way, and HDF5 then segfaulted the training process at exit,
+        closing the file again. So the file's descriptor is pointed at /dev/null first: the
+        close then succeeds without touching the disk, and the file keeps what was committed
+        before (SWMR ordering: it reads like the file of a killed process, `complete` false
+        since it was created). Should a close still fail, its h5py objects are never freed
+        (see `_keep_forever`).
         """
-        f = self._file
-        hdf5_failed = isinstance(self.error, OSError | RuntimeError) and not isinstance(
-            self.error, DiskFullError)
         try:
-            if hdf5_failed:
-                _discard_writes(f)
-            else:
-                f.attrs["complete"] = False
-            f.close()
+            _discard_writes(self._file)
+            self._file.close()
         except Exception as e:  # noqa: BLE001
             log.error("could not close %s cleanly after an error: %s", self.path, e)
             _keep_forever({k: v for k, v in self.__dict__.items() if k.startswith("_")})
         self._release_handles()
+        give_back(self.path)  # the close above did not reach the disk
 
     def _release_handles(self) -> None:
         for name in ("_file", "_blob", "_space", "_ops", "_tensors", "_status"):

@@ -1,0 +1,123 @@
+"""Disk space held ahead of HDF5's writes: a disk another program fills never breaks a dump.
+
+Before, a flush that met ENOSPC half-way left index entries past the end-of-allocation the
+superblock records, and the dump's committed rows read as "actual len exceeds EOA" (about one
+run in five of tests/test_security_files.py's disk-filling test, which fills a real tmpfs;
+here the disk's answers are simulated, so every ordering is tried on any file system).
+"""
+
+import errno
+import logging
+import os
+
+import pytest
+
+from accuracy import dumper, load_dump
+from accuracy.dumpfile import reserve, writer
+from accuracy.examples import lm_batch, lm_step, tiny_lm
+
+
+def _held_past_end(path) -> int:
+    st = os.stat(path)
+    return st.st_blocks * 512 - st.st_size
+
+
+@pytest.fixture
+def holds_space(tmp_path):
+    f = tmp_path / "probe"
+    fd = os.open(f, os.O_RDWR | os.O_CREAT)
+    try:
+        probe = reserve.SpaceReserve(fd)
+        probe.renew(1 << 20)
+        if not probe.supported:
+            pytest.skip("this file system cannot hold blocks past a file's end (fallocate)")
+    finally:
+        os.close(fd)
+
+
+def _disk_filled_after_first_commit():
+    """SpaceReserve.renew failing with ENOSPC once the first commit's space was held (the
+    disk fills up during the run)."""
+    real, commits = reserve.SpaceReserve.renew, []
+
+    def renew(res, nbytes):
+        if commits:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if nbytes == writer._CLOSE_ROOM:
+            commits.append(nbytes)
+        return real(res, nbytes)
+    return renew
+
+
+def _dump_under(monkeypatch, tmp_path, renew, **kw):
+    monkeypatch.setattr(reserve.SpaceReserve, "renew", renew)
+    path = tmp_path / "run.h5"
+    model, batch = tiny_lm(), lm_batch()
+    with dumper(dump_path=path, flush_ops=64, **kw):
+        loss = lm_step(model, batch)
+    assert loss.isfinite()  # the step ran to the end
+    return path
+
+
+def test_a_disk_that_gives_no_more_space_stops_recording_with_a_readable_dump(
+        tmp_path, monkeypatch, caplog):
+    with caplog.at_level(logging.ERROR):
+        path = _dump_under(monkeypatch, tmp_path, _disk_filled_after_first_commit())
+    assert "disk full" in caplog.text and "No space left on device" in caplog.text
+    with load_dump(path) as d:
+        assert not d.attrs["complete"]
+        assert 0 < len(d.records) < 300  # what came before is kept, nothing after
+        assert d.verify() == []
+
+
+def test_rows_are_written_only_into_space_held_first(tmp_path, monkeypatch):
+    real = reserve.SpaceReserve.renew
+
+    def for_rows_fails(res, nbytes):  # the hold taken before a flush's rows, after the open's
+        if nbytes > writer._HEADROOM:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(res, nbytes)
+    path = _dump_under(monkeypatch, tmp_path, for_rows_fails, mode="statistics")
+    with load_dump(path) as d:
+        assert d.records == [] and d.verify() == []
+
+
+def test_rows_are_committed_only_into_space_held_after_the_flush(tmp_path, monkeypatch):
+    real = reserve.SpaceReserve.renew
+
+    def for_commit_fails(res, nbytes):  # HDF5's flush may have freed what was held before
+        if nbytes == writer._CLOSE_ROOM:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(res, nbytes)
+    path = _dump_under(monkeypatch, tmp_path, for_commit_fails)
+    with load_dump(path) as d:  # the rows are in the file, the commit that shows them is not
+        assert d.records == [] and d.verify() == []
+
+
+def test_a_blob_growth_the_disk_cannot_hold_stops_before_hdf5_allocates_it(
+        tmp_path, monkeypatch, caplog):
+    real = reserve.SpaceReserve.renew
+
+    def for_big_holds_fails(res, nbytes):
+        if nbytes > 8 << 20:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(res, nbytes)
+    with caplog.at_level(logging.ERROR):
+        path = _dump_under(monkeypatch, tmp_path, for_big_holds_fails, mode="tensor")
+    assert "disk full" in caplog.text  # at the growth past 8 MiB, of a step's ~17 MB
+    with load_dump(path) as d:
+        assert not d.attrs["complete"] and d.records
+        assert d.verify() == []
+
+
+def test_an_abandoned_dump_gives_its_held_space_back(tmp_path, monkeypatch, holds_space):
+    def close_fails(self, attrs, complete):
+        raise OSError(errno.ENOSPC, "No space left on device")  # HDF5 failed: the abandon path
+
+    monkeypatch.setattr(writer.DumpWriter, "_finish", close_fails)
+    path = tmp_path / "run.h5"
+    with dumper(dump_path=path, mode="tensor", flush_ops=64):
+        lm_step(tiny_lm(), lm_batch())
+    assert _held_past_end(path) < 1 << 20
+    with load_dump(path) as d:  # what was committed before the failed close is kept
+        assert d.records and d.verify() == []
