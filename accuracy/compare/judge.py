@@ -211,14 +211,46 @@ def _use_emulated(rows: list[Row], sec: dict[str, Any]) -> dict[int, str]:
     return notes
 
 
+def _kernel_inputs(rows: list[Row]) -> dict[int, list[Row]]:
+    """A compiled kernel's input rows by its seq: its outputs pair with eager ops one by one
+    (by origin), so the inputs that count are all of the kernel's, whatever they pair with."""
+    out: dict[int, list[Row]] = defaultdict(list)
+    for r in rows:
+        if r.kind == "op" and r.io == "input" and r.seq_my is not None \
+                and (r.op or "").startswith(KERNEL_PREFIX):
+            out[r.seq_my].append(r)
+    return out
+
+
+def _unknown_given(o: Row, ins: list[Row]) -> None:
+    """A kernel output some of whose inputs have no golden value: how much deviation it was
+    given is unknown, so amplification cannot clear or blame it (counting those inputs as
+    exact made a backward kernel the culprit of a forward fault). At most a warning."""
+    blind = [r for r in ins if r.verdict == V.UNMATCHED]
+    o.amplification = None
+    if o.accumulated_verdict in (V.WARNING, V.ERROR):
+        o.verdict = V.WARNING
+    else:
+        o.verdict = V.PASS
+    note = (f"{len(blind)} of its {len(ins)} inputs have no golden value: how much of its "
+            "deviation it was given is unknown (a replay, `compare -r`, judges the kernel)")
+    o.message = "; ".join([m for m in [o.message] if m] + [note])
+
+
 def _judge_amplification(groups: list[tuple[list[Row], list[Row]]], sec: dict[str, Any],
-                         pending: set[int]) -> None:
+                         pending: set[int], kernel_ins: dict[int, list[Row]]) -> None:
     """No local error: amplification of the deviation the op was given."""
     todo = []
     for ins, outs in groups:
-        dev_in = [d for d in (deviation(r) for r in ins) if d is not None]
-        red_in = max(dev_in, default=0.0)
         for o in outs:
+            mine = kernel_ins.get(o.seq_my, ins) if o.seq_my is not None else ins
+            if (o.op or "").startswith(KERNEL_PREFIX) and any(
+                    r.verdict == V.UNMATCHED for r in mine):
+                if o.index in pending:
+                    _unknown_given(o, mine)
+                continue
+            dev_in = [d for d in (deviation(r) for r in mine) if d is not None]
+            red_in = max(dev_in, default=0.0)
             d = deviation(o)
             if d is None:
                 continue
@@ -276,7 +308,7 @@ def judge(rows: list[Row], producers: dict[int, int | None],
              and o.io == "output" and o.local_error_ratio is not None]
     _judge_local(outs + alone, sec)
     pending = {o.index for o in outs if o.local_verdict is None}
-    _judge_amplification(groups, sec, pending)
+    _judge_amplification(groups, sec, pending, _kernel_inputs(rows))
     for ins, os_ in groups:
         for o in os_:
             if o.verdict not in _JUDGED or o.local_verdict is not None \

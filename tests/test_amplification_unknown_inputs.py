@@ -1,0 +1,68 @@
+"""A compiled kernel whose inputs have no golden value is not judged by amplification.
+
+Seen on a stranger's compiled CNN (conv2's output scaled 1.05 by a miscompile): a BatchNorm
+backward kernel read the max-pool gradient from a buffer with no eager counterpart, so every
+deviation it was given counted as zero; its amplification (1.6e7) made it the culprit of a
+forward fault. Its own share is unknown without a replay: at most a warning, never the culprit.
+"""
+
+from __future__ import annotations
+
+from accuracy.compare.judge import judge
+from accuracy.compare.report import analyse
+from accuracy.compare.row import Row
+from accuracy.compare.row import Verdict as V
+from accuracy.compare.verdict import load_config
+
+KERNEL = "inductor.cpp_fused_native_batch_norm_backward_0"
+
+
+def _op(first: int, op: str, seq: int, golden: int, ins: list[tuple[float | None, V]],
+        out_dev: float) -> list[Row]:
+    rows = []
+    for i, (dev, verdict) in enumerate(ins):
+        rows.append(Row(index=first + i, kind="op", op=op, io="input", tensor_index=i,
+                        seq_my=seq, seq_golden=golden, rel_euc_dist=dev, verdict=verdict,
+                        accumulated_verdict=verdict, dtype_my="float32"))
+    rows.append(Row(index=first + len(ins), kind="op", op=op, io="output", tensor_index=0,
+                    seq_my=seq, seq_golden=golden, rel_euc_dist=out_dev, verdict=V.ERROR,
+                    accumulated_verdict=V.ERROR, dtype_my="float32",
+                    compute_precision="float32"))
+    return rows
+
+
+def _judged(rows: list[Row]) -> tuple[list[Row], dict]:
+    cfg = load_config()
+    judge(rows, {}, cfg)
+    return rows, analyse(rows, cfg, {})
+
+
+def test_a_kernel_given_unpaired_inputs_is_a_warning_not_the_culprit():
+    # input 0 paired and exact, input 1 (the gradient it was given) with no golden value
+    rows, summary = _judged(_op(0, KERNEL, 23, 48, [(0.0, V.PASS), (None, V.UNMATCHED)], 0.05))
+    out = rows[-1]
+    assert out.verdict == V.WARNING and out.amplification is None
+    assert "1 of its 2 inputs have no golden value" in out.message
+    assert summary["culprit"] is None
+
+
+def test_a_kernel_whose_inputs_all_pair_is_still_blamed_by_amplification():
+    rows, summary = _judged(_op(0, KERNEL, 23, 48, [(0.0, V.PASS), (0.0, V.PASS)], 0.05))
+    assert rows[-1].amplification > 1e5
+    assert summary["culprit"]["index"] == rows[-1].index
+
+
+def test_an_eager_op_is_judged_on_its_paired_inputs_as_before():
+    rows, _ = _judged(_op(0, "aten.mul.Tensor", 5, 5, [(0.0, V.PASS), (None, V.UNMATCHED)],
+                          0.05))
+    assert rows[-1].amplification is not None and rows[-1].amplification > 1e5
+
+
+def test_a_kernel_input_paired_with_another_eager_op_still_explains_its_deviation():
+    # the gradient it was given pairs with convolution_backward's output (golden seq 42), its
+    # output with native_batch_norm_backward's (seq 48): the 5% is inherited, not the kernel's
+    rows = _op(0, KERNEL, 23, 48, [(0.05, V.ERROR), (0.0, V.PASS)], 0.05)
+    rows[0].seq_golden = 42
+    rows, summary = _judged(rows)
+    assert rows[-1].amplification < 2 and rows[-1].verdict == V.PASS
+    assert summary["culprit"] is None
