@@ -102,6 +102,11 @@ def origin_key(phase: str, module: str, source: str, op: str) -> tuple[str, str,
     return phase, _norm(module), source, op
 
 
+def _op_base(op: str) -> str:
+    """An ATen op without its overload: `aten.mul.out` and `aten.mul.Tensor` are one op."""
+    return op.rsplit(".", 1)[0]
+
+
 class _Pool:
     """Golden op outputs left unpaired, by (phase, dtype, shape) and by origin key."""
 
@@ -167,9 +172,11 @@ class _Pool:
         used.add(g.row)
         return (r, g), how
 
-    def take(self, phase: str, t: TensorRecord, module: str
+    def take(self, phase: str, t: TensorRecord, module: str, op: str = ""
              ) -> tuple[OpRecord, TensorRecord] | None:
-        """The golden value `t` holds: closest module first, then not yet paired, then
+        """The golden value `t` holds: closest module first, then the same ATen op (DDP's
+        reducer scales each gradient with `mul.out`, in another order than eager's: a
+        transposed weight of the module is as near by statistics), then not yet paired, then
         nearest statistics; None when none is near enough to be the same value."""
         n = math.prod(t.shape)
         cands = [(c, _distance(t.stats, c[1].stats, n))
@@ -177,7 +184,9 @@ class _Pool:
         cands = [(c, d) for c, d in cands if d <= MAX_DISTANCE]
         if not cands:
             return None
+        mine = _op_base(op)
         (r, g), _ = min(cands, key=lambda cd: (-_related(module, cd[0][0].module),
+                                               bool(mine) and _op_base(cd[0][0].op) != mine,
                                                cd[0][1].row in self.used, cd[1]))
         self.used.add(g.row)
         return r, g
@@ -360,7 +369,7 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
                 g0 = golden_of[_first(src)]
                 hit, how = (by_row[g0.row], g0), "by its source (a copy)"
             else:
-                hit, how = pool.take(r.phase, t, module), "by value"
+                hit, how = pool.take(r.phase, t, module, r.op), "by value"
             if hit is None:
                 rows.append(TensorPair(r, None, "output", t.idx, t, None,
                                        "only in my run: no eager value of this phase, dtype "

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from accuracy.compiled.names import RegionCall
+from accuracy.compiled.names import RegionCall, join_module
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +116,20 @@ def _describe(fn: Any, module_path: str, name_of: Callable[[Any], str | None] | 
         head, _, rest = path.partition(".")
         if head == "OptimizedModule" or not path:
             path = cls + (f".{rest}" if rest else "")
-        return f"{path} ({cls})", "module", path
+        return f"{path} ({cls})", "module", join_module(path, _traced_inside(target))
     qual = getattr(inner, "__qualname__", None) or repr(inner)
     mod = getattr(inner, "__module__", "") or ""
     return (f"{mod}.{qual}" if mod else qual), "function", path
+
+
+def _traced_inside(module: Any) -> str:
+    """The path of the submodule whose frame dynamo traces when `module` is compiled ('' for
+    the module itself): DDP's own forward is skipped by dynamo, which traces the wrapped
+    module's (its `nn_module_stack` says `L['self'].ln` for `DistributedDataParallel.module.ln`)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    inner = getattr(module, "_orig_mod", module)
+    return "module" if isinstance(inner, DistributedDataParallel) else ""
 
 
 def _eager_name(name: str, mod: Any) -> str:
