@@ -130,3 +130,46 @@ def test_a_fault_in_one_kernel_is_the_culprit(fault):
     assert len(seqs) == 1, seqs
     rep = compare(fault["compiled"], fault["eager"])
     assert rep.culprit is not None and rep.culprit["seq_my"] == seqs[0], rep.culprit
+
+
+def _graph(uses: str, seq_nr: int | None = 5) -> torch.fx.Node:
+    """A hand-made FX graph: `s`, a sum inside BatchNorm backward's decomposition (call
+    `seq_nr`), and its users as `uses` says; returns `s`."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    aten = torch.ops.aten
+
+    def node(target, args, orig, seq=seq_nr):
+        n = g.call_function(target, args)
+        n.meta.update(original_aten=orig, stack_trace='File "m.py", line 15')
+        if seq is not None:
+            n.meta["seq_nr"] = seq
+        return n
+
+    bn = aten.native_batch_norm_backward.default
+    s = node(aten.sum.dim_IntList, (x, [0]), bn)
+    if uses == "same call":
+        g.output(node(aten.mul.Tensor, (s, 2.0), bn))
+    elif uses == "view to another op":
+        v = node(aten.unsqueeze.default, (s, 0), bn)
+        g.output(node(aten.convolution_backward.default, (v,), aten.convolution_backward.default,
+                      4))
+    elif uses == "another call":
+        g.output(node(aten.mul.Tensor, (s, 2.0), bn, 6))
+    elif uses == "graph output":
+        node(aten.mul.Tensor, (s, 2.0), bn)
+        g.output(s)
+    return s
+
+
+@pytest.mark.parametrize("uses, seq_nr, inner", [
+    ("same call", 5, True),
+    ("same call", None, False),  # no autograd sequence number: calls cannot be told apart
+    ("view to another op", 5, False),
+    ("another call", 5, False),
+    ("graph output", 5, False),
+])
+def test_a_value_is_inner_only_when_its_own_call_alone_uses_it(uses, seq_nr, inner):
+    from accuracy.compiled.inductor import decomposition_inner
+
+    assert decomposition_inner(_graph(uses, seq_nr)) is inner
