@@ -200,3 +200,19 @@ def test_a_value_inside_a_decomposition_pairs_with_no_eager_output():
     k = _kernel(meta, A)  # the op's own output: paired by origin
     p = _output(compiled_pairs([k], golden), k)
     assert p.golden_op is golden[0] and "by origin" in p.note, (p.golden_op, p.note)
+
+
+def test_a_detach_of_a_parameter_pairs_with_the_eager_tensor_it_detaches():
+    """Dynamo detaches `conv1.bias` for the compiled graph; eager has no such detach. The
+    detach holds the parameter's value: eager's convolution reads it (bit-identical), while
+    BatchNorm's saved mean, of the same shape and near statistics, is another value (it read
+    as a false warning, cosine 0.989, and so did every later reader of the bias)."""
+    golden = [_op(0, "aten.convolution.default", [_t(0, 2, 0, A, io=0, shape=(8,))],
+                  [_t(0, 0, 1, ONES, shape=(4, 8))], module="CNN.conv1", phase="forward"),
+              _op(1, "aten.native_batch_norm.default", [],
+                  [_t(1, 1, 2, B, shape=(8,))], module="CNN.n1", phase="forward")]
+    detach = _op(0, "aten.detach.default", [_t(0, 0, 10, A, io=0, shape=(8,))],
+                 [_t(0, 0, 11, A, first=10, shape=(8,))], module="CNN.conv1", phase="forward")
+    p = _output(compiled_pairs([detach], golden), detach)
+    assert p.golden is golden[0].inputs[0] and "as the value it detaches" in p.note \
+        and "input 2" in p.note, (p.golden_op, p.note)

@@ -373,6 +373,13 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
                     rows.append(TensorPair(r, None, "output", t.idx, t, None,
                                            f"only in my run: {how}", module=module))
                     continue
+            elif not kernel and r.op in HOLDERS and r.inputs and t.idx == 0 \
+                    and _first(r.inputs[0]) not in made \
+                    and (hit := every.take(r.phase, r.inputs[0], r.module)) is not None:
+                # a detach of a value no op of the run wrote (a parameter dynamo detaches for
+                # the compiled graph): it holds that value, the eager tensor its input is
+                # (conv1.bias as eager's convolution read it), never a look-alike output
+                how = "as the value it detaches"
             elif not kernel and (src := _copied(r, t)) is not None \
                     and _first(src) in golden_of:
                 # a copy holds its source's value: the golden value the source was paired
@@ -393,7 +400,8 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
             link(t, g)
             note = (f"kernel {meta.get('node') or ''} fuses {', '.join(meta.get('fused') or [])}"
                     f"; matched {how} with golden {gop.op} seq {gop.seq} output {g.idx}") \
-                if kernel else f"matched {how} with golden {gop.op} output {g.idx}"
+                if kernel else (f"matched {how} with golden {gop.op} "
+                                f"{'output' if g in gop.outputs else 'input'} {g.idx}")
             rows.append(TensorPair(r, gop, "output", t.idx, t, g, module=module,
                                    source=meta.get("source") or r.source, note=note))
         ins: list[TensorPair] = []
