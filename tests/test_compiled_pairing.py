@@ -153,3 +153,66 @@ def test_an_op_holding_bytes_another_op_wrote_pairs_with_that_ops_value():
                [_t(1, 0, 12, A, first=10)])
     p = _output(compiled_pairs([mm, view], golden), view)
     assert p.golden_op is golden[0] and "by its producer" in p.note, (p.golden_op, p.note)
+
+
+def _placed(seq: int, op: str, module: str, outs: list, extra: dict | None = None
+            ) -> OpRecord:
+    """A row with a source line (origin pairing looks only at those)."""
+    return OpRecord(seq, op, "backward", module, "cnn.py:15", "", "", 0, extra or {}, [], outs)
+
+
+def _kernel(meta: dict, stats: dict) -> OpRecord:
+    out = {"node": "n", "op": "aten.where.self", "source": "cnn.py:15", "multi": False,
+           "fused": [], **meta}
+    return _placed(0, "inductor.cpp_fused_k_0", "CNN.n1", [_t(0, 0, 10, stats)],
+                   {"compiled": "inductor", "outputs": [out]})
+
+
+def test_a_buffer_pairs_with_its_own_op_on_the_line_before_a_look_alike_of_another_op():
+    """Inductor placed ReLU's `threshold_backward` under the max pool whose gradient it reads
+    (`CNN.pool`); eager ran it in `CNN`. Same line, no op of that module: the line's nearest
+    output was max pool's backward (a look-alike); the op itself, in the containing module,
+    is the value."""
+    golden = [_placed(0, "aten.max_pool2d_with_indices_backward.default", "CNN.pool",
+                      [_t(0, 0, 0, A)]),
+              _placed(1, "aten.threshold_backward.default", "CNN", [_t(1, 0, 1, B)])]
+    k = _kernel({"module": "CNN.pool", "orig": "aten.threshold_backward.default"}, A)
+    p = _output(compiled_pairs([k], golden), k)
+    assert p.golden_op is golden[1] and "by op and source line" in p.note, (p.golden_op,
+                                                                            p.note)
+    # an unrelated module's op of that name is not it: the line's look-alike stands
+    golden[1] = _placed(1, "aten.threshold_backward.default", "Other", [_t(1, 0, 1, B)])
+    p = _output(compiled_pairs([k], golden), k)
+    assert p.golden_op is golden[0] and "among its module and source line" in p.note
+
+
+def test_a_value_inside_a_decomposition_pairs_with_no_eager_output():
+    """BatchNorm backward's sum of grad * (x - mean), recorded as inside the op's
+    decomposition: eager's grad_bias of the same call, same shape and near statistics, is
+    not its value."""
+    golden = [_placed(0, "aten.native_batch_norm_backward.default", "CNN.n1",
+                      [_t(0, 2, 0, B)])]
+    meta = {"module": "CNN.n1", "orig": "aten.native_batch_norm_backward.default",
+            "op": "aten.sum.dim_IntList"}
+    k = _kernel({**meta, "inner": True}, A)
+    p = _output(compiled_pairs([k], golden), k)
+    assert p.golden is None and "inside the decomposition" in p.reason, (p.golden_op, p.reason)
+    k = _kernel(meta, A)  # the op's own output: paired by origin
+    p = _output(compiled_pairs([k], golden), k)
+    assert p.golden_op is golden[0] and "by origin" in p.note, (p.golden_op, p.note)
+
+
+def test_a_detach_of_a_parameter_pairs_with_the_eager_tensor_it_detaches():
+    """Dynamo detaches `conv1.bias` for the compiled graph; eager has no such detach. The
+    detach holds the parameter's value: eager's convolution reads it (bit-identical), while
+    BatchNorm's saved mean, of the same shape and near statistics, is another value (it read
+    as a false warning, cosine 0.989, and so did every later reader of the bias)."""
+    golden = [_op(0, "aten.convolution.default", [_t(0, 2, 0, A, io=0, shape=(8,))],
+                  [_t(0, 0, 1, ONES, shape=(4, 8))], module="CNN.conv1", phase="forward"),
+              _op(1, "aten.native_batch_norm.default", [],
+                  [_t(1, 1, 2, B, shape=(8,))], module="CNN.n1", phase="forward")]
+    detach = _op(0, "aten.detach.default", [_t(0, 0, 10, A, io=0, shape=(8,))],
+                 [_t(0, 0, 11, A, first=10, shape=(8,))], module="CNN.conv1", phase="forward")
+    p = _output(compiled_pairs([detach], golden), detach)
+    assert p.golden is golden[0].inputs[0] and "as the value it detaches" in p.note \
+        and "input 2" in p.note, (p.golden_op, p.note)

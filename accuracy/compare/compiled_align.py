@@ -114,6 +114,7 @@ class _Pool:
         self.by_key: dict[tuple, list[tuple[OpRecord, TensorRecord]]] = {}
         self.by_origin: dict[tuple, list[tuple[OpRecord, TensorRecord]]] = {}
         self.by_line: dict[tuple, list[tuple[OpRecord, TensorRecord]]] = {}
+        self.by_op: dict[tuple, list[tuple[OpRecord, TensorRecord]]] = {}
         for r in recs:
             key = origin_key(r.phase, r.module, r.source, r.op)
             for t in r.outputs:
@@ -121,6 +122,7 @@ class _Pool:
                 if r.source:
                     self.by_origin.setdefault(key, []).append((r, t))
                     self.by_line.setdefault(key[:3], []).append((r, t))
+                    self.by_op.setdefault((r.phase, r.source, r.op), []).append((r, t))
         self.used: set[int] = set()
 
     def take_origin(self, phase: str, t: TensorRecord, meta: dict
@@ -128,8 +130,12 @@ class _Pool:
         """The golden value a kernel buffer holds, found by where it was computed: the eager
         outputs of the same phase, module, source line and original ATen op, of its dtype and
         shape, in order (the first call not yet paired), nearest in statistics within one call;
-        an output of a multi-output node only by its own op and output index. Else the outputs
-        of that module and line, nearest in statistics. (None, why) when none holds it."""
+        an output of a multi-output node only by its own op and output index. Else the same op
+        on that line in a module containing (or inside) the buffer's (a backward node Inductor
+        placed in a neighbour's module: ReLU's `threshold_backward` under the max pool whose
+        gradient it reads), before any other op of the line: the op is the surer sign. Else
+        the outputs of that module and line, nearest in statistics. (None, why) when none
+        holds it."""
         module, source = meta.get("module") or "", meta.get("source") or ""
         op = meta.get("orig") or meta.get("op") or ""
         n = math.prod(t.shape)
@@ -160,12 +166,15 @@ class _Pool:
             found = near(self.by_origin.get(origin_key(phase, module, source, op), []))
             how = "origin"
             if not found:
+                found, how = near([c for c in self.by_op.get((phase, source, op), [])
+                                   if _related(module, c[0].module)]), "op"
+            if not found:
                 found, how = near(self.by_line.get((phase, _norm(module), source), [])), "line"
             if not found:
                 return None, ("only in my run: no eager value computed by this module and "
                               f"source line ({op}) holds it")
         used = self.used
-        if how == "origin":
+        if how in ("origin", "op"):
             (r, g), _ = min(found, key=lambda cd: (cd[0][1].row in used, cd[0][0].seq, cd[1]))
         else:
             (r, g), _ = min(found, key=lambda cd: (cd[0][1].row in used, cd[1]))
@@ -322,14 +331,26 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
         for t in r.outputs:
             meta = outs_meta[t.idx] if kernel and t.idx < len(outs_meta) else {}
             module = meta.get("module") or r.module
+            if kernel and meta.get("inner"):
+                # a value inside the decomposition of the op the user's code called (BatchNorm
+                # backward's sum of grad * (x - mean)): eager never materialises it, so no
+                # eager output of that op is its counterpart (replay still judges it)
+                rows.append(TensorPair(r, None, "output", t.idx, t, None,
+                                       f"only in my run: {meta.get('node') or 'a value'} is "
+                                       f"inside the decomposition of {meta.get('orig')}, "
+                                       "not one of its outputs", module=module,
+                                       source=meta.get("source")))
+                continue
             if kernel and meta.get("source"):  # a buffer with a known origin node
                 hit, how = pool.take_origin(r.phase, t, meta)
                 if hit is None:
                     rows.append(TensorPair(r, None, "output", t.idx, t, None, how,
                                            module=module, source=meta.get("source")))
                     continue
-                how = ("by origin (same module, source line and op)" if how == "origin"
-                       else "by value among its module and source line's outputs")
+                how = {"origin": "by origin (same module, source line and op)",
+                       "op": "by op and source line (in a module containing or inside its "
+                             "own)"}.get(how, "by value among its module and source line's "
+                                              "outputs")
             elif kernel and meta.get("multi"):
                 rows.append(TensorPair(r, None, "output", t.idx, t, None,
                                        f"only in my run: one output of {meta.get('op')} "
@@ -361,6 +382,13 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
                     rows.append(TensorPair(r, None, "output", t.idx, t, None,
                                            f"only in my run: {how}", module=module))
                     continue
+            elif not kernel and r.op in HOLDERS and r.inputs and t.idx == 0 \
+                    and _first(r.inputs[0]) not in made \
+                    and (hit := every.take(r.phase, r.inputs[0], r.module)) is not None:
+                # a detach of a value no op of the run wrote (a parameter dynamo detaches for
+                # the compiled graph): it holds that value, the eager tensor its input is
+                # (conv1.bias as eager's convolution read it), never a look-alike output
+                how = "as the value it detaches"
             elif not kernel and (src := _copied(r, t)) is not None \
                     and _first(src) in golden_of:
                 # a copy holds its source's value: the golden value the source was paired
@@ -381,7 +409,8 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
             link(t, g)
             note = (f"kernel {meta.get('node') or ''} fuses {', '.join(meta.get('fused') or [])}"
                     f"; matched {how} with golden {gop.op} seq {gop.seq} output {g.idx}") \
-                if kernel else f"matched {how} with golden {gop.op} output {g.idx}"
+                if kernel else (f"matched {how} with golden {gop.op} "
+                                f"{'output' if g in gop.outputs else 'input'} {g.idx}")
             rows.append(TensorPair(r, gop, "output", t.idx, t, g, module=module,
                                    source=meta.get("source") or r.source, note=note))
         ins: list[TensorPair] = []

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import re
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from accuracy.compiled.irnodes import output_node
@@ -65,6 +66,9 @@ class Origin:
     # and its module's class: named at run time as the eager dump names it (names.RegionCall)
     root: str = ""
     root_cls: str = ""
+    # a value inside the decomposition of `orig` (BatchNorm backward's sum of grad * x_hat),
+    # used only by that same call's other nodes: none of its outputs, so no eager value
+    inner: bool = False
 
 
 @dataclass
@@ -199,7 +203,10 @@ def _held(on: Any, buf: Any, nodes: list[Any]) -> Origin | None:
         return _origin(on)
     fits = [m for m in nodes if n in _numels(m)]
     fits.sort(key=lambda m: len(_numels(m)) == 1)  # multi-output nodes first
-    return _origin(fits[0]) if fits else _origin(on)
+    if fits:
+        return _origin(fits[0])
+    # a node of another size: not the value the buffer holds, so not known to be inner
+    return replace(_origin(on), inner=False)
 
 
 def _placed(meta: dict[str, Any]) -> bool:
@@ -230,6 +237,40 @@ def node_site(node: Any) -> tuple[str, str, str, str, str]:
     return root, module, typ, root_cls, source
 
 
+def _same_call(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two nodes' metadata say they come from one call of one ATen op: the same
+    `original_aten` (by name: the graph's copies are not one object), autograd sequence
+    number (`seq_nr`) and line. Without `seq_nr` never: two calls of one op in a row would
+    pass for one."""
+    orig, seq = a.get("original_aten"), a.get("seq_nr")
+    return (orig is not None and seq is not None and str(b.get("original_aten")) == str(orig)
+            and b.get("seq_nr") == seq and b.get("stack_trace") == a.get("stack_trace"))
+
+
+def decomposition_inner(node: Any) -> bool:
+    """Whether a node's value is a piece inside the decomposition of the ATen op the user's
+    code called, not one of that op's outputs: the node is not that op itself, and every use
+    of its value (through views and `getitem`s the same call takes) is another node of the same call
+    (BatchNorm backward's sum of grad * (x - mean), which only its grad_weight and
+    grad_input use). Eager never materialises it, so it must pair with no eager output."""
+    meta = getattr(node, "meta", {}) or {}
+    orig = meta.get("original_aten")
+    if orig is None or str(getattr(node, "target", "")) == str(orig):
+        return False
+    todo, seen = list(getattr(node, "users", ())), set()
+    while todo:
+        user = todo.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if getattr(user, "op", "") != "call_function" \
+                or not _same_call(meta, getattr(user, "meta", {}) or {}):
+            return False
+        if _is_view(user) or user.target is operator.getitem:  # its value, seen anew
+            todo.extend(user.users)
+    return bool(seen)
+
+
 def _origin(node: Any) -> Origin:
     """A node's op, module and source (`node_site`). A view of another node's value is
     described as that node (a view of `var_mean`'s output is one output of a multi-output
@@ -240,7 +281,8 @@ def _origin(node: Any) -> Origin:
     multi = index >= 0 or isinstance(meta.get("val"), tuple | list)
     orig = meta.get("original_aten")
     return Origin(node.name, str(getattr(node, "target", "")), module, typ, source, multi,
-                  str(orig) if orig is not None else "", index, root, root_cls)
+                  str(orig) if orig is not None else "", index, root, root_cls,
+                  inner=index < 0 and decomposition_inner(node))
 
 
 def _kernel_writes(call_args: Any, arg_types: Any) -> set[str] | None:

@@ -238,7 +238,9 @@ class CompiledSource:
             origins = info.origins.get(buf, [])
             prim = next((o for o in origins if o.node == info.primary.get(buf)), None)
             if prim is None and origins:
-                prim = origins[-1]
+                # a guess (no origin node: a buffer written in place): not known to hold a
+                # value inside a decomposition, which would leave a real output unpaired
+                prim = dataclasses.replace(origins[-1], inner=False)
         return prim
 
     @classmethod
@@ -255,4 +257,6 @@ class CompiledSource:
             out["orig"] = prim.orig
         if prim is not None and prim.index >= 0:
             out["index"] = prim.index
+        if prim is not None and prim.inner:  # inside `orig`'s decomposition: no eager value
+            out["inner"] = True
         return out
