@@ -17,7 +17,9 @@ from accuracy import DumpError, dumper, load_dump
 from accuracy.cli import main as cli_main
 from accuracy.examples import lm_batch, lm_step, tiny_lm
 
-KILLS = int(os.environ.get("ACCURACY_KILLS", "50"))
+# 25 kills at random moments in make test (each lands between other writes than the last);
+# the soak run (ACCURACY_SLOW=1) kills 200 times
+KILLS = int(os.environ.get("ACCURACY_KILLS", "200" if os.environ.get("ACCURACY_SLOW") else "25"))
 BASE = torch.arange(64, dtype=torch.float32)
 RUNNER = Path(__file__).with_name("_kill_runner.py")
 _CASE = itertools.count()
