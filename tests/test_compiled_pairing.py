@@ -216,3 +216,31 @@ def test_a_detach_of_a_parameter_pairs_with_the_eager_tensor_it_detaches():
     p = _output(compiled_pairs([detach], golden), detach)
     assert p.golden is golden[0].inputs[0] and "as the value it detaches" in p.note \
         and "input 2" in p.note, (p.golden_op, p.note)
+
+
+def test_out_calls_in_another_order_pair_by_value_not_by_position():
+    """DDP's reducer scales each gradient with `mul.out` when its bucket is ready: in another
+    order under the compiled backward than under eager's, with other ops between. Positional
+    alignment paired blocks.1.fc1's with blocks.0.fc1's (a false error, the culprit, on a
+    2-rank compiled DDP job); each pairs with its own module's value."""
+    def stats(i: int) -> dict:
+        return {"l2": 8.0 + 10 * i, "mean": 0.1 * (i + 1) * (-1) ** i, "max": 2.0 + 3 * i,
+                "min": -2.0 - i}
+
+    def run(order: list[int], detach_after: set[int], rows: int) -> list[OpRecord]:
+        out: list[OpRecord] = []
+        for b in order:
+            out.append(_op(len(out), "aten.mul.out", [], [_t(len(out), 0, rows + len(out),
+                                                               stats(b))], module=f"M.b{b}.fc1"))
+            if b in detach_after:
+                out.append(_op(len(out), "aten.detach.default", [],
+                               [_t(len(out), 0, rows + len(out), stats(9))], module=f"M.b{b}.ln"))
+        return out
+
+    golden = run([0, 1, 2, 3], {0, 1, 2}, 100)
+    mine = run([3, 1, 2, 0], {2}, 200)
+    pairs = compiled_pairs(mine, golden)
+    for r in mine:
+        if r.op == "aten.mul.out":
+            got = _output(pairs, r).golden_op
+            assert got is not None and got.module == r.module, (r.module, got)
