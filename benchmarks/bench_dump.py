@@ -230,6 +230,9 @@ def main() -> None:
         print(f"accuracy tensor / msprobe tensor time, round by round: "
               f"{spread(rel, '{:.2f}')} (goal <= 0.5: "
               f"{'met' if statistics.median(rel) <= 0.5 else 'not met'})")
+    elif msprobe_available():
+        print("msprobe side-by-side skipped: it runs only with --modes statistics,tensor "
+              "and without --no-msprobe")
     else:
         print("msprobe not installed in benchmarks/.msprobe-venv: side-by-side skipped "
               "(python3.11 -m venv benchmarks/.msprobe-venv && "
