@@ -13,8 +13,8 @@ most 1.2x compile time without it.
 Compile time is measured fairly: each side compiles in its own fresh process with its own
 fresh `TORCHINDUCTOR_CACHE_DIR` (cold: gcc builds every C++ kernel on both sides, nothing
 in-process is shared), then once more in a fresh process over the directory it filled (warm:
-both find their C++ kernels built). The FX-graph and AOTAutograd caches are off on both sides,
-as the dumper turns them off (a cached program has no hook lines). Compile time = first call
+a user's rerun; torch's FX-graph and AOTAutograd caches are on, as by default, on both sides:
+the dumped side's programs come back from them with their hook lines). Compile time = first call
 (forward and backward) minus a steady call of the same side (the bare side's step, the dumped
 side's statistics-mode recorded step), so recording itself is not counted as compiling.
 
@@ -40,13 +40,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _caches_off() -> None:
-    import torch
-
-    torch._inductor.config.fx_graph_cache = False
-    torch._functorch.config.enable_autograd_cache = False
-
-
 def _child_compile(side: str, tmp: Path) -> None:
     """One side's compile time in this fresh process (cache dir set by the parent)."""
     import torch
@@ -54,7 +47,6 @@ def _child_compile(side: str, tmp: Path) -> None:
     from accuracy import dumper
     from accuracy.examples import bench_setup, bench_step
 
-    _caches_off()
     model, batch = bench_setup()
     m = torch.compile(model)
 
@@ -90,7 +82,6 @@ def _child_steps(repeat: int, tmp: Path) -> None:
     from accuracy import dumper, load_dump
     from accuracy.examples import bench_setup, bench_step
 
-    _caches_off()
     model, batch = bench_setup()
     # Two compiled callables with their own code objects, so dynamo keeps one program for
     # each: the recorded side's, compiled under the dumper (with hook lines), and the bare

@@ -13,19 +13,27 @@ the recording source (`accuracy/compiled/source.py`), which writes one row per k
 the dumper's recorder. Extern kernels (mm, addmm, convolution...) are ATen calls the dumper's
 dispatch mode already sees at run time (it ignores compile internals only while compiling).
 
-While the wrapper is installed, Inductor's FX-graph and AOTAutograd caches are off: a cached
-program was generated without the hook lines.
+What a hook line needs at run time (the kernel's description) is written into the generated
+module itself, as one registration line per launch site at its top (`_register`), so a program
+Inductor's FX-graph or AOTAutograd cache hands back describes itself exactly as a fresh one:
+the caches stay on while the wrapper is installed. Hooked and plain programs must never be
+served for each other, so while installed the wrapper adds a tag to torch's cache keys
+(`torch.compiler.config.cache_key_tag`), one per version of the code that writes the lines.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
+import json
 import logging
 import operator
 import re
 import sys
 import threading
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from accuracy.compiled.irnodes import output_node
@@ -579,26 +587,27 @@ def install() -> None:
 
         def generate_kernel_call(self: Any, kernel_name: str, call_args: Any,
                                  *args: Any, **kwargs: Any) -> Any:
-            info = None
+            var = ""
             try:
                 seen = self.__dict__.setdefault("_accuracy_seen", set())
                 info = _describe(kernel_name, call_args, seen, getattr(self, "reuses", {}),
                                  _kernel_writes(call_args, kwargs.get("arg_types")))
-                if info is not None and info.before:
-                    self.writeline("from accuracy.compiled.inductor import _pre as _acc_pre; "
-                                   f"_acc_pre({info.kid}, [{', '.join(info.before)}])")
-                elif info is None:
-                    _unhooked(kernel_name, "it writes no buffer Inductor names as its output "
-                              "or as mutated")
+                if info is None:
+                    _unhooked_line(self, kernel_name, "it writes no buffer Inductor names as "
+                                   "its output or as mutated")
+                else:
+                    var = f"_acc_k{info.kid}"
+                    _module_line(self, f"{var} = _acc_register({kernel_text(info)!r})")
+                    if info.before:
+                        self.writeline(f"_acc_pre({var}, [{', '.join(info.before)}])")
             except Exception as e:  # noqa: BLE001 - codegen goes on without our line
                 log.exception("cannot hook kernel %s", kernel_name)
-                _unhooked(kernel_name, f"describing it failed ({type(e).__name__}: {e})")
-                info = None
+                _unhooked_line(self, kernel_name,
+                               f"describing it failed ({type(e).__name__}: {e})")
+                var = ""
             out = orig(self, kernel_name, call_args, *args, **kwargs)
-            if info is not None:
-                KERNELS[info.kid] = info
-                self.writeline("from accuracy.compiled.inductor import _hook as _acc_hook; "
-                               f"_acc_hook({info.kid}, [{', '.join(info.buffers)}])")
+            if var:
+                self.writeline(f"_acc_hook({var}, [{', '.join(info.buffers)}])")
             return out
 
         def wrap_extern(name: str) -> None:
@@ -609,21 +618,20 @@ def install() -> None:
                 return
 
             def generate(self: Any, node: Any, *args: Any, **kwargs: Any) -> Any:
-                eid = 0
+                var = ""
                 try:
                     site = _describe_extern(node)
                     if site is not None:
-                        eid = next(_ids)
-                        EXTERNS[eid] = site
-                        self.writeline("from accuracy.compiled.inductor import _extern as "
-                                       f"_acc_extern; _acc_extern({eid})")
+                        var = f"_acc_e{next(_ids)}"
+                        _module_line(self, f"{var} = _acc_register_extern("
+                                           f"{extern_text(site)!r})")
+                        self.writeline(f"_acc_extern({var})")
                 except Exception:  # noqa: BLE001 - codegen goes on without our line
                     log.debug("cannot mark extern kernel", exc_info=True)
-                    eid = 0
+                    var = ""
                 out = orig_ext(self, node, *args, **kwargs)
-                if eid:
-                    self.writeline("from accuracy.compiled.inductor import _extern as "
-                                   "_acc_extern; _acc_extern(0)")
+                if var:
+                    self.writeline("_acc_extern(0)")
                 return out
 
             _saved["ext_" + name] = orig_ext
@@ -633,10 +641,8 @@ def install() -> None:
                      "generate_fallback_kernel"):
             wrap_extern(name)
         _saved["gkc"] = (PythonWrapperCodegen, orig)
-        _saved["caches"] = (config.fx_graph_cache, fconfig.enable_autograd_cache)
         PythonWrapperCodegen.generate_kernel_call = generate_kernel_call
-        config.fx_graph_cache = False
-        fconfig.enable_autograd_cache = False
+        _tag_cache_keys(config, fconfig)
         from accuracy.compiled import reference
         reference.install()
 
@@ -647,9 +653,6 @@ def uninstall() -> None:
         _users = max(0, _users - 1)
         if _users or "gkc" not in _saved:
             return
-        from torch._functorch import config as fconfig
-        from torch._inductor import config
-
         cls, orig = _saved.pop("gkc")
         cls.generate_kernel_call = orig
         for key in [k for k in _saved if k.startswith("ext_")]:
@@ -657,4 +660,123 @@ def uninstall() -> None:
         _running_extern[0] = 0
         from accuracy.compiled import reference
         reference.uninstall()
-        config.fx_graph_cache, fconfig.enable_autograd_cache = _saved.pop("caches")
+        _untag_cache_keys()
+
+
+def hooks_tag() -> str:
+    """The cache-key tag of hooked programs: a digest of the code that writes the hook lines
+    and the descriptions they register, so a program cached by another version of it is
+    never served (its descriptions could be read wrongly)."""
+    if "tag" not in _TAG:
+        h = hashlib.sha256()
+        here = Path(__file__).resolve().parent
+        for f in sorted([*here.glob("*.py"), here.parent / "dumpfile" / "argcodec.py"]):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+        _TAG["tag"] = f"accuracy-kernel-hooks-{h.hexdigest()[:16]}"
+    return _TAG["tag"]
+
+
+_TAG: dict[str, str] = {}
+
+
+def _tag_cache_keys(config: Any, fconfig: Any) -> None:
+    """Tag torch's compile cache keys while programs are generated with hook lines (the
+    user's own tag kept in front); a torch without the tag turns the two caches off instead,
+    as a cached plain program has no hook lines."""
+    try:
+        from torch.compiler import config as cconfig
+
+        old = cconfig.cache_key_tag
+        cconfig.cache_key_tag = f"{old}|{hooks_tag()}" if old else hooks_tag()
+        _saved["tag"] = (cconfig, old)
+    except Exception as e:  # noqa: BLE001 - torch moved it: no cache is safe then
+        log.info("cannot tag torch's compile cache keys (%s): FX-graph and AOTAutograd "
+                 "caches off while recording", e)
+        _saved["caches"] = (config, fconfig, config.fx_graph_cache,
+                            fconfig.enable_autograd_cache)
+        config.fx_graph_cache = False
+        fconfig.enable_autograd_cache = False
+
+
+def _untag_cache_keys() -> None:
+    if "tag" in _saved:
+        cconfig, old = _saved.pop("tag")
+        cconfig.cache_key_tag = old
+    if "caches" in _saved:
+        config, fconfig, fx, aot = _saved.pop("caches")
+        config.fx_graph_cache, fconfig.enable_autograd_cache = fx, aot
+
+
+_IMPORT = ("from accuracy.compiled.inductor import _register as _acc_register, "
+           "_register_extern as _acc_register_extern, _unhooked as _acc_unhooked, "
+           "_hook as _acc_hook, _pre as _acc_pre, _extern as _acc_extern")
+
+
+def _module_line(wrapper: Any, line: str) -> None:
+    """Write `line` at the top level of the generated module: into the root wrapper's header
+    (a subgraph's wrapper emits none of its own), after our import, written once."""
+    root = wrapper.get_root_graph() if hasattr(wrapper, "get_root_graph") else wrapper
+    if not root.__dict__.get("_accuracy_import"):
+        root.imports.writeline(_IMPORT)
+        root._accuracy_import = True
+    root.header.writeline(line)
+
+
+def _unhooked_line(wrapper: Any, kernel: str, why: str) -> None:
+    """Have the generated module report a launch site without a hook each time it is loaded
+    (a cached program too); reported now when the line cannot be written."""
+    try:
+        _module_line(wrapper, f"_acc_unhooked({kernel!r}, {why!r})")
+    except Exception:  # noqa: BLE001 - never silently blind: say it now
+        log.debug("cannot write the unhooked line", exc_info=True)
+        _unhooked(kernel, why)
+
+
+def kernel_text(info: KernelInfo) -> str:
+    """A launch site's description as the JSON text its generated module registers."""
+    return json.dumps(dataclasses.asdict(info), separators=(",", ":"))
+
+
+def kernel_from_text(text: str) -> KernelInfo:
+    """The inverse of `kernel_text`."""
+    d = json.loads(text)
+    d["origins"] = {b: [Origin(**o) for o in os_] for b, os_ in d["origins"].items()}
+    d["held"] = {b: Origin(**o) for b, o in d["held"].items()}
+    d["before_layout"] = {b: (tuple(size), tuple(stride))
+                          for b, (size, stride) in d["before_layout"].items()}
+    return KernelInfo(**d)
+
+
+def extern_text(site: tuple[str, Origin, str]) -> str:
+    graph, origin, cid = site
+    return json.dumps([graph, dataclasses.asdict(origin), cid], separators=(",", ":"))
+
+
+def _register(text: str) -> int:
+    """Called at the top of a generated module as it is loaded (just generated, or handed
+    back by Inductor's caches): file one launch site's description under a fresh id, which
+    its hook lines pass. The compile running now is the site's (a cached program's own
+    compile ran in another process). Never raises: a description that cannot be read makes
+    the site an unhooked one, said as such."""
+    try:
+        info = kernel_from_text(text)
+    except Exception as e:  # noqa: BLE001 - the user's compile must go on
+        _unhooked("?", f"its recorded description could not be read ({type(e).__name__})")
+        return 0
+    info.kid = next(_ids)
+    info.compile_id = _compile_id() or info.compile_id
+    KERNELS[info.kid] = info
+    return info.kid
+
+
+def _register_extern(text: str) -> int:
+    """`_register` for an extern kernel call site (its FX node)."""
+    try:
+        graph, origin, cid = json.loads(text)
+        site = (graph, Origin(**origin), _compile_id() or cid)
+    except Exception:  # noqa: BLE001 - the call runs unmarked: its ATen rows stand
+        log.debug("cannot read an extern call site's description", exc_info=True)
+        return 0
+    eid = next(_ids)
+    EXTERNS[eid] = site
+    return eid
