@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from accuracy.dumpfile.compiled import NOT_RECORDED
+from accuracy.dumpfile.compiled import HOP_NOT_RECORDED, NOT_RECORDED
 
 
 def _fmt(v: Any) -> str:
@@ -35,10 +35,13 @@ def verdict_text(s: dict[str, Any]) -> str:
         return s["verdict"].upper()
     subclasses = sum(1 for b in blind if "tensor subclass" in b)
     failed = sum(1 for b in blind if NOT_RECORDED in b)
+    hops = sum(1 for b in blind if HOP_NOT_RECORDED in b)
     uncompared = [b for b in blind if f"{NOT_COMPARED}:" in b]  # "rank 1: not compared: ..."
     unreplayed = [b for b in blind if f"{NOT_REPLAYED}:" in b]
-    n = len(blind) - subclasses - failed - len(uncompared) - len(unreplayed)
+    n = len(blind) - subclasses - failed - hops - len(uncompared) - len(unreplayed)
     parts = [f"{n} compiled region(s) not seen as compiled"] if n else []
+    if hops:
+        parts.append(f"{hops} higher-order op(s) run without their ops recorded")
     if subclasses:
         parts.append(f"{subclasses} tensor subclass(es) not seen into")
     if failed:

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 if TYPE_CHECKING:
     from torch.distributed._tools.mod_tracker import ModTracker
 
+from accuracy import hops
 from accuracy.aten import returns_nothing, written_tensors
 
 from .faults import (
@@ -98,6 +99,11 @@ def _replace_output(out: Any, position: int, value: torch.Tensor) -> Any:
     items = list(out)
     items[position] = value
     return type(out)(items) if isinstance(out, tuple) else items
+
+def _hop_not_emulated(name: str) -> None:
+    log.warning("sim: higher-order op %s has no eager implementation to run inside: its ops "
+                "run on the host's numerics, not emulated", name)
+
 
 class SimMode(TorchDispatchMode):
     """Emulated accelerator: applies a numerics profile and faults to every ATen op on CPU.
@@ -260,8 +266,12 @@ class SimMode(TorchDispatchMode):
                           if isinstance(t, torch.Tensor)]
         self._pending_modules = tuple(self._modules())
 
+    supports_higher_order_operators = True  # FlexAttention, torch.cond...: accuracy/hops.py
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if hops.is_hop(func):  # its ATen ops come back here one by one, emulated
+            return hops.run(self, func, args, kwargs, _hop_not_emulated)
         call = self.calls
         self.calls += 1
         rule, fault_ids = self._plan(func)

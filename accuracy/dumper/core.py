@@ -22,6 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import accuracy
+from accuracy import hops
 from accuracy.aten import OpPlan, plan_of
 from accuracy.compiled.inductor import _running_extern
 from accuracy.dumper import collectives, guide_args
@@ -79,8 +80,12 @@ class _DumpMode(TorchDispatchMode):
         import torch._dynamo  # noqa: F401
         self.owner = owner
 
+    supports_higher_order_operators = True  # FlexAttention, torch.cond...: accuracy/hops.py
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if hops.is_hop(func):  # its ATen ops come back here one by one
+            return hops.run(self, func, args, kwargs, self.owner._hop_not_seen)
         return self.owner._on_op(func, args, kwargs)
 
     @classmethod
@@ -174,6 +179,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self._recorder: Recorder | None = None
         self._observers: tuple[Observer, ...] = ()
         self._failed_ops: dict[str, Any] = {}  # ops an observer failed on: count, first error
+        self._hops_not_seen: dict[str, int] = {}  # higher-order ops run without their ops seen
         f = self.filter
         # no filter at all: the loop skips the per-op checks
         self._everything = (not (f.ops or f.exclude_ops or f.modules) and f.steps is None
@@ -336,6 +342,14 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             failed["count"] += 1
             return False
 
+    def _hop_not_seen(self, name: str) -> None:
+        """A higher-order op ran with no implementation our mode can run inside: its ATen
+        ops are not in the dump (said first by every reader: dumpfile/compiled.py)."""
+        if name not in self._hops_not_seen:
+            log.warning("higher-order op %s has no eager implementation the dumper can run "
+                        "inside: it runs unrecorded (said in the dump)", name)
+        self._hops_not_seen[name] = self._hops_not_seen.get(name, 0) + 1
+
     @property
     def ops_recorded(self) -> int:
         """Ops written to the dump so far."""
@@ -363,6 +377,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             attrs["faults_applied"] = list(self._sim.applied)
         if self._failed_ops:
             attrs["ops_not_recorded"] = dict(self._failed_ops)
+        if self._hops_not_seen:
+            attrs["higher_order_ops_not_recorded"] = dict(self._hops_not_seen)
         try:
             writer.close(attrs, complete=complete and not rec.failed)
         except DumpWriteError as e:

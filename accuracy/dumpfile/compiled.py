@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 RECORDED = "recorded-compiled"
+HOP_NOT_RECORDED = "higher-order op"  # a HOP run without its ops seen (accuracy/hops.py)
 NOT_RECORDED = "ran but were not recorded"  # ops the dumper failed on (`ops_not_recorded`)
 
 
@@ -45,6 +46,12 @@ def blind_lines(attrs: dict[str, Any], side: str = "") -> list[str]:
         out.append(f"{who}{failed.get('count')!s} op(s) {NOT_RECORDED}: the dumper "
                    f"failed on them (first: {failed.get('first')!s}); their values are not in "
                    "the dump")
+    hops = attrs.get("higher_order_ops_not_recorded")
+    if isinstance(hops, dict):
+        for name, n in sorted(hops.items()):
+            out.append(f"{who}{n!s} call(s) of {HOP_NOT_RECORDED} {name!s} ran without the "
+                       "ops inside them recorded (no eager implementation the dumper can run "
+                       "inside); their values are not in the dump")
     subs = attrs.get("tensor_subclasses")
     if isinstance(subs, dict):
         for name, ops in sorted(subs.items()):
@@ -70,6 +77,7 @@ def blind_count(attrs: dict[str, Any]) -> int:
     return (sum(1 for r in regions(attrs) if r.get("status") != RECORDED)
             + (1 if isinstance(watch, str) and watch != "on" else 0)
             + (1 if isinstance(attrs.get("ops_not_recorded"), dict) else 0)
+            + (1 if isinstance(attrs.get("higher_order_ops_not_recorded"), dict) else 0)
             + (1 if isinstance(attrs.get("compiled_kernels_not_recorded"), dict) else 0))
 
 

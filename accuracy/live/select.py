@@ -7,6 +7,7 @@ factories) with the reason shown to the user, and the dumper's module scope and 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -14,12 +15,15 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from accuracy import hops
 from accuracy.aten import UNINITIALISED
 from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
 from accuracy.dumper.source import user_source
 from accuracy.patterns import module_matches, op_matches
 from accuracy.replay.ops import RNG_REASON, rng_disabled
 from accuracy.replay.registry import lookup_reference
+
+log = logging.getLogger(__name__)
 
 PHASES = (FORWARD, BACKWARD, OPTIMIZER)
 _COLLECTIVE_NAMESPACES = {"c10d", "_c10d_functional", "_c10d_functional_autograd",
@@ -91,6 +95,11 @@ class Selection:
         return not self.modules or any(module_matches(p, module) for p in self.modules)
 
 
+def _hop_not_checked(name: str) -> None:
+    log.warning("higher-order op %s has no eager implementation to run inside: its ops are "
+                "not checked", name)
+
+
 class _OwnerMode(TorchDispatchMode):
     """Hands every op to its owner's `_on_op`."""
 
@@ -98,7 +107,11 @@ class _OwnerMode(TorchDispatchMode):
         super().__init__()
         self.owner = owner
 
+    supports_higher_order_operators = True  # FlexAttention, torch.cond...: accuracy/hops.py
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if hops.is_hop(func):  # its ATen ops come back here one by one
+            return hops.run(self, func, args, kwargs or {}, _hop_not_checked)
         return self.owner._on_op(func, args, kwargs or {})
 
 
