@@ -101,29 +101,36 @@ def _hash_cost(path: Path) -> None:
     total = sum(r.nbytes for r in raws)
     parts = [part_size(str(t.dtype).removeprefix("torch."), t.element_size()) for t in tensors]
 
-    def best(fn) -> float:
-        times = []
-        for _ in range(3):
+    checks = {
+        "xxh3-64 content hash (schema 3)": lambda: [content_hash(r) for r in raws],
+        "xxh3-64 one-shot digest": lambda: [xxhash.xxh3_64_intdigest(r.data) for r in raws],
+        "bit-pattern sum, torch (stats path)": lambda: [_checksum(t) for t in tensors],
+        "bit-pattern sum, numpy (reader)": lambda: [
+            checksum(r, p) for r, p in zip(raws, parts, strict=True)],
+    }
+    # interleaved rounds, so a neighbour's burst slows every check of its round alike; the
+    # goal's figure is the median of the per-round ratios (one best-of-3 each side was not
+    # a figure anyone got again: 0.87 to 1.17 on one quiet machine)
+    times: dict[str, list[float]] = {k: [] for k in checks}
+    for _ in range(_HASH_ROUNDS):
+        for name, fn in checks.items():
             t0 = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    rows = {
-        "xxh3-64 content hash (schema 3)": best(lambda: [content_hash(r) for r in raws]),
-        "xxh3-64 one-shot digest": best(
-            lambda: [xxhash.xxh3_64_intdigest(r.data) for r in raws]),
-        "bit-pattern sum, torch (stats path)": best(lambda: [_checksum(t) for t in tensors]),
-        "bit-pattern sum, numpy (reader)": best(
-            lambda: [checksum(r, p) for r, p in zip(raws, parts, strict=True)]),
-    }
+            times[name].append(time.perf_counter() - t0)
     print(f"stored-bytes check over the tensor dump's {len(raws)} tensors, "
-          f"{total / 1e6:.0f} MB (best of 3, threads {torch.get_num_threads()}):")
-    for name, sec in rows.items():
+          f"{total / 1e6:.0f} MB ({_HASH_ROUNDS} interleaved rounds, median, threads "
+          f"{torch.get_num_threads()}):")
+    for name, secs in times.items():
+        sec = statistics.median(secs)
         print(f"  {name:38s} {sec * 1e3:8.1f} ms  {total / sec / 1e9:6.2f} GB/s")
-    h, s = rows["xxh3-64 content hash (schema 3)"], rows["bit-pattern sum, torch (stats path)"]
-    print(f"  content hash / torch sum: {h / s:.2f} (goal: no slower than the checksum: "
-          f"{'met' if h <= s else 'not met'})")
+    rel = ratios(times["xxh3-64 content hash (schema 3)"],
+                 times["bit-pattern sum, torch (stats path)"])
+    med = statistics.median(rel)
+    print(f"  content hash / torch sum, round by round: {spread(rel, '{:.2f}')} (goal: no "
+          f"slower than the checksum: {'met' if med <= 1 else 'not met'} by the median)")
+
+
+_HASH_ROUNDS = 9
 
 
 def _both(argv: list[str]) -> None:

@@ -18,6 +18,7 @@ Optimizer: torch.optim's global step hooks.
 
 from __future__ import annotations
 
+import logging
 import re
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,8 @@ from accuracy.dumper.fxnames import GraphNames, root_name
 
 if TYPE_CHECKING:
     from accuracy.aten import OpPlan
+
+log = logging.getLogger(__name__)
 
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
 _ORIG_MOD = re.compile(r"\._orig_mod(?=\.|$)")  # the module a compiled wrapper holds
@@ -128,10 +131,27 @@ def _install_hooks() -> None:
     if not _KEYS:
         _KEYS["pre"] = register_module_forward_pre_hook(_global_pre).id
         _KEYS["post"] = register_module_forward_hook(_global_post, always_call=True).id
+        _not_frames_to_compile(_global_pre, _global_post)
         return
     m._global_forward_pre_hooks[_KEYS["pre"]] = _global_pre
     m._global_forward_hooks[_KEYS["post"]] = _global_post
     m._global_forward_hooks_always_called[_KEYS["post"]] = True
+
+
+def _not_frames_to_compile(*fns: Any) -> None:
+    """A compiled module's wrapper (`OptimizedModule`) calls the global hooks from inside
+    dynamo's frame callback, which compiled each as a frame of its own (an empty graph, 0.1 s
+    of every compile under the dumper). Skipped as frames; still inlined where dynamo traces a
+    module call."""
+    try:
+        from torch._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+        for fn in fns:  # neither the hook nor what it calls
+            set_code_exec_strategy(fn.__code__,
+                                   FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    except Exception:  # noqa: BLE001 - torch moved it: the hooks compile as before
+        log.debug("cannot mark the global hooks as no frames to compile", exc_info=True)
 
 
 def _remove_hooks() -> None:
