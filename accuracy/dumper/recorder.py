@@ -24,6 +24,7 @@ from accuracy.aten import (
 )
 from accuracy.dumper import collectives
 from accuracy.dumper.deferred_stats import DeferredStats
+from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.identity import TensorStates, same_memory
 from accuracy.dumper.opcall import OpCall
 from accuracy.dumper.uninit import Uninitialised
@@ -66,6 +67,23 @@ def _numel(shape: tuple[int, ...]) -> int:
 def _is_out(plan: OpPlan) -> bool:
     """An ATen `out=` overload (`aten.mm.out`): how Inductor calls its extern kernels."""
     return plan.aten and plan.mutable and plan.name.endswith(".out")
+
+
+def out_positions(plan: OpPlan, args: tuple, kwargs: dict) -> list[int]:
+    """Where an `out=` call's out tensors sit among its flattened inputs (args, then kwargs):
+    memory the op overwrites without reading. What it held is no input of the op: garbage in
+    a compiled program's fresh buffer (Inductor allocates it outside the dispatcher), which two
+    compiled runs would otherwise compare as differing inputs."""
+    names = {name for _, name, kwarg_only in plan.overwrites if kwarg_only}
+    if not names:
+        return []
+    pos, found = len(tensors_in(args)), []
+    for key, value in kwargs.items():
+        n = len(tensors_in(value))
+        if key in names:
+            found.extend(range(pos, pos + n))
+        pos += n
+    return found
 
 
 def _contiguous(entry: TensorEntry) -> bool:
@@ -185,6 +203,9 @@ class Recorder:
         if uninit:
             with torch._C._DisableTorchDispatch():
                 self._uninit_in = [i for i, t in enumerate(call.inputs) if uninit.holds(t)]
+        if _is_out(call.plan):
+            outs = out_positions(call.plan, call.args, call.kwargs)
+            self._uninit_in = sorted({*self._uninit_in, *outs}) if outs else self._uninit_in
         if self.want_inputs:
             seq, entry = call.seq, self.entry
             skip = self._uninit_in
