@@ -244,3 +244,22 @@ def test_out_calls_in_another_order_pair_by_value_not_by_position():
         if r.op == "aten.mul.out":
             got = _output(pairs, r).golden_op
             assert got is not None and got.module == r.module, (r.module, got)
+
+
+A_ROUNDED = {"l2": 8.0000001, "mean": 0.1, "max": 2.0000002, "min": -2.0}  # A, to rounding
+
+
+def test_a_buffer_pairs_with_the_lines_value_equal_to_rounding_before_its_ops_look_alike():
+    """Tiny GPT-2's SDPA (head dim = sequence length): Inductor fuses the scaling of k^T into
+    a `clone`; eager's only `clone` of that line is of the scaled q, alike in statistics. The
+    line's `mul.Scalar` output with the buffer's statistics to rounding holds its value."""
+    golden = [_placed(0, "aten.mul.Scalar", "CNN.n1", [_t(0, 0, 0, A_ROUNDED)]),
+              _placed(1, "aten.clone.default", "CNN.n1", [_t(1, 0, 1, B)])]
+    k = _kernel({"module": "CNN.n1", "op": "aten.clone.default",
+                 "orig": "aten.clone.default"}, A)
+    p = _output(compiled_pairs([k], golden), k)
+    assert p.golden_op is golden[0] and "statistics equal to rounding" in p.note, p.note
+    # no value of the line equal to rounding: its op's look-alike, by origin, as before
+    golden[0] = _placed(0, "aten.mul.Scalar", "CNN.n1", [_t(0, 0, 0, ONES)])
+    p = _output(compiled_pairs([k], golden), k)
+    assert p.golden_op is golden[1] and "by origin" in p.note, p.note

@@ -24,6 +24,7 @@ from accuracy.compare.align import Mapping, Pair, align
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
 
 MAX_DISTANCE = 1.0  # statistics further apart than this hold different values, not an error
+SAME_VALUE = 1e-3  # statistics this near (in golden RMS units) are one value, to rounding
 # Inductor's lowerings of a multi-output op, output -> the output of the op the user's code
 # called (`original_aten`) that it is: max_pool's values (its int8 offsets are no eager value).
 # Not `var_mean` under `native_layer_norm`: a piece of the decomposition, not its outputs.
@@ -165,6 +166,16 @@ class _Pool:
         else:
             found = near(self.by_origin.get(origin_key(phase, module, source, op), []))
             how = "origin"
+            if found and min(d for _, d in found) > SAME_VALUE:
+                # the op's outputs of this module and line are only alike in statistics, while
+                # another op's output of the line has the buffer's statistics to rounding: that
+                # one holds its value (SDPA's scaled k^T, fused into a `clone`, took eager's
+                # clone of the scaled q when head dim = sequence length)
+                same = [cd for cd in near([c for c in self.by_line.get(
+                    (phase, _norm(module), source), []) if c[1].row not in self.used])
+                    if cd[1] <= SAME_VALUE]
+                if same:
+                    found, how = same, "same"
             if not found:
                 found, how = near([c for c in self.by_op.get((phase, source, op), [])
                                    if _related(module, c[0].module)]), "op"
@@ -351,7 +362,9 @@ def compiled_pairs(my: list[OpRecord], golden: list[OpRecord], mapping: Mapping 
                     rows.append(TensorPair(r, None, "output", t.idx, t, None, how,
                                            module=module, source=meta.get("source")))
                     continue
-                how = {"origin": "by origin (same module, source line and op)",
+                how = {"same": "by value (statistics equal to rounding) among its module and "
+                               "source line's outputs",
+                       "origin": "by origin (same module, source line and op)",
                        "op": "by op and source line (in a module containing or inside its "
                              "own)"}.get(how, "by value among its module and source line's "
                                               "outputs")

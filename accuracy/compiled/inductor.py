@@ -643,6 +643,8 @@ def install() -> None:
         _saved["gkc"] = (PythonWrapperCodegen, orig)
         PythonWrapperCodegen.generate_kernel_call = generate_kernel_call
         _tag_cache_keys(config, fconfig)
+        _saved["random"] = config.fallback_random
+        config.fallback_random = random_mode() == EAGER_RANDOM
         from accuracy.compiled import reference
         reference.install()
 
@@ -661,6 +663,27 @@ def uninstall() -> None:
         from accuracy.compiled import reference
         reference.uninstall()
         _untag_cache_keys()
+        if "random" in _saved:
+            from torch._inductor import config
+
+            config.fallback_random = _saved.pop("random")
+
+
+EAGER_RANDOM, INDUCTOR_RANDOM = "eager", "inductor"
+RANDOM_ENV = "ACCURACY_COMPILED_RANDOM"
+
+
+def random_mode() -> str:
+    """Whose generator programs compiled while a dumper records draw random numbers with.
+    "eager" (the default): Inductor's `fallback_random`, so a compiled dropout draws the masks
+    an eager run with the same seed draws, and compiled against eager compares like with like
+    (Inductor's own generator gives other masks: every value after a dropout differs, and the
+    compare blamed an honest matmul). "inductor" (`ACCURACY_COMPILED_RANDOM=inductor`): the
+    program's own generator, as it runs outside the dumper."""
+    import os
+
+    mode = os.environ.get(RANDOM_ENV, EAGER_RANDOM).strip().lower()
+    return mode if mode in (EAGER_RANDOM, INDUCTOR_RANDOM) else EAGER_RANDOM
 
 
 def hooks_tag() -> str:

@@ -491,6 +491,8 @@ class DumperWatch(CompileWatch):
                             "reached the dump")
         attrs = super().finish()
         attrs["compiled_kernels_recorded"] = self.source.kernels
+        if self.source.kernels:  # whose generator its kernels drew random numbers with
+            attrs["compiled_random"] = self._inductor.random_mode()
         if unhooked:
             attrs["compiled_kernels_not_recorded"] = {
                 "count": len(unhooked), "kernels": [k for k, _ in unhooked][:16],

@@ -65,10 +65,18 @@ def seen_lines(attrs: dict[str, Any]) -> list[str]:
     """One line per compiled region the dump recorded as compiled (what `info` says beside
     the regions it did not see)."""
     kernels = attrs.get("compiled_kernels_recorded")
-    return [f"compiled region {r.get('name')!s} [backend {r.get('backend')!s}, "
-            f"{r.get('calls')} call(s)] recorded as compiled"
-            + (f" ({kernels} kernel launch(es) recorded in the dump)" if kernels else "")
-            for r in regions(attrs) if r.get("status") == RECORDED]
+    out = [f"compiled region {r.get('name')!s} [backend {r.get('backend')!s}, "
+           f"{r.get('calls')} call(s)] recorded as compiled"
+           + (f" ({kernels} kernel launch(es) recorded in the dump)" if kernels else "")
+           for r in regions(attrs) if r.get("status") == RECORDED]
+    rng = attrs.get("compiled_random")
+    if rng == "eager":
+        out.append("compiled kernels drew random numbers with eager's generator (Inductor's "
+                   "fallback_random): dropout masks are an eager run's with the same seed")
+    elif rng == "inductor":
+        out.append("compiled kernels drew random numbers with Inductor's own generator: "
+                   "values after a dropout cannot match an eager run's")
+    return out
 
 
 def blind_count(attrs: dict[str, Any]) -> int:
