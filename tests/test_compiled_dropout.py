@@ -37,7 +37,8 @@ def test_compiled_dropout_draws_eagers_masks_and_compares_clean(tmp_path):
                 loss.backward()
             losses[side] = loss.item()
             model.zero_grad()
-    assert losses["compiled"] == losses["eager"]  # the same masks, bit for bit
+    # the same masks: equal to fp32 rounding (other masks moved the loss by 2e-3 relative)
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-6)
     with load_dump(tmp_path / "compiled.h5") as d:
         assert d.attrs["compiled_random"] == "eager"
         assert any(r.op.startswith("inductor.") for r in d.records)
