@@ -249,7 +249,11 @@ def functions(cache):
                       ("global", lambda: torch.compile(_global_step)(x))):
         torch._dynamo.reset()
         out[name] = folder / f"{name}.h5"
-        with dumper(out[name], mode="tensor"):
+        # each spelling of the model (`L['model']`, `G['_NET']`) generated anew: the FX-graph
+        # cache would serve the second the first one's program, described in its spelling
+        with dumper(out[name], mode="tensor"), \
+                torch._inductor.config.patch(fx_graph_cache=False), \
+                torch._functorch.config.patch(enable_autograd_cache=False):
             run().backward()
         net.zero_grad()
     torch._dynamo.reset()
