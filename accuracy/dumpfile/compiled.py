@@ -46,19 +46,20 @@ def blind_lines(attrs: dict[str, Any], side: str = "") -> list[str]:
         out.append(f"{who}{failed.get('count')!s} op(s) {NOT_RECORDED}: the dumper "
                    f"failed on them (first: {failed.get('first')!s}); their values are not in "
                    "the dump")
-    hops = attrs.get("higher_order_ops_not_recorded")
-    if isinstance(hops, dict):
-        for name, n in sorted(hops.items()):
-            out.append(f"{who}{n!s} call(s) of {HOP_NOT_RECORDED} {name!s} ran without the "
-                       "ops inside them recorded (no eager implementation the dumper can run "
-                       "inside); their values are not in the dump")
-    subs = attrs.get("tensor_subclasses")
-    if isinstance(subs, dict):
-        for name, ops in sorted(subs.items()):
-            out.append(f"{who}{ops} op(s) took tensor subclass {name!s} (a __torch_dispatch__ "
-                       "wrapper): recorded as its raw inner data, without what the wrapper "
-                       "means (scales, layout); those values were not seen as what they are")
+    out += [f"{who}{n!s} call(s) of {HOP_NOT_RECORDED} {name!s} ran without the ops inside "
+            "them recorded (no eager implementation the dumper can run inside); their values "
+            "are not in the dump" for name, n in _counts(attrs, "higher_order_ops_not_recorded")]
+    out += [f"{who}{ops} op(s) took tensor subclass {name!s} (a __torch_dispatch__ wrapper): "
+            "recorded as its raw inner data, without what the wrapper means (scales, layout); "
+            "those values were not seen as what they are"
+            for name, ops in _counts(attrs, "tensor_subclasses")]
     return out
+
+
+def _counts(attrs: dict[str, Any], key: str) -> list[tuple[Any, Any]]:
+    """(name, count) of a root attribute counting ops by name, sorted; [] when absent."""
+    got = attrs.get(key)
+    return sorted(got.items()) if isinstance(got, dict) else []
 
 
 def seen_lines(attrs: dict[str, Any]) -> list[str]:
