@@ -193,6 +193,12 @@ def test_aot_eager_blocks_sharing_one_program_name_their_own_backward(tmp_path):
     (RegionCall("Outer", "function", {"G['net']": "Outer.net"}), "G['net'].fc", "Outer.net.fc"),
     # a module the call could not resolve (a global of an inlined function): its class
     (RegionCall("", "function"), "G['__import_m'].net.fc", "Net.net.fc"),
+    # a cached program's variable, unknown at this call: the call's one module of its class
+    (RegionCall("", "function", {"L['m']": "Outer.net"}, {"L['m']": "Net"}), "G['n'].fc",
+     "Outer.net.fc"),
+    # ... and no guess between two
+    (RegionCall("", "function", {"L['a']": "A.net", "L['b']": "B.net"},
+                {"L['a']": "Net", "L['b']": "Net"}), "G['n'].fc", "Net.fc"),
 ])
 def test_traced_variables_are_named_as_the_eager_dump_names_their_modules(call, spelled, named):
     from accuracy.compiled.names import split_root
@@ -222,47 +228,61 @@ def test_a_compiled_function_given_a_submodule_names_it_as_the_scope_does(tmp_pa
         torch._dynamo.reset()
 
 
-_NET: MNet | None = None  # the global a compiled function reads (G['_NET'])
+_BLOCK1: MBlock | None = None  # the global a compiled function reads (G['_BLOCK1'])
 
 
-def _global_step(x: torch.Tensor) -> torch.Tensor:
-    assert _NET is not None
-    return _NET(x).sum()
+def _global_step(y: torch.Tensor) -> torch.Tensor:
+    assert _BLOCK1 is not None
+    return _BLOCK1(y)
 
 
-def _arg_step(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return model(x).sum()
+def _arg_step(block: torch.nn.Module, y: torch.Tensor) -> torch.Tensor:
+    return block(y)
+
+
+def _cache_hits() -> int:
+    from torch._dynamo.utils import counters
+
+    return (counters["inductor"]["fxgraph_cache_hit"]
+            + counters["aot_autograd"]["autograd_cache_hit"])
 
 
 @pytest.fixture(scope="module")
 def functions(cache):
-    """Eager `step(model, x)`, and Inductor-compiled: `step(model, x)` and a function reading
-    the model from a global."""
-    global _NET
+    """`net(x)` run eagerly, then `net.blocks[1]` called again by a function, eager and
+    Inductor-compiled: one function reads the block from a global (compiled first, its rows
+    spell the block `G['_BLOCK1']`), the other takes it as an argument and is served the
+    first one's program from Inductor's caches (same graph once AOTAutograd renamed its
+    inputs), spelled `G['_BLOCK1']`, which this call does not have."""
+    global _BLOCK1
     folder = cache / "functions"
     folder.mkdir()
     torch.manual_seed(0)
     net, x = MNet(), torch.randn(4, 8)
-    _NET = net
-    out = {"eager": _eager(folder, net, lambda m: _arg_step(m, x))}
-    for name, run in (("arg", lambda: torch.compile(_arg_step)(net, x)),
-                      ("global", lambda: torch.compile(_global_step)(x))):
+    _BLOCK1 = net.blocks[1]
+    out = {"eager": _eager(folder, net, lambda m: _arg_step(m.blocks[1], m(x)).sum())}
+    hits = {}
+    for name, fn in (("global", lambda h: torch.compile(_global_step)(h)),
+                     ("arg", lambda h: torch.compile(_arg_step)(net.blocks[1], h))):
         torch._dynamo.reset()
         out[name] = folder / f"{name}.h5"
-        # each spelling of the model (`L['model']`, `G['_NET']`) generated anew: the FX-graph
-        # cache would serve the second the first one's program, described in its spelling
-        with dumper(out[name], mode="tensor"), \
-                torch._inductor.config.patch(fx_graph_cache=False), \
-                torch._functorch.config.patch(enable_autograd_cache=False):
-            run().backward()
+        before = _cache_hits()
+        with dumper(out[name], mode="tensor"):
+            fn(net(x)).sum().backward()
+        hits[name] = _cache_hits() - before
         net.zero_grad()
     torch._dynamo.reset()
-    _NET = None
+    _BLOCK1 = None
+    out["hits"] = hits
     return out
 
 
-@pytest.mark.parametrize("how", ["arg", "global"])
+@pytest.mark.parametrize("how", ["global", "arg"])
 def test_a_compiled_function_names_kernels_as_the_eager_dump(functions, how):
+    """Named `MNet.blocks.1...` as the scope named the block where `net(x)` ran it: by the
+    global's variable, and, for the program the caches served, by the call's one argument
+    holding a module of the class the program's rows name (not as a new root `MBlock`)."""
+    assert (functions["hits"][how] > 0) == (how == "arg"), functions["hits"]
     d = load_dump(functions[how])
     [region] = d.attrs["compiled_regions"]
     assert region["kind"] == "function" and region["status"] == "recorded-compiled"
@@ -270,7 +290,7 @@ def test_a_compiled_function_names_kernels_as_the_eager_dump(functions, how):
     kernels = [r for r in d.records if r.op.startswith("inductor.")]
     assert {r.phase for r in kernels} == {"forward", "backward"}
     mods = {o["module"] for r in kernels for o in r.extra["outputs"]}
-    assert mods <= eager and any(m.startswith("MNet.blocks.1") for m in mods), mods
+    assert mods <= eager and any(m.startswith("MNet.blocks.1.") for m in mods), mods
     rep = compare(functions[how], functions["eager"])
     mine, paired = coverage(rep.rows, kernels=True)
     assert paired >= 0.8 * mine, (paired, mine)

@@ -56,20 +56,37 @@ class RegionCall:
     base: the module path of the region (a compiled module's own path as the eager dump names
     it; for a function, the module it was called from). kind: "module" or "function".
     roots: traced variables holding modules (`L['model']`, `G['net']`) -> the name the eager
-    dump gives that module object, where known at the call.
+    dump gives that module object, where known at the call. classes: the same variables ->
+    the class of the module each holds.
+
+    A program Inductor's caches serve was described by the frame that compiled it: a
+    function reading the model from a global (`G['net']`) is served the program compiled for
+    `step(model, x)` (the cache keys its graph after AOTAutograd renamed the inputs), whose
+    rows spell the model `L['model']`. Such a variable, unknown at this call, is rebound to
+    the call's one variable holding a module of the same class.
     """
 
     base: str
     kind: str = "module"
     roots: dict[str, str] = field(default_factory=dict)
+    classes: dict[str, str] = field(default_factory=dict)
 
     def module(self, root: str, rel: str, root_cls: str = "") -> str:
         """The eager name of module `rel` inside traced variable `root` (of class
         `root_cls`)."""
         head = self.roots.get(root)
         if head is None:
+            head = self._same_class(root_cls)
+        if head is None:
             if self.kind == "module" and (not root or root.startswith("L[")):
                 head = self.base  # the compiled module itself (L['self'], L['args'][0])
             else:  # a module the compiled code reached from outside, never entered eagerly
                 head = root_cls or self.base
         return join_module(head, rel)
+
+    def _same_class(self, root_cls: str) -> str | None:
+        """The eager name of the call's one module of class `root_cls` (None if none, or if
+        several hold different modules: a guess between them would misname rows)."""
+        names = {self.roots[k] for k, c in self.classes.items()
+                 if c == root_cls and k in self.roots} if root_cls else set()
+        return names.pop() if len(names) == 1 else None

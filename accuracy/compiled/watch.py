@@ -144,25 +144,29 @@ def _eager_name(name: str, mod: Any) -> str:
 
 
 def _roots(fn: Any, args: tuple, kwargs: dict,
-           name_of: Callable[[Any], str | None] | None) -> dict[str, str]:
+           name_of: Callable[[Any], str | None] | None
+           ) -> tuple[dict[str, str], dict[str, str]]:
     """The modules a compiled function's frame can reach by a variable of its own, by the
     name dynamo gives that variable (`L['model']`, `L['args'][0]`, `G['net']`, a closed-over
     `L['n2']`) -> the eager dump's name of the module: the scope's name where the dumper saw
-    it, else its class (the name ModuleTracker gives a module it enters as a root)."""
+    it, else its class (the name ModuleTracker gives a module it enters as a root); and the
+    same variables -> the module's class."""
     import torch
 
     out: dict[str, str] = {}
+    classes: dict[str, str] = {}
 
     def add(key: str, obj: Any) -> None:
         if isinstance(obj, torch.nn.Module):
             inner = getattr(obj, "_orig_mod", obj)
             known = name_of(obj) if name_of is not None else None
             out[key] = _eager_name(known, obj) if known else type(inner).__name__
+            classes[key] = type(inner).__name__
 
     inner = inspect.unwrap(fn) if callable(fn) else fn
     code = _code_of(inner)
     if code is None:
-        return out
+        return out, classes
     try:
         bound = inspect.signature(inner).bind_partial(*args, **kwargs).arguments
     except (TypeError, ValueError):
@@ -185,7 +189,7 @@ def _roots(fn: Any, args: tuple, kwargs: dict,
     for name in code.co_names:
         if name in glob:
             add(f"G['{name}']", glob[name])
-    return out
+    return out, classes
 
 
 class CompileWatch:
@@ -247,8 +251,9 @@ class CompileWatch:
             return
         name, kind, path = _describe(fn, self._module(), self._name_of)
         backend, options = _backend_of(callback)
-        roots = _roots(fn, args, kwargs or {}, self._name_of) if kind == "function" else {}
-        self._call = RegionCall(path, kind, roots)
+        roots, classes = _roots(fn, args, kwargs or {}, self._name_of) \
+            if kind == "function" else ({}, {})
+        self._call = RegionCall(path, kind, roots, classes)
         if backend in ATEN_BACKENDS:
             self.aten_graphs = True
         region = self.regions.get((name, backend))
