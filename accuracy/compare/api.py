@@ -23,7 +23,7 @@ from accuracy.aten import (
 from accuracy.compare import arguments
 from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
-from accuracy.compare.checks import check_replay, incomplete, swapped
+from accuracy.compare.checks import check_replay, incomplete, own_random, swapped
 from accuracy.compare.compiled_align import Sides, compiled_pairs, has_kernels, is_kernel
 from accuracy.compare.engine import BlobReader, compare_refs, worker_run
 from accuracy.compare.judge import judge
@@ -563,6 +563,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
         if dr is not None:
             check_replay(dm, dr)
         refusals = [m for m in (incomplete(dm, "my"), incomplete(dg, "golden"),
+                                own_random(dm, "my"), own_random(dg, "golden"),
                                 swapped(dm, dg)) if m]
         for m in refusals:  # the report carries them (summary refusals, the terminal's
             log.info("%s", m)  # WARNING lines): at warning level the CLI printed them twice

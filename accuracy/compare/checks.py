@@ -3,14 +3,19 @@
 - a replay made from another dump than `-m` gives local errors of other tensors: refused;
 - an incomplete dump (the run stopped before the dumper closed) explains missing rows: said
   before anything else;
-- the reference backend on the `-m` side and a device on the `-g` side: the sides look swapped.
+- the reference backend on the `-m` side and a device on the `-g` side: the sides look swapped;
+- compiled kernels that drew random numbers with Inductor's own generator
+  (`ACCURACY_COMPILED_RANDOM=inductor`): their dropout masks are no other run's, so every value
+  after them differs by the mask, not by numerics: said before the counts.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 from accuracy.dumpfile.reader import Dump
 from accuracy.errors import UsageError
@@ -67,3 +72,40 @@ def swapped(my: Dump, golden: Dump) -> str | None:
         return (f"-m {my.path} was recorded on {bm} and -g {golden.path} on {bg}: -m takes the "
                 "device under test and -g the reference run; are they swapped?")
     return None
+
+
+OWN_RANDOM = "drew random numbers with Inductor's own generator"
+# random ops as a kernel's origin nodes or its reference graph name them
+_RANDOM_OP = re.compile(r"dropout|bernoulli|\brand|inductor_random|multinomial|normal|"
+                        r"exponential|geometric|cauchy|log_normal|uniform")
+
+
+def _random_kernels(d: Dump) -> list[Any]:
+    """Kernel rows whose outputs or reference graph hold a random op."""
+    out = []
+    for r in d.records:
+        if not r.extra.get("compiled"):
+            continue
+        ref = r.extra.get("reference")
+        ops = [str(o.get("orig", "")) + " " + str(o.get("op", ""))
+               for o in r.extra.get("outputs") or [] if isinstance(o, dict)]
+        ops += [str(n.get("op", "")) for n in (ref.get("nodes") or [] if isinstance(ref, dict)
+                                             else []) if isinstance(n, dict)]
+        if any(_RANDOM_OP.search(o) for o in ops):
+            out.append(r)
+    return out
+
+
+def own_random(d: Dump, side: str) -> str | None:
+    """A sentence when the dump's compiled kernels drew random numbers with Inductor's own
+    generator and some kernel holds a random op, else None."""
+    if d.attrs.get("compiled_random") != "inductor":
+        return None
+    kernels = _random_kernels(d)
+    if not kernels:
+        return None
+    first = kernels[0]
+    return (f"{side} dump {d.path}: {len(kernels)} compiled kernel(s) {OWN_RANDOM} (first: "
+            f"{first.op} in {first.module or 'the root'}): their masks are no other run's, so "
+            "their outputs and everything after them differ by the masks, not by numerics; "
+            "record again without ACCURACY_COMPILED_RANDOM=inductor to draw eager's masks")

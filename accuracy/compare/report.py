@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from accuracy.compare.checks import OWN_RANDOM
 from accuracy.compare.judge import KERNEL_PREFIX
 from accuracy.compare.row import JUDGED, Row
 from accuracy.compare.row import Verdict as V
@@ -117,7 +118,7 @@ def analyse(rows: list[Row], cfg: dict[str, Any], meta: dict[str, Any]
                             "compiled kernels have no eager counterpart (their module or source "
                             "line differs from the golden run's: docs/compile.md)"]
     _replay_coverage(summary, meta.get("kernel_replay"))
-    first = [m for m in meta.get("refusals") or [] if "incomplete" in m]
+    first = [m for m in meta.get("refusals") or [] if "incomplete" in m or OWN_RANDOM in m]
     if first:  # the reason for missing rows comes before any count of them
         summary["warning"] = " ".join(first + [summary.get("warning", "")]).strip()
     return summary

@@ -78,8 +78,11 @@ def format_summary(s: dict[str, Any], top: int = 5) -> str:
     gbps = s.get("gb_per_s")
     out.append(f"  {s['bytes_compared'] / 1e6:.1f} MB of tensor data in {s['seconds']:.2f} s"
                + (f" ({gbps:.2f} GB/s)" if gbps else ""))
-    if s.get("warning"):
-        out.append(f"  warning: {s['warning']}")
+    said = str(s.get("warning") or "")
+    for w in s.get("refusals") or []:  # already a WARNING line above
+        said = said.replace(w, "").strip()
+    if said:
+        out.append(f"  warning: {said}")
     cul = s.get("culprit")
     if cul:
         out.append(f"  culprit: {_where(cul)}")
