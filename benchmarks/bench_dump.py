@@ -13,9 +13,10 @@ during the next rounds), each side gets `--warmup` untimed rounds, `--modes` run
 sides, and the script prints what it ran under: threads, the dump folder's file system, load
 average and dirty page cache before and after, and the busiest other processes. `--threads
 both` runs the whole benchmark twice from one command, in fresh processes: torch's default
-threads, then `OMP_NUM_THREADS=1`. The stored-bytes check's cost (XXH3-64 content hash, dump
-schema 3, against the bit-pattern sums it replaced in tensor mode) is measured on the tensor
-dump's own bytes.
+threads, then `OMP_NUM_THREADS=1`. The stored-bytes check's cost (issue 24: XXH3-64 content
+hash, dump schema 3, no slower than the bit-pattern sums it replaced in tensor mode) is measured
+on the step (`--modes statistics,tensor,tensor-sum`: the tensor dump as it was, the sum on the
+training thread and no hash, beside today's) and, per call, on the tensor dump's own bytes.
 
 Run: .venv/bin/python benchmarks/bench_dump.py [--repeat 7] [--threads both]
 """
@@ -42,6 +43,7 @@ import xxhash
 from _common import interleaved, msprobe_available, ratios, run_msprobe, spread
 
 from accuracy import dumper, load_dump
+from accuracy.dumper import recorder as recorder_mod
 from accuracy.dumpfile import writer as writer_mod
 from accuracy.dumpfile.checksum import checksum, content_hash, part_size
 from accuracy.dumpfile.stats import _checksum
@@ -126,8 +128,10 @@ def _hash_cost(path: Path) -> None:
     rel = ratios(times["xxh3-64 content hash (schema 3)"],
                  times["bit-pattern sum, torch (stats path)"])
     med = statistics.median(rel)
-    print(f"  content hash / torch sum, round by round: {spread(rel, '{:.2f}')} (goal: no "
-          f"slower than the checksum: {'met' if med <= 1 else 'not met'} by the median)")
+    print(f"  content hash / torch sum, round by round: {spread(rel, '{:.2f}')} (per call; "
+          f"{'no slower' if med <= 1 else 'slower'} by the median; the step figure above "
+          "holds the goal: the hash runs on the writer thread, the sum ran on the training "
+          "thread)")
 
 
 _HASH_ROUNDS = 9
@@ -163,7 +167,8 @@ def main() -> None:
                     help="folder for the dumps (default: tmpfs /dev/shm where there is one)")
     ap.add_argument("--modes", default="statistics,tensor",
                     help="dump modes to run beside the bare step, comma-separated "
-                    "(tensor-nohash: the tensor dump with the writer's content hash a no-op)")
+                    "(tensor-sum: the tensor dump before the content hash, with the sums on the "
+                    "training thread and the writer's hash a no-op)")
     args = ap.parse_args()
     if args.threads == "both":
         _both(sys.argv[1:])
@@ -176,15 +181,16 @@ def main() -> None:
           f"cache {_dirty_mb()}, busiest processes: {_busy_others()}", flush=True)
 
     def dumped(mode: str):
-        if mode == "tensor-nohash":  # the tensor dump with the writer's content hash a no-op
+        if mode == "tensor-sum":  # the tensor dump checked by sums, as before the content hash
             def run():
-                real = writer_mod.content_hash
+                real_hash, real_stats = writer_mod.content_hash, recorder_mod.tensor_stats
                 writer_mod.content_hash = lambda arr: 1
+                recorder_mod.tensor_stats = lambda t, sums=True: real_stats(t)
                 try:
                     with dumper(dump_path=tmp / f"{mode}.h5", mode="tensor", overwrite=True):
                         bench_step(model, batch)
                 finally:
-                    writer_mod.content_hash = real
+                    writer_mod.content_hash, recorder_mod.tensor_stats = real_hash, real_stats
             return run
 
         def run():
@@ -201,8 +207,8 @@ def main() -> None:
     print(f"{'run':24s} {'seconds':>28s}   {'x bare (per round)':>28s}  details")
     print(f"{'bare step':24s} {spread(t['bare']):>28s}")
     for mode in modes:
-        if mode == "tensor-nohash":  # its file's hashes are not real: not opened
-            print(f"{'tensor, hash a no-op':24s} {spread(t[mode]):>28s}   "
+        if mode == "tensor-sum":  # its file's hashes are not real: not opened
+            print(f"{'tensor, sums, no hash':24s} {spread(t[mode]):>28s}   "
                   f"{spread(ratios(t[mode], t['bare']), '{:.2f}'):>28s}")
             continue
         with load_dump(tmp / f"{mode}.h5") as d:
@@ -218,10 +224,12 @@ def main() -> None:
         print(f"accuracy statistics / bare step (median): {stats_ratio:.2f}x (goal <= 1.3x: "
               f"{'met' if stats_ratio <= 1.3 else 'not met'}); {per_op * 1e6:.0f} us per op "
               f"(goal <= 60 us: {'met' if per_op <= 60e-6 else 'not met'})")
-    if "tensor" in t and "tensor-nohash" in t:
-        cost = ratios(t["tensor"], t["tensor-nohash"])
-        print(f"tensor step with the content hash / without it, round by round: "
-              f"{spread(cost, '{:.3f}')} (the hash's cost on the step)")
+    if "tensor" in t and "tensor-sum" in t:
+        cost = ratios(t["tensor"], t["tensor-sum"])
+        med = statistics.median(cost)
+        print(f"tensor step checked by the content hash / by the sums (before), round by "
+              f"round: {spread(cost, '{:.3f}')} (goal <= 1: {'met' if med <= 1 else 'not met'} "
+              "by the median)")
     if "tensor" in t:
         _hash_cost(tmp / "tensor.h5")
     if msprobe_available() and not args.no_msprobe and set(modes) == {"statistics", "tensor"}:

@@ -91,9 +91,19 @@ def test_server_tensor_view_refuses_swapped_bytes(tmp_path):
 
 
 def _as_schema_2(path: Path) -> None:
-    """Rewrite a dump as schema 2 wrote it: tensor rows without the content hash."""
+    """Rewrite a dump as schema 2 wrote it: tensor rows without the content hash, each with
+    the bit-pattern sum of its bytes (schema 3's tensor dumps store no sums)."""
+    from accuracy.dumpfile import dtypes
+    from accuracy.dumpfile.checksum import checksum, part_size
+
     with h5py.File(path, "r+") as f:
         rows = f[schema.TENSORS][:]
+        blob = f[schema.BLOB][:]
+        for r in rows:
+            if r["offset"] >= 0 and r["nan_count"] >= 0:
+                dt = r["dtype"].decode() if isinstance(r["dtype"], bytes) else str(r["dtype"])
+                raw = blob[r["offset"]:r["offset"] + r["nbytes"]]
+                r["checksum"] = checksum(raw, part_size(dt, dtypes.itemsize(dt)))
         old = np.empty(len(rows), schema.TENSOR_ROW_V2)
         for n in schema.TENSOR_ROW_V2.names:
             old[n] = rows[n]
@@ -101,6 +111,7 @@ def _as_schema_2(path: Path) -> None:
         f.create_dataset(schema.TENSORS, data=old, maxshape=(None,), chunks=True)
         del f[schema.BATCHES]
         del f.attrs["attrs_hash"]
+        del f.attrs[schema.SUMS_ATTR]
         f.attrs["schema_version"] = 2
 
 
@@ -173,3 +184,34 @@ def test_whole_buffer_hash_equals_the_chunked_hash(nbytes):
             h.update(raw[s:s + piece])
         assert h.value == content_hash(raw)
     assert content_hash(raw[::2]) == content_hash(np.ascontiguousarray(raw[::2]))
+
+
+def test_a_tensor_dump_stores_no_sums_beside_the_hash(tmp_path):
+    """A tensor dump's bytes carry the content hash, so its statistics spend no reduction on
+    a bit-pattern sum (numpy, large-float and torch paths alike: the column holds 0 and the
+    dump says why); a statistics dump keeps the sum; two equal runs still compare bit-exact."""
+    def step() -> None:
+        torch.manual_seed(0)
+        (torch.randn(8, 8) * 2).relu()  # numpy path
+        (torch.randn(200, 100) * 2).relu()  # large fp32 path
+        torch.arange(20000) + 1  # large int64: torch path
+    for name, mode in (("a", "tensor"), ("b", "tensor"), ("s", "statistics")):
+        with dumper(dump_path=tmp_path / f"{name}.h5", mode=mode):
+            step()
+    with h5py.File(tmp_path / "a.h5") as f:
+        assert f.attrs[schema.SUMS_ATTR] == schema.SUMS_OMITTED
+        rows = f[schema.TENSORS][:]
+    stored = rows[(rows["offset"] >= 0) & (rows["nan_count"] >= 0)]
+    assert len(stored) >= 6 and (stored["checksum"] == 0).all(), stored["checksum"]
+    with load_dump(tmp_path / "a.h5") as d:
+        assert not any("checksum" in t.stats for t in d.tensors)
+        assert all(t.content_hash for t in d.tensors if t.has_data and not t.is_link)
+    with load_dump(tmp_path / "s.h5") as d:
+        assert schema.SUMS_ATTR not in d.attrs
+        sums = [t.stats["checksum"] for t in d.tensors if t.stats["nan_count"] >= 0]
+        assert len(sums) >= 6 and all(s != 0 for s in sums), sums
+    from accuracy.compare import compare
+
+    rep = compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    data = [r for r in rep.rows if r.bit_exact is not None]
+    assert data and all(r.bit_exact for r in data)

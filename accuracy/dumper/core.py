@@ -35,6 +35,7 @@ from accuracy.dumper.recorder import Recorder
 from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
 from accuracy.dumper.source import _internal, user_source
 from accuracy.dumper.subclass_watch import SubclassWatch
+from accuracy.dumpfile import schema
 from accuracy.dumpfile.writer import DumpWriteError, DumpWriter
 from accuracy.steps import Schedule
 
@@ -292,6 +293,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     def _start_attrs(self) -> dict[str, Any]:
         attrs: dict[str, Any] = {
             "mode": self.mode,
+            **({schema.SUMS_ATTR: schema.SUMS_OMITTED} if self.mode == "tensor" else {}),
             "rank": self.rank,
             "world_size": self.world_size,
             "torch_version": torch.__version__,

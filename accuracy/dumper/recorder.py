@@ -379,8 +379,8 @@ class Recorder:
                 return entry
         elif self._deferred is not None and self._deferred.wants(flat := flat_view(t)):
             entry.stats = self._deferred.submit(flat)
-        else:
-            entry.stats = tensor_stats(t)
+        else:  # a tensor dump's bytes carry a content hash: no bit-pattern sum beside it
+            entry.stats = tensor_stats(t, sums=not self.tensor_mode)
         if self.tensor_mode:
             entry.data = self.writer.stage(t) or _host_copy(t)
             entry.first = entry.row

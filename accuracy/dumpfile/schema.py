@@ -84,6 +84,11 @@ TENSOR_ROW_V2 = np.dtype([(n, TENSOR_ROW.fields[n][0]) for n in TENSOR_ROW.names
 TENSOR_ROWS = (TENSOR_ROW, TENSOR_ROW_V2)
 
 STAT_FIELDS = ("min", "max", "mean", "l2", "nan_count", "inf_count", "checksum")
+# Root attribute of a dump whose statistics hold no bit-pattern sum ("omitted"): the dumper's
+# tensor dumps, whose stored bytes carry a content hash (the "checksum" column is 0 there and
+# the reader leaves it out of each row's statistics).
+SUMS_ATTR = "stat_sums"
+SUMS_OMITTED = "omitted"
 
 
 def address(op: str, seq: int, io: int, idx: int) -> str:

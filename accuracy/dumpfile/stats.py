@@ -2,6 +2,8 @@
 
 The result is (floats, checksum): floats = [min, max, mean, l2, nan_count, inf_count] and
 checksum = the sum of the raw bit patterns (wrapping in int32, or int64 for 8-byte types).
+A tensor dump, whose stored bytes carry a content hash, asks for no sum (`sums=False`: 0 in
+its place, one reduction fewer on the training thread; the dump says so, schema.SUMS_ATTR).
 On CPU the values are Python numbers; elsewhere they stay device tensors, read by the writer
 thread, so the training thread never waits for the device.
 """
@@ -55,10 +57,10 @@ _NUMPY_OF = {torch.float32: np.float32, torch.float64: np.float64, torch.float16
              torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.bool_}
 
 
-def _small_cpu_stats(t: torch.Tensor):
+def _small_cpu_stats(t: torch.Tensor, sums: bool = True):
     """The same statistics as tensor_stats, for a small CPU tensor, via numpy."""
     with np.errstate(all="ignore"):  # signalling NaNs and overflow in garbage memory are data
-        return _numpy_stats(_numpy_view(t))
+        return _numpy_stats(_numpy_view(t), sums)
 
 
 def _numpy_view(t: torch.Tensor) -> np.ndarray:
@@ -74,11 +76,11 @@ def _numpy_view(t: torch.Tensor) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.uint8).view(_NUMPY_OF[t.dtype])
 
 
-def _numpy_stats(a: np.ndarray):
+def _numpy_stats(a: np.ndarray, sums: bool = True):
     if a.dtype == np.bool_:
         a = a.view(np.uint8)
     bits = a.view(_NUMPY_BITS[a.itemsize]).sum(
-        dtype=np.int64 if a.itemsize == 8 else np.int32)
+        dtype=np.int64 if a.itemsize == 8 else np.int32) if sums else 0
     if a.dtype.kind == "f":
         w = a.astype(np.float64) if a.itemsize < 8 else a
         total = float(w.sum())
@@ -132,7 +134,7 @@ def flat_view(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def large_cpu_float_stats(x: torch.Tensor):
+def large_cpu_float_stats(x: torch.Tensor, sums: bool = True):
     """A large contiguous fp32/fp64 CPU tensor: torch's aminmax and sum, numpy's BLAS dot for
     the L2 norm and its wrapping unsigned sum for the checksum, read in place (no copy):
     each of those a third cheaper than torch's, and one Python number each, no `.item()`."""
@@ -144,7 +146,8 @@ def large_cpu_float_stats(x: torch.Tensor):
     with np.errstate(all="ignore"):
         l2 = math.sqrt(float(np.dot(a, a)))
     wrap = _UNSIGNED[size]
-    bits = int(a.view(wrap).sum(dtype=wrap))  # the sum modulo 2**32 (2**64): as stored, signed
+    # the sum modulo 2**32 (2**64): as stored, signed
+    bits = int(a.view(wrap).sum(dtype=wrap)) if sums else 0
     half = 1 << (8 * size - 1)
     checksum = bits - 2 * half if bits >= half else bits
     if math.isfinite(mn_f) and math.isfinite(mx_f):
@@ -154,16 +157,17 @@ def large_cpu_float_stats(x: torch.Tensor):
     return (mn_f, mx_f, total / a.size, l2, nans, infs), checksum
 
 
-def tensor_stats(t: torch.Tensor):
-    """Statistics of `t`; call with python dispatch disabled so other modes don't see it."""
+def tensor_stats(t: torch.Tensor, sums: bool = True):
+    """Statistics of `t`; call with python dispatch disabled so other modes don't see it.
+    `sums=False`: no bit-pattern sum (0 in its place)."""
     if t.numel() == 0:
         return EMPTY_STATS
     t = flat_view(t)
     n = t.numel()
     if n <= _SMALL and t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES:
-        return _small_cpu_stats(t)
+        return _small_cpu_stats(t, sums)
     if takes_large_cpu_path(t):
-        return large_cpu_float_stats(t)
+        return large_cpu_float_stats(t, sums)
     x = _value_view(t)
     mn, mx = torch.aminmax(x)
     if x.is_floating_point():
@@ -179,7 +183,7 @@ def tensor_stats(t: torch.Tensor):
     else:
         total = torch.sum(x, dtype=torch.float64)
         l2 = torch.linalg.vector_norm(x.double())
-    checksum = _checksum(t)
+    checksum = _checksum(t) if sums else torch.zeros((), dtype=torch.int64, device=t.device)
     n = x.numel()
     if t.device.type == "cpu":
         mn_f, mx_f = mn.item(), mx.item()

@@ -115,8 +115,10 @@ def _select(d: Dump, ops: str | Iterable[str] | None) -> list[OpRecord]:
 # -- output ----------------------------------------------------------------------------------
 
 def _stats_of(t: TensorRecord) -> Any:
+    """The original row's statistics for replay.h5, or None (computed anew) where it has none
+    or no bit-pattern sum (a tensor dump: replay.h5 keeps the sums)."""
     s = t.stats
-    if s["nan_count"] < 0:
+    if s["nan_count"] < 0 or "checksum" not in s:
         return None
     return ([s["min"], s["max"], s["mean"], s["l2"], s["nan_count"], s["inf_count"]],
             int(s["checksum"]))

@@ -77,12 +77,15 @@ class TensorOut(BaseModel):
     has_data: bool
     is_link: bool
     stats: dict[str, float | int | str | None]
+    content_hash: str | None = Field(
+        default=None, description="XXH3-64 of the stored bytes, hex (tensor dumps of schema 3)")
 
     @classmethod
     def of(cls, t: TensorRecord) -> TensorOut:
         return cls(address=t.address, dtype=t.dtype, shape=list(t.shape), stride=list(t.stride),
                    device=t.device, has_data=t.has_data, is_link=t.is_link,
-                   stats=jsonable(t.stats))
+                   stats=jsonable(t.stats),
+                   content_hash=f"{t.content_hash:016x}" if t.content_hash else None)
 
 
 class OpOut(BaseModel):
