@@ -109,3 +109,24 @@ def test_dumper_name_stays_the_context_manager():
 
     assert dumper is sys.modules["accuracy.dumper.core"].dumper
     assert accuracy.dumper is dumper
+
+
+def test_a_dumper_hooks_inductor_only_when_dynamo_runs_inside_it(tmp_path):
+    """Hooking Inductor imports it (1.2-1.5 s, paid by every dumper start, and by every
+    forked or fresh process that opened one): a dumper over eager code leaves it unimported;
+    the first compiled call inside the block hooks it, before dynamo compiles anything."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    code = ("import sys, torch\nfrom accuracy import dumper\n"
+            "def hooked():\n"
+            "    w = sys.modules.get('torch._inductor.codegen.wrapper')\n"
+            "    return w is not None and 'install' in "
+            "w.PythonWrapperCodegen.generate_kernel_call.__qualname__\n"
+            "with dumper(sys.argv[1], mode='statistics'):\n"
+            "    torch.ones(4).add(1)\n"
+            "    print('torch._inductor.compile_fx' in sys.modules, hooked())\n"
+            "    torch.compile(lambda x: (x * 2).sin(), backend='eager')(torch.ones(8))\n"
+            "    print(hooked())\n"
+            "print(hooked())\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "d.h5")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.stdout.split() == ["False", "False", "True", "False"], out.stdout + out.stderr

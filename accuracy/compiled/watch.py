@@ -48,6 +48,7 @@ NOT_SEEN = ("dynamo ran compiled code the dumper cannot see into (made before th
 
 _lock = threading.Lock()
 _watches: list[CompileWatch] = []
+_INDUCTOR_CODEGEN = "torch._inductor.codegen.wrapper"  # loaded: hooking Inductor costs nothing
 _saved: dict[str, Any] = {}  # what was patched, to restore when the last watch stops
 _install_error: str | None = None
 
@@ -282,6 +283,9 @@ class CompileWatch:
         to the module the dumper is in, when none was)."""
         return self._call if self._call is not None else RegionCall(self._module())
 
+    def _dynamo_on(self) -> None:
+        """Dynamo is about to run a compiled callable (and may compile it): nothing here."""
+
     def recorded(self) -> None:
         """A compiled source wrote a kernel of the latest region."""
         if self._last is not None and self._last[0].status != RECORDED:
@@ -358,6 +362,8 @@ def _install() -> str | None:
     def callback_from_stance(callback: Any) -> Any:
         if callback not in (None, False) and _watches:
             try:
+                for w in list(_watches):
+                    w._dynamo_on()
                 caller = sys._getframe(1)
                 local = caller.f_locals if caller.f_code.co_name == "compile_wrapper" else {}
                 fn = local.get("fn")
@@ -469,14 +475,27 @@ class DumperWatch(CompileWatch):
                 keep()
 
     def start(self) -> DumperWatch:
+        """Watch; hook Inductor now if it is loaded, else when dynamo first turns on inside
+        the block (importing Inductor costs 1.2-1.5 s: a dumper over eager code paid it at
+        every start, and so did every forked or fresh process that opened one)."""
         super().start()
         self._unhooked_from = self._inductor.unhooked_serial()
+        self._hooked = False
+        if self.error is not None or _INDUCTOR_CODEGEN in sys.modules:
+            self._hook_inductor()  # not watched: no later moment to hook it at
+        return self
+
+    def _dynamo_on(self) -> None:
+        if not self._hooked:
+            self._hook_inductor()
+
+    def _hook_inductor(self) -> None:
+        self._hooked = True
         try:
             self._inductor.install()
             self._inductor.SINKS.append(self.source)
         except Exception:  # noqa: BLE001 - recording compiled kernels is extra, never fatal
             log.exception("cannot hook Inductor's code generation")
-        return self
 
     def finish(self) -> dict[str, Any]:
         if self.source in self._inductor.SINKS:
