@@ -389,8 +389,8 @@ class Dump:
         dtypes, devices = _text(t["dtype"]), _text(t["device"])
         ndims = t["ndim"].tolist()
         shapes, strides = t["shape"].tolist(), t["stride"].tolist()
-        stats_cols = {k: t[k].tolist() for k in schema.STAT_FIELDS
-                      if k != "checksum" or self.attrs.get(schema.SUMS_ATTR) != schema.SUMS_OMITTED}
+        sums = self.attrs.get(schema.SUMS_ATTR) != schema.SUMS_OMITTED
+        stats_cols = {k: t[k].tolist() for k in schema.STAT_FIELDS if k != "checksum" or sums}
         hashes = (t["hash"].tolist() if "hash" in (t.dtype.names or ())
                   else [NO_HASH] * len(t))
         out = []

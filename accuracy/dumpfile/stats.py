@@ -183,7 +183,7 @@ def tensor_stats(t: torch.Tensor, sums: bool = True):
     else:
         total = torch.sum(x, dtype=torch.float64)
         l2 = torch.linalg.vector_norm(x.double())
-    checksum = _checksum(t) if sums else torch.zeros((), dtype=torch.int64, device=t.device)
+    checksum = _checksum(t) if sums else 0  # no device tensor made for nothing (the writer int()s)
     n = x.numel()
     if t.device.type == "cpu":
         mn_f, mx_f = mn.item(), mx.item()
@@ -191,7 +191,7 @@ def tensor_stats(t: torch.Tensor, sums: bool = True):
             nans, infs = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
         else:
             nans = infs = 0
-        return (mn_f, mx_f, total.item() / n, l2.item(), nans, infs), checksum.item()
+        return (mn_f, mx_f, total.item() / n, l2.item(), nans, infs), int(checksum)
     if x.is_floating_point():
         nans = torch.isnan(x).sum(dtype=torch.float64)
         infs = torch.isinf(x).sum(dtype=torch.float64)
