@@ -389,7 +389,10 @@ class Dump:
         dtypes, devices = _text(t["dtype"]), _text(t["device"])
         ndims = t["ndim"].tolist()
         shapes, strides = t["shape"].tolist(), t["stride"].tolist()
-        sums = self.attrs.get(schema.SUMS_ATTR) != schema.SUMS_OMITTED
+        # sums are omitted only beside a content hash: an older file claiming otherwise (its
+        # attributes carry no hash of their own) must not turn its only byte check off
+        sums = self.attrs.get(schema.SUMS_ATTR) != schema.SUMS_OMITTED \
+            or "hash" not in (t.dtype.names or ())
         stats_cols = {k: t[k].tolist() for k in schema.STAT_FIELDS if k != "checksum" or sums}
         hashes = (t["hash"].tolist() if "hash" in (t.dtype.names or ())
                   else [NO_HASH] * len(t))
