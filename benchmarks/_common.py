@@ -1,16 +1,105 @@
-"""Shared helpers for the benchmarks: timing and the msprobe side-by-side runner."""
+"""Shared helpers for the benchmarks: timing, thread settings, goal verdicts and the msprobe
+side-by-side runner. Imports no torch at module level: a bench script imports it before torch,
+so that `threads_from_argv()` can set OMP_NUM_THREADS before torch reads it."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 MSPROBE_PY = HERE / ".msprobe-venv" / "bin" / "python"
+
+THREADS_HELP = ("'both' (torch's default threads, then OMP_NUM_THREADS=1, each in a fresh "
+                "process), 'default' (OMP_NUM_THREADS unset) or a number (OMP_NUM_THREADS)")
+
+
+def _threads_value(argv: list[str]) -> str | None:
+    """The value of the last `--threads X` / `--threads=X` in `argv`, or None."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == "--threads" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith("--threads="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def threads_from_argv(argv: list[str] | None = None) -> None:
+    """Set OMP_NUM_THREADS from `--threads N` in `argv` (default: sys.argv); `--threads
+    default` removes it, so torch picks its own. Call at the very top of a bench script, under
+    `if __name__ == "__main__":` and before torch is imported: torch (OpenMP) reads the variable
+    once, at import. Child processes the script starts inherit the setting."""
+    value = _threads_value(sys.argv[1:] if argv is None else argv)
+    if value == "default":
+        os.environ.pop("OMP_NUM_THREADS", None)
+    elif value is not None and value.isdigit() and int(value) > 0:
+        os.environ["OMP_NUM_THREADS"] = value
+        if "torch" in sys.modules:  # imported too early: tell torch itself, as a fallback
+            sys.modules["torch"].set_num_threads(int(value))
+
+
+def _threads_arg(value: str) -> str:
+    if value in ("", "both", "default") or (value.isdigit() and int(value) > 0):
+        return value
+    raise argparse.ArgumentTypeError(f"expected 'both', 'default' or a number, not {value!r}")
+
+
+def add_threads_arg(ap: argparse.ArgumentParser, default: str = "") -> None:
+    """The `--threads both|default|N` option (read again, before torch, by threads_from_argv).
+    The empty default keeps the environment's OMP_NUM_THREADS."""
+    ap.add_argument("--threads", type=_threads_arg, default=default, help=THREADS_HELP)
+
+
+def run_both_threads(argv: list[str] | None = None, script: str | Path | None = None) -> int:
+    """Run `script` (default: the running __main__ script) again with `argv` (default: this
+    process's arguments), less any `--threads`, in two fresh processes, one after the other:
+    torch's default threads (OMP_NUM_THREADS removed from the environment, `--threads
+    default`), then `--threads 1`; a header line before each. Returns the first non-zero exit
+    status, else 0."""
+    argv = sys.argv[1:] if argv is None else argv
+    if script is None:
+        script = sys.modules["__main__"].__file__
+    rest, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--threads":
+            skip = True
+        elif not a.startswith("--threads="):
+            rest.append(a)
+    rc = 0
+    for setting, header in (("default", "default torch threads"), ("1", "OMP_NUM_THREADS=1")):
+        env = dict(os.environ)
+        env.pop("OMP_NUM_THREADS", None)
+        print(f"=== {header} ===", flush=True)
+        proc = subprocess.run([sys.executable, str(script), *rest, "--threads", setting],
+                              env=env, check=False)
+        rc = rc or proc.returncode
+    return rc
+
+
+def meets(value: float, goal: float, lower_is_better: bool = True, strict: bool = False) -> bool:
+    """Whether `value` meets `goal` (at most it, or with lower_is_better=False at least it;
+    strict: below / above it)."""
+    if lower_is_better:
+        return value < goal if strict else value <= goal
+    return value > goal if strict else value >= goal
+
+
+def verdict(value: float, goal: float, lower_is_better: bool = True, unit: str = "x", *,
+            strict: bool = False, what: str | None = None) -> str:
+    """'goal <= 1.3x: met' / 'goal >= 1.5 GB/s: not met'; `what` replaces the '<= 1.3x'."""
+    op = ("<" if strict else "<=") if lower_is_better else (">" if strict else ">=")
+    ok = meets(value, goal, lower_is_better, strict)
+    return f"goal {what or f'{op} {goal:g}{unit}'}: {'met' if ok else 'not met'}"
 
 
 def on_device(profile: str | None):

@@ -18,7 +18,7 @@ hash, dump schema 3, no slower than the bit-pattern sums it replaced in tensor m
 on the step (`--modes statistics,tensor,tensor-sum`: the tensor dump as it was, the sum on the
 training thread and no hash, beside today's) and, per call, on the tensor dump's own bytes.
 
-Run: .venv/bin/python benchmarks/bench_dump.py [--repeat 7] [--threads both]
+Run: .venv/bin/python benchmarks/bench_dump.py [--repeat 7] [--threads both|N]
 """
 
 from __future__ import annotations
@@ -33,14 +33,23 @@ import tempfile
 import time
 from pathlib import Path
 
-if __name__ == "__main__" and "--threads" in sys.argv:  # before torch reads OMP_NUM_THREADS
-    _t = sys.argv[sys.argv.index("--threads") + 1]
-    if _t.isdigit():
-        os.environ["OMP_NUM_THREADS"] = _t
+from _common import threads_from_argv
+
+if __name__ == "__main__":
+    threads_from_argv()  # before torch reads OMP_NUM_THREADS
 
 import torch
 import xxhash
-from _common import interleaved, msprobe_available, ratios, run_msprobe, spread
+from _common import (
+    add_threads_arg,
+    interleaved,
+    msprobe_available,
+    ratios,
+    run_both_threads,
+    run_msprobe,
+    spread,
+    verdict,
+)
 
 from accuracy import dumper, load_dump
 from accuracy.dumper import recorder as recorder_mod
@@ -137,32 +146,12 @@ def _hash_cost(path: Path) -> None:
 _HASH_ROUNDS = 9
 
 
-def _both(argv: list[str]) -> None:
-    """Run this benchmark again in fresh processes: default threads, then one thread."""
-    rest, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--threads":
-            skip = True
-        else:
-            rest.append(a)
-    for setting in ("default", "1"):
-        env = dict(os.environ)
-        env.pop("OMP_NUM_THREADS", None)
-        extra = [] if setting == "default" else ["--threads", setting]
-        print(f"=== {'default torch threads' if setting == 'default' else 'OMP_NUM_THREADS=1'}"
-              " ===", flush=True)
-        subprocess.run([sys.executable, __file__, *rest, *extra], env=env, check=False)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--no-msprobe", action="store_true")
-    ap.add_argument("--threads", default="", help="'both' (default threads, then 1 thread, "
-                    "each in a fresh process) or a number (OMP_NUM_THREADS)")
+    add_threads_arg(ap)
     ap.add_argument("--dir", default=_TMPFS if os.path.isdir(_TMPFS) else None,
                     help="folder for the dumps (default: tmpfs /dev/shm where there is one)")
     ap.add_argument("--modes", default="statistics,tensor",
@@ -171,8 +160,7 @@ def main() -> None:
                     "training thread and the writer's hash a no-op)")
     args = ap.parse_args()
     if args.threads == "both":
-        _both(sys.argv[1:])
-        return
+        sys.exit(run_both_threads())
     modes = [m for m in args.modes.split(",") if m]
     model, batch = bench_setup()
     tmp = Path(tempfile.mkdtemp(prefix="bench_dump_", dir=args.dir))
@@ -221,15 +209,14 @@ def main() -> None:
     if "statistics" in t:
         stats_ratio = statistics.median(ratios(t["statistics"], t["bare"]))
         per_op = (statistics.median(t["statistics"]) - statistics.median(t["bare"])) / 559
-        print(f"accuracy statistics / bare step (median): {stats_ratio:.2f}x (goal <= 1.3x: "
-              f"{'met' if stats_ratio <= 1.3 else 'not met'}); {per_op * 1e6:.0f} us per op "
-              f"(goal <= 60 us: {'met' if per_op <= 60e-6 else 'not met'})")
+        print(f"accuracy statistics / bare step (median): {stats_ratio:.2f}x "
+              f"({verdict(stats_ratio, 1.3)}); {per_op * 1e6:.0f} us per op "
+              f"({verdict(per_op * 1e6, 60, unit=' us')})")
     if "tensor" in t and "tensor-sum" in t:
         cost = ratios(t["tensor"], t["tensor-sum"])
         med = statistics.median(cost)
         print(f"tensor step checked by the content hash / by the sums (before), round by "
-              f"round: {spread(cost, '{:.3f}')} (goal <= 1: {'met' if med <= 1 else 'not met'} "
-              "by the median)")
+              f"round: {spread(cost, '{:.3f}')} ({verdict(med, 1, unit='')} by the median)")
     if "tensor" in t:
         _hash_cost(tmp / "tensor.h5")
     if msprobe_available() and not args.no_msprobe and set(modes) == {"statistics", "tensor"}:
@@ -243,8 +230,7 @@ def main() -> None:
         n = min(len(t["tensor"]), len(m["tensor"]))
         rel = ratios(t["tensor"][:n], m["tensor"][:n])
         print(f"accuracy tensor / msprobe tensor time, round by round: "
-              f"{spread(rel, '{:.2f}')} (goal <= 0.5: "
-              f"{'met' if statistics.median(rel) <= 0.5 else 'not met'})")
+              f"{spread(rel, '{:.2f}')} ({verdict(statistics.median(rel), 0.5, unit='')})")
     elif msprobe_available():
         print("msprobe side-by-side skipped: it runs only with --modes statistics,tensor "
               "and without --no-msprobe")
