@@ -4,9 +4,11 @@ The step of bench_dump.py (4-layer TransformerEncoder, batch 8, seq 128, forward
 is dumped once in tensor mode, then replayed on CPU: in the op's own dtype and upcast to fp64
 (the default), with the same-dtype reference outputs stored too (`--tensors`), and with
 --upcast none for comparison. Prints ops/s, MB/s of tensor data read, the ratio to the bare
-step's time next to the goal (at most 3x) and the load average (the machine may be shared).
+step's time with met / not met beside the goal (at most 3x) and the load average (the machine
+may be shared). `--threads both` runs it twice from one command, each in a fresh process:
+torch's default threads, then OMP_NUM_THREADS=1; `--threads N` sets OMP_NUM_THREADS.
 
-Run: .venv/bin/python benchmarks/bench_replay.py [--repeat 5] [--jobs 1] [--threads N]
+Run: .venv/bin/python benchmarks/bench_replay.py [--repeat 5] [--jobs 1] [--threads both|N]
 """
 
 from __future__ import annotations
@@ -15,12 +17,18 @@ import argparse
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _common import threads_from_argv
+
+if __name__ == "__main__":
+    threads_from_argv()  # before torch reads OMP_NUM_THREADS
+
 import torch
-from _common import timed
+from _common import add_threads_arg, run_both_threads, timed, verdict
 
 from accuracy import dumper
 from accuracy.examples import bench_setup, bench_step
@@ -34,12 +42,10 @@ def main() -> None:
     ap.add_argument("--profile", default=None,
                     help="dump on sim with this profile (e.g. fp16-cube) instead of plain CPU, "
                          "so device outputs differ from the reference and every op runs twice")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads for the bare step and the replay (default: torch's); "
-                         "1 gives steadier figures on a shared machine")
+    add_threads_arg(ap)  # 1 gives steadier figures on a shared machine
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads == "both":
+        sys.exit(run_both_threads())
     model, batch = bench_setup()
     tmp = Path(tempfile.mkdtemp(prefix="bench_replay_"))
     dump = tmp / "tensor.h5"
@@ -53,10 +59,11 @@ def main() -> None:
             bench_step(model, batch)
     print(f"device dump: {'sim ' + args.profile if args.profile else 'plain CPU'}")
 
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, jobs {args.jobs}; "
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()} (OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}), jobs {args.jobs}; "
           f"dump {dump.stat().st_size / 1e6:.1f} MB. Each replay is paired with a bare step "
           f"timed just before it (this machine is shared); medians of {args.repeat} pairs")
-    print(f"{'run':26s} {'replay s':>9s} {'bare s':>7s} {'x bare':>7s} {'goal':>5s} "
+    print(f"{'run':26s} {'replay s':>9s} {'bare s':>7s} {'x bare':>7s} "
           f"{'ops/s':>7s} {'MB/s read':>10s}  status")
     runs = [("replay, upcast fp64", "fp64", True), ("replay, fp64, --tensors", "fp64", False),
             ("replay, upcast none", "none", True)]
@@ -74,9 +81,9 @@ def main() -> None:
         t, b = statistics.median(times), statistics.median(bares)
         rs = sorted(x / y for x, y in zip(times, bares, strict=True))
         ratio = statistics.median(rs)
-        print(f"{label:26s} {t:9.3f} {b:7.3f} {ratio:7.2f} {'≤3x':>5s} "
+        print(f"{label:26s} {t:9.3f} {b:7.3f} {ratio:7.2f} "
               f"{res.total / t:7.0f} {res.bytes_read / 1e6 / t:10.1f}  "
-              f"{'met' if ratio <= 3 else 'not met'}; {res.ok} ok, {res.skipped} skipped, "
+              f"{verdict(ratio, 3)}; {res.ok} ok, {res.skipped} skipped, "
               f"{res.failed} failed; x bare min–max {rs[0]:.2f}–{rs[-1]:.2f}, replay s "
               f"{min(times):.2f}–{max(times):.2f}; load {min(loads):.1f}–{max(loads):.1f}")
     shutil.rmtree(tmp, ignore_errors=True)
