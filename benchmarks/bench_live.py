@@ -6,23 +6,33 @@ figures kept); and as a tensor dump followed by `replay` (the offline way to the
 With --profile (default fp16-cube) the step runs on `sim`, so device outputs differ from the
 reference and every op gets its fp64 run, as on real hardware; --profile none runs plain CPU
 (every output bit-identical to the reference: the cheap case). Prints seconds, the ratio to
-the bare step (timed in the same setting just before), and bytes written (goal: the live
-check costs less than dump + replay together and writes nothing).
+the bare step (timed in the same setting just before), and bytes written, with met / not met
+beside each goal: the live check at most 2x the bare step, costing less than dump + replay
+together and writing nothing. `--threads both` runs it twice from one command, each in a fresh
+process: torch's default threads, then OMP_NUM_THREADS=1; `--threads N` sets OMP_NUM_THREADS.
 
 Run: .venv/bin/python benchmarks/bench_live.py [--repeat 3] [--profile fp16-cube|none]
+     [--threads both|N]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _common import threads_from_argv
+
+if __name__ == "__main__":
+    threads_from_argv()  # before torch reads OMP_NUM_THREADS
+
 import torch
-from _common import bare_step, on_device, timed
+from _common import add_threads_arg, bare_step, on_device, run_both_threads, timed, verdict
 
 from accuracy import dumper
 from accuracy.examples import bench_setup, bench_step
@@ -38,7 +48,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", default="fp16-cube", help="sim profile, or 'none' for CPU")
+    add_threads_arg(ap)
     args = ap.parse_args()
+    if args.threads == "both":
+        sys.exit(run_both_threads())
     profile = None if args.profile == "none" else args.profile
     model, batch = bench_setup()
 
@@ -82,7 +95,8 @@ def main() -> None:
             ratios[k].append(t / b)
         rows.setdefault("bare", []).append(b)
     shutil.rmtree(tmp, ignore_errors=True)
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device "
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()} (OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}), device "
           f"{'sim ' + profile if profile else 'plain CPU'}; medians of {args.repeat} rounds, "
           "each with a bare step timed just before (this machine is shared)")
     print(f"bare step {statistics.median(rows['bare']):.3f} s; live check verdicts: {counts}")
@@ -91,6 +105,13 @@ def main() -> None:
         w = written.get(k)
         print(f"{k:15s} {statistics.median(rows[k]):8.2f} {statistics.median(ratios[k]):7.2f} "
               f"{'' if w is None else f'{w / 1e6:11.1f}'}")
+    live = statistics.median(ratios["live check"])
+    vs = statistics.median(a / b for a, b in zip(rows["live check"], rows["dump + replay"],
+                                                 strict=True))
+    print(f"live check / bare step (median): {live:.2f}x ({verdict(live, 2)}); live check / "
+          f"(dump + replay), median per round: {vs:.2f} ({verdict(vs, 1, unit='', strict=True)}"
+          f"); live check wrote {written['live check'] / 1e6:.1f} MB "
+          f"({verdict(written['live check'], 0, what='nothing written')})")
 
 
 if __name__ == "__main__":
