@@ -95,10 +95,12 @@ def meets(value: float, goal: float, lower_is_better: bool = True, strict: bool 
 
 
 def verdict(value: float, goal: float, lower_is_better: bool = True, unit: str = "x", *,
-            strict: bool = False, what: str | None = None) -> str:
-    """'goal <= 1.3x: met' / 'goal >= 1.5 GB/s: not met'; `what` replaces the '<= 1.3x'."""
+            strict: bool = False, what: str | None = None, ok: bool | None = None) -> str:
+    """'goal <= 1.3x: met' / 'goal >= 1.5 GB/s: not met'; `what` replaces the '<= 1.3x', `ok`
+    (for a goal of several figures) the comparison of `value` with `goal`."""
     op = ("<" if strict else "<=") if lower_is_better else (">" if strict else ">=")
-    ok = meets(value, goal, lower_is_better, strict)
+    if ok is None:
+        ok = meets(value, goal, lower_is_better, strict)
     return f"goal {what or f'{op} {goal:g}{unit}'}: {'met' if ok else 'not met'}"
 
 
