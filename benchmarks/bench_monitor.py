@@ -7,8 +7,11 @@ Figures:
 - trigger to report: a step flagged at step 13 with snapshots every 10, captured by re-running
   steps 10..13 with the dumper on step 13, replayed and compared.
 
-    python benchmarks/bench_monitor.py                      # default threads
-    OMP_NUM_THREADS=1 python benchmarks/bench_monitor.py    # one thread
+Met / not met is printed beside the goal. `--threads both` runs it twice from one command, each
+in a fresh process: torch's default threads, then OMP_NUM_THREADS=1; `--threads N` sets
+OMP_NUM_THREADS (without the flag, the environment's setting holds).
+
+Run: python benchmarks/bench_monitor.py [--steps 30] [--no-capture] [--threads both|N]
 
 A/B against another version of the figures (the module that does the monitor's work), in the
 same process, steps interleaved bare / this version / that version:
@@ -28,6 +31,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import add_threads_arg, run_both_threads, threads_from_argv, verdict
+
+if __name__ == "__main__":
+    threads_from_argv()  # before torch reads OMP_NUM_THREADS
 
 import torch
 
@@ -175,7 +183,10 @@ def main() -> None:
     ap.add_argument("--against", type=Path, help="another figures.py to A/B against")
     ap.add_argument("--profile", action="store_true",
                     help="print the thread CPU time of the monitor's parts and stop")
+    add_threads_arg(ap)
     args = ap.parse_args()
+    if args.threads == "both":
+        sys.exit(run_both_threads())
     logging.basicConfig(level=logging.ERROR)
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as tmp:
@@ -191,9 +202,9 @@ def main() -> None:
             return
         o = overhead(args.steps, folder, args.against)
         print(f"monitor every step: bare {o['bare_s'] * 1e3:.1f} ms, monitored "
-              f"{o['monitor_s'] * 1e3:.1f} ms, ratio {o['ratio']:.3f}x wall, {o['cpu_ratio']:.3f}x "
-              f"CPU time ({o['modules']} modules, "
-              f"{o['params']} parameters), load {_load()}")
+              f"{o['monitor_s'] * 1e3:.1f} ms, ratio {o['ratio']:.3f}x wall "
+              f"({verdict(o['ratio'], 1.10, what='<= 1.10x')}), {o['cpu_ratio']:.3f}x CPU time "
+              f"({o['modules']} modules, {o['params']} parameters), load {_load()}")
         if args.against is not None:
             print(f"  against {args.against}: {o['against_s'] * 1e3:.1f} ms, ratio "
                   f"{o['against_ratio']:.3f}x wall, {o['against_cpu_ratio']:.3f}x CPU time")
