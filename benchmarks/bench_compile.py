@@ -3,8 +3,10 @@
 The bench step (accuracy.examples.bench_setup/bench_step: 4-layer TransformerEncoder, forward
 and backward) eager and under `torch.compile` (Inductor, CPU), each bare and dumped in
 statistics and tensor mode, interleaved round by round after warm-up, so a shared machine
-slows every side alike; each dumped step as a ratio to its own bare step. Run twice: with
-torch's default threads and with OMP_NUM_THREADS=1, each in its own process.
+slows every side alike; each dumped step as a ratio to its own bare step. By default
+(`--threads both`) the whole benchmark, compile time included, runs twice, each in its own
+process: with torch's default threads, then with OMP_NUM_THREADS=1; `--threads default` or
+`--threads N` runs one setting. Met / not met is printed beside each goal.
 
 Goals (issue 26): recording a compiled step costs no more than recording the eager step (ratio
 to each one's own bare step, statistics and tensor mode); compile time under the dumper is at
@@ -23,7 +25,7 @@ side also holds the dumper's one-time costs of its first recorded step (file, wr
 first-use imports) that are not compiling.
 
 Run: PYTHONPATH=$PWD TORCHINDUCTOR_COMPILE_THREADS=1 .venv/bin/python benchmarks/bench_compile.py
-     [--repeat 5] [--warm-runs 3] [--no-compile-time]
+     [--repeat 5] [--warm-runs 3] [--no-compile-time] [--threads both|N]
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import add_threads_arg, run_both_threads, threads_from_argv, verdict
+
+if __name__ == "__main__":
+    threads_from_argv()  # before torch reads OMP_NUM_THREADS (torch is imported in children)
 
 HERE = Path(__file__).resolve().parent
 
@@ -150,7 +157,7 @@ def _child_steps(repeat: int, tmp: Path) -> None:
     for mode in ("statistics", "tensor"):
         c, e = ratio[f"compiled {mode}"], ratio[f"eager {mode}"]
         print(f"recording cost, {mode}: compiled {c:.2f}x its bare step, eager {e:.2f}x "
-              f"(goal compiled <= eager: {'met' if c <= e else 'not met'})")
+              f"({verdict(c, e, what='compiled <= eager')})")
 
 
 def _run_child(args: list[str], env: dict[str, str]) -> str:
@@ -175,6 +182,7 @@ def main() -> None:
     ap.add_argument("--child", choices=("compile-bare", "compile-dumped", "steps"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--tmp", help=argparse.SUPPRESS)
+    add_threads_arg(ap, default="both")
     args = ap.parse_args()
     if args.child:
         sys.path.insert(0, str(HERE))
@@ -184,9 +192,15 @@ def main() -> None:
         else:
             _child_compile(args.child.removeprefix("compile-"), tmp)
         return
+    if args.threads == "both":
+        sys.exit(run_both_threads())
+    # one thread setting, this process's (--threads set it before anything read it): every
+    # child, compile time and step table alike, runs under it
     tmp = Path(tempfile.mkdtemp(prefix="bench_compile_"))
-    base = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    print(f"bench_compile: start load {_load()}, temp {tmp}", flush=True)
+    base = dict(os.environ)
+    omp = os.environ.get("OMP_NUM_THREADS")
+    print(f"bench_compile: start load {_load()}, temp {tmp}, OMP_NUM_THREADS="
+          f"{omp or 'unset (torch default)'}", flush=True)
     if not args.no_compile_time:
         fig: dict[tuple[str, str], list[dict]] = {}
         for temp, runs in (("cold", 1), ("warm", args.warm_runs)):
@@ -208,17 +222,14 @@ def main() -> None:
                   f"dir, {len(runs)} run(s)): bare "
                   f"{statistics.median(b['compile'] for b, _ in runs):.2f} s, under the dumper "
                   f"{statistics.median(d['compile'] for _, d in runs):.2f} s = {med:.2f}x "
-                  f"(runs {', '.join(f'{r:.2f}' for r in rel)}; goal <= 1.2x: "
-                  f"{'met' if med <= 1.2 else 'not met'}); first call - steady call: "
+                  f"(runs {', '.join(f'{r:.2f}' for r in rel)}; {verdict(med, 1.2)}); "
+                  f"first call - steady call: "
                   f"{statistics.median(rough):.2f}x", flush=True)
-    for threads in (None, "1"):
-        env = {**base, "TORCHINDUCTOR_CACHE_DIR": str(tmp / "cache-steps")}
-        if threads:
-            env["OMP_NUM_THREADS"] = threads
-        print(f"\n-- OMP_NUM_THREADS={threads or 'unset (torch default)'}, load before "
-              f"{_load()}", flush=True)
-        print(_run_child(["--child", "steps", "--repeat", str(args.repeat), "--tmp", str(tmp)],
-                         env), end="", flush=True)
+    env = {**base, "TORCHINDUCTOR_CACHE_DIR": str(tmp / "cache-steps")}
+    print(f"\n-- OMP_NUM_THREADS={omp or 'unset (torch default)'}, load before {_load()}",
+          flush=True)
+    print(_run_child(["--child", "steps", "--repeat", str(args.repeat), "--tmp", str(tmp)], env),
+          end="", flush=True)
 
 
 if __name__ == "__main__":
