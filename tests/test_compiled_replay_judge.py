@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _miscompile import ScaleMatmul, inductor_cache
+from _miscompile import ScaleMatmul, inductor_cache, torch_threads
 from torch import nn
 
 from accuracy import dumper, load_dump
@@ -50,8 +50,15 @@ def _step(model: nn.Module) -> None:
     F.cross_entropy(model(x), y).backward()
 
 
-def _dumps(folder, fault: bool) -> dict:
+def _dumps(folder, fault: bool, threads: int = 2) -> dict:
+    """The eager, amax-pooled eager and compiled dumps of one step, and the compiled one's
+    replay, with torch at `threads` CPU threads (the compiled program depends on it)."""
     folder.mkdir()
+    with torch_threads(threads):
+        return _run(folder, fault)
+
+
+def _run(folder, fault: bool) -> dict:
     torch.manual_seed(0)
     state = CNN().state_dict()
     out = {k: folder / f"{k}.h5" for k in ("eager", "eager_amax", "compiled")}
