@@ -48,3 +48,16 @@ def inductor_cache(folder: Path) -> Iterator[Path]:
     finally:
         torch._dynamo.reset()
         mp.undo()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op thread count `n` inside, put back after. A CPU program depends on it:
+    Inductor lowers `scatter_add` (max_pool's backward) to ATen's `scatter_reduce_` only with
+    more than one thread, else it fuses the scatter into the kernel zero-filling its buffer."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

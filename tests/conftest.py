@@ -17,6 +17,21 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_kept(request):
+    """A test that leaves torch's intra-op thread count changed fails, and the count is put
+    back: what a later test compiles depends on it (with one CPU thread Inductor fuses
+    max_pool's backward scatter into a kernel instead of calling ATen's `scatter_reduce_`),
+    and the later test would fail far from the cause, in some orders only."""
+    before = torch.get_num_threads()
+    yield
+    after = torch.get_num_threads()
+    if after != before:
+        torch.set_num_threads(before)
+        pytest.fail(f"{request.node.nodeid} left torch's thread count at {after} (was "
+                    f"{before}): put it back", pytrace=False)
+
+
 # CI (`.ci/run` sets ACCURACY_NO_SKIPS=1) fails the run when a test is skipped for any reason
 # other than a missing CUDA device or an opt-in soak run: a skipped test hides a broken setup
 # (no Chromium, a missing extra) as well as a failure would.

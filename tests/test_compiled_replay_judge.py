@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _miscompile import ScaleMatmul, inductor_cache
+from _miscompile import ScaleMatmul, inductor_cache, torch_threads
 from torch import nn
 
 from accuracy import dumper, load_dump
@@ -50,12 +50,19 @@ def _step(model: nn.Module) -> None:
     F.cross_entropy(model(x), y).backward()
 
 
-def _dumps(folder, fault: bool) -> dict:
+def _dumps(folder, fault: bool, threads: int = 2, eager: bool = True) -> dict:
+    """The eager (with `eager`), amax-pooled eager and compiled dumps of one step, and the
+    compiled one's replay, with torch at `threads` CPU threads (the program depends on it)."""
     folder.mkdir()
+    with torch_threads(threads):
+        return _run(folder, fault, eager)
+
+
+def _run(folder, fault: bool, eager: bool) -> dict:
     torch.manual_seed(0)
     state = CNN().state_dict()
     out = {k: folder / f"{k}.h5" for k in ("eager", "eager_amax", "compiled")}
-    for k, native in (("eager", True), ("eager_amax", False)):
+    for k, native in (("eager", True), ("eager_amax", False)) if eager else ():
         m = CNN(native)
         m.load_state_dict(state)
         with dumper(out[k], mode="tensor"):
@@ -91,6 +98,11 @@ def clean(cache):
 @pytest.fixture(scope="module")
 def fault(cache):
     return _dumps(cache / "fault", True)
+
+
+@pytest.fixture(scope="module")
+def one_thread(cache):
+    return _dumps(cache / "one_thread", False, threads=1, eager=False)
 
 
 def _relu_kernel(comp) -> tuple[int, int, int]:
@@ -163,6 +175,28 @@ def test_a_buffer_an_extern_scatter_finishes_is_not_replayed(clean):
                    if r.extra.get("compiled") and r.phase == "backward"]
     assert any("finished in place by extern kernel" in s and "scatter_add" in s
                for s in reasons), reasons
+
+
+def test_a_buffer_its_own_kernel_scatters_into_is_replayed(one_thread):
+    """With one CPU thread Inductor does not call ATen's `scatter_reduce_` for max_pool's
+    backward: the kernel zero-filling the buffer runs the scatter too, and its launch leaves
+    the scatter_add value, which replay checks. Before, any scatter into the buffer counted
+    as a later writer ("a later kernel or ATen call writes it in place"): the value went
+    unchecked, and a test leaving torch at one thread (the quick benchmark's `main`) made
+    the extern-scatter test above fail in whichever process ran it after."""
+    with load_dump(one_thread["compiled"]) as d:
+        assert not any("scatter_reduce" in r.op for r in d.records), \
+            "Inductor called ATen's scatter with one thread: no fused scatter to check here"
+    with load_dump(one_thread["replay"]) as d:
+        got = [(i, r.extra["replay"]) for r in d.records
+               if r.extra.get("compiled") and r.phase == "backward"
+               for i, o in enumerate(r.extra.get("outputs") or [])
+               if o.get("op") == "aten.scatter_add.default"]
+    assert got, "no backward kernel writes the scatter_add buffer"
+    for i, rep in got:
+        assert f"output {i} not replayed" not in rep.get("reason", ""), rep.get("reason")
+        m = next((m for m in rep.get("outputs") or [] if m.get("idx") == i), None)
+        assert m is not None and m.get("reference") == "given" and m["error_ratio"] < 10, m
 
 
 def test_repro_of_the_max_pool_kernel_runs_and_diverges(fault, tmp_path):

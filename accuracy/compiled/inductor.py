@@ -320,6 +320,33 @@ def _kernel_writes(call_args: Any, arg_types: Any) -> set[str] | None:
     return None
 
 
+def _launch_ops() -> set[str] | None:
+    """The scheduler operations (`op17`...) the kernel being launched computes, found on the
+    code generator's frames: a C++ kernel group's `scheduled_nodes` (one C++ function runs
+    the loops of several scheduler nodes), a SIMD kernel's `node_schedule`. None when neither
+    is there. A mutation among them (a scatter into the buffer a loop before it zero-fills:
+    the lowering of `scatter_add` when Inductor does not fall back to ATen's, e.g. with one
+    CPU thread) is finished by this very launch, not by a later one."""
+    try:
+        from torch._inductor.scheduler import BaseSchedulerNode
+    except Exception:  # noqa: BLE001 - torch moved it: no launch is known to finish a buffer
+        return None
+    frame = sys._getframe(1)
+    for _ in range(10):
+        frame = frame.f_back
+        if frame is None:
+            break
+        nodes = getattr(frame.f_locals.get("self"), "scheduled_nodes", None)
+        if nodes is None:
+            nodes = frame.f_locals.get("node_schedule")
+        if isinstance(nodes, list | tuple):
+            ops = {o for n in nodes if isinstance(n, BaseSchedulerNode)
+                   for o in n.get_operation_names()}
+            if ops:
+                return ops
+    return None
+
+
 def _mutation_buffer(g: Any, name: str, used: set[str]) -> Any:
     """The IR buffer of the next mutation written into `name` (a graph input or an earlier
     buffer), in graph order; None when Inductor names none."""
@@ -336,7 +363,8 @@ def _mutation_buffer(g: Any, name: str, used: set[str]) -> Any:
 
 def _describe(kernel_name: str, call_args: Any, seen: set[str],
               reuses: dict[str, str] | None = None,
-              writes: set[str] | None = None) -> KernelInfo | None:
+              writes: set[str] | None = None,
+              launch: set[str] | None = None) -> KernelInfo | None:
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
@@ -409,7 +437,7 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
         from accuracy.compiled.reference import reference_graph
         info.reference = reference_graph(g, irnames, outputs,
                                          {b: reuses[b] for b in info.before})
-        _drop_partial(g, info)
+        _drop_partial(g, info, launch)
     except Exception as e:  # noqa: BLE001 - the row stands without it; replay says why
         log.debug("no reference for %s: %s", kernel_name, e)
     return info
@@ -419,10 +447,28 @@ PARTIAL = ("a later kernel or ATen call writes it in place (scatter into a zeroe
            "this kernel only starts its value, which is not its origin node's")
 
 
-def _drop_partial(g: Any, info: KernelInfo) -> None:
+def _finished_later(g: Any, name: str, real: dict[str, str],
+                    launch: set[str] | None) -> bool:
+    """Whether a mutation into buffer `name` runs after the launch writing it: one computed
+    by another launch (an extern `scatter_reduce_`, a later kernel). One among the launch's
+    own operations (`launch`, see _launch_ops) leaves its final value; unknown ones count as
+    later."""
+    for m, r in real.items():
+        if r != name:
+            continue
+        buf = g.try_get_buffer(m)
+        op = buf.get_operation_name() if hasattr(buf, "get_operation_name") else None
+        if launch is None or op not in launch:
+            return True
+    return False
+
+
+def _drop_partial(g: Any, info: KernelInfo, launch: set[str] | None = None) -> None:
     """No replay reference for an output a mutation writes over afterwards: the value the
     kernel leaves there is not its origin node's (a scatter's zero fill is named after the
-    scatter), and re-running the origin would call an honest kernel wrong."""
+    scatter), and re-running the origin would call an honest kernel wrong. A mutation the
+    launch itself runs (`launch`: its scheduler operations) is not afterwards: the buffer
+    holds its origin node's value."""
     real = getattr(getattr(g, "scheduler", None), "mutation_real_name", None) or {}
     targets = set(real.values())
     ref = info.reference
@@ -431,7 +477,8 @@ def _drop_partial(g: Any, info: KernelInfo) -> None:
     for k, i in enumerate(info.outputs):
         b = info.buffers[i]
         if b not in info.mutated and b in targets and k < len(ref["outputs"]) \
-                and ref["outputs"][k] is not None:  # else its reason is said already
+                and ref["outputs"][k] is not None \
+                and _finished_later(g, b, real, launch):  # None: its reason is said already
             ref["outputs"][k] = None
             ref["graph"][k] = PARTIAL
 
@@ -591,7 +638,8 @@ def install() -> None:
             try:
                 seen = self.__dict__.setdefault("_accuracy_seen", set())
                 info = _describe(kernel_name, call_args, seen, getattr(self, "reuses", {}),
-                                 _kernel_writes(call_args, kwargs.get("arg_types")))
+                                 _kernel_writes(call_args, kwargs.get("arg_types")),
+                                 _launch_ops())
                 if info is None:
                     _unhooked_line(self, kernel_name, "it writes no buffer Inductor names as "
                                    "its output or as mutated")
