@@ -9,7 +9,9 @@ Printed per case: the median step time over its idle steps (steps it does not re
 the bare median, the median of its recorded steps, and the direct cost of its calls on an
 idle step (start+stop+step timed alone, many times: the figure the noise cannot hide), with
 met / not met beside the goal (an idle step at most 1.02x the bare step, calls at most 2% of
-it). By default (`--threads both`) it runs once with the default threads and once with
+it). The idle steps of `dumper(steps=[never reached])` are also timed in blocks alternating
+with bare ones (one dumper per block), the end-to-end figure drift cannot tilt. By default
+(`--threads both`) it runs once with the default threads and once with
 OMP_NUM_THREADS=1, each in its own process; `--threads default` or `--threads N` runs one.
 
 The monitor (issue 28) adds two rows to the table (every step recorded, and with a snapshot
@@ -179,6 +181,31 @@ def _call_cost(case: Case, tmp: Path, n: int = 20000) -> float:
     return cost
 
 
+def _idle_interleaved(model: Any, batch: Any, tmp: Path, rounds: int = 6,
+                      block: int = 5) -> tuple[float, float]:
+    """(bare median, idle median) in seconds: blocks of `block` bare steps alternate with
+    blocks of idle steps inside `dumper(steps=[never reached])`, so drift and load reach
+    both alike (the per-case table runs each case's steps in one stretch)."""
+    from accuracy import dumper
+    from accuracy.examples import bench_step
+
+    def timed_block() -> list[float]:
+        out = []
+        for _ in range(block):
+            t0 = time.perf_counter()
+            bench_step(model, batch)
+            out.append(time.perf_counter() - t0)
+        return out
+
+    bare: list[float] = []
+    idle: list[float] = []
+    for _ in range(rounds):
+        bare += timed_block()
+        with dumper(dump_path=tmp / "idle.h5", steps=[10**9], overwrite=True):
+            idle += timed_block()
+    return statistics.median(bare), statistics.median(idle)
+
+
 def _monitor_figures(steps: int, capture: bool) -> dict:
     """bench_monitor.py's figures (an AdamW step): overhead, snapshot, trigger to report."""
     sys.path.insert(0, str(HERE))
@@ -215,6 +242,7 @@ def child(steps: int, repeat: int, capture: bool = False) -> dict:
                                 "total": statistics.median(sum(r) for r in times[c.name]),
                                 "calls": _call_cost(c, tmp) if idle else None,
                                 "mode_on_idle": c.name in _MODE_ON_IDLE}
+    out["idle_interleaved"] = _idle_interleaved(model, batch, tmp)
     out["monitor"] = _monitor_figures(max(5, min(steps, 20)), capture)
     return out
 
@@ -244,6 +272,11 @@ def _report(res: dict, label: str) -> None:
             pct = c["calls"] / bare * 100
             line += f"; calls {pct:.4f}% of the step ({verdict(pct, 2, unit='%')}, direct)"
         print(line)
+    if "idle_interleaved" in res:
+        b, i = res["idle_interleaved"]
+        print(f"  dumper(steps=[never reached]), its idle steps interleaved with bare ones (6 "
+              f"blocks of 5 each): {b * 1e3:.1f} ms bare, {i * 1e3:.1f} ms idle: {i / b:.3f}x "
+              f"({verdict(i / b, 1.02, what='<= 1.02x')}, end to end, interleaved)")
     m = res.get("monitor")
     if m:
         o, sn = m["overhead"], m["snapshot"]
