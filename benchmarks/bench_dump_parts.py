@@ -9,7 +9,7 @@ statistics threads included) and of the training thread alone (what the step wai
 a core is spare), which a shared machine disturbs less than wall time; wall time beside them.
 The same script runs on an older tree (parts it lacks are left as they are).
 
-Run: OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_dump_parts.py [--repeat 7]
+Run: .venv/bin/python benchmarks/bench_dump_parts.py [--repeat 7] [--threads both|N]
 """
 
 from __future__ import annotations
@@ -18,11 +18,18 @@ import argparse
 import contextlib
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 
+from _common import threads_from_argv
+
+if __name__ == "__main__":
+    threads_from_argv()  # before torch reads OMP_NUM_THREADS
+
 import torch
+from _common import add_threads_arg, run_both_threads
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from accuracy import dumper
@@ -61,7 +68,10 @@ class _Nothing:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=7)
+    add_threads_arg(ap)
     args = ap.parse_args()
+    if args.threads == "both":
+        sys.exit(run_both_threads())
     model, batch = bench_setup()
     tmp = tempfile.mkdtemp(prefix="bench_parts_", dir="/dev/shm" if os.path.isdir("/dev/shm")
                            else None)

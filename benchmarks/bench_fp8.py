@@ -9,7 +9,9 @@ shared machine slows every variant alike:
 - the same under `dumper(mode="statistics")`: figures written into each GEMM's record;
 - quantisation alone: the figures' share is measured by `quantize(..., figures=False)`.
 
-    python benchmarks/bench_fp8.py [--repeat 5] [--layers 4] [--d 256]
+    python benchmarks/bench_fp8.py [--repeat 5] [--layers 4] [--d 256] [--threads both|N]
+
+Without `--threads` it runs on one torch thread, as its figures always did.
 """
 
 from __future__ import annotations
@@ -22,13 +24,21 @@ import sys
 import tempfile
 from pathlib import Path
 
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import threads_from_argv
+
+if __name__ == "__main__":
+    threads_from_argv()  # before torch reads OMP_NUM_THREADS
+
 import torch
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import interleaved  # noqa: E402
+from _common import add_threads_arg, interleaved, run_both_threads  # noqa: E402
 
 from accuracy.device_backend import sim  # noqa: E402
 from accuracy.device_backend.formats import E4M3, quantize  # noqa: E402
@@ -41,8 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--d", type=int, default=256)
+    add_threads_arg(ap)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    if args.threads == "both":
+        return run_both_threads(argv)
+    if not args.threads:  # as before the option: one thread
+        torch.set_num_threads(1)
     torch.manual_seed(0)
     model = tiny_lm(layers=args.layers, d_model=args.d, ff=4 * args.d)
     batch = lm_batch(batch=4, seq=64)
@@ -69,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     times = interleaved(variants, args.repeat)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"load average: {os.getloadavg()}")
-    print(f"tiny_lm(layers={args.layers}, d={args.d}), batch 4 x 64, {args.repeat} runs each\n")
+    print(f"tiny_lm(layers={args.layers}, d={args.d}), batch 4 x 64, {args.repeat} runs each; "
+          f"torch {torch.__version__}, threads {torch.get_num_threads()} (OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')})\n")
     print("| variant | median s | x bare | x sim exact |")
     print("| --- | ---: | ---: | ---: |")
     for k, v in med.items():

@@ -7,6 +7,7 @@ machine shared with other work slows both writers alike, and only the writer dif
 Each figure is the median (min–max) of the per-round ratio to that round's bare step.
 
 Run: .venv/bin/python benchmarks/bench_writer_ab.py --other /work/main [--repeat 5]
+     [--threads both|N]
 """
 
 from __future__ import annotations
@@ -20,8 +21,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _common import threads_from_argv
+
+if __name__ == "__main__":
+    threads_from_argv()  # before torch reads OMP_NUM_THREADS
+
 import torch
-from _common import interleaved, ratios, spread
+from _common import add_threads_arg, interleaved, ratios, run_both_threads, spread
 
 from accuracy import dumper, load_dump
 from accuracy.examples import bench_setup, bench_step
@@ -43,7 +49,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--other", type=Path, required=True, help="the other tree (e.g. main)")
     ap.add_argument("--repeat", type=int, default=5)
+    add_threads_arg(ap)
     args = ap.parse_args()
+    if args.threads == "both":
+        sys.exit(run_both_threads())
     other = _load_writer(args.other)
     if not hasattr(other.DumpWriter, "stage"):  # a writer from before the staging ring:
         other.DumpWriter.stage = lambda self, t: None  # the recorder makes private copies
