@@ -143,6 +143,13 @@ class Served:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
+        """SIGTERM first (uvicorn shuts down, the job children stop, and multiprocessing's
+        resource tracker unlinks their semaphores: a group SIGKILL left three in /dev/shm),
+        then SIGKILL whatever of the group is left after 10 s."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(30)
