@@ -509,7 +509,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     if args.dist:
         return dist_main(args.verbose, args.check)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    try:  # called as a function (tests/test_verdicts.py): the caller's thread count comes back
+        return _one_thread_main(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _one_thread_main(args: argparse.Namespace) -> int:
     if args.fp8:
         fp8_main(args.verbose)
         return 0
