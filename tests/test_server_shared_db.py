@@ -202,3 +202,28 @@ def test_servers_starting_at_once_create_the_schema_once(backend, tmp_path):
                     p.join(5)
         failures += [g for g in got if g != "ok"]
     assert failures == []
+
+
+def test_a_sqlite_server_opens_no_connection_before_it_holds_the_schema_lock(tmp_path):
+    """The first thing a connection does is switch the file to WAL, and SQLite refuses switches
+    that race with another server's with "database is locked" at once (no busy wait): so no
+    connection may open until this server holds the schema lock."""
+    import fcntl
+    import os
+
+    from accuracy.server.db import make_engine
+
+    path = tmp_path / "index.sqlite"
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another server is creating the schema
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (make_engine(f"sqlite:///{path}").dispose(), done.set()),
+                         daemon=True)
+    t.start()
+    try:
+        assert not done.wait(1.0)
+        assert path.stat().st_size == 0 and not path.with_name("index.sqlite-wal").exists()
+    finally:
+        os.close(fd)
+    assert done.wait(30)
+    assert path.stat().st_size > 0

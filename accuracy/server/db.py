@@ -195,9 +195,10 @@ def _sqlite_file_lock(engine: Engine) -> Iterator[None]:
     if not path or path == ":memory:" or path.startswith("file:"):
         yield
         return
-    with engine.connect():  # creates the file
-        pass
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    # Created and locked before any connection opens: a connection's first act is switching the
+    # file to WAL, and SQLite answers concurrent switches with "database is locked" at once,
+    # without waiting out the busy timeout (seen under load with four servers starting).
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
