@@ -8,11 +8,13 @@ reference and every op gets its fp64 run, as on real hardware; --profile none ru
 (every output bit-identical to the reference: the cheap case). Prints seconds, the ratio to
 the bare step (timed in the same setting just before), and bytes written, with met / not met
 beside each goal: the live check at most 2x the bare step, costing less than dump + replay
-together and writing nothing. `--threads both` runs it twice from one command, each in a fresh
+together and writing nothing. `--sample F` (default 0.25) also times `live_check(sample=F)`,
+which checks that fraction of the calls, other calls each step: the full check's cost per
+step spread over 1 / F steps. `--threads both` runs it twice from one command, each in a fresh
 process: torch's default threads, then OMP_NUM_THREADS=1; `--threads N` sets OMP_NUM_THREADS.
 
 Run: .venv/bin/python benchmarks/bench_live.py [--repeat 3] [--profile fp16-cube|none]
-     [--threads both|N]
+     [--sample 0.25] [--threads both|N]
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", default="fp16-cube", help="sim profile, or 'none' for CPU")
+    ap.add_argument("--sample", type=float, default=0.25,
+                    help="also time live_check(sample=F); 1 skips that row")
     add_threads_arg(ap)
     args = ap.parse_args()
     if args.threads == "both":
@@ -62,8 +66,10 @@ def main() -> None:
         bare_step(model, batch, profile)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_live_"))
+    sampled = f"sample {args.sample:g}"
     rows: dict[str, list[float]] = {"live check": [], "dump": [], "replay": [],
-                                    "dump + replay": []}
+                                    "dump + replay": [], sampled: []}
+    share = 1.0
     ratios: dict[str, list[float]] = {k: [] for k in rows}
     written: dict[str, int] = {}
     counts = None
@@ -77,6 +83,14 @@ def main() -> None:
         model.zero_grad(set_to_none=True)
         written["live check"] = _bytes_under(tmp) - before
         counts = chk.counts()
+        if args.sample < 1:
+            t0 = time.perf_counter()
+            with device(), live_check(on="cpu", sample=args.sample, step=i) as part:
+                bench_step(model, batch)
+            rows[sampled].append(time.perf_counter() - t0)
+            ratios[sampled].append(rows[sampled][-1] / b)
+            model.zero_grad(set_to_none=True)
+            share = part.checked / max(1, chk.checked)
         dump = tmp / f"step-{i}.h5"
         t0 = time.perf_counter()
         with device(), dumper(dump_path=dump, mode="tensor"):
@@ -101,7 +115,9 @@ def main() -> None:
           "each with a bare step timed just before (this machine is shared)")
     print(f"bare step {statistics.median(rows['bare']):.3f} s; live check verdicts: {counts}")
     print(f"{'run':15s} {'seconds':>8s} {'x bare':>7s} {'MB written':>11s}")
-    for k in ("live check", "dump", "replay", "dump + replay"):
+    for k in ("live check", "dump", "replay", "dump + replay", sampled):
+        if not rows[k]:
+            continue
         w = written.get(k)
         print(f"{k:15s} {statistics.median(rows[k]):8.2f} {statistics.median(ratios[k]):7.2f} "
               f"{'' if w is None else f'{w / 1e6:11.1f}'}")
@@ -112,6 +128,11 @@ def main() -> None:
           f"(dump + replay), median per round: {vs:.2f} ({verdict(vs, 1, unit='', strict=True)}"
           f"); live check wrote {written['live check'] / 1e6:.1f} MB "
           f"({verdict(written['live check'], 0, what='nothing written')})")
+    if rows[sampled]:
+        part_x = statistics.median(ratios[sampled])
+        print(f"live_check(sample={args.sample:g}) / bare step (median): {part_x:.2f}x "
+              f"({verdict(part_x, 2)}); it checked {share:.0%} of the calls the full check "
+              f"checked, other calls each step")
 
 
 if __name__ == "__main__":

@@ -321,3 +321,42 @@ def test_proof_page_escapes_names():
                          "notes": []})
     assert "<script>" not in page and "<img" not in page and "<b>s</b>" not in page
     assert "&lt;script&gt;" in page
+
+
+def test_a_sampled_live_check_checks_its_fraction_and_says_what_it_left():
+    with live_check() as full:
+        _lm_step()
+    with live_check(sample=0.25) as chk:
+        _lm_step()
+    assert chk.calls == full.calls
+    assert chk.checked + chk.sampled_out == full.checked
+    assert abs(chk.checked / full.checked - 0.25) < 0.02
+    rep = chk.report()
+    assert rep["sample"] == 0.25 and rep["sampled_out"] == chk.sampled_out
+    assert f"sample 0.25: {chk.sampled_out} selected calls not checked" in chk.text()
+    assert "sample" not in full.text()
+    with pytest.raises(ValueError, match="fraction of calls"):
+        live_check(sample=0)
+
+
+def test_a_sampled_live_check_takes_other_calls_each_step_and_finds_a_faulty_kernel():
+    """Blocks numbered by step check other calls each step: over a few 1 / fraction steps
+    every call of the step is checked, and a kernel wrong in every call is caught."""
+    seen = []
+    for step in range(12):
+        with live_check(sample=0.25, step=step) as chk:
+            _lm_step()
+        seen.append({r.seq for r in chk.results})
+    assert seen[0] != seen[1]
+    covered = set().union(*seen)
+    assert len(covered) > 0.95 * chk.calls
+    caught = None
+    with sim(profile="fp16-cube", faults=[sim.fault(**FAULT)]):
+        for step in range(8):
+            try:
+                with live_check(sample=0.25, step=step, stop_on="error"):
+                    _lm_step()
+            except LiveCheckError as e:
+                caught = e.result
+                break
+    assert caught is not None and caught.op == FAULT["op"]

@@ -44,7 +44,7 @@ from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.uninit import Uninitialised
 from accuracy.dumpfile.compiled import blind_lines
 from accuracy.errors import AccuracyError
-from accuracy.live.select import Selection, Site, SiteMode, unrunnable
+from accuracy.live.select import Selection, Site, SiteMode, in_sample, unrunnable
 from accuracy.replay.engine import reference_device
 from accuracy.replay.ops import (
     FAILED,
@@ -194,7 +194,10 @@ class LiveCheck(SiteMode):
     dumper). stop_on: None, "error" or "warning": raise LiveCheckError at the first op judged
     at that level. config: verdict thresholds (TOML path or dict), as `accuracy compare
     --config`. keep: "all" OpResults, or only "flagged" ones (warning, error, failed) for
-    long runs; counts cover every call either way. After the block: `results`, `report()`.
+    long runs; counts cover every call either way. sample: the fraction of selected calls
+    checked (1.0: all), a different set each step (`step`: the training step's number, when
+    each step has its own block); the others run unchecked and are counted as sampled out.
+    After the block: `results`, `report()`.
     """
 
     def __init__(self, on: str = "cpu", *, ops: str | Iterable[str] | None = None,
@@ -203,7 +206,10 @@ class LiveCheck(SiteMode):
                  phases: str | Iterable[str] | None = None, upcast: str = "fp64",
                  stop_on: str | None = None,
                  config: str | os.PathLike[str] | dict | None = None,
-                 keep: str = "all") -> None:
+                 keep: str = "all", sample: float = 1.0, step: int = 0) -> None:
+        if not 0.0 < float(sample) <= 1.0:
+            raise ValueError(f"sample is the fraction of calls checked, in (0, 1], not "
+                             f"{sample!r}")
         if upcast not in UPCASTS:
             raise ValueError(f"upcast must be one of {UPCASTS}, not {upcast!r}")
         if keep not in ("all", "flagged"):
@@ -217,6 +223,8 @@ class LiveCheck(SiteMode):
         self.selection = Selection.build(ops, modules, exclude_ops, phases)
         self.cfg = V.load_config(config)
         self.keep = keep
+        self.sample, self.step = float(sample), int(step)
+        self.sampled_out = 0  # selected calls left unchecked by the sample
         self.results: list[OpResult] = []
         self.checked = 0
         self._counts: Counter[str] = Counter()
@@ -238,6 +246,7 @@ class LiveCheck(SiteMode):
         attrs = {"sim": self._sim.describe()} if self._sim is not None else {}
         self.precision = ComputePrecision.from_sources(self.cfg, attrs)
         self.results, self.calls, self.notes, self.checked = [], 0, [], 0
+        self.sampled_out = 0
         self._counts, self._reasons = Counter(), Counter()
         self._uninit = Uninitialised()
         self._start()
@@ -269,7 +278,11 @@ class LiveCheck(SiteMode):
         phase, module, source = site.locate()
         name = self._op_name(func)
         plan = plan_of(func)
-        if not self.selection.wants(seq, name, module, phase):
+        wanted = self.selection.wants(seq, name, module, phase)
+        if wanted and not in_sample(seq, self.sample, self.step):
+            wanted = False
+            self.sampled_out += 1
+        if not wanted:
             out = func(*args, **kwargs)
             outs = tensors_in(out)
             site.after(phase, module, seq, source, outs)
@@ -440,7 +453,8 @@ class LiveCheck(SiteMode):
             "backend": "sim" if self._sim is not None else "",
             "profile": self._sim.profile_name if self._sim is not None else "",
             "faults_applied": list(self._sim.applied) if self._sim is not None else [],
-            "calls": self.calls, "checked": self.checked, "counts": self.counts(),
+            "calls": self.calls, "checked": self.checked, "sample": self.sample,
+            "step": self.step, "sampled_out": self.sampled_out, "counts": self.counts(),
             "not_checked_reasons": dict(self._reasons), "notes": list(self.notes),
             "compiled_regions": self.compiled.get("compiled_regions", []),
             "errors": [asdict(r) for r in self.errors()],
@@ -454,8 +468,10 @@ class LiveCheck(SiteMode):
 
     def text(self, top: int = 10) -> str:
         """A short human summary: counts, then the worst ops."""
+        sampled = (f" (sample {self.sample:g}: {self.sampled_out} selected calls not "
+                   f"checked in this block)" if self.sample < 1.0 else "")
         lines = [f"live check on {self.device} (upcast {self.upcast}): {self.calls} calls, "
-                 f"{self.checked} checked; " + ", ".join(
+                 f"{self.checked} checked{sampled}; " + ", ".join(
                      f"{k} {v}" for k, v in sorted(self.counts().items()))]
         lines[1:1] = [f"  BLIND: {b}" for b in blind_lines(self.compiled)]
         worst = sorted((r for r in self.results if r.verdict in (V.ERROR, V.WARNING)),

@@ -95,6 +95,24 @@ class Selection:
         return not self.modules or any(module_matches(p, module) for p in self.modules)
 
 
+# Weyl sequences: frac(seq * _PHI + step * _SQRT2) is spread evenly over [0, 1) in any run of
+# calls, and a step of N calls (N * _PHI irrational) lands a position elsewhere every step.
+_PHI = (5 ** 0.5 - 1) / 2
+_SQRT2 = 2 ** 0.5 - 1
+
+
+def in_sample(seq: int, fraction: float, step: int = 0) -> bool:
+    """Whether call `seq` of block `step` is in a `fraction` sample of calls.
+
+    Deterministic (the same calls every run, nothing to seed), about `fraction` of any run of
+    calls, and a different set in each step, whether steps are numbered (`step`) or one block
+    spans them (`seq` goes on counting): a kernel wrong in every call is met within a few
+    1 / fraction steps, at 1 / fraction less cost per step."""
+    if fraction >= 1.0:
+        return True
+    return (seq * _PHI + step * _SQRT2) % 1.0 < fraction
+
+
 def _hop_not_checked(name: str) -> None:
     log.warning("higher-order op %s has no eager implementation to run inside: its ops are "
                 "not checked", name)
