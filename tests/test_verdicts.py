@@ -138,6 +138,21 @@ def test_statistics_only_compare_ranks_suspects_and_says_replay_confirms(tmp_pat
     assert any("replay" in n for n in rep.summary["notes"])
 
 
+def test_statistics_only_compare_is_an_error_where_nan_appears_on_one_side(tmp_path):
+    """Statistics of a tensor holding NaN are NaN and compare nothing; the exact non-finite
+    counts still do: a run whose loss went NaN is never PASS in statistics mode."""
+    gold = _mlp_dump(tmp_path / "g.h5", "statistics")
+    fault = sim.fault("aten.addmm.default", "fc2", kind="nan")
+    dev = _mlp_dump(tmp_path / "d.h5", "statistics", [fault])
+    rep = compare(dev, gold)
+    assert rep.summary["verdict"] == "error"
+    first = next(r for r in rep.rows if r["verdict"] == "error")
+    assert first["op"] == "aten.addmm.default" and first["module"].endswith("fc2")
+    assert "non-finite values differ" in first["message"]
+    clean = compare(_mlp_dump(tmp_path / "d2.h5", "statistics", []), gold)
+    assert clean.summary["verdict"] == "pass"
+
+
 # -- refusals -----------------------------------------------------------------------------------
 
 

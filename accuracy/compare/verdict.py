@@ -108,8 +108,16 @@ def metric_verdict(row: Row, cfg: dict[str, Any],
 
 
 def stats_verdict(row: Row, cfg: dict[str, Any]) -> tuple[Verdict, str]:
-    """Verdict from statistics only (statistics-mode dumps)."""
+    """Verdict from statistics only (statistics-mode dumps).
+
+    Non-finite counts are exact in every dump: a NaN or inf on one side only is an error
+    (statistics of a non-finite tensor are NaN or inf themselves, and compare nothing)."""
     sec = cfg["statistics"]
+    counts = (row.my_nan_count, row.my_inf_count, row.golden_nan_count, row.golden_inf_count)
+    if all(c is not None and c >= 0 for c in counts) and counts[:2] != counts[2:]:
+        return ERROR, (f"statistics only: non-finite values differ: {counts[0]} NaN, "
+                       f"{counts[1]} inf in my run against {counts[2]} NaN, {counts[3]} inf "
+                       "in the golden")
     worst, which = 0.0, ""
     for k, v in (("max", row.max_rel_diff), ("min", row.min_rel_diff),
                  ("mean", row.mean_rel_diff), ("l2", row.l2norm_rel_diff)):
