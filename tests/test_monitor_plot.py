@@ -137,3 +137,38 @@ def test_every_page_links_to_the_monitor_list(series, tmp_path):
         assert home.status_code == 200 and '<a href="/monitor">monitor</a>' in home.text
         listing = c.get(re.search(r'<a href="(/monitor)">monitor</a>', home.text).group(1))
         assert listing.status_code == 200 and "evil.monitor.h5" in listing.text
+
+
+def test_a_run_whose_loss_went_nan_plots_and_serves(tmp_path):
+    """The step a user most wants to see (the loss went NaN) is recorded in the events: the
+    page is still strict JSON, in the CLI and on the server."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x, bad):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean() * (float("nan") if bad else 1.0)
+        loss.backward()
+        opt.step()
+        return loss
+
+    path = tmp_path / "nan.monitor.h5"
+    step = am.watch(step, model, opt, path=path, snapshot_every=None)
+    for i in range(6):
+        step(torch.randn(8, 4), i == 3)
+    step.monitor.close()
+    out = tmp_path / "nan.html"
+    r = _cli("monitor", "plot", str(path), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert '"loss":"nan"' in out.read_text()
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from accuracy.server import create_app
+
+    local = {"base_url": "http://127.0.0.1", "headers": {"X-Accuracy-Request": "1"}}
+    app = create_app(tmp_path / "data", allowed_roots=[tmp_path])
+    with TestClient(**local, app=app) as c:
+        page = c.get("/monitor/view", params={"path": str(path)})
+        assert page.status_code == 200 and "loss is nan" in page.text

@@ -44,6 +44,7 @@ from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.uninit import Uninitialised
 from accuracy.dumpfile.compiled import blind_lines
 from accuracy.errors import AccuracyError
+from accuracy.jsonsafe import jsonable
 from accuracy.live.select import Selection, Site, SiteMode, in_sample, unrunnable
 from accuracy.replay.engine import reference_device
 from accuracy.replay.ops import (
@@ -464,7 +465,7 @@ class LiveCheck(SiteMode):
     def write(self, path: str | os.PathLike[str]) -> None:
         """The report as JSON (figures only; non-finite numbers as strings)."""
         with open(path, "w") as f:
-            json.dump(_jsonable(self.report()), f, indent=1)
+            json.dump(jsonable(self.report()), f, indent=1)
 
     def text(self, top: int = 10) -> str:
         """A short human summary: counts, then the worst ops."""
@@ -488,15 +489,6 @@ def _worst_ratio(r: OpResult) -> float:
 def _finite_or_none(v: Any) -> Any:
     return None if isinstance(v, float) and math.isnan(v) else v
 
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    return obj
 
 
 def _active_sim() -> Any:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from accuracy.errors import UsageError
-from accuracy.live.check import _jsonable
+from accuracy.jsonsafe import jsonable
 from accuracy.live.select import Selection
 from accuracy.live.substitute import Call, Substitute
 from accuracy.replay.ops import is_movement
@@ -94,7 +94,7 @@ class Proof:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
+        return jsonable(asdict(self))
 
     def format(self, page: str | os.PathLike[str] | None = None) -> str:
         """The sentence and its notes (and where the written report's page is)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from accuracy.jsonsafe import jsonable
 from accuracy.monitor.series import Series, read_series
 
 VENDOR = Path(__file__).resolve().parent.parent / "server" / "static" / "vendor" / "uplot"
@@ -65,7 +66,7 @@ def series_data(s: Series, max_steps: int = MAX_STEPS) -> dict[str, Any]:
             figures[f"{kind}/{fig}"] = {"names": names, "values": _clean(v)}
     return {"file": s.path.name, "rank": s.attrs.get("rank"), "steps": [int(x) for x in st],
             "loss": _clean(loss), "grad_norm": _clean(gn), "figures": figures,
-            "events": s.events[:1000]}
+            "events": jsonable(s.events[:1000])}
 
 
 def _json_for_script(data: Any) -> str:
