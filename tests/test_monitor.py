@@ -98,6 +98,34 @@ def test_nan_from_the_start_captures_once_and_says_so(tmp_path):
     assert cap.culprit["op"] == "aten.addmm.default" and cap.culprit["module"].endswith("head")
 
 
+def test_a_step_whose_values_overflow_on_plain_torch_names_where_inf_is_born(tmp_path):
+    """No emulated device, every kernel honest: the batch of step 5 is huge (finite), squaring
+    the prediction overflows and the loss goes inf. The capture names that op, not 'no
+    culprit'."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def train_step(x):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = am.watch(train_step, model, opt, path=tmp_path / "ovf.monitor.h5", snapshot_every=4)
+    for i in range(7):
+        step(torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) * (1e36 if i == 5
+                                                                                else 1.0))
+    step.monitor.close()
+    cap = step.monitor.captures[0]
+    assert cap.step == 5 and cap.exact is True
+    assert cap.culprit["op"] == "aten.pow.Tensor_Scalar" and cap.culprit["phase"] == "forward"
+    assert cap.culprit["verdict"] == "overflow birth"
+    text = cap.format()
+    assert "inf/nan born at aten.pow.Tensor_Scalar" in text and "no culprit found" not in text
+
+
 def test_a_step_that_is_not_reproducible_is_reported_as_such(tmp_path):
     model, opt, train_step = _setup()
     private = torch.Generator().manual_seed(5)  # a generator snapshots cannot see

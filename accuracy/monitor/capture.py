@@ -149,6 +149,8 @@ def capture_step(step_fn: Callable[..., Any], model: nn.Module,
         report = compare(device, golden, replay=rep)
         report.write(folder / "report")
         cap.culprit = _short(report.summary.get("culprit"))
+        if not math.isfinite(cap.rerun_loss):
+            _overflow_birth(cap, device, report.summary.get("verdict"))
         if not cap.culprit:
             first = report.summary.get("first_divergence")
             cap.messages.append("no culprit found" + (
@@ -162,6 +164,28 @@ def capture_step(step_fn: Callable[..., Any], model: nn.Module,
         cap.seconds = time.perf_counter() - t0
         _write(cap, folder)
     return cap
+
+
+def _overflow_birth(cap: Capture, device: Path, verdict: str | None) -> None:
+    """A non-finite loss: name the op where inf/nan was born (`accuracy overflow`'s scan). On
+    plain torch the replay finds every kernel honest, so without this the capture of a NaN
+    step would name nothing; the birth becomes the culprit where compare named none."""
+    from accuracy.overflow.scan import scan
+
+    births = scan(device).culprits
+    if not births:
+        cap.messages.append("the loss is non-finite but no op of the re-run turned finite "
+                            "inputs into inf/nan (they came in with the batch or the state)")
+        return
+    b = births[0]
+    where = f"{b.op} in {b.module or '-'} [{b.phase}] at {b.source or '?'} (seq {b.seq})"
+    honest = "; every kernel matched its reference, so the values overflowed, not a kernel" \
+        if verdict == "pass" else ""
+    cap.messages.append(f"inf/nan born at {where}, from finite inputs{honest} "
+                        "(`accuracy overflow device.h5` lists every birth)")
+    if not cap.culprit:
+        cap.culprit = {"op": b.op, "module": b.module, "phase": b.phase, "source": b.source,
+                       "seq": b.seq, "verdict": "overflow birth", "outputs": b.outputs}
 
 
 def _short(row: dict[str, Any] | None) -> dict[str, Any] | None:
