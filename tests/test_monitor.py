@@ -77,7 +77,8 @@ def test_fault_at_step_23_is_seen_captured_reproduced_and_named(tmp_path):
     assert max(losses[24:]) < 2 * np.median(losses[:23])
 
 
-def test_nan_from_the_start_captures_once_and_says_so(tmp_path):
+def test_nan_from_the_start_captures_once_and_says_so(tmp_path, caplog):
+    caplog.set_level("INFO", logger="accuracy.monitor")
     model, opt, train_step = _setup()
     fault = sim.fault("aten.addmm.default", module="head", kind="nan", start=0)
     path = tmp_path / "nan.monitor.h5"
@@ -92,6 +93,9 @@ def test_nan_from_the_start_captures_once_and_says_so(tmp_path):
     s = am.read_series(path)
     once = [e for e in s.events if e["kind"] == "capture-once"]
     assert len(once) == 1 and "captured once, step 0" in once[0]["message"]
+    flagged = [r for r in caplog.records if " flagged: " in r.getMessage()]
+    assert [r.levelname for r in flagged] == ["WARNING", "WARNING", "INFO", "INFO", "INFO"], [
+        (r.levelname, r.getMessage()[:80]) for r in flagged]
     cap = mon.captures[0]
     assert "non-finite" in cap.reason and math.isnan(cap.flagged_loss)
     assert cap.exact is True  # NaN again on the re-run

@@ -216,13 +216,17 @@ class Monitor:
     def _fired(self, step: int, loss: float, reasons: list[str]) -> None:
         reason = "; ".join(reasons)
         self._event("trigger", step=step, loss=loss, reasons=reasons)
-        log.warning("monitor: step %d flagged: %s", step, reason)
         first = not self.fired
         self.fired.append((step, reason))
+        # after the second, flags go to the file's events and to INFO: a run that stays NaN
+        # would print one warning per step for the rest of training
+        log.log(logging.WARNING if len(self.fired) <= 2 else logging.INFO,
+                "monitor: step %d flagged: %s", step, reason)
         if not first:
             if len(self.fired) == 2:
                 msg = (f"triggers fired again at step {step} (and may on every step): captured "
-                       f"once, step {self.fired[0][0]}; later steps are recorded as events only")
+                       f"once, step {self.fired[0][0]}; later steps are recorded as events "
+                       "only (logged at INFO)")
                 log.warning("monitor: %s", msg)
                 self._event("capture-once", step=step, message=msg)
             return
