@@ -458,3 +458,15 @@ def test_sim_internal_ops_are_invisible_to_modes_below():
     # Below sim a mode sees what reached the kernel: rounded operands, output before faults.
     assert torch.equal(args[0], x.half().float())
     assert out.isnan().sum() == 0 and y.isnan().sum() == 1
+
+
+def test_a_fault_that_matches_no_call_says_so(caplog):
+    """A misspelt op or module would otherwise leave a clean run that reads as 'found
+    nothing'; a fault that met its calls says nothing."""
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    caplog.set_level("WARNING", logger="accuracy.device_backend")
+    with sim(faults=[sim.fault("aten.bmm.default", module="decoder", kind="bias", value=0.1),
+                     sim.fault("aten.mm.default", kind="bias", value=0.1)]):
+        torch.mm(a, b)
+    lines = [r.getMessage() for r in caplog.records if "matched no call" in r.getMessage()]
+    assert len(lines) == 1 and "'aten.bmm.default'" in lines[0] and "'decoder'" in lines[0]

@@ -197,6 +197,8 @@ class SimMode(TorchDispatchMode):
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._untagged = []
+        if exc_type is None:
+            self._warn_unmatched()
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         try:
@@ -205,6 +207,16 @@ class SimMode(TorchDispatchMode):
             if self._tracker is not None:
                 self._tracker.__exit__(exc_type, exc, tb)
                 self._tracker = None
+
+    def _warn_unmatched(self) -> None:
+        """A fault whose pattern met no call leaves the run as clean as no fault: say so, or a
+        misspelt op or module reads as 'the tool found nothing'."""
+        for fault, n in zip(self.faults, self._occurrences, strict=True):
+            if n == 0:
+                where = f" in modules matching {fault.module!r}" if fault.module else ""
+                log.warning("sim: fault %s on %r%s matched no call in this block: nothing was "
+                            "injected (op names as `accuracy info DUMP` lists them)",
+                            fault.kind, fault.op, where)
 
     def state(self) -> dict[str, Any]:
         """The device's counters (calls, each fault's occurrences): what a snapshot keeps so a
