@@ -95,7 +95,8 @@ def format_summary(s: dict[str, Any], top: int = 5) -> str:
                    f"{_where(first)}")
     suspects = s.get("suspects") or []
     if suspects:
-        out.append(f"  top suspects (score = {s.get('ranking') or 'local error or amplification'}"
+        out.append(f"  top suspects (errors, then warnings; each by score = "
+                   f"{s.get('ranking') or 'local error or amplification'}"
                    ", x what an honest kernel explains):")
         out += [f"    {_fmt(r['score']):>10}  {r['verdict']:7s} seq {r['seq_my']} {r['op']} "
                 f"[{r['phase']}] {r['module'] or '-'}" for r in suspects[:top]]
