@@ -344,3 +344,23 @@ def test_terminal_names_the_first_divergence_when_it_is_not_the_culprit():
            "aten.add.Tensor" in text
     s["first_divergence"] = s["culprit"]
     assert "first divergence" not in format_summary(s)
+
+
+def test_a_destination_filled_without_being_read_is_skipped_for_that_reason(tmp_path):
+    """T5's _shift_right: slices of a new_zeros tensor are copy_/fill_ destinations. What they
+    held is not used (not compared), and the row says so, not 'uninitialised memory'."""
+    def step(path):
+        ids = torch.arange(1, 13).reshape(2, 6)
+        with dumper(path):
+            shifted = ids.new_zeros(ids.shape)
+            shifted[..., 1:] = ids[..., :-1].clone()
+            shifted[..., 0] = 0
+        return path
+
+    rep = compare(step(tmp_path / "m.h5"), step(tmp_path / "g.h5"))
+    dest = [r for r in rep.rows if r["op"] in ("aten.copy_.default", "aten.fill_.Tensor")
+            and r["io"] == "input" and r["tensor_index"] == 0]
+    assert len(dest) == 2
+    for r in dest:
+        assert r["verdict"] == "skipped" and "overwritten by this op" in r["message"]
+        assert "uninitialised" not in r["message"]

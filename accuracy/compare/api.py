@@ -55,6 +55,7 @@ class _Spec(Sides):
 
     kind: str = "op"
     uninit: bool = False
+    overwritten: bool = False  # the destination of zero_/fill_/copy_...: what it held is unused
     workspace: bool = False
     compiled: Any = None  # compiled_align.TensorPair: a kernel buffer's module, source, group
 
@@ -129,8 +130,10 @@ def _specs(my: Dump, golden: Dump, mapping: Mapping) -> list[_Spec]:
                     s.kind = "module:" + k[0]
                     out.append(s)
     um, ug = uninitialised(my.records), uninitialised(golden.records)
+    om, og = overwritten_inputs(my.records), overwritten_inputs(golden.records)
     for s in out:
         s.uninit = bool((s.my and s.my.row in um) or (s.golden and s.golden.row in ug))
+        s.overwritten = bool((s.my and s.my.row in om) or (s.golden and s.golden.row in og))
     wm, wg = workspace_rows(my.records), workspace_rows(golden.records)
     for s in out:
         s.workspace = bool((s.my and _first(s.my) in wm) or (s.golden and _first(s.golden) in wg))
@@ -167,8 +170,6 @@ def uninitialised(recs: list[OpRecord], window: int = 16) -> set[int]:
             for side, ts in (("input", r.inputs), ("output", r.outputs)):
                 idx = set(io.get(side) or ())
                 marked.update(t.row for t in ts if t.idx in idx)
-        if r.inputs and r.op.rsplit(".", 1)[0] in OVERWRITE_PREFIXES:
-            marked.add(r.inputs[0].row)  # overwritten whatever it held
         pending = {k: p for k, p in pending.items() if pos - p <= window}
         if r.op.startswith(UNINITIALISED_PREFIXES):
             for t in r.outputs[:1]:
@@ -188,6 +189,13 @@ def uninitialised(recs: list[OpRecord], window: int = 16) -> set[int]:
     return marked
 
 
+def overwritten_inputs(recs: list[OpRecord]) -> set[int]:
+    """Rows of input 0 of ops that overwrite it without reading it (`zero_`, `fill_`,
+    `copy_`, `normal_`...): whatever it held is not used, so it is never compared."""
+    return {r.inputs[0].row for r in recs
+            if r.inputs and r.op.rsplit(".", 1)[0] in OVERWRITE_PREFIXES}
+
+
 def _key(t: TensorRecord) -> tuple:
     return (t.offset, t.nbytes, t.dtype)
 
@@ -195,7 +203,9 @@ def _key(t: TensorRecord) -> tuple:
 def _needs_data(s: _Spec) -> bool:
     if s.my is None or s.golden is None or not (s.my.has_data and s.golden.has_data):
         return False
-    if s.uninit or s.workspace or not (decodable(s.my.dtype) and decodable(s.golden.dtype)):
+    if s.uninit or s.overwritten or s.workspace:
+        return False
+    if not (decodable(s.my.dtype) and decodable(s.golden.dtype)):
         return False
     return s.my.numel == s.golden.numel and s.my.numel > 0
 
@@ -365,6 +375,11 @@ def _not_comparable(row: Row, s: _Spec, msgs: list[str]) -> bool:
         row.verdict = V.SKIPPED
         row.message = ("uninitialised memory (empty* or a view of it, before an op or a "
                        "collective fills it): not compared")
+        return True
+    if s.overwritten:
+        row.verdict = V.SKIPPED
+        row.message = ("overwritten by this op without being read (the destination of "
+                       "zero_/fill_/copy_...): what it held is not used, not compared")
         return True
     if s.workspace:
         row.verdict = V.SKIPPED
