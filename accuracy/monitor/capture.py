@@ -132,9 +132,11 @@ def capture_step(step_fn: Callable[..., Any], model: nn.Module,
             cap.messages.append(
                 f"NOT THE SAME STEP: the re-run from the snapshot of step {snap.step} gave loss "
                 f"{cap.rerun_loss!r}, the flagged step had {flagged_loss!r}; the step is not "
-                "reproducible (a generator we do not see, a data loader without state, or "
-                "non-deterministic kernels): the dump below is of the re-run, not of the "
-                "flagged step")
+                "reproducible (a generator we do not see, a data loader without state, "
+                "non-deterministic kernels, or state outside the model and optimizer that the "
+                "step reads, such as a step counter: pass it as an argument of the step, or an "
+                "object with a state_dict() in stateful=): the dump below is of the re-run, not of "
+                "the flagged step")
         modes = _foreign_modes()
         at_step.restore(model, optimizer, extra)
         if modes:
