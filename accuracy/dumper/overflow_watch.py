@@ -80,8 +80,9 @@ class OverflowEvent:
             f"output {o['idx']} {o['dtype']}{o['shape']}: {o['nan']} nan, {o['inf']} inf"
             f" of {o['numel']}, max |finite| {o['max_abs_finite']:.4g}" for o in self.outputs)
         outs = outs.replace("max |finite| nan", "no finite value")
-        return (f"{self.kind} born at op {self.seq} {self.op} ({self.phase}, module "
-                f"{self.module or '-'}) at {self.source or 'unknown source'}: {what}. {outs}")
+        return (f"{self.kind} born at step {self.step}, op {self.seq} {self.op} ({self.phase}, "
+                f"module {self.module or '-'}) at {self.source or 'unknown source'}: {what}. "
+                f"{outs}")
 
 
 @dataclass(slots=True)

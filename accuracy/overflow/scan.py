@@ -45,7 +45,8 @@ class Finding:
     def line(self) -> str:
         outs = ", ".join(f"out{o['idx']} {o['dtype']}{o['shape']} nan {o['nan']} inf {o['inf']}"
                          for o in self.outputs)
-        text = (f"{self.seq:6d}  {self.op}  [{self.phase}] {self.module or '-'}  "
+        text = (f"{self.seq:6d}  {self.op}  [{self.phase}, step {self.step}] "
+                f"{self.module or '-'}  "
                 f"{self.source or '?'}  {outs}")
         if self.label:
             text += f"  ({self.label})"
