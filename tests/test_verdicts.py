@@ -153,6 +153,28 @@ def test_statistics_only_compare_is_an_error_where_nan_appears_on_one_side(tmp_p
     assert clean.summary["verdict"] == "pass"
 
 
+def test_mask_fills_do_not_swamp_the_figures_of_masked_scores(tmp_path):
+    """Scores + a finfo.min causal mask (T5, GPT-2's attention): the fills would make the
+    scores' deviation read as 1e-41 and the softmax after them a 1e4x suspect. Left out of the
+    figures, the softmax inherits the scores' deviation and the GEMM before them is the
+    suspect."""
+    def attn(path: Path, faults: list) -> Path:
+        g = torch.Generator().manual_seed(0)
+        q, k = torch.randn(2, 8, 16, generator=g), torch.randn(2, 8, 16, generator=g)
+        mask = torch.full((8, 8), torch.finfo(torch.float32).min).triu(1)
+        with sim(profile="exact", faults=faults), dumper(str(path)):
+            torch.softmax(torch.bmm(q, k.transpose(1, 2)) + mask, -1)
+        return path
+
+    noisy = [sim.fault("aten.bmm.default", kind="noise", value=1e-3)]
+    rep = compare(attn(tmp_path / "d.h5", noisy), attn(tmp_path / "g.h5", []))
+    out = {r["op"]: r for r in rep.rows if r["io"] == "output"}
+    scores, soft = out["aten.add.Tensor"], out["aten._softmax.default"]
+    assert scores["rel_euc_dist"] > 1e-4 and "56 mask values" in scores["message"]
+    assert soft["amplification"] < 2 and soft["verdict"] == "pass"
+    assert rep.suspects[0]["op"] == "aten.bmm.default"
+
+
 # -- refusals -----------------------------------------------------------------------------------
 
 

@@ -501,6 +501,9 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
             row, cfg, ComputePrecision.section(compute) if compute else None)
     if compute:
         msgs.append(f"judged at its compute precision {compute}")
+    if res is not None and res.get("mask_values"):
+        msgs.append(f"{res['mask_values']} mask values (at half the format's limit or beyond "
+                    "on both sides) left out of the figures")
     row.accumulated_verdict = verdict
     if msg:
         msgs.append(msg)

@@ -15,6 +15,7 @@ from accuracy.compare.metrics import StreamingMetrics
 from accuracy.dumpfile import dtypes
 from accuracy.dumpfile.checksum import NO_HASH, Checksum, ContentHash
 from accuracy.dumpfile.reader import Dump, TensorRef
+from accuracy.numformats import FORMATS
 
 __all__ = ["BlobReader", "TensorRef", "compare_data", "compare_refs", "worker_run"]
 
@@ -75,6 +76,22 @@ def _nan_minmax(reader: BlobReader, ref: TensorRef) -> tuple[float, float]:
     return (lo, hi) if lo <= hi else (0.0, 0.0)
 
 
+def mask_threshold(my: TensorRef, golden: TensorRef) -> float | None:
+    """Half the narrower side's largest value, when both sides' recorded extremes reach it
+    (an attention mask's finfo.min fills); else None, and no pass looks for masks."""
+    fm, fg = FORMATS.get(dtypes.value_dtype(my.dtype)), FORMATS.get(
+        dtypes.value_dtype(golden.dtype))
+    if fm is None or fg is None:
+        return None
+    at = 0.5 * min(fm.max, fg.max)
+
+    def reaches(ref: TensorRef) -> bool:
+        lo, hi = ref.minmax()
+        return abs(lo) >= at or abs(hi) >= at  # NaN compares False: not known to reach
+
+    return at if reaches(my) and reaches(golden) else None
+
+
 def compare_data(reader: BlobReader, my: TensorRef, golden: TensorRef,
                  algorithms: tuple[str, ...]) -> dict[str, Any]:
     """Metrics of a pair with data and equal element counts, in one pass over each side."""
@@ -84,7 +101,8 @@ def compare_data(reader: BlobReader, my: TensorRef, golden: TensorRef,
     if "kl_div" in algorithms:
         kl = (_nan_minmax(reader, my), _nan_minmax(reader, golden))
     acc = StreamingMetrics(rel_eps=dtypes.eps(golden.dtype), kl_range=kl,
-                           keep_values=any(a not in ALL_ALGORITHMS for a in algorithms))
+                           keep_values=any(a not in ALL_ALGORITHMS for a in algorithms),
+                           mask_at=mask_threshold(my, golden))
     finite = my.finite and golden.finite
     same_dtype = my.dtype == golden.dtype
     # Different stored checksums: the bytes differ somewhere, so no chunk is tested for
@@ -138,6 +156,7 @@ def compare_data(reader: BlobReader, my: TensorRef, golden: TensorRef,
     out["nan_mismatch"] = acc.nan_mismatch
     out["inf_mismatch"] = acc.inf_mismatch
     out["compared_elements"] = acc.n_cmp
+    out["mask_values"] = acc.masked
     out["bit_exact"] = bool(identical)
     out["bytes_read"] = my.nbytes + golden.nbytes
     return out

@@ -122,6 +122,8 @@ class StreamingMetrics:
     kl_s: float = 0.0
     _extra: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     keep_values: bool = False
+    mask_at: float | None = None  # |values| at or beyond this on both sides: masks, not data
+    masked: int = 0  # pairs left out as mask values
     _buf: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     def update(self, x: np.ndarray, y: np.ndarray, *, finite: bool = False,
@@ -130,6 +132,8 @@ class StreamingMetrics:
         self.n += x.size
         if not finite:
             x, y = self._split_nonfinite(x, y)
+        if self.mask_at is not None:
+            x, y = self._split_masks(x, y, self.mask_at)
         if x.size == 0:
             return
         self.n_cmp += x.size
@@ -184,6 +188,20 @@ class StreamingMetrics:
         self.inf_mismatch += int(np.count_nonzero((ix | iy) & ~(nx | ny) & (x != y)))
         both = fx & fy
         return x[both], y[both]
+
+    def _split_masks(self, x: np.ndarray, y: np.ndarray, at: float
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """Leave out pairs both at or beyond `at` with one sign: attention-mask fills
+        (finfo.min, -1e30...). Their magnitude would swamp every relative figure (a 1e38 norm
+        makes any real deviation of the scores read as 1e-41), and each side writes its own
+        format's limit there, so their difference is not an error either."""
+        m = (np.abs(x) >= at) & (np.abs(y) >= at) & ((x > 0) == (y > 0))
+        n = int(np.count_nonzero(m))
+        if n == 0:
+            return x, y
+        self.masked += n
+        keep = ~m
+        return x[keep], y[keep]
 
     def _update_kl(self, x: np.ndarray, y: np.ndarray) -> None:
         assert self.kl_range is not None
