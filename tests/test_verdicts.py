@@ -175,6 +175,26 @@ def test_mask_fills_do_not_swamp_the_figures_of_masked_scores(tmp_path):
     assert rep.suspects[0]["op"] == "aten.bmm.default"
 
 
+def test_the_report_says_which_matrix_products_a_profile_left_unrounded(tmp_path):
+    """Flash attention holds matrix products but is not in the bf16 profile's rules: it ran at
+    full precision on the emulated device, and a clean verdict over it is no evidence."""
+    def run(path: Path, profile: str) -> Path:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 2, 8, 16, generator=g) for _ in range(3))
+        w = torch.randn(16, 16, generator=g)
+        with sim(profile=profile), dumper(str(path)):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v).matmul(w)
+        return path
+
+    gold = run(tmp_path / "g.h5", "exact")
+    notes = compare(run(tmp_path / "d.h5", "bf16"), gold).summary["notes"]
+    gap = [n for n in notes if "ran unrounded" in n]
+    assert len(gap) == 1 and "aten._scaled_dot_product_flash_attention_for_cpu.default x1" in gap[0]
+    assert "'bf16'" in gap[0] and "x1)" in gap[0]  # the GEMM after it is in the rules
+    exact = compare(run(tmp_path / "e.h5", "exact"), gold).summary["notes"]
+    assert not [n for n in exact if "ran unrounded" in n]
+
+
 # -- refusals -----------------------------------------------------------------------------------
 
 

@@ -25,6 +25,7 @@ from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, Pair, align, load_mapping, module_ends
 from accuracy.compare.checks import check_replay, incomplete, own_random, swapped
 from accuracy.compare.compiled_align import Sides, compiled_pairs, has_kernels, is_kernel
+from accuracy.compare.emulation import unemulated_note
 from accuracy.compare.engine import BlobReader, compare_refs, worker_run
 from accuracy.compare.judge import judge
 from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statistics_metrics
@@ -618,6 +619,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             "blind": blind,
             "recompiles": recompile_lines(dm.attrs, "my") + recompile_lines(dg.attrs, "golden"),
             "kernel_replay": _kernel_replay(dm, dr, rp),
+            "notes": [n for n in (unemulated_note(dm.attrs, (r.op for r in dm.records)),) if n],
         }
         log.info("compared %d rows, %.1f MB in %.2f s", len(rows), nbytes / 1e6, seconds)
         return Report(rows, analyse(rows, cfg, meta))
