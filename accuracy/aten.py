@@ -75,6 +75,13 @@ AMP_UPDATE_OP = "aten._amp_update_scale_.default"
 AMP_OPS = AMP_CHECK_OPS | {AMP_UPDATE_OP}
 # The labels overflow reports give them, and the births they make harmless.
 HANDLED = "handled by loss scaling"
+
+
+def loss_scaled(phase: str, reads_scale: bool) -> bool:
+    """Whether an overflow born in a step GradScaler skipped is the loss scaling's own: in
+    backward (scaled gradients), or an op reading the scale (the scaled loss). An overflow
+    of the forward pass is the model's, skipped step or not."""
+    return phase == "backward" or reads_scale
 AMP_CHECK = "GradScaler non-finite check (deliberate, not a culprit)"
 AMP_UPDATE = "GradScaler scale update (deliberate, not a culprit)"
 

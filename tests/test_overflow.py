@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -192,6 +193,37 @@ def test_gradscaler_checks_labelled_and_skip_handled(tmp_path):
     rep2 = scan(full)
     assert rep2.births and not rep2.culprits and rep2.skipped_steps == [0]
     assert all("_amp_" not in b.op for b in rep2.births)
+
+
+def test_a_forward_overflow_in_a_skipped_step_stays_a_birth(tmp_path):
+    """GradScaler skipping the step absorbs its scaled gradients, not the model: an
+    activation overflowing in forward is the model's, online and offline."""
+    try:
+        torch.amp.GradScaler("cpu")
+    except (RuntimeError, AssertionError, TypeError) as e:  # pragma: no cover
+        pytest.skip(f"no CPU GradScaler here: {e}")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+
+    def run(path: Path, **kw) -> Path:
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with dumper(path, **kw):
+                h = (model[1](model[0](x)) + 2) * 3e38  # the activations overflow, not the scale
+                scaler.scale(model[2](h).pow(2).sum()).backward()
+                scaler.step(opt)
+                scaler.update()
+        return path
+
+    for rep in (scan(run(tmp_path / "online.h5", check_overflow=True, overflow_nums=-1)),
+                scan(run(tmp_path / "full.h5", mode="statistics"))):
+        assert rep.skipped_steps == [0]
+        first = rep.births[0]
+        assert first.op == "aten.mul.Tensor" and first.phase == "forward"
+        assert first.label != HANDLED and rep.culprits[0] is first
 
 
 def test_confirm_out_of_range(tmp_path):

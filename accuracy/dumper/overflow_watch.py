@@ -25,6 +25,7 @@ from accuracy.aten import (
     HANDLED,
     amp_label,
     intended_fill,
+    loss_scaled,
     shapes_mask,
     written_ids,
 )
@@ -130,7 +131,8 @@ class OverflowChecker:
         self._states = TensorStates()
         self._masks = TensorStates()  # tensors holding intended values: attention masks
         self._pending: list[_Pending] = []
-        self._window: list[OverflowEvent] = []  # births since GradScaler's last update
+        # births since GradScaler's last update, with the ids of their inputs
+        self._window: list[tuple[OverflowEvent, frozenset[int]]] = []
         self._n_overflow = 0
         self._n_saturation = 0
         self._current: _Pending | None = None  # between before() and after()
@@ -319,7 +321,7 @@ class OverflowChecker:
                                 "shape": list(t.shape), **n})
         ev = OverflowEvent(c.seq, c.name, c.phase, c.module, c.source, c.step, kind, outputs)
         self.events.append(ev)
-        self._window.append(ev)
+        self._window.append((ev, frozenset(id(t) for t in p.ins)))
         extra: dict[str, Any] = {"overflow": {"kind": kind, "born": True,
                                               "outputs": outputs}}
         self._write(p, extra)
@@ -363,10 +365,17 @@ class OverflowChecker:
             extra["step_skipped"] = skipped
             if skipped:
                 self.skipped_steps.append(c.step)
-                for ev in self._window:
+                scale = id(c.args[0]) if c.args else id(c.kwargs.get("self"))
+                handled = [ev for ev, ids in self._window if loss_scaled(ev.phase, scale in ids)]
+                for ev in handled:
                     ev.label = HANDLED
-                if self._window:
+                if handled:
                     log.warning("overflow check: GradScaler skipped this step; %d overflow(s) "
-                                "above were %s", len(self._window), HANDLED)
+                                "above were %s", len(handled), HANDLED)
+                if len(handled) < len(self._window):
+                    log.warning("overflow check: %d forward overflow(s) in this skipped step "
+                                "were not made by loss scaling (it scales only the loss and "
+                                "the gradients): they stay births",
+                                len(self._window) - len(handled))
             self._window = []
         self._write(p, extra, with_tensors=small)

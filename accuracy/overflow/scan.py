@@ -20,6 +20,7 @@ from accuracy.aten import (
     INTENDED,
     amp_label,
     intended_fill,
+    loss_scaled,
     shapes_mask,
 )
 from accuracy.dumpfile import Dump, load_dump
@@ -172,11 +173,19 @@ class _Masks:
         return intended_fill(r.op, args, kwargs, r.outputs[0].dtype if r.outputs else None)
 
 
+def _identity(t: TensorRecord) -> tuple:
+    """Which tensor state a recorded tensor is: the row that first held its bytes (tensor
+    dumps), else its dtype, shape and statistics (statistics dumps record no bytes)."""
+    if t.first >= 0:
+        return ("row", t.first)
+    return ("stats", t.dtype, tuple(t.shape), tuple(sorted(t.stats.items())))
+
+
 def scan_dump(d: Dump) -> OverflowReport:
     """Scan an opened dump."""
     online = bool(d.attrs.get("check_overflow"))
     rep = OverflowReport(str(d.path), str(d.attrs.get("mode", "?")), online, len(d.records))
-    window: list[Finding] = []
+    window: list[tuple[Finding, set[tuple]]] = []  # births, with their inputs' identities
     masks = _Masks()
     grads_bad = False  # an unscale check in this window saw non-finite gradients
     for r in d.records:
@@ -186,8 +195,10 @@ def scan_dump(d: Dump) -> OverflowReport:
             if r.op == AMP_UPDATE_OP:
                 if _found_inf(r) or grads_bad:
                     rep.skipped_steps.append(r.step)
-                    for f in window:
-                        f.label = HANDLED
+                    scale = _identity(r.inputs[0]) if r.inputs else None
+                    for f, ids in window:
+                        if loss_scaled(f.phase, scale in ids):
+                            f.label = HANDLED
                 window, grads_bad = [], False
             continue
         if r.extra.get("uninitialized"):
@@ -203,14 +214,14 @@ def scan_dump(d: Dump) -> OverflowReport:
             _bad(t) for t in r.inputs)
         if born:
             rep.births.append(f)
-            window.append(f)
+            window.append((f, {_identity(t) for t in r.inputs}))
         else:
             rep.inherited.append(f)
     if online:  # labels given online (after the op was written) live in the root summary
         labels = {e["seq"]: e.get("label", "") for e in
                   (d.attrs.get("overflow") or {}).get("events", [])}
         for b in rep.births:
-            b.label = labels.get(b.seq) or b.label
+            b.label = labels[b.seq] if b.seq in labels else b.label
     return rep
 
 
