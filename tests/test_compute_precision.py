@@ -63,3 +63,17 @@ def test_user_rules_and_bad_dtype():
     assert ComputePrecision.ratio_scale("float16", "float32") == 2.0 ** 13
     with pytest.raises(ValueError, match="unknown dtype"):
         ComputePrecision.from_sources({"compute_precision": {"aten.mm": "fp16"}}, {})
+
+
+def test_a_view_of_a_coarse_output_is_judged_at_the_same_precision(runs):
+    """`_unsafe_view` of an fp16-computed matmul holds the same values: judged at fp16 too,
+    not at fp32 thresholds that made the view an error where its matmul was not."""
+    dev, gold, rep = runs
+    report = compare(dev, gold, replay=rep)
+    rows = [r for r in report.rows if r["kind"] == "op" and r["io"] == "output"]
+    coarse = {r["seq_my"] for r in rows if r["op"] in ("aten.mm.default", "aten.addmm.default")
+              and r["compute_precision"] == "float16"}
+    views = [r for r in rows if r["op"] == "aten._unsafe_view.default"
+             and r["seq_my"] - 1 in coarse]
+    assert views and all(r["compute_precision"] == "float16" for r in views)
+    assert not [r for r in views if r["verdict"] == "error" or r["accumulated_verdict"] == "error"]

@@ -15,8 +15,10 @@ from typing import Any
 
 from accuracy.aten import (
     ALIAS_PREFIXES,
+    MOVEMENT,
     OVERWRITE_PREFIXES,
     UNINITIALISED_PREFIXES,
+    VIEW_PREFIXES,
     WORKSPACE_REASON,
     workspace_outputs,
 )
@@ -478,7 +480,8 @@ def _judge_alone(row: Row, s: _Spec, rp: dict[str, Any], precision: ComputePreci
 
 
 def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
-         replay: dict[int, dict[str, Any]], precision: ComputePrecision) -> Row:
+         replay: dict[int, dict[str, Any]], precision: ComputePrecision,
+         inherit: str | None = None) -> Row:
     """One row before judging: identity, statistics, metrics, the threshold verdict against
     golden (`accumulated_verdict`) and, for a replayed op output, its local error."""
     row = _identity(i, s)
@@ -492,7 +495,7 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
     assert s.my is not None
     compute = None
     if s.kind == "op" and s.io == "output" and s.my_op is not None:
-        compute = precision.coarser(s.my_op.op, s.my.dtype)
+        compute = precision.coarser(s.my_op.op, s.my.dtype) or inherit
         row.compute_precision = compute
     if res is None:
         verdict, msg = V.stats_verdict(row, cfg)
@@ -514,6 +517,26 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
     row.verdict = verdict
     row.message = "; ".join(msgs)
     return row
+
+
+def _tensor_key(t: TensorRecord) -> tuple:
+    """The values a recorded tensor holds: the row that first held its bytes (tensor dumps),
+    else its dtype and statistics (a view's shape differs, its values do not)."""
+    if t.first >= 0:
+        return ("row", t.first)
+    return ("stats", t.dtype, tuple(sorted(t.stats.items())))
+
+
+def _moved_from(s: _Spec, computed: dict[tuple, str]) -> str | None:
+    """For the output of an op that only moves values (a view, `_unsafe_view`, `clone`...),
+    the compute precision of the op that made its input: the same values are judged at the
+    same precision (a bf16 GEMM's output was a warning, its view an fp32 error)."""
+    op = s.my_op
+    if s.kind != "op" or s.io != "output" or op is None or not op.inputs:
+        return None
+    if op.op not in MOVEMENT and not op.op.startswith(VIEW_PREFIXES):
+        return None
+    return computed.get(_tensor_key(op.inputs[0]))
 
 
 def _producers(specs: list[_Spec]) -> dict[int, int | None]:
@@ -596,10 +619,13 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
         rp = _replay_index(dr)
         precision = ComputePrecision.from_sources(cfg, dm.attrs)
         rows = []
+        computed: dict[tuple, str] = {}  # tensor -> the compute precision that made it
         for i, s in enumerate(specs):
             res = results.get((_key(s.my), _key(s.golden))) if _needs_data(s) else None
-            rows.append(_row(i, s, res, cfg, rp, precision))
+            rows.append(_row(i, s, res, cfg, rp, precision, _moved_from(s, computed)))
             _apply_compiled(rows[-1], s)
+            if rows[-1].compute_precision and s.io == "output" and s.my is not None:
+                computed[_tensor_key(s.my)] = rows[-1].compute_precision
         judge(rows, _producers(specs), cfg)
         judge_quant(rows, {r.seq: r for r in dm.records if r.extra.get("quant")}, cfg)
         _arguments_differ(rows, specs)
