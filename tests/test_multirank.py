@@ -175,6 +175,13 @@ def test_cli_pairs_by_rank_and_refuses_mismatches(runs, tmp_path, capsys):
     assert code == 0 and "diverged first: rank 1" in out
     # rank 0 only inherited the error through the all-reduce: labelled so, never a culprit
     assert re.search(r"rank 0: \w+ +inherited via c10d\.allreduce_\.default", out), out
+    # the culprit's number is its Index in the merged rows.csv (and #M in rank1's own)
+    m = re.search(r"rank 1: \w+ +culprit #(\d+) \(rank1/rows\.csv #(\d+)\) (\S+)", out)
+    assert m, out
+    merged = {r["Index"]: r for r in csv.DictReader(open(tmp_path / "rep" / "rows.csv"))}
+    own = {r["Index"]: r for r in csv.DictReader(open(tmp_path / "rep" / "rank1" / "rows.csv"))}
+    assert merged[m[1]]["Rank"] == "1" and merged[m[1]]["Op"] == m[3] == own[m[2]]["Op"]
+    assert merged[m[1]]["NPU Name"] == own[m[2]]["NPU Name"]
     single = tmp_path / "single"
     single.mkdir()
     with dumper(single / "run.h5"):  # a one-rank run: world size 1

@@ -123,8 +123,9 @@ def format_ranks(s: dict[str, Any]) -> str:
             i = e["inherited"]
             what = f"inherited via {i['via']} (epoch {i['epoch']}) from rank {i['from_rank']}"
         elif c is not None:
-            what = (f"culprit #{c['rank_index']} {c['op']} [{c['phase']}] epoch {c['epoch']}: "
-                    f"{c['message']}")
+            # the merged rows.csv's Index, and the row in the rank's own report
+            what = (f"culprit #{c['index']} (rank{e['rank']}/rows.csv #{c['rank_index']}) "
+                    f"{c['op']} [{c['phase']}] epoch {c['epoch']}: {c['message']}")
         else:
             what = e["label"]
         out.append(f"  rank {e['rank']}: {e['verdict']:7s} {what}"
