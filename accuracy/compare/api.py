@@ -519,14 +519,6 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
     return row
 
 
-def _tensor_key(t: TensorRecord) -> tuple:
-    """The values a recorded tensor holds: the row that first held its bytes (tensor dumps),
-    else its dtype and statistics (a view's shape differs, its values do not)."""
-    if t.first >= 0:
-        return ("row", t.first)
-    return ("stats", t.dtype, tuple(sorted(t.stats.items())))
-
-
 def _moved_from(s: _Spec, computed: dict[tuple, str]) -> str | None:
     """For the output of an op that only moves values (a view, `_unsafe_view`, `clone`...),
     the compute precision of the op that made its input: the same values are judged at the
@@ -536,7 +528,7 @@ def _moved_from(s: _Spec, computed: dict[tuple, str]) -> str | None:
         return None
     if op.op not in MOVEMENT and not op.op.startswith(VIEW_PREFIXES):
         return None
-    return computed.get(_tensor_key(op.inputs[0]))
+    return computed.get(op.inputs[0].values_key)
 
 
 def _producers(specs: list[_Spec]) -> dict[int, int | None]:
@@ -625,7 +617,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             rows.append(_row(i, s, res, cfg, rp, precision, _moved_from(s, computed)))
             _apply_compiled(rows[-1], s)
             if rows[-1].compute_precision and s.io == "output" and s.my is not None:
-                computed[_tensor_key(s.my)] = rows[-1].compute_precision
+                computed[s.my.values_key] = rows[-1].compute_precision
         judge(rows, _producers(specs), cfg)
         judge_quant(rows, {r.seq: r for r in dm.records if r.extra.get("quant")}, cfg)
         _arguments_differ(rows, specs)

@@ -173,14 +173,6 @@ class _Masks:
         return intended_fill(r.op, args, kwargs, r.outputs[0].dtype if r.outputs else None)
 
 
-def _identity(t: TensorRecord) -> tuple:
-    """Which tensor state a recorded tensor is: the row that first held its bytes (tensor
-    dumps), else its dtype, shape and statistics (statistics dumps record no bytes)."""
-    if t.first >= 0:
-        return ("row", t.first)
-    return ("stats", t.dtype, tuple(t.shape), tuple(sorted(t.stats.items())))
-
-
 def scan_dump(d: Dump) -> OverflowReport:
     """Scan an opened dump."""
     online = bool(d.attrs.get("check_overflow"))
@@ -195,7 +187,7 @@ def scan_dump(d: Dump) -> OverflowReport:
             if r.op == AMP_UPDATE_OP:
                 if _found_inf(r) or grads_bad:
                     rep.skipped_steps.append(r.step)
-                    scale = _identity(r.inputs[0]) if r.inputs else None
+                    scale = r.inputs[0].values_key if r.inputs else None
                     for f, ids in window:
                         if loss_scaled(f.phase, scale in ids):
                             f.label = HANDLED
@@ -214,7 +206,7 @@ def scan_dump(d: Dump) -> OverflowReport:
             _bad(t) for t in r.inputs)
         if born:
             rep.births.append(f)
-            window.append((f, {_identity(t) for t in r.inputs}))
+            window.append((f, {t.values_key for t in r.inputs}))
         else:
             rep.inherited.append(f)
     if online:  # labels given online (after the op was written) live in the root summary
