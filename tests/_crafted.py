@@ -28,6 +28,59 @@ def good_dump(path: Path) -> Path:
     return path
 
 
+def _op_rows(f: h5py.File) -> np.ndarray:
+    from accuracy.dumpfile import schema
+
+    return f[schema.OPS][:max(0, int(f["_status"][0]))]
+
+
+def stored_op_texts(f: h5py.File) -> list[bytes]:
+    """The committed ops' stored text (schema 4 keeps it in the blob), as bytes."""
+    blob = f["_data/blob"]
+    return [blob[int(r["text"]): int(r["text"]) + int(r["text_nbytes"])].tobytes()
+            for r in _op_rows(f)]
+
+
+def op_texts(f: h5py.File) -> list[dict[str, str]]:
+    """The committed ops' text fields by name (op, phase, module, source, ...)."""
+    from accuracy.dumpfile import optext, schema
+
+    return [dict(zip(schema.OP_TEXT_FIELDS, optext.decode(t, "op"), strict=True))
+            for t in stored_op_texts(f)]
+
+
+def edit_op_texts(f: h5py.File, edit: Callable[[list[dict[str, str]]], None]) -> None:
+    """Rewrite the ops' text fields as whoever crafts a file can: `edit` changes the dicts of
+    `op_texts`; the new texts go to the end of the stored data and the rows point at them.
+    The metadata hashes are left as they were (`reseal` recomputes them)."""
+    from accuracy.dumpfile import optext, schema
+
+    texts = op_texts(f)
+    edit(texts)
+    rows = _op_rows(f)
+    status = f["_status"][:]
+    blob, end = f["_data/blob"], int(status[3])
+    for r, t in zip(rows, texts, strict=True):
+        raw = np.frombuffer(optext.encode([t[k] for k in schema.OP_TEXT_FIELDS]), np.uint8)
+        if blob.shape[0] < end + raw.size:
+            blob.resize((end + raw.size,))
+        blob[end: end + raw.size] = raw
+        r["text"], r["text_nbytes"], end = end, raw.size, end + raw.size
+    f[schema.OPS][:len(rows)] = rows
+    status[3] = end
+    f["_status"][:] = status
+
+
+def heap_collections(path: Path) -> list[tuple[int, int]]:
+    """(address, size) of every HDF5 global heap collection in the file ("GCOL" headers)."""
+    raw = path.read_bytes()
+    out, at = [], raw.find(b"GCOL")
+    while at >= 0:
+        out.append((at, int.from_bytes(raw[at + 8: at + 16], "little")))
+        at = raw.find(b"GCOL", at + 4)
+    return out
+
+
 def outside_file(folder: Path) -> Path:
     """A plain file outside any dump, holding SECRET."""
     p = folder / "outside.secret"
@@ -144,9 +197,10 @@ def reseal(f: h5py.File) -> None:
     if schema.BATCHES in f:
         n_ops, n_tensors = (max(0, int(n)) for n in f["_status"][:2])
         ops, tensors = f[schema.OPS][:n_ops], f[schema.TENSORS][:n_tensors]
+        texts = stored_op_texts(f) if "text" in ops.dtype.names else ()
         b = f[schema.BATCHES]
         b.resize((1,))
-        b[0] = (len(ops), len(tensors), rows_hash(ops, tensors))
+        b[0] = (len(ops), len(tensors), rows_hash(ops, tensors, texts))
     if ATTRS_HASH in f.attrs:
         f.attrs[ATTRS_HASH] = np.uint64(attrs_hash(dict(f.attrs.items())))
 
@@ -162,18 +216,15 @@ def _copy_and_edit(good: Path, dst: Path, edit: Callable[[h5py.File], None]) -> 
 def deep_json_extra(good: Path, dst: Path, depth: int = 100_000) -> Path:
     """An op's `extra` is JSON nested `depth` levels deep."""
     def edit(f: h5py.File) -> None:
-        ops = f["_index/ops"][:]
-        ops[0]["extra"] = "[" * depth + "]" * depth
-        f["_index/ops"][:] = ops
+        edit_op_texts(f, lambda ops: ops[0].update(extra="[" * depth + "]" * depth))
     return _copy_and_edit(good, dst, edit)
 
 
 def deep_json_args(good: Path, dst: Path, depth: int = 100_000) -> Path:
     """An op's recorded call arguments are JSON nested `depth` levels deep."""
     def edit(f: h5py.File) -> None:
-        ops = f["_index/ops"][:]
-        ops[0]["args"] = '{"args": ' + "[" * depth + "]" * depth + ', "kwargs": {}}'
-        f["_index/ops"][:] = ops
+        deep = '{"args": ' + "[" * depth + "]" * depth + ', "kwargs": {}}'
+        edit_op_texts(f, lambda ops: ops[0].update(args=deep))
     return _copy_and_edit(good, dst, edit)
 
 
@@ -205,6 +256,30 @@ def rows_outside(good: Path, dst: Path, offset: int | None = None,
             t[i]["nbytes"] = nbytes
         f["_index/tensors"][:] = t
     return _copy_and_edit(good, dst, edit)
+
+
+def op_text_outside(good: Path, dst: Path, offset: int | None = None,
+                    nbytes: int | None = None) -> Path:
+    """The first op row's text points past the data (or overflows int64 arithmetic)."""
+    def edit(f: h5py.File) -> None:
+        ops = f["_index/ops"][:]
+        ops[0]["text"] = int(f["_status"][3]) - 4 if offset is None else offset
+        if nbytes is not None:
+            ops[0]["text_nbytes"] = nbytes
+        f["_index/ops"][:] = ops
+    return _copy_and_edit(good, dst, edit)
+
+
+def as_vlen_op_table(f: h5py.File, row_type: np.dtype) -> None:
+    """Rewrite the op table as a schema 1-3 file holds it: text in HDF5 strings."""
+    from accuracy.dumpfile import schema
+
+    rows, texts = _op_rows(f), op_texts(f)
+    old = np.zeros(len(rows), dtype=row_type)
+    for n in row_type.names:
+        old[n] = [t[n] for t in texts] if n in schema.OP_TEXT_FIELDS else rows[n]
+    del f[schema.OPS]
+    f.create_dataset(schema.OPS, data=old, maxshape=(None,), chunks=True)
 
 
 def negative_shape(good: Path, dst: Path) -> Path:

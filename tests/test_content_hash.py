@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from _crafted import as_vlen_op_table, edit_op_texts, stored_op_texts
 
 from accuracy import dumper
 from accuracy.cli import main
@@ -109,6 +110,7 @@ def _as_schema_2(path: Path) -> None:
             old[n] = rows[n]
         del f[schema.TENSORS]
         f.create_dataset(schema.TENSORS, data=old, maxshape=(None,), chunks=True)
+        as_vlen_op_table(f, schema.OP_ROW_V3)
         del f[schema.BATCHES]
         del f.attrs["attrs_hash"]
         del f.attrs[schema.SUMS_ATTR]
@@ -142,9 +144,15 @@ def test_info_names_the_content_hash(tmp_path, capsys):
 
 
 def _flip_source(f: h5py.File) -> None:
-    ops = f[schema.OPS][:]
-    ops[1]["source"] = (ops[1]["source"] or b"x.py:1") + b"!"
-    f[schema.OPS][:] = ops
+    edit_op_texts(f, lambda ops: ops[1].update(source=(ops[1]["source"] or "x.py:1") + "!"))
+
+
+def _flip_text_in_place(f: h5py.File) -> None:
+    """One letter of an op's stored module name changed where it lies (rows untouched)."""
+    row = f[schema.OPS][1]
+    text = stored_op_texts(f)[1]
+    at = int(row["text"]) + text.index(b"aten") + 1  # aten -> auen: still valid text
+    f[schema.BLOB][at] ^= 1
 
 
 def _flip_stat(f: h5py.File) -> None:
@@ -158,7 +166,7 @@ def _flip_attr(f: h5py.File) -> None:
     f.attrs["torch_version"] = "0.0.0"
 
 
-@pytest.mark.parametrize("damage", [_flip_source, _flip_stat, _flip_attr])
+@pytest.mark.parametrize("damage", [_flip_source, _flip_text_in_place, _flip_stat, _flip_attr])
 def test_metadata_damage_is_refused_by_every_reader(tmp_path, damage, capsys):
     golden = _dump(tmp_path / "golden.h5")
     my = _dump(tmp_path / "my.h5")

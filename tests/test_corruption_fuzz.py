@@ -54,13 +54,14 @@ def _pair_flip(f: h5py.File, rows: np.ndarray, rng: random.Random) -> str:
 
 
 def _text(f: h5py.File, _rows: np.ndarray, rng: random.Random) -> str:
-    ops = f[schema.OPS][:]
-    i, col = rng.randrange(len(ops)), rng.choice(["source", "module", "phase"])
-    s = bytearray(ops[i][col] or b"x")
-    s[rng.randrange(len(s))] ^= 1 << rng.randrange(7)
-    ops[i][col] = bytes(s)
-    f[schema.OPS][:] = ops
-    return f"text:{col}"
+    """A flipped bit in an op's stored text (name, module, source... : schema 4 keeps it in
+    the blob)."""
+    op = rng.choice(f[schema.OPS][:].tolist())
+    at = schema.OP_ROW.names.index("text")
+    pos = op[at] + rng.randrange(op[at + 1])
+    b = f[schema.BLOB]
+    b[pos] ^= np.uint8(1 << rng.randrange(7))
+    return "text"
 
 
 def _stat(f: h5py.File, rows: np.ndarray, rng: random.Random) -> str:

@@ -201,6 +201,30 @@ def test_a_monitor_file_from_a_killed_job_stays_readable(tmp_path):
     assert np.isfinite(s.param["grad_norm"]).all() and np.isfinite(s.loss).all()
 
 
+def test_monitor_events_go_to_the_file_without_the_hdf5_heap(tmp_path):
+    """Events (triggers, captures) are written while the file is live (SWMR): not as HDF5
+    strings, whose heap grows in place unordered, so a kill right after a trigger (when jobs
+    die) cannot leave the heap, and the file's events, unreadable."""
+    from _crafted import heap_collections
+
+    from accuracy.monitor.series import SeriesWriter, read_series
+
+    path = tmp_path / "ev.monitor.h5"
+    w = SeriesWriter(path)
+    row = {"step": 0, "loss": 1.0, "grad_norm": 2.0, "module_names": ["m"],
+           "param_names": ["p"], "module": {}, "param": {}, "state": {}}
+    w.append(row)
+    before = heap_collections(path)
+    for i in range(300):
+        w.event("trigger", i, why="loss spike " + "x" * 200, rule={"name": "LossSpike"})
+    w.flush()
+    assert heap_collections(path) == before
+    w.close()
+    s = read_series(path)
+    assert [e["step"] for e in s.events] == list(range(300))
+    assert s.events[5]["rule"] == {"name": "LossSpike"}
+
+
 def test_figures_match_direct_computation(tmp_path):
     model, opt, train_step = _setup()
     step = am.watch(train_step, model, opt, path=tmp_path / "f.monitor.h5", freq=2,

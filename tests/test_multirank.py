@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 import h5py
-import numpy as np
 import pytest
 import torch
+from _crafted import as_vlen_op_table
 
 from accuracy.cli import main
 from accuracy.compare.multirank import compare_ranks
@@ -243,14 +243,7 @@ def test_schema_1_dump_reads_with_epoch_unknown(tmp_path):
     with dumper(path):
         torch.ones(3).mul(2)
     with h5py.File(path, "r+") as f:  # rewrite as a schema-1 file: op rows without epoch
-        ops = f[schema.OPS][:]
-        names = [n for n in schema.OP_ROW.names if n != "epoch"]
-        old_rows = np.zeros(len(ops), dtype=np.dtype(
-            [(n, schema.OP_ROW.fields[n][0]) for n in names]))
-        for n in names:
-            old_rows[n] = ops[n]
-        del f[schema.OPS]
-        f.create_dataset(schema.OPS, data=old_rows, maxshape=(None,), chunks=True)
+        as_vlen_op_table(f, schema.OP_ROW_V1)
         f.attrs["schema_version"] = 1
         del f[schema.BATCHES]  # a schema-1 file has no metadata hashes
         del f.attrs["attrs_hash"]

@@ -6,10 +6,12 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from _crafted import heap_collections
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -55,6 +57,32 @@ def test_sigkill_at_random_moments_leaves_intact_dumps(tmp_path):
     assert max(found) > 0  # the kills landed while ops were being recorded
     print(f"kills survived: {len(found)}/{len(dumps)}; ops recovered per dump "
           f"min {min(found)} max {max(found)}")
+
+
+def test_recording_writes_nothing_to_the_hdf5_heap(tmp_path):
+    """Once the file is live (SWMR), nothing goes to HDF5's global heap, whose in-place growth
+    SWMR does not order: a kill while a collection grew once left committed op texts past the
+    end of file the superblock records ("actual len exceeds EOA": the dump unreadable)."""
+    from accuracy.dumpfile.writer import DumpWriter, OpEntry
+
+    path = tmp_path / "live.h5"
+    w = DumpWriter(path, {"mode": "statistics"}, flush_ops=16, flush_seconds=0.01)
+    try:
+        before = heap_collections(path)
+        for seq in range(400):
+            w.add_op(OpEntry(seq=seq, op="aten.add.Tensor", phase="forward",
+                             module=f"Model.layers.{seq}.mlp", source=f"train.py:{seq}",
+                             stack="x" * 300, args="{}", step=0, n_in=0, n_out=0), [])
+        deadline = time.monotonic() + 30
+        while w._n_committed < 400 and time.monotonic() < deadline:  # all committed
+            time.sleep(0.01)
+        assert w._n_committed == 400
+        assert heap_collections(path) == before
+    finally:
+        w.close({}, complete=True)
+    with load_dump(path) as d:
+        assert [r.module for r in d.records] == [f"Model.layers.{i}.mlp" for i in range(400)]
+        assert d.records[7].stack == "x" * 300
 
 
 def _mount_tmpfs(where: Path, size: str) -> bool:

@@ -39,6 +39,9 @@ REFUSED_AT_OPEN = {
     "row_overflowing": ("past the end", lambda g, p, d: C.rows_outside(
         g, p, offset=2**62, nbytes=2**62)),
     "negative_shape": ("negative dimension", lambda g, p, d: C.negative_shape(g, p)),
+    "op_text_outside_data": ("text lies outside", lambda g, p, d: C.op_text_outside(g, p)),
+    "op_text_overflowing": ("text lies outside", lambda g, p, d: C.op_text_outside(
+        g, p, offset=2**62, nbytes=2**62)),
     "flipped_chunk_index": ("damaged", lambda g, p, d: C.flipped_chunk_index(g, p)),
 }
 
@@ -182,11 +185,9 @@ def _hostile_dumps(tmp_path: Path) -> tuple[Path, Path]:
         with dumper(dump_path=p):
             ((x * scale) @ x).relu().sum()
         with h5py.File(p, "r+") as f:  # strings an attacker controls, as a dump holds them
-            ops = f["_index/ops"][:]
-            for r in ops:
-                r["phase"], r["module"], r["source"] = (HOSTILE["phase"], HOSTILE["module"],
-                                                        HOSTILE["source"])
-            f["_index/ops"][:] = ops
+            C.edit_op_texts(f, lambda ops: [o.update(phase=HOSTILE["phase"],
+                                                     module=HOSTILE["module"],
+                                                     source=HOSTILE["source"]) for o in ops])
             C.reseal(f)  # the attacker recomputes the (unkeyed) metadata hashes
         paths.append(p)
     return paths[0], paths[1]

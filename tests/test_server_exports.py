@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("xlsxwriter")
-from _crafted import reseal  # noqa: E402
+from _crafted import edit_op_texts, reseal  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from accuracy import dumper  # noqa: E402
@@ -32,12 +32,12 @@ def _dump(path: Path, scale: float) -> None:
         for _ in range(2):
             ((x * scale) @ x).relu().sum()
     with h5py.File(path, "r+") as f:  # names an attacker controls, as a dump holds them
-        ops = f["_index/ops"][:]
-        for i, r in enumerate(ops):
-            r["module"] = FORMULAS[i % len(FORMULAS)]
-            r["phase"] = FORMULAS[(i + 1) % len(FORMULAS)]
-            r["op"] = FORMULAS[(i + 2) % len(FORMULAS)]
-        f["_index/ops"][:] = ops
+        def formulas(ops: list[dict[str, str]]) -> None:
+            for i, r in enumerate(ops):
+                r["module"] = FORMULAS[i % len(FORMULAS)]
+                r["phase"] = FORMULAS[(i + 1) % len(FORMULAS)]
+                r["op"] = FORMULAS[(i + 2) % len(FORMULAS)]
+        edit_op_texts(f, formulas)
         reseal(f)  # the attacker recomputes the (unkeyed) metadata hashes
 
 

@@ -39,7 +39,7 @@ from accuracy.server.errors import ApiError
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 psutil = pytest.importorskip("psutil")
-from _crafted import reseal  # noqa: E402
+from _crafted import op_texts, reseal  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from accuracy.server import create_app  # noqa: E402
@@ -95,9 +95,8 @@ def _fill_bomb(path: Path, elements: int = BOMB_ELEMENTS) -> str:
         status[3] = offset + elements * 4
         f["_status"][:] = status
         reseal(f)  # the metadata hashes, recomputed as whoever crafts a file can
-        ops = f[schema.OPS][:]
-        op = next(o["op"] for o in ops if int(o["seq"]) == int(row["seq"]))
-        op = op.decode() if isinstance(op, bytes) else op
+        seqs = f[schema.OPS]["seq"].tolist()
+        op = op_texts(f)[seqs.index(int(row["seq"]))]["op"]
     return schema.address(op, int(row["seq"]), int(row["io"]), int(row["idx"]))
 
 

@@ -14,6 +14,8 @@ order-free, so the same value comes from any split of the bytes into pieces.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import xxhash
 
@@ -103,10 +105,11 @@ def running_check(stats: dict[str, float], dtype: str, itemsize: int, stored_has
     return Checksum(part_size(dtype, itemsize)), int(stats["checksum"])
 
 
-def rows_hash(ops: np.ndarray, tensors: np.ndarray) -> int:
+def rows_hash(ops: np.ndarray, tensors: np.ndarray, texts: Sequence[bytes] = ()) -> int:
     """XXH3-64 of a batch of index rows (op rows and tensor rows, as numpy structured arrays):
-    numeric columns by their little-endian bytes, text columns as UTF-8 with lengths. The
-    writer hashes each flushed batch, the reader recomputes it from the rows it read."""
+    numeric columns by their little-endian bytes, text columns as UTF-8 with lengths, then the
+    stored text of each op (schema 4, see optext.py). The writer hashes each flushed batch,
+    the reader recomputes it from the rows it read."""
     h = xxhash.xxh3_64()
     for arr in (ops, tensors):
         h.update(len(arr).to_bytes(8, "little"))
@@ -119,6 +122,9 @@ def rows_hash(ops: np.ndarray, tensors: np.ndarray) -> int:
                     h.update(b)
             else:
                 h.update(np.ascontiguousarray(col.astype(col.dtype.newbyteorder("<"))).data)
+    for b in texts:
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
     return h.intdigest() or 1
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import h5py
 import numpy as np
 
-from accuracy.dumpfile import dtypes, schema, validate
+from accuracy.dumpfile import dtypes, optext, schema, validate
 from accuracy.dumpfile.checksum import (
     ATTRS_HASH,
     CONTENT_HASH_KIND,
@@ -248,6 +248,17 @@ def _open_h5(path: Path) -> tuple[h5py.File, bool]:
         raise DumpError(f"{path}: cannot be opened as HDF5: {msg}") from None
 
 
+def _with_text(rows: np.ndarray, texts: list[bytes]) -> np.ndarray:
+    """Schema-4 op rows joined with their decoded text: the op table of every schema."""
+    out = np.zeros(len(rows), schema.OP_ROW_V3)
+    for name in ("seq", "step", "n_in", "n_out", "epoch"):
+        out[name] = rows[name]
+    fields = [optext.decode(t, f"op row {i}") for i, t in enumerate(texts)]
+    for j, name in enumerate(schema.OP_TEXT_FIELDS):
+        out[name] = [f[j] for f in fields]
+    return out
+
+
 def _text(col: np.ndarray) -> list[str]:
     return [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in col]
 
@@ -348,17 +359,31 @@ class Dump:
             schema.BLOB, schema.OPS, schema.TENSORS, STATUS))
         n_ops, n_tensors, self.blob_len = validate.check_index(
             status[:], ops, tensors, blob, self.path.stat().st_size)
-        self._ops = ops[:n_ops]
+        rows = ops[:n_ops]
         self._tensors = tensors[:n_tensors]
-        validate.check_op_rows(self._ops)
+        validate.check_op_rows(rows, self.blob_len)
         validate.check_tensor_rows(self._tensors, self.blob_len)
         self._blob = blob
-        self._check_metadata_hashes(n_ops, n_tensors)
+        texts = self._op_texts(rows) if "text" in (rows.dtype.names or ()) else None
+        self._check_metadata_hashes(rows, texts)
+        self._ops = rows if texts is None else _with_text(rows, texts)
 
-    def _check_metadata_hashes(self, n_ops: int, n_tensors: int) -> None:
-        """Schema 3: each flushed batch of index rows and the root attributes against their
-        hashes (a flipped byte in a source path or a min/max is refused on open, like damaged
-        bytes). Older files have neither and are read as before."""
+    def _op_texts(self, rows: np.ndarray) -> list[bytes]:
+        """Schema 4: each op's stored text, read a run of neighbouring texts at a time."""
+        out: list[bytes] = []
+        for a, b, offset, nbytes in optext.text_runs(rows["text"], rows["text_nbytes"]):
+            run = self.read_bytes(offset, nbytes, f"the text of op rows {a}-{b - 1}").tobytes()
+            for off, n in zip(rows["text"][a:b].tolist(), rows["text_nbytes"][a:b].tolist(),
+                              strict=True):
+                out.append(run[off - offset: off - offset + n])
+        return out
+
+    def _check_metadata_hashes(self, ops: np.ndarray, texts: list[bytes] | None) -> None:
+        """Schema 3: each flushed batch of index rows (schema 4: and the ops' stored text) and
+        the root attributes against their hashes (a flipped byte in a source path or a min/max
+        is refused on open, like damaged bytes). Older files have neither and are read as
+        before."""
+        n_ops, n_tensors = len(ops), len(self._tensors)
         if schema.BATCHES in self._f:
             batches = validate.open_dataset(self._f, schema.BATCHES)
             if batches.dtype != schema.BATCH_ROW or batches.ndim != 1:
@@ -367,7 +392,8 @@ class Dump:
             for oe, te, h in batches[:].tolist():
                 if oe > n_ops or te > n_tensors or (oe, te, h) == (0, 0, 0):
                     break  # a flush the status counts never made visible, or lost (disk full)
-                if oe < o or te < t or rows_hash(self._ops[o:oe], self._tensors[t:te]) != h:
+                if oe < o or te < t or rows_hash(ops[o:oe], self._tensors[t:te],
+                                                 texts[o:oe] if texts else ()) != h:
                     raise DamagedDataError(
                         f"{self.path}: index rows {o}-{oe} (ops) / {t}-{te} (tensors) damaged: "
                         "their hash does not match; the file was altered or corrupted")

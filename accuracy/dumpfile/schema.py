@@ -16,7 +16,8 @@ FORMAT_NAME = "accuracy-dump"
 EXTRACT_FORMAT_NAME = "accuracy-extract"  # `accuracy extract` output: plain HDF5 groups
 # 2: op rows gained `epoch`; version-1 files read with epoch unknown.
 # 3: tensor rows gained `hash` (XXH3-64 of the stored bytes); older files are checked by sum.
-SCHEMA_VERSION = 3
+# 4: op rows are fixed-size; their text lies in the blob (see optext.py): no HDF5 heap.
+SCHEMA_VERSION = 4
 OLDEST_READABLE = 1
 UNKNOWN_EPOCH = -1  # an op row of a version-1 dump, or one written outside a dumper
 # The two-tier flow's selection file (written by `accuracy suspects`, read by dumper(select=))
@@ -33,7 +34,24 @@ IO_NAMES = ("input", "output")
 
 _str = h5py.string_dtype("utf-8")
 
+# The op row since schema 4: numbers only. Its text (op, phase, module, source, stack, call
+# arguments, extra: `OP_TEXT_FIELDS`) is one JSON array in the blob at [text, text + text_nbytes).
 OP_ROW = np.dtype(
+    [
+        ("seq", np.int64),
+        ("step", np.int32),
+        ("n_in", np.int32),
+        ("n_out", np.int32),
+        ("epoch", np.int32),  # collectives this rank issued before the op (-1 unknown)
+        ("text", np.int64),  # blob offset of the op's text
+        ("text_nbytes", np.int64),
+    ]
+)
+OP_TEXT_FIELDS = ("op", "phase", "module", "source", "stack", "args", "extra")
+
+# The op row of schema 2-3 files, text in HDF5 variable-length strings; still readable, and the
+# shape the reader gives every file's op table once the text is read.
+OP_ROW_V3 = np.dtype(
     [
         ("seq", np.int64),
         ("op", _str),
@@ -51,8 +69,8 @@ OP_ROW = np.dtype(
 )
 
 # The op row of schema-1 files (written before the collective epoch existed): still readable.
-OP_ROW_V1 = np.dtype([(n, OP_ROW.fields[n][0]) for n in OP_ROW.names if n != "epoch"])
-OP_ROWS = (OP_ROW, OP_ROW_V1)
+OP_ROW_V1 = np.dtype([(n, OP_ROW_V3.fields[n][0]) for n in OP_ROW_V3.names if n != "epoch"])
+OP_ROWS = (OP_ROW, OP_ROW_V3, OP_ROW_V1)
 
 MAX_DIMS = 16  # shape and stride are fixed-size: no variable-length strings per tensor row
 

@@ -267,7 +267,7 @@ def check_tensor_rows(t: np.ndarray, blob_len: int) -> None:
         refuse(data & (numel * itemsize != nb), "byte count does not match dtype and shape")
 
 
-def check_op_rows(o: np.ndarray) -> None:
+def check_op_rows(o: np.ndarray, blob_len: int) -> None:
     if len(o) == 0:
         return
     seq = o["seq"]
@@ -275,6 +275,12 @@ def check_op_rows(o: np.ndarray) -> None:
         raise LayoutError(f"op row {int(np.argmax(seq < 0))}: negative sequence number")
     if ((o["n_in"] < 0) | (o["n_out"] < 0)).any():
         raise LayoutError("op row with a negative tensor count")
+    if "text" in (o.dtype.names or ()):  # schema 4: the text's range lies in the stored data
+        off, nb = o["text"], o["text_nbytes"]
+        bad = (off < 0) | (nb <= 0) | (nb > MAX_JSON_CHARS) | (off > blob_len) | (
+            nb > blob_len - np.minimum(off, blob_len))
+        if bad.any():
+            raise LayoutError(f"op row {int(np.argmax(bad))}: its text lies outside the data")
     if len(np.unique(seq)) != len(seq):
         raise LayoutError("two op rows share a sequence number")
 

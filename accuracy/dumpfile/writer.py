@@ -29,7 +29,7 @@ import h5py
 import numpy as np
 import torch
 
-from accuracy.dumpfile import schema, staging
+from accuracy.dumpfile import optext, schema, staging
 from accuracy.dumpfile.checksum import ATTRS_HASH, NO_HASH, attrs_hash, content_hash, rows_hash
 from accuracy.dumpfile.reserve import SpaceReserve, give_back
 from accuracy.errors import AccuracyError, OutputExistsError
@@ -356,6 +356,7 @@ class DumpWriter:
         self._offsets: dict[int, tuple[int, int]] = {}
         self._hashes: dict[int, int] = {}  # row -> content hash of the bytes it points at
         self._op_rows: list[tuple[Any, ...]] = []
+        self._op_texts: list[bytes] = []  # each op's text, stored in the blob at the flush
         self._tensor_rows: list[tuple[Any, ...]] = []
         self._n_ops = 0
         self._n_committed = 0
@@ -443,18 +444,22 @@ class DumpWriter:
 
     def _pending_rows_size(self) -> int:
         """An upper bound of the file space the rows waiting for `_flush` take."""
-        n = (len(self._op_rows) * schema.OP_ROW.itemsize
-             + len(self._tensor_rows) * (schema.TENSOR_ROW.itemsize + 64))
-        return n + 4 * sum(len(v) for r in self._op_rows for v in r if isinstance(v, str))
+        return (len(self._op_rows) * schema.OP_ROW.itemsize
+                + len(self._tensor_rows) * (schema.TENSOR_ROW.itemsize + 64))
 
-    def _append_bytes(self, arr: np.ndarray) -> int:
+    def _append_bytes(self, arr: np.ndarray, *, index: bool = False) -> int:
+        """Append to the blob; `index`: the ops' text at a commit, which (like the index rows)
+        is written out of the room kept for the index, past the free-space check that stops
+        tensor bytes (so the ops recorded before a full disk still commit)."""
         off = self._blob_len
         end = off + arr.size
-        self._ensure_space(arr.size)
+        if not index:
+            self._ensure_space(arr.size)
         space = self._space
         if end > space.capacity:
             # allocated space is file space: doubling up to 64 MiB steps (never a 2x file)
-            size = max(end, min(2 * space.capacity, space.capacity + _BLOB_GROW), _BLOB_CHUNK)
+            size = end if index else max(
+                end, min(2 * space.capacity, space.capacity + _BLOB_GROW), _BLOB_CHUNK)
             self._hold(size - space.capacity + _HEADROOM)  # the new chunks and what follows
             space.grow(size)
         if arr.size:
@@ -490,10 +495,10 @@ class DumpWriter:
                 (t.seq, t.io, t.idx, t.dtype, ndim, shape, stride, t.device, offset, nbytes,
                  first, *_stats_values(t.stats), self._hashes.get(t.row, NO_HASH))
             )
-        self._op_rows.append(
-            (op.seq, op.op, op.phase, op.module, op.source, op.stack, op.args, op.step,
-             op.n_in, op.n_out, json.dumps(op.extra) if op.extra else "", op.epoch)
-        )
+        self._op_rows.append((op.seq, op.step, op.n_in, op.n_out, op.epoch))
+        self._op_texts.append(optext.encode(
+            (op.op, op.phase, op.module, op.source, op.stack, op.args,
+             json.dumps(op.extra) if op.extra else "")))
 
     @staticmethod
     def _append_rows(ds: h5py.Dataset, rows: list[tuple[Any, ...]], start: int
@@ -505,23 +510,37 @@ class DumpWriter:
         ds[start:] = arr
         return start + len(rows), arr
 
+    def _store_op_texts(self) -> list[tuple[Any, ...]]:
+        """Append the waiting ops' texts to the blob, back to back; their complete rows."""
+        texts = self._op_texts
+        if not texts:
+            return []
+        off = self._append_bytes(np.frombuffer(b"".join(texts), np.uint8), index=True)
+        rows = []
+        for row, text in zip(self._op_rows, texts, strict=True):
+            rows.append((*row, off, len(text)))
+            off += len(text)
+        return rows
+
     def _flush(self) -> None:
-        # Bytes first, then the tensor rows that point at them, then op rows, then the hash of
-        # those rows, then the status counts that make them visible: a crash between any two
-        # steps loses no committed row.
+        # Bytes first (tensors' and the ops' text), then the tensor rows that point at them,
+        # then op rows, then the hash of those rows, then the status counts that make them
+        # visible: a crash between any two steps loses no committed row.
         # HDF5 writes only here and at close, into space held first (a DiskFullError leaves
         # the file as the last commit left it); its flush may truncate what was held away.
+        op_rows, texts = self._store_op_texts(), list(self._op_texts)
         self._hold(self._pending_rows_size() + _HEADROOM)
         self._n_tensors, trows = self._append_rows(self._tensors, self._tensor_rows,
                                                    self._n_tensors)
-        self._n_ops, orows = self._append_rows(self._ops, self._op_rows, self._n_ops)
+        self._n_ops, orows = self._append_rows(self._ops, op_rows, self._n_ops)
         if len(trows) or len(orows):
             self._batches.resize((self._n_batches + 1,))
             self._batches[self._n_batches] = (self._n_ops, self._n_tensors,
-                                              rows_hash(orows, trows))
+                                              rows_hash(orows, trows, texts))
             self._n_batches += 1
         self._tensor_rows.clear()
         self._op_rows.clear()
+        self._op_texts.clear()
         self._file.flush()
         self._hold(_CLOSE_ROOM)  # failing: the rows above are in the file, not committed
         self._status[:] = [self._n_ops, self._n_tensors, 0, self._blob_len]

@@ -1,6 +1,6 @@
 """The monitor's time series on disk: one HDF5 file per rank, appended a row per recorded step.
 
-Layout (format ``accuracy-monitor``, version 1; rows are recorded steps):
+Layout (format ``accuracy-monitor``, version 2; rows are recorded steps):
 
     /                      attrs: format, version, rank, world_size, freq, reduced, created,
                            model, complete (False until `close`)
@@ -11,7 +11,8 @@ Layout (format ``accuracy-monitor``, version 1; rows are recorded steps):
                            the columns [a, b) of each figure
     /module/names (M,) str module names (forward hooks), fixed at the first row
     /param/names  (P,) str parameter names
-    /events    (E,) str    one JSON object per event (trigger fired, capture written, refusal)
+    /events    (B,) uint8  one JSON object per line per event (trigger fired, capture
+                           written, refusal); version 1 held (E,) str, read alike
 
 Figures: loss, grad_norm (global L2) one column each; module/<f> for f in act_norm, act_min,
 act_max, act_nan, act_inf (M columns each); param/<f> for f in norm, grad_norm, grad_min,
@@ -22,7 +23,10 @@ row write to /values and one to /step.
 NaN means "not measured on that step" (a module that did not run, a parameter without a
 gradient, no optimizer step). Rows are written `/step` last and the file is in SWMR mode, so a
 killed job leaves a readable file that holds every row flushed before the kill (`flush_every`
-steps, 1 by default): `read_series` keeps the rows whose step was written.
+steps, 1 by default): `read_series` keeps the rows whose step was written. Nothing is stored
+as HDF5 variable-length strings once the file is live: HDF5 grows its heap in place, which SWMR
+does not order, so a kill while it grew could leave the heap unreadable (see
+accuracy/dumpfile/optext.py); events are appended as bytes instead.
 """
 
 from __future__ import annotations
@@ -43,11 +47,13 @@ from accuracy.errors import AccuracyError, InputNotFoundError, OutputExistsError
 log = logging.getLogger(__name__)
 
 FORMAT = "accuracy-monitor"
-VERSION = 1
+VERSION = 2  # 2: /events is JSON lines in bytes (1: HDF5 strings)
 _CHUNK = 64
+_EVENT_CHUNK = 4096
 _STR = h5py.string_dtype("utf-8")
 MAX_COLUMNS = 1_000_000
 MAX_ROWS = 100_000_000
+MAX_EVENT_BYTES = 64 << 20
 
 
 class MonitorFileError(AccuracyError, ValueError):
@@ -102,7 +108,8 @@ class SeriesWriter:
                          dtype=_STR)
         f.create_dataset("param/names", data=np.array(row["param_names"], dtype=object),
                          dtype=_STR)
-        f.create_dataset("events", shape=(0,), maxshape=(None,), chunks=(_CHUNK,), dtype=_STR)
+        f.create_dataset("events", shape=(0,), maxshape=(None,), chunks=(_EVENT_CHUNK,),
+                         dtype=np.uint8)
         f.swmr_mode = True
         os.replace(tmp, self.path)
         self._f = f
@@ -151,10 +158,11 @@ class SeriesWriter:
             self._n = n1
         if self._events:
             ev, self._events = self._events, []
+            raw = np.frombuffer("".join(e + "\n" for e in ev).encode(), np.uint8)
             ds = f["events"]
-            ds.resize(self._ne + len(ev), axis=0)
-            ds[self._ne:] = np.array(ev, dtype=object)
-            self._ne += len(ev)
+            ds.resize(self._ne + raw.size, axis=0)
+            ds[self._ne:] = raw
+            self._ne += raw.size
         f.flush()
 
     def close(self) -> None:
@@ -220,6 +228,32 @@ def _layout(f: h5py.File, width: int) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _events(f: h5py.File) -> list[dict[str, Any]]:
+    """The events of a file (JSON lines in bytes; version 1: strings). A line cut by a kill,
+    or a version-1 heap a kill left unreadable, loses those events, not the file."""
+    ev = f.get("events")
+    if not isinstance(ev, h5py.Dataset) or ev.ndim != 1:
+        return []
+    try:
+        if ev.dtype == np.uint8:
+            lines = ev[: min(ev.shape[0], MAX_EVENT_BYTES)].tobytes().split(b"\n")
+        else:
+            lines = list(ev[: min(ev.shape[0], 100_000)])
+    except OSError as e:
+        log.warning("%s: its events are unreadable (%s); the figures are read without them",
+                    f.filename, e)
+        return []
+    events = []
+    for raw in lines:
+        try:
+            item = json.loads(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw)
+        except (ValueError, TypeError):
+            continue
+        if isinstance(item, dict):
+            events.append(item)
+    return events
+
+
 def read_series(path: str | os.PathLike[str]) -> Series:
     """Read a monitor file (also one from a killed job: the rows written before the kill)."""
     p = Path(path)
@@ -265,17 +299,7 @@ def read_series(path: str | os.PathLike[str]) -> Series:
             if kind not in tables or b - a != width[kind]:
                 raise MonitorFileError(f"{p}: /layout entry {name!r} does not fit its names")
             tables[kind][fig] = values[:, a:b]
-        ev = f.get("events")
-        events = []
-        if isinstance(ev, h5py.Dataset) and ev.ndim == 1:
-            for raw in ev[: min(ev.shape[0], 100_000)]:
-                try:
-                    item = json.loads(raw.decode("utf-8", "replace")
-                                      if isinstance(raw, bytes) else raw)
-                except (ValueError, TypeError):
-                    continue
-                if isinstance(item, dict):
-                    events.append(item)
+        events = _events(f)
         return Series(
             path=p, attrs={k: (v.item() if hasattr(v, "item") else v)
                            for k, v in f.attrs.items()},
