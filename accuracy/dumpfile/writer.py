@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 STATUS = "_status"  # int64[4]: committed op rows, committed tensor rows, complete flag, blob bytes
 _BLOB_CHUNK = 1 << 20
+_TEXT_BLOB_CHUNK = 64 << 10  # a dump that stores no tensor bytes holds only the ops' text
 _BLOB_GROW = 64 << 20  # blob space allocated at a time (sparse until written)
 _NO_DIMS = (0,) * schema.MAX_DIMS
 _TABLE_CHUNK = 1024
@@ -332,7 +333,8 @@ class DumpWriter:
         f.attrs["complete"] = False
         for k, v in attrs.items():
             f.attrs[k] = _attr_value(v)
-        self._space = BlobSpace(f, schema.BLOB, _BLOB_CHUNK)
+        self._space = BlobSpace(f, schema.BLOB, _BLOB_CHUNK if attrs.get("mode") == "tensor"
+                                else _TEXT_BLOB_CHUNK)
         self._blob = self._space.dataset
         self._ops = f.create_dataset(
             schema.OPS, shape=(0,), maxshape=(None,), dtype=schema.OP_ROW, chunks=(_TABLE_CHUNK,)
@@ -459,7 +461,7 @@ class DumpWriter:
         if end > space.capacity:
             # allocated space is file space: doubling up to 64 MiB steps (never a 2x file)
             size = end if index else max(
-                end, min(2 * space.capacity, space.capacity + _BLOB_GROW), _BLOB_CHUNK)
+                end, min(2 * space.capacity, space.capacity + _BLOB_GROW), space.chunk)
             self._hold(size - space.capacity + _HEADROOM)  # the new chunks and what follows
             space.grow(size)
         if arr.size:
