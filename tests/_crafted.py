@@ -270,6 +270,20 @@ def op_text_outside(good: Path, dst: Path, offset: int | None = None,
     return _copy_and_edit(good, dst, edit)
 
 
+def op_text_not_ours(good: Path, dst: Path, raw: bytes = b'["aten.mm.default"]') -> Path:
+    """The first op's stored text is valid JSON, but not the seven strings an op has."""
+    def edit(f: h5py.File) -> None:
+        status, ops, blob = f["_status"][:], f["_index/ops"][:], f["_data/blob"]
+        end = int(status[3])
+        blob.resize((max(blob.shape[0], end + len(raw)),))
+        blob[end: end + len(raw)] = np.frombuffer(raw, np.uint8)
+        ops[0]["text"], ops[0]["text_nbytes"] = end, len(raw)
+        f["_index/ops"][:] = ops
+        status[3] = end + len(raw)
+        f["_status"][:] = status
+    return _copy_and_edit(good, dst, edit)
+
+
 def as_vlen_op_table(f: h5py.File, row_type: np.dtype) -> None:
     """Rewrite the op table as a schema 1-3 file holds it: text in HDF5 strings."""
     from accuracy.dumpfile import schema

@@ -42,6 +42,8 @@ REFUSED_AT_OPEN = {
     "op_text_outside_data": ("text lies outside", lambda g, p, d: C.op_text_outside(g, p)),
     "op_text_overflowing": ("text lies outside", lambda g, p, d: C.op_text_outside(
         g, p, offset=2**62, nbytes=2**62)),
+    "op_text_not_ours": ("op row 0: text is not 7 strings", lambda g, p, d: C.op_text_not_ours(
+        g, p)),
     "flipped_chunk_index": ("damaged", lambda g, p, d: C.flipped_chunk_index(g, p)),
 }
 

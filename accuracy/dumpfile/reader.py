@@ -248,17 +248,6 @@ def _open_h5(path: Path) -> tuple[h5py.File, bool]:
         raise DumpError(f"{path}: cannot be opened as HDF5: {msg}") from None
 
 
-def _with_text(rows: np.ndarray, texts: list[bytes]) -> np.ndarray:
-    """Schema-4 op rows joined with their decoded text: the op table of every schema."""
-    out = np.zeros(len(rows), schema.OP_ROW_V3)
-    for name in ("seq", "step", "n_in", "n_out", "epoch"):
-        out[name] = rows[name]
-    fields = [optext.decode(t, f"op row {i}") for i, t in enumerate(texts)]
-    for j, name in enumerate(schema.OP_TEXT_FIELDS):
-        out[name] = [f[j] for f in fields]
-    return out
-
-
 def _text(col: np.ndarray) -> list[str]:
     return [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in col]
 
@@ -366,7 +355,9 @@ class Dump:
         self._blob = blob
         texts = self._op_texts(rows) if "text" in (rows.dtype.names or ()) else None
         self._check_metadata_hashes(rows, texts)
-        self._ops = rows if texts is None else _with_text(rows, texts)
+        self._ops = rows
+        self._text_columns = (optext.columns(texts) if texts is not None else
+                              {k: _text(rows[k]) for k in schema.OP_TEXT_FIELDS})
 
     def _op_texts(self, rows: np.ndarray) -> list[bytes]:
         """Schema 4: each op's stored text, read a run of neighbouring texts at a time."""
@@ -448,7 +439,7 @@ class Dump:
 
     @cached_property
     def _op_names_by_seq(self) -> dict[int, str]:
-        return dict(zip(self._ops["seq"].tolist(), _text(self._ops["op"]), strict=True))
+        return dict(zip(self._ops["seq"].tolist(), self._text_columns["op"], strict=True))
 
     @cached_property
     def records(self) -> list[OpRecord]:
@@ -476,8 +467,7 @@ class Dump:
         for t in self.tensors:
             if t.seq in by_seq:
                 by_seq[t.seq][t.io].append(t)
-        cols = {k: _text(o[k]) for k in ("op", "phase", "module", "source", "stack", "args",
-                                         "extra")}
+        cols = self._text_columns
         validate.check_json_column(cols["args"], "call arguments")
         epochs = (o["epoch"].tolist() if "epoch" in (o.dtype.names or ())
                   else [schema.UNKNOWN_EPOCH] * len(o))  # schema 1 rows have no epoch
