@@ -14,6 +14,7 @@ from typing import Any
 from accuracy.dumpfile.compiled import blind_lines, recompile_lines, seen_lines
 from accuracy.dumpfile.reader import load_dump
 from accuracy.errors import UsageError
+from accuracy.termtext import shown
 
 
 def human_bytes(n: float) -> str:
@@ -45,8 +46,11 @@ class DumpInfo:
         lines += [f"  BLIND: {b}" for b in blind_lines(a)]
         lines += [f"  RECOMPILED: {b}" for b in recompile_lines(a)]
         lines += [f"  {b}" for b in seen_lines(a)]
+        # the backend is written at close: a killed run's is read off its tensors
+        backend = a.get("backend") or (f"{'/'.join(s['tensor_devices'])} (from its tensors)"
+                                       if s.get("tensor_devices") else None)
         lines += [
-            f"  mode {a.get('mode')}, backend {a.get('backend')}"
+            f"  mode {a.get('mode')}, backend {backend}"
             + (f" (profile {a['profile']})" if a.get("profile") else "")
             + f", torch {a.get('torch_version')}, rank {a.get('rank')}, steps {s['steps']}",
             f"  ops {s['ops']}  ({', '.join(f'{k} {v}' for k, v in s['by_phase'].items())})"
@@ -62,7 +66,7 @@ class DumpInfo:
             lines.append(f"  faults injected: {len(faults)}")
             lines += [f"    {f}" for f in faults]
         lines.append("  top ops:")
-        lines += [f"    {n:6d}  {name}" for name, n in list(s["by_op"].items())[:top]]
+        lines += [f"    {n:6d}  {shown(name)}" for name, n in list(s["by_op"].items())[:top]]
         return "\n".join(lines)
 
 
@@ -110,9 +114,10 @@ def list_ops(path: str | os.PathLike[str], *, op: str | None = None,
             loaded = bool(r.extra.get("loaded"))
             outs = "; ".join(f"{t.dtype}{list(t.shape)}" for t in r.outputs)
             listing.lines.append(
-                f"{r.seq:6d}  {r.op:40s} {r.phase:9s} {r.module or '-':45s} -> {outs}"
+                f"{r.seq:6d}  {shown(r.op):40s} {shown(r.phase):9s} "
+                f"{shown(r.module) or '-':45s} -> {outs}"
                 + ("  [loaded]" if loaded else "")
-                + (f"  [{r.source}]" if source and r.source else ""))
+                + (f"  [{shown(r.source)}]" if source and r.source else ""))
             if tensors:
                 golden_in = {id(t) for t in r.inputs} if loaded else set()
                 for t in r.tensors:

@@ -346,8 +346,15 @@ class Dump:
     def _load_index(self) -> None:
         blob, ops, tensors, status = (validate.open_dataset(self._f, p) for p in (
             schema.BLOB, schema.OPS, schema.TENSORS, STATUS))
+        counts = status[:]
+        if not self.closed_cleanly:
+            # A live file (SWMR): the writer grows the tables before it commits their counts,
+            # so tables seen after the counts hold every committed row (seen before, they
+            # could lag the counts: "/_status says 16384 ops, the table has 16128 rows").
+            for ds in (blob, ops, tensors):
+                ds.refresh()
         n_ops, n_tensors, self.blob_len = validate.check_index(
-            status[:], ops, tensors, blob, self.path.stat().st_size)
+            counts, ops, tensors, blob, self.path.stat().st_size)
         rows = ops[:n_ops]
         self._tensors = tensors[:n_tensors]
         validate.check_op_rows(rows, self.blob_len)
@@ -377,6 +384,8 @@ class Dump:
         n_ops, n_tensors = len(ops), len(self._tensors)
         if schema.BATCHES in self._f:
             batches = validate.open_dataset(self._f, schema.BATCHES)
+            if not self.closed_cleanly:
+                batches.refresh()
             if batches.dtype != schema.BATCH_ROW or batches.ndim != 1:
                 raise DumpError(f"{self.path}: damaged dump (unknown batch-hash table)")
             o = t = 0
@@ -749,6 +758,7 @@ class Dump:
             "by_phase": dict(Counter(r.phase for r in recs)),
             "modules": len({r.module for r in recs if r.module}),
             "by_dtype": dict(Counter(t.dtype for t in tensors).most_common()),
+            "tensor_devices": sorted({t.device for t in tensors}),
             "steps": sorted({r.step for r in recs}),
             "checksum_kind": self.checksum_kind,
         }
