@@ -102,6 +102,23 @@ def test_nan_from_the_start_captures_once_and_says_so(tmp_path, caplog):
     assert cap.culprit["op"] == "aten.addmm.default" and cap.culprit["module"].endswith("head")
 
 
+def test_nan_from_the_start_without_snapshots_never_claims_a_capture(tmp_path):
+    model, opt, train_step = _setup()
+    fault = sim.fault("aten.addmm.default", module="head", kind="nan", start=0)
+    path = tmp_path / "off.monitor.h5"
+    with sim(faults=[fault]):
+        step = am.watch(train_step, model, opt, path=path, snapshot_every=None)
+        for i in range(3):
+            step(*_batch(i))
+    step.monitor.close()
+    assert step.monitor.captures == []
+    events = am.read_series(path).events
+    assert [e["kind"] for e in events if "capture" in e["kind"]] == ["not-captured",
+                                                                     "capture-once"]
+    once = next(e for e in events if e["kind"] == "capture-once")["message"]
+    assert "step 0 was not captured" in once and "captured once" not in once
+
+
 def test_a_step_whose_values_overflow_on_plain_torch_names_where_inf_is_born(tmp_path):
     """No emulated device, every kernel honest: the batch of step 5 is huge (finite), squaring
     the prediction overflows and the loss goes inf. The capture names that op, not 'no
@@ -223,6 +240,20 @@ def test_monitor_events_go_to_the_file_without_the_hdf5_heap(tmp_path):
     s = read_series(path)
     assert [e["step"] for e in s.events] == list(range(300))
     assert s.events[5]["rule"] == {"name": "LossSpike"}
+
+
+def test_a_module_name_utf8_cannot_hold_still_gives_a_series(tmp_path):
+    """A lone surrogate in a module name (a ModuleDict key decoded with surrogateescape) once
+    failed the file's creation at every step: no series at all."""
+    from accuracy.monitor.series import SeriesWriter, read_series
+
+    path = tmp_path / "names.monitor.h5"
+    w = SeriesWriter(path, attrs={"model": "Net\udc80"})
+    w.append({"step": 0, "loss": 1.0, "grad_norm": 2.0, "module_names": ["sur\udc80x", "層_0"],
+              "param_names": ["p"], "module": {}, "param": {}, "state": {}})
+    w.close()
+    s = read_series(path)
+    assert s.module_names == ["sur\\udc80x", "層_0"] and list(s.step) == [0]
 
 
 def test_figures_match_direct_computation(tmp_path):

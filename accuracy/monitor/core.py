@@ -224,9 +224,10 @@ class Monitor:
                 "monitor: step %d flagged: %s", step, reason)
         if not first:
             if len(self.fired) == 2:
-                msg = (f"triggers fired again at step {step} (and may on every step): captured "
-                       f"once, step {self.fired[0][0]}; later steps are recorded as events "
-                       "only (logged at INFO)")
+                done = (f"captured once, step {self.fired[0][0]}" if self.captures else
+                        f"step {self.fired[0][0]} was not captured")
+                msg = (f"triggers fired again at step {step} (and may on every step): {done}; "
+                       "later steps are recorded as events only (logged at INFO)")
                 log.warning("monitor: %s", msg)
                 self._event("capture-once", step=step, message=msg)
             return

@@ -60,6 +60,12 @@ class MonitorFileError(AccuracyError, ValueError):
     """A file that is not a monitor series this tool wrote (or is damaged)."""
 
 
+def _utf8(s: str) -> str:
+    """`s` as UTF-8 can store it: a lone surrogate (a name decoded with surrogateescape) is
+    kept as its escape, `\\udc80`, instead of failing the file's creation."""
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class SeriesWriter:
     """Append rows of figures; datasets are made at the first row (names are known then)."""
 
@@ -88,7 +94,8 @@ class SeriesWriter:
         f.attrs["created"] = time.time()
         f.attrs["complete"] = False
         for k, v in self._attrs.items():
-            f.attrs[k] = v if isinstance(v, int | float | str | bool) else json.dumps(v)
+            f.attrs[k] = (_utf8(v) if isinstance(v, str) else v
+                          if isinstance(v, int | float | bool) else json.dumps(v))
         m, p = len(row["module_names"]), len(row["param_names"])
         layout: dict[str, list[int]] = {}
         at = 0
@@ -104,10 +111,9 @@ class SeriesWriter:
         f.create_dataset("values", shape=(0, at), maxshape=(None, at),
                          chunks=(_CHUNK, max(1, at)), dtype=np.float64, fillvalue=np.nan)
         f.create_dataset("layout", data=json.dumps(layout), dtype=_STR)
-        f.create_dataset("module/names", data=np.array(row["module_names"], dtype=object),
-                         dtype=_STR)
-        f.create_dataset("param/names", data=np.array(row["param_names"], dtype=object),
-                         dtype=_STR)
+        for kind in ("module", "param"):
+            names = [_utf8(n) for n in row[f"{kind}_names"]]
+            f.create_dataset(f"{kind}/names", data=np.array(names, dtype=object), dtype=_STR)
         f.create_dataset("events", shape=(0,), maxshape=(None,), chunks=(_EVENT_CHUNK,),
                          dtype=np.uint8)
         f.swmr_mode = True
