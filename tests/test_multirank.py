@@ -182,6 +182,8 @@ def test_cli_pairs_by_rank_and_refuses_mismatches(runs, tmp_path, capsys):
     own = {r["Index"]: r for r in csv.DictReader(open(tmp_path / "rep" / "rank1" / "rows.csv"))}
     assert merged[m[1]]["Rank"] == "1" and merged[m[1]]["Op"] == m[3] == own[m[2]]["Op"]
     assert merged[m[1]]["NPU Name"] == own[m[2]]["NPU Name"]
+    assert (own[m[2]]["Rank"], own[m[2]]["Epoch"]) == ("1", merged[m[1]]["Epoch"])
+    assert all(r["Rank"] == "1" for r in own.values())
     single = tmp_path / "single"
     single.mkdir()
     with dumper(single / "run.h5"):  # a one-rank run: world size 1

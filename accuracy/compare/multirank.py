@@ -209,9 +209,9 @@ def merge(reports: dict[int, Report], epochs: dict[int, dict[int, int]], meta: d
     for rank in sorted(reports):
         rep, offset, ep = reports[rank], len(rows), epochs[rank]
         start = len(rows)
-        for r in rep.rows:
-            rows.append(replace(r, rank=rank, epoch=_epoch(ep, r), rank_index=r.index,
-                                index=r.index + offset))
+        for r in rep.rows:  # tagged in the rank's own report too (its rank<N>/rows.csv)
+            r.rank, r.epoch = rank, _epoch(ep, r)
+            rows.append(replace(r, rank_index=r.index, index=r.index + offset))
         s = rep.summary
         for k, v in s["counts"].items():
             counts[k] = counts.get(k, 0) + v
