@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from accuracy.cliargs import at_least
 from accuracy.errors import AccuracyError, UsageError
+from accuracy.termtext import PrintableStream, shown
 
 _PART_CLIS = (
     "accuracy.dumpfile.cli",
@@ -217,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    out = sys.stdout
+    sys.stdout = PrintableStream(out)  # names from a dump cannot drive the terminal
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()
@@ -231,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        sys.stdout = out
 
 
 # A library message names both spellings ("pass overwrite=True (CLI: --overwrite)"); the
@@ -247,7 +252,7 @@ def _one_line(e: BaseException) -> str:
         text = str(e.args[0])
     else:
         text = str(e) or type(e).__name__
-    return _PY_AND_CLI.sub(r"\1", " ".join(text.split()))
+    return shown(_PY_AND_CLI.sub(r"\1", " ".join(text.split())))
 
 
 if __name__ == "__main__":

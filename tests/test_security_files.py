@@ -218,6 +218,48 @@ def test_reports_escape_everything(tmp_path):
     assert all(r["Phase"] == HOSTILE["phase"] for r in rows)  # '<' is not a formula start
 
 
+def test_names_from_a_dump_cannot_drive_the_terminal(tmp_path, capsys):
+    """Escape sequences and newlines in a dump's names reach the terminal as \\xNN text: they
+    cannot recolour, move the cursor or split `accuracy ls`'s one line per op."""
+    from accuracy.cli import main
+
+    esc = "\x1b]0;pwned\x07\x1b[2J"
+    paths = []
+    for name, scale in (("my.h5", 1.001), ("golden.h5", 1.0)):
+        p = tmp_path / name
+        x = torch.randn(16, 16, generator=torch.Generator().manual_seed(1))
+        with dumper(dump_path=p):
+            ((x * scale) @ x).relu().sum()
+        with h5py.File(p, "r+") as f:
+            C.edit_op_texts(f, lambda ops: [o.update(module=f"blk{esc}\nfake line",
+                                                     source=f"t.py:1{esc}") for o in ops])
+            C.reseal(f)
+        paths.append(p)
+    with load_dump(paths[0]) as d:
+        n_ops = len(d.records)
+    assert main(["ls", "--source", str(paths[0])]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert len(out.splitlines()) == n_ops and "\\x1b]0;pwned\\x07" in out
+    for argv in (["info", str(paths[0])],
+                 ["compare", "-m", str(paths[0]), "-g", str(paths[1]), "--no-progress"]):
+        main(argv)
+        out = capsys.readouterr()
+        assert "\x1b" not in out.out + out.err and "\x07" not in out.out + out.err, argv
+
+
+def test_the_cli_stdout_escapes_control_characters_but_keeps_its_lines(capsys):
+    """Whatever a command prints (a name some line forgot to escape too) reaches the terminal
+    without escape sequences; tabs and newlines, the CLI's own layout, stay."""
+    import sys
+
+    from accuracy.termtext import PrintableStream
+
+    out = PrintableStream(sys.stdout)
+    print("a\x1b[31mred\x1b[0m\r\tb\n\x9bc", file=out)
+    assert capsys.readouterr().out == "a\\x1b[31mred\\x1b[0m\\x0d\tb\n\\x9bc\n"
+
+
 def test_csv_keeps_negative_numbers_numeric():
     from accuracy.compare.writers import _csv_cell
 

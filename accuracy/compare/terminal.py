@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from accuracy.dumpfile.compiled import HOP_NOT_RECORDED, NOT_RECORDED
+from accuracy.termtext import shown
 
 
 def _fmt(v: Any) -> str:
@@ -16,8 +17,9 @@ def _fmt(v: Any) -> str:
 
 
 def _where(r: dict[str, Any]) -> str:
-    return (f"seq {r['seq_my']} {r['op']} [{r['phase']}] in {r['module'] or '-'} "
-            f"at {r['source'] or '?'}\n      {r['my_address']}  vs  {r['golden_address']}")
+    return (f"seq {r['seq_my']} {shown(r['op'] or '')} [{r['phase']}] in "
+            f"{shown(r['module'] or '-')} at {shown(r['source'] or '?')}\n      "
+            f"{shown(str(r['my_address']))}  vs  {shown(str(r['golden_address']))}")
 
 
 NOT_COMPARED = "not compared"  # a BLIND line: most of my run had no golden counterpart
@@ -98,8 +100,9 @@ def format_summary(s: dict[str, Any], top: int = 5) -> str:
         out.append(f"  top suspects (errors, then warnings; each by score = "
                    f"{s.get('ranking') or 'local error or amplification'}"
                    ", x what an honest kernel explains):")
-        out += [f"    {_fmt(r['score']):>10}  {r['verdict']:7s} seq {r['seq_my']} {r['op']} "
-                f"[{r['phase']}] {r['module'] or '-'}" for r in suspects[:top]]
+        out += [f"    {_fmt(r['score']):>10}  {r['verdict']:7s} seq {r['seq_my']} "
+                f"{shown(r['op'] or '')} [{r['phase']}] {shown(r['module'] or '-')}"
+                for r in suspects[:top]]
     out += [f"  note: {n}" for n in s.get("notes") or []]
     return "\n".join(out)
 
