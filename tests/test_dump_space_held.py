@@ -72,9 +72,11 @@ def test_a_disk_that_gives_no_more_space_stops_recording_with_a_readable_dump(
 
 def test_rows_are_written_only_into_space_held_first(tmp_path, monkeypatch):
     real = reserve.SpaceReserve.renew
+    rows_room = 3 << 20  # what each flush's rows say they need: that hold, and only it, fails
+    monkeypatch.setattr(writer.DumpWriter, "_pending_rows_size", lambda self: rows_room)
 
-    def for_rows_fails(res, nbytes):  # the hold taken before a flush's rows, after the open's
-        if nbytes > writer._HEADROOM:
+    def for_rows_fails(res, nbytes):  # the hold taken before a flush's rows (the ops' text,
+        if nbytes == rows_room + writer._HEADROOM:  # in the blob, holds its own first)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(res, nbytes)
     path = _dump_under(monkeypatch, tmp_path, for_rows_fails, mode="statistics")
