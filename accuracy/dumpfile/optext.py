@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from accuracy.dumpfile import schema
-from accuracy.dumpfile.validate import MAX_JSON_DEPTH, LayoutError, parse_json
+from accuracy.dumpfile.validate import LayoutError, parse_json
 
 _N_FIELDS = len(schema.OP_TEXT_FIELDS)
 
@@ -29,16 +29,10 @@ def encode(values: Sequence[str]) -> bytes:
 
 def decode(raw: bytes, what: str) -> list[str]:
     """The text fields of one op from their stored bytes; LayoutError when they are not ours."""
-    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:  # ours: 1 (the rest is in strings)
-        try:
-            value = json.loads(raw)
-        except ValueError as e:  # UnicodeDecodeError too
-            raise LayoutError(f"{what}: invalid text ({e})") from None
-    else:
-        try:
-            value = parse_json(raw.decode("utf-8"), what)
-        except UnicodeDecodeError:
-            raise LayoutError(f"{what}: text is not UTF-8") from None
+    try:
+        value = parse_json(raw.decode("utf-8"), what)
+    except UnicodeDecodeError:
+        raise LayoutError(f"{what}: text is not UTF-8") from None
     if type(value) is not list or len(value) != _N_FIELDS or not all(
             type(v) is str for v in value):
         raise LayoutError(f"{what}: text is not {_N_FIELDS} strings")

@@ -530,7 +530,7 @@ class DumpWriter:
         # visible: a crash between any two steps loses no committed row.
         # HDF5 writes only here and at close, into space held first (a DiskFullError leaves
         # the file as the last commit left it); its flush may truncate what was held away.
-        op_rows, texts = self._store_op_texts(), list(self._op_texts)
+        op_rows = self._store_op_texts()
         self._hold(self._pending_rows_size() + _HEADROOM)
         self._n_tensors, trows = self._append_rows(self._tensors, self._tensor_rows,
                                                    self._n_tensors)
@@ -538,7 +538,7 @@ class DumpWriter:
         if len(trows) or len(orows):
             self._batches.resize((self._n_batches + 1,))
             self._batches[self._n_batches] = (self._n_ops, self._n_tensors,
-                                              rows_hash(orows, trows, texts))
+                                              rows_hash(orows, trows, self._op_texts))
             self._n_batches += 1
         self._tensor_rows.clear()
         self._op_rows.clear()
