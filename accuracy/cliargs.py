@@ -7,6 +7,7 @@ one `error:` line naming the option, exit 2, before anything is read or written.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -25,6 +26,26 @@ def at_least(minimum: int) -> Callable[[str], int]:
 
     parse.__name__ = "int"  # argparse names the type in its messages
     return parse
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity), capped by OMP_NUM_THREADS when that
+    is set: a job limited to one thread gets one worker, as torch would give it one thread."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) >= 1:
+        cores = min(cores, int(omp))
+    return max(1, cores)
+
+
+def worker_count(text: str) -> int:
+    """An argparse `type` for `-j`: a number of worker processes, or `auto` (usable_cores)."""
+    if text.strip().lower() == "auto":
+        return usable_cores()
+    return at_least(1)(text)
 
 
 def port(text: str) -> int:

@@ -245,6 +245,64 @@ def test_parallel_jobs_give_same_rows(lm_dumps, monkeypatch):
     assert [r["cosine"] for r in one.rows] == [r["cosine"] for r in two.rows]
 
 
+def test_compare_command_uses_every_usable_core_unless_told(monkeypatch):
+    """`accuracy compare` runs one worker per core by default, at most OMP_NUM_THREADS: a
+    user who limits a job to one thread gets one process."""
+    from accuracy.cli import build_parser
+    from accuracy.cliargs import usable_cores
+
+    def jobs(*extra: str) -> int:
+        argv = ["compare", "-m", "a.h5", "-g", "b.h5", *extra]
+        return build_parser(argv).parse_args(argv).jobs
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert usable_cores() == 4 and jobs() == 4 and jobs("-j", "auto") == 4
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert jobs() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")  # more threads than cores: the cores
+    assert jobs() == 4 and jobs("-j", "3") == 3
+    with pytest.raises(SystemExit):
+        jobs("-j", "0")
+
+
+def test_compare_of_two_ranks_files_is_refused_unless_any_rank(tmp_path, monkeypatch, capsys):
+    """Rank 0's file against rank 1's compares two data shards: refused before any metric,
+    naming both ranks and the way to compare every rank; --any-rank compares them anyway."""
+    import importlib
+
+    core = importlib.import_module("accuracy.dumper.core")
+    for name, rank in (("r0.h5", 0), ("r1.h5", 1)):
+        monkeypatch.setattr(core, "_rank", lambda rank=rank: (rank, 2))
+        dump_net(tmp_path / name, Net())
+    argv = ["compare", "-m", str(tmp_path / "r0.h5"), "-g", str(tmp_path / "r1.h5"), "-q"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "r0.h5 is rank 0 (of 2) but" in err and "r1.h5 is rank 1 (of 2)" in err
+    assert "-m 'dev/run_{rank}.h5'" in err
+    assert main([*argv, "--any-rank"]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_rows_json_spells_non_finite_figures_as_strings(lm_dumps, tmp_path):
+    """rows.json stays strict JSON when a figure is NaN or infinite (Python's NaN token
+    breaks every other JSON reader); finite figures are written as numbers."""
+    rep = compare(*lm_dumps)
+    rep.rows[0].cosine = float("nan")
+    rep.rows[0].max_rel_err = float("inf")
+    rep.rows[1].max_rel_err = -float("inf")
+    rep.write(tmp_path / "rep", ("json",))
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"{token} in rows.json")
+
+    rows = json.loads((tmp_path / "rep" / "rows.json").read_text(), parse_constant=refuse)
+    assert (rows[0]["cosine"], rows[0]["max_rel_err"], rows[1]["max_rel_err"]) == (
+        "nan", "inf", "-inf")
+    assert rows[2]["cosine"] == rep.rows[2].cosine
+    assert [r["index"] for r in rows] == [r.index for r in rep.rows]
+
+
 def test_replay_local_error_drives_verdict(tmp_path):
     device_backend = pytest.importorskip("accuracy.device_backend")
     replay_mod = pytest.importorskip("accuracy.replay")

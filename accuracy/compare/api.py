@@ -256,7 +256,7 @@ def _run_metrics(specs: list[_Spec], dumps: dict[str, Dump], algs: tuple[str, ..
                 if bar:
                     bar.update(sum(todo[k][0].nbytes + todo[k][1].nbytes for k in b))
         elif jobs > 1 and len(batches) > 1:
-            with ProcessPoolExecutor(max_workers=jobs) as ex:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(batches))) as ex:
                 futs = {ex.submit(worker_run, [todo[k] for k in b], algs): b for b in batches}
                 for f in as_completed(futs):
                     b = futs[f]

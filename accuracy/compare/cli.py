@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from accuracy.cliargs import add_progress_flags, at_least, progress_wanted
+from accuracy.cliargs import add_progress_flags, at_least, progress_wanted, worker_count
 from accuracy.compare.metrics import ALL_ALGORITHMS
 from accuracy.compare.report import FORMATS
 from accuracy.compare.terminal import format_written
@@ -50,6 +50,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from accuracy.compare import compare
     from accuracy.compare.multirank import check_pair_ranks
     from accuracy.compare.report import check_formats, check_report_dir
+    from accuracy.dumpfile.reader import load_dump
     from accuracy.ranks import is_multirank
 
     if args.output:  # refused before the compare runs, not after
@@ -61,17 +62,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return _compare_steps(args)
     if is_multirank(args.my) or is_multirank(args.golden):
         return _compare_ranks(args)
-    if not args.any_rank:
-        check_pair_ranks(args.my, args.golden)
     kwargs = dict(config=args.config, algorithms=args.alg, mapping=args.mapping, jobs=args.jobs,
                   progress=progress_wanted(args))
-    if getattr(args, "cluster", None):  # Dask is imported only on this path
-        from accuracy.compare.cluster import compare_on_cluster
+    with load_dump(args.my) as dm, load_dump(args.golden) as dg:  # opened once, for both
+        if not args.any_rank:
+            check_pair_ranks(dm, dg)
+        if getattr(args, "cluster", None):  # Dask is imported only on this path
+            from accuracy.compare.cluster import compare_on_cluster
 
-        report = compare_on_cluster(args.my, args.golden, args.replay, cluster=args.cluster,
-                                    **kwargs)
-    else:
-        report = compare(args.my, args.golden, args.replay, **kwargs)
+            report = compare_on_cluster(args.my, args.golden, args.replay,
+                                        cluster=args.cluster, **kwargs)
+        else:
+            report = compare(dm, dg, args.replay, **kwargs)
     return _finish(report, args, report.format(args.top))
 
 
@@ -97,7 +99,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "package.module:function (default: all but kl_div)")
     s.add_argument("--config", help="TOML thresholds merged over default_thresholds.toml")
     s.add_argument("--mapping", help="JSON/TOML pairing of op or module names (my -> golden)")
-    s.add_argument("-j", "--jobs", type=at_least(1), default=1, help="worker processes")
+    s.add_argument("-j", "--jobs", type=worker_count, default="auto",
+                   help="worker processes for the metric pass (default auto: one per core this "
+                        "process may use, at most OMP_NUM_THREADS; a compare of less than "
+                        "32 MB runs in this process)")
     s.add_argument("--cluster", metavar="local:N|tcp://HOST:PORT",
                    help="run the pair batches on Dask: N local worker processes, or an existing "
                         "scheduler (dumps must be on storage every worker reads at the same path)")

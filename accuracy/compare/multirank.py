@@ -33,14 +33,13 @@ CLEAN, CULPRIT, INHERITED, DIVERGED = "clean", "culprit", "inherited", "diverged
 _ROW_REF_KEYS = ("culprit", "first_divergence")
 
 
-def check_pair_ranks(my: str | os.PathLike[str], golden: str | os.PathLike[str]) -> None:
+def check_pair_ranks(dm: Dump, dg: Dump) -> None:
     """Refuse a single-file compare of two different ranks of multi-rank runs (the numbers
     differ by design: each rank holds its own data shard)."""
-    with load_dump(my) as dm, load_dump(golden) as dg:
-        rm, rg = dm.attrs.get("rank", 0), dg.attrs.get("rank", 0)
-        wm, wg = dm.attrs.get("world_size", 1), dg.attrs.get("world_size", 1)
+    rm, rg = dm.attrs.get("rank", 0), dg.attrs.get("rank", 0)
+    wm, wg = dm.attrs.get("world_size", 1), dg.attrs.get("world_size", 1)
     if rm != rg:
-        raise UsageError(f"{my} is rank {rm} (of {wm}) but {golden} is rank {rg} (of {wg}): "
+        raise UsageError(f"{dm.path} is rank {rm} (of {wm}) but {dg.path} is rank {rg} (of {wg}): "
                          "ranks hold different data. Compare the same rank, or every rank at "
                          "once with -m 'dev/run_{rank}.h5' -g 'gold/run_{rank}.h5' "
                          "(--any-rank compares them anyway)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -227,8 +228,9 @@ class Report:
         out = check_report_dir(out_dir, overwrite)
         check_formats(formats)
         paths: dict[str, Path] = {}
+        dicts = functools.cache(lambda: [r.as_dict() for r in self.rows])  # once for all
         for f in formats:
-            p = WRITERS[f](self, out)
+            p = WRITERS[f](self, out, dicts)
             if p is not None:
                 paths[f] = p
         return paths

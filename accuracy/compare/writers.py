@@ -76,11 +76,24 @@ def _plain_row(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def write_json(report: Report, out: Path) -> Path:
+# The rows as plain dicts, computed once per Report.write for every writer that wants them.
+RowDicts = Callable[[], list[dict[str, Any]]]
+
+
+def rows_json(dicts: list[dict[str, Any]]) -> str:
+    """rows.json's text. Rows are encoded as they are unless a figure is not finite (json
+    refuses it here): then every row goes through `plain`, which spells it 'nan' or 'inf'.
+    Checking ~70 cells a row in Python first cost as much as encoding them."""
+    try:
+        return json.dumps(dicts, allow_nan=False, default=str)
+    except ValueError:
+        return json.dumps([_plain_row(d) for d in dicts], default=str)
+
+
+def write_json(report: Report, out: Path, dicts: RowDicts) -> Path:
     p = out / "summary.json"
     p.write_text(json.dumps(plain(report.summary), indent=2, default=str))
-    (out / "rows.json").write_text(json.dumps([_plain_row(r.as_dict()) for r in report.rows],
-                                              default=str))
+    (out / "rows.json").write_text(rows_json(dicts()))
     return p
 
 
@@ -126,20 +139,34 @@ def xlsx_workbook(target: Any) -> Any:
     return xlsxwriter.Workbook(str(target) if isinstance(target, Path) else target, opts)
 
 
-def write_csv(report: Report, out: Path) -> Path:
+def _csv_cells(values: Any) -> list[Any]:
+    """csv_cell of each value, with the common cells (numbers, None, plain text) inline."""
+    out = []
+    for v in values:
+        t = type(v)
+        if t in _NUMBERS:
+            out.append(v)
+        elif v is None:
+            out.append("")
+        elif t is str:
+            out.append("'" + v if v.startswith(_FORMULA_START) else v)
+        else:
+            out.append(csv_cell(v))
+    return out
+
+
+def write_csv(report: Report, out: Path, dicts: RowDicts) -> Path:
     p = out / "rows.csv"
     extra = [k for k in (report.rows[0].keys() if report.rows else ()) if k not in CSV_COLUMNS]
     cols = list(CSV_COLUMNS) + extra
     with p.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow([CSV_COLUMNS.get(k, k) for k in cols])
-        for r in (with_msprobe_cells(r.as_dict()) for r in report.rows):
-            # numbers are written as they are: only other cells go through csv_cell
-            w.writerow([v if type(v) in _NUMBERS else _csv_cell(v) for v in map(r.get, cols)])
+        w.writerows(_csv_cells(map(with_msprobe_cells(d).get, cols)) for d in dicts())
     return p
 
 
-def write_xlsx(report: Report, out: Path) -> Path | None:
+def write_xlsx(report: Report, out: Path, dicts: RowDicts) -> Path | None:
     """rows.xlsx with rows coloured by verdict; skipped (with a log line) without xlsxwriter."""
     try:
         import xlsxwriter
@@ -158,7 +185,7 @@ def write_xlsx(report: Report, out: Path) -> Path | None:
         cols = list(CSV_COLUMNS)
         ws.write_row(0, 0, [CSV_COLUMNS[k] for k in cols], bold)
         ws.freeze_panes(1, 0)
-        for i, r in enumerate((with_msprobe_cells(r.as_dict()) for r in report.rows), start=1):
+        for i, r in enumerate(map(with_msprobe_cells, dicts()), start=1):
             ws.write_row(i, 0, [_cell(r.get(k)) for k in cols], fmts.get(r["verdict"]))
         ws.autofilter(0, 0, len(report.rows), len(cols) - 1)
         s = wb.add_worksheet("summary")
@@ -173,14 +200,15 @@ def write_xlsx(report: Report, out: Path) -> Path | None:
     return p
 
 
-def write_html(report: Report, out: Path) -> Path:
+def write_html(report: Report, out: Path, dicts: RowDicts) -> Path:
+    del dicts  # the page reads the Row objects
     p = out / "index.html"
     p.write_text(html.render(report), encoding="utf-8")
     return p
 
 
 # Report format -> its writer (returns the file written, or None when it can't be written).
-WRITERS: dict[str, Callable[[Report, Path], Path | None]] = {
+WRITERS: dict[str, Callable[[Report, Path, RowDicts], Path | None]] = {
     "json": write_json, "csv": write_csv, "html": write_html, "xlsx": write_xlsx}
 FORMATS = tuple(WRITERS)
 # What `accuracy compare` writes unless --formats asks for more: rows.xlsx holds the CSV's
