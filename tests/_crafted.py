@@ -244,6 +244,24 @@ def negative_count(good: Path, dst: Path) -> Path:
     return _copy_and_edit(good, dst, edit)
 
 
+def shared_seq(good: Path, dst: Path) -> Path:
+    """Two op rows claim one sequence number (the second op would shadow the first)."""
+    def edit(f: h5py.File) -> None:
+        o = f["_index/ops"][:]
+        o[1]["seq"] = o[0]["seq"]
+        f["_index/ops"][:] = o
+    return _copy_and_edit(good, dst, edit)
+
+
+def unknown_dtype(good: Path, dst: Path) -> Path:
+    """A stored tensor's row names a dtype no reader knows how many bytes a value takes."""
+    def edit(f: h5py.File) -> None:
+        t = f["_index/tensors"][:]
+        t[int(np.argmax(t["offset"] >= 0))]["dtype"] = b"float99"
+        f["_index/tensors"][:] = t
+    return _copy_and_edit(good, dst, edit)
+
+
 def rows_outside(good: Path, dst: Path, offset: int | None = None,
                  nbytes: int | None = None) -> Path:
     """The first stored tensor's row points past the data (or overflows int64 arithmetic)."""

@@ -39,6 +39,8 @@ REFUSED_AT_OPEN = {
     "row_overflowing": ("past the end", lambda g, p, d: C.rows_outside(
         g, p, offset=2**62, nbytes=2**62)),
     "negative_shape": ("negative dimension", lambda g, p, d: C.negative_shape(g, p)),
+    "shared_seq": ("two op rows share a sequence number", lambda g, p, d: C.shared_seq(g, p)),
+    "unknown_dtype": ("unknown tensor dtype 'float99'", lambda g, p, d: C.unknown_dtype(g, p)),
     "op_text_outside_data": ("text lies outside", lambda g, p, d: C.op_text_outside(g, p)),
     "op_text_overflowing": ("text lies outside", lambda g, p, d: C.op_text_outside(
         g, p, offset=2**62, nbytes=2**62)),
