@@ -266,6 +266,26 @@ def test_compare_command_uses_every_usable_core_unless_told(monkeypatch):
         jobs("-j", "0")
 
 
+def _divide_near_zero(path, shift: float) -> None:
+    with dumper(str(path)):
+        d = torch.linspace(-1, 1, 1000) + shift  # entries down to 0.001
+        y = torch.ones(1000) * 2.0 / d
+        (y * y).sum()
+
+
+def test_a_division_amplifying_its_divisors_deviation_is_no_culprit_without_replay(tmp_path):
+    """1/d turns a 1e-4 shift of d into a 10% change where d is 0.001: an exact kernel
+    amplifies 500x. Without a replay that is at most a warning that says compare -r judges
+    the kernel (Adam's update divides the same way: a clean bf16 GPT-2 named it the culprit)."""
+    _divide_near_zero(tmp_path / "g.h5", 0.0)
+    _divide_near_zero(tmp_path / "d.h5", 1e-4)
+    rep = compare(tmp_path / "d.h5", tmp_path / "g.h5")
+    div = next(r for r in op_rows(rep) if r.op == "aten.div.Tensor" and r.io == "output")
+    assert div.amplification > 100 and div.accumulated_verdict == "error"
+    assert div.verdict == "warning" and "compare -r judges its own error" in div.message
+    assert rep.summary["culprit"] is None and rep.summary["counts"]["error"] == 0
+
+
 def test_compare_of_two_ranks_files_is_refused_unless_any_rank(tmp_path, monkeypatch, capsys):
     """Rank 0's file against rank 1's compares two data shards: refused before any metric,
     naming both ranks and the way to compare every rank; --any-rank compares them anyway."""
