@@ -286,6 +286,31 @@ def test_a_division_amplifying_its_divisors_deviation_is_no_culprit_without_repl
     assert rep.summary["culprit"] is None and rep.summary["counts"]["error"] == 0
 
 
+def test_suspects_rank_an_honest_divisions_amplification_after_other_warnings():
+    """Without a replay, Adam's 130x on a clean parameter (a division of noise by noise) comes
+    after a GEMM's 8.6x, which a fault made; a replay's local excess ranks by score alone."""
+    from accuracy.compare.report import analyse
+    from accuracy.compare.row import Row
+    from accuracy.compare.row import Verdict as V
+    from accuracy.compare.verdict import load_config
+
+    def out(i: int, op: str, amplification: float, local: float | None = None) -> Row:
+        return Row(index=i, kind="op", op=op, io="output", seq_my=i, seq_golden=i,
+                   verdict=V.WARNING, accumulated_verdict=V.WARNING,
+                   amplification=amplification, local_excess=local)
+
+    rows = [out(0, "aten.addcdiv_.default", 130.0), out(1, "aten.addmm.default", 8.6),
+            out(2, "aten.threshold_backward.default", 50.0), out(3, "aten.mul.Tensor", 5.0)]
+    s = analyse(rows, load_config(), {})
+    assert [x["op"] for x in s["suspects"]] == [
+        "aten.addmm.default", "aten.mul.Tensor", "aten.addcdiv_.default",
+        "aten.threshold_backward.default"]
+    replayed = [out(0, "aten.addcdiv_.default", 130.0, local=40.0),
+                out(1, "aten.addmm.default", 8.6, local=3.0)]
+    s = analyse(replayed, load_config(), {})
+    assert [x["op"] for x in s["suspects"]] == ["aten.addcdiv_.default", "aten.addmm.default"]
+
+
 def test_compare_of_two_ranks_files_is_refused_unless_any_rank(tmp_path, monkeypatch, capsys):
     """Rank 0's file against rank 1's compares two data shards: refused before any metric,
     naming both ranks and the way to compare every rank; --any-rank compares them anyway."""

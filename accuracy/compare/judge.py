@@ -57,6 +57,12 @@ def _base(op: str | None) -> str:
     return (op or "").rsplit(".", 1)[0]
 
 
+def amplification_is_evidence(op: str | None) -> bool:
+    """False for ops whose amplification honest kernels reach (thresholds, divisions): without
+    a replay their score says nothing about their kernel, so it ranks them below the rest."""
+    return _base(op) not in _DISCONTINUOUS and _base(op) not in _VALUE_CONDITIONED
+
+
 def deviation(row: Row) -> float | None:
     """How far my tensor is from golden: rel_euc_dist, or from statistics when that is all
     there is (the largest relative difference of max/min/mean/L2)."""

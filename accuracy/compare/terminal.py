@@ -97,9 +97,11 @@ def format_summary(s: dict[str, Any], top: int = 5) -> str:
                    f"{_where(first)}")
     suspects = s.get("suspects") or []
     if suspects:
+        honest = ("; ops whose kernels amplify honestly (divisions, thresholds) last"
+                  if s.get("ranking") == "amplification" else "")
         out.append(f"  top suspects (errors, then warnings; each by score = "
                    f"{s.get('ranking') or 'local error or amplification'}"
-                   ", x what an honest kernel explains):")
+                   f", x what an honest kernel explains{honest}):")
         out += [f"    {_fmt(r['score']):>10}  {r['verdict']:7s} seq {r['seq_my']} "
                 f"{shown(r['op'] or '')} [{r['phase']}] {shown(r['module'] or '-')}"
                 for r in suspects[:top]]
