@@ -31,6 +31,7 @@ from accuracy.compare.engine import BlobReader, compare_refs, worker_run
 from accuracy.compare.judge import judge
 from accuracy.compare.metrics import ALL_ALGORITHMS, resolve_algorithms, statistics_metrics
 from accuracy.compare.numerics import (
+    cancellation,
     emulated_bound,
     expected_ratio,
     input_rms,
@@ -415,6 +416,23 @@ def _add_metrics(row: Row, res: dict[str, Any]) -> None:
 _METRIC_FIELDS = frozenset(ALL_ALGORITHMS) | {"nan_mismatch", "inf_mismatch", "bit_exact"}
 
 
+CANCELLATION_NOTED = 10.0  # terms this many times their sum: the row says so
+
+
+def _add_cancellation(row: Row, s: _Spec, msgs: list[str]) -> None:
+    """How much a sum-like output's terms cancel, from the golden run's statistics (the
+    reference's values say how conditioned the sum is), else mine."""
+    for op in (s.golden_op, s.my_op):
+        if op is not None:
+            c = cancellation(op, s.idx)
+            if c is not None:
+                row.cancellation = c
+                if c >= CANCELLATION_NOTED:
+                    msgs.append(f"its terms are up to {c:.3g}x their sum (they cancel): every "
+                                "honest error of it is that much larger against the sum")
+                return
+
+
 def _add_replay(row: Row, s: _Spec, rp: dict[str, Any], compute: str | None,
                 msgs: list[str]) -> None:
     """The replay's local error of an op output: its ratio and an honest kernel's bound."""
@@ -442,7 +460,8 @@ def _add_replay(row: Row, s: _Spec, rp: dict[str, Any], compute: str | None,
             emu = out.get("err_emulated")
             if compute and isinstance(emu, int | float) and math.isfinite(emu):
                 row.emulated_error = float(emu)
-                row.emulated_excess = float(emu) / emulated_bound(s.my.dtype, k)
+                row.emulated_excess = float(emu) / (emulated_bound(s.my.dtype, k)
+                                                    * (row.cancellation or 1.0))
     elif rp.get("reason"):
         msgs.append(f"replay {rp.get('status')}: {rp.get('reason')}")
 
@@ -512,6 +531,8 @@ def _row(i: int, s: _Spec, res: dict[str, Any] | None, cfg: dict[str, Any],
     row.accumulated_verdict = verdict
     if msg:
         msgs.append(msg)
+    if s.kind == "op" and s.io == "output":
+        _add_cancellation(row, s, msgs)
     rp = replay.get(s.my_op.seq) if (s.io == "output" and s.kind == "op" and s.my_op) else None
     if rp is not None:
         _add_replay(row, s, rp, compute, msgs)

@@ -274,7 +274,8 @@ def _judge_amplification(groups: list[tuple[list[Row], list[Row]]], sec: dict[st
             if d is None:
                 continue
             own = own_error(o.compute_precision, o.dtype_my)
-            o.amplification = d / (red_in + own) if math.isfinite(d) else math.inf
+            explained = (red_in + own) * (o.cancellation or 1.0)  # a sum cancelling: more
+            o.amplification = d / explained if math.isfinite(d) else math.inf
             todo.append(o)
     z = _with_outlier_scores(todo, "amplification", sec["spread_floor"], pool=False)
     for o in todo:

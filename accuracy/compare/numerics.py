@@ -137,6 +137,55 @@ def _conv_backward_length(record: Any, ins: list[tuple[int, ...]], out_idx: int)
     return max(1, src[0] * _numel(src[2:]))
 
 
+# Outputs that sum the elements of input 0 over some of its dimensions: the op, the position of
+# its output mask argument, and the output roles (0 grad_input, 1 grad_weight, 2 grad_bias)
+# that are such sums. A bias gradient sums the output gradient over batch and space; a norm's
+# weight gradient sums it times the normalised input (of unit root mean square), taken as it.
+_SUMS_OF_INPUT0: dict[str, tuple[int | None, tuple[int, ...]]] = {
+    "aten.sum": (None, (0,)), "aten.mean": (None, (0,)),
+    "aten.convolution_backward": (10, (2,)),
+    "aten.native_batch_norm_backward": (9, (1, 2)),
+    "aten.native_layer_norm_backward": (7, (1, 2)),
+    "aten.native_group_norm_backward": (9, (1, 2)),
+}
+
+
+def cancellation(record: Any, out_idx: int) -> float | None:
+    """How many times the terms of a sum-like output exceed the sum itself, as far as the
+    statistics tell: sqrt(K) * ||terms|| / ||sum|| (Cauchy-Schwarz: at least the true ratio
+    sum|x| / |sum x| taken over the output, and about 1 for terms of one sign). Every honest
+    error of a sum, its own rounding and what its inputs' deviation becomes, is relative to
+    sum|x|, so against the sum it grows by this factor. A conv bias before a BatchNorm has a
+    true gradient of 0: its terms cancel to fp32 noise, 1e6x below their size, and a bf16 run's
+    honest gradient differs from golden by 900x. None for other outputs or without
+    statistics."""
+    op = record.op.rsplit(".", 1)[0] if record.op.count(".") > 1 else record.op
+    spec = _SUMS_OF_INPUT0.get(op)
+    if spec is None:
+        return None
+    mask_at, roles = spec
+    if mask_at is not None:
+        mask = _arg(_args(record), mask_at, [True, True, True])
+        mask = mask if isinstance(mask, list) else [True, True, True]
+        have = [i for i in range(3) if i >= len(mask) or mask[i]]
+        if out_idx >= len(have) or have[out_idx] not in roles:
+            return None
+    elif out_idx not in roles:
+        return None
+    x = next((t for t in record.inputs if t.idx == 0), None)
+    out = next((t for t in record.outputs if t.idx == out_idx), None)
+    if x is None or out is None or out.numel <= 0 or x.numel <= out.numel:
+        return None
+    lx, lo = x.stats.get("l2"), out.stats.get("l2")
+    if lx is None or lo is None or not (math.isfinite(lx) and math.isfinite(lo)):
+        return None
+    k = x.numel // out.numel
+    total = lo * (k if op == "aten.mean" else 1)  # a mean is its sum over k
+    if total <= 0:
+        return math.inf if lx > 0 else 1.0
+    return max(1.0, math.sqrt(k) * lx / total)
+
+
 def _attention_length(op: str, ins: list[tuple[int, ...]], out_idx: int) -> int:
     """Scaled dot-product attention: scores sum over the head dim E, the output over the key
     length; in backward, grad_q over keys and grad_k / grad_v over queries."""

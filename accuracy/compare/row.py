@@ -121,6 +121,7 @@ class Row:
     local_excess: float | None = None
     local_z: float | None = None
     reduction_length: int | None = None
+    cancellation: float | None = None  # a sum's terms over the sum (numerics.cancellation)
     amplification_z: float | None = None
     produced_by: str | None = None
     quant: str | None = None  # fp8/MX figures of the op's GEMM operands (dumpfile/quant.py)

@@ -36,6 +36,7 @@ CSV_COLUMNS: dict[str, str] = {
     "golden_l2norm": "Bench l2norm", "max_diff": "Max diff", "min_diff": "Min diff",
     "mean_diff": "Mean diff", "l2norm_diff": "L2norm diff",
     "local_error_ratio": "Local Error Ratio", "amplification": "Amplification",
+    "cancellation": "Cancellation",
     "accumulated_verdict": "Accumulated Result", "verdict": "Result",
     "message": "Err_message", "source": "Source",
     "accuracy_reached": "Accuracy Reached or Not", "stack": "NPU_Stack_Info",
