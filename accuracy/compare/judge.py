@@ -289,8 +289,7 @@ def _judge_amplification(groups: list[tuple[list[Row], list[Row]]], sec: dict[st
             o.verdict = V.PASS
             continue
         lv = level(a, o.amplification_z or 0.0, math.inf, sec, "amplification")
-        by_values = _base(o.op) in _VALUE_CONDITIONED
-        capped = lv == V.ERROR and (by_values or _base(o.op) in _DISCONTINUOUS)
+        capped = lv == V.ERROR and not amplification_is_evidence(o.op)
         if lv == V.ERROR and (acc != V.ERROR or capped):
             lv = V.WARNING
         o.verdict = lv
@@ -298,7 +297,7 @@ def _judge_amplification(groups: list[tuple[list[Row], list[Row]]], sec: dict[st
                 "explain")
         if lv == V.PASS:
             note += ": inherited, not judged an error here"
-        elif capped and by_values:
+        elif capped and _base(o.op) in _VALUE_CONDITIONED:
             note += (" (it divides by values that deviate, which amplifies honestly: at most "
                      "a warning; compare -r judges its own error)")
         o.message = "; ".join([m for m in [o.message] if m] + [note])

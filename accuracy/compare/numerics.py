@@ -47,7 +47,7 @@ def reduction_length(record: Any, out_idx: int = 0) -> int:
     """How many products or terms one output element sums (K of a matmul, C*kh*kw of a
     convolution, the normalised size of a norm, the length of a softmax); 1 for elementwise
     ops. `record` is an OpRecord (op name, input and output shapes)."""
-    op = record.op.rsplit(".", 1)[0] if record.op.count(".") > 1 else record.op
+    op = _op_name(record)
     ins = [tuple(t.shape) for t in sorted(record.inputs, key=lambda t: t.idx)]
     outs = {t.idx: tuple(t.shape) for t in record.outputs}
     try:
@@ -96,6 +96,21 @@ def reduction_length(record: Any, out_idx: int = 0) -> int:
     return 1
 
 
+def _op_name(record: Any) -> str:
+    """The op without its overload: 'aten.sum' of 'aten.sum.dim_IntList'."""
+    return record.op.rsplit(".", 1)[0] if record.op.count(".") > 1 else record.op
+
+
+def _output_role(args: list[Any], mask_at: int, out_idx: int) -> int | None:
+    """Which of (grad_input, grad_weight, grad_bias) output `out_idx` is: outputs are numbered
+    among those the output mask (argument `mask_at`) asked for, so a first layer's output 0
+    is its weight gradient. None past the last one asked for."""
+    mask = _arg(args, mask_at, [True, True, True])
+    mask = mask if isinstance(mask, list) else [True, True, True]
+    roles = [i for i in range(3) if i >= len(mask) or mask[i]]
+    return roles[out_idx] if out_idx < len(roles) else None
+
+
 def _args(record: Any) -> list[Any]:
     """The recorded call's positional arguments (tensors as markers), torch-free."""
     try:
@@ -126,9 +141,8 @@ def _conv_backward_length(record: Any, ins: list[tuple[int, ...]], out_idx: int)
     args = _args(record)
     go, x, w = ins[0], ins[1], ins[2]
     transposed, groups = bool(_arg(args, 7, False)), int(_arg(args, 9, 1) or 1)
-    mask = _arg(args, 10, [True, True, True])
-    roles = [i for i in range(3) if i >= len(mask) or mask[i]]
-    role = roles[out_idx] if out_idx < len(roles) else out_idx
+    role = _output_role(args, 10, out_idx)
+    role = out_idx if role is None else role
     if role == 0:
         if transposed:  # weight (C_in, C_out/groups, k...)
             return max(1, w[1] * _numel(w[2:]))
@@ -159,18 +173,13 @@ def cancellation(record: Any, out_idx: int) -> float | None:
     true gradient of 0: its terms cancel to fp32 noise, 1e6x below their size, and a bf16 run's
     honest gradient differs from golden by 900x. None for other outputs or without
     statistics."""
-    op = record.op.rsplit(".", 1)[0] if record.op.count(".") > 1 else record.op
+    op = _op_name(record)
     spec = _SUMS_OF_INPUT0.get(op)
     if spec is None:
         return None
     mask_at, roles = spec
-    if mask_at is not None:
-        mask = _arg(_args(record), mask_at, [True, True, True])
-        mask = mask if isinstance(mask, list) else [True, True, True]
-        have = [i for i in range(3) if i >= len(mask) or mask[i]]
-        if out_idx >= len(have) or have[out_idx] not in roles:
-            return None
-    elif out_idx not in roles:
+    role = out_idx if mask_at is None else _output_role(_args(record), mask_at, out_idx)
+    if role not in roles:
         return None
     x = next((t for t in record.inputs if t.idx == 0), None)
     out = next((t for t in record.outputs if t.idx == out_idx), None)

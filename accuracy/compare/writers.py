@@ -141,19 +141,8 @@ def xlsx_workbook(target: Any) -> Any:
 
 
 def _csv_cells(values: Any) -> list[Any]:
-    """csv_cell of each value, with the common cells (numbers, None, plain text) inline."""
-    out = []
-    for v in values:
-        t = type(v)
-        if t in _NUMBERS:
-            out.append(v)
-        elif v is None:
-            out.append("")
-        elif t is str:
-            out.append("'" + v if v.startswith(_FORMULA_START) else v)
-        else:
-            out.append(csv_cell(v))
-    return out
+    """csv_cell of each value; numbers and empty cells, most of a row, skip the call."""
+    return [v if type(v) in _NUMBERS else "" if v is None else csv_cell(v) for v in values]
 
 
 def write_csv(report: Report, out: Path, dicts: RowDicts) -> Path:
