@@ -45,6 +45,11 @@ def worker_count(text: str) -> int:
     """An argparse `type` for `-j`: a number of worker processes, or `auto` (usable_cores)."""
     if text.strip().lower() == "auto":
         return usable_cores()
+    try:
+        int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number nor 'auto'"
+                                         ) from None
     return at_least(1)(text)
 
 

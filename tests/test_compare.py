@@ -245,7 +245,7 @@ def test_parallel_jobs_give_same_rows(lm_dumps, monkeypatch):
     assert [r["cosine"] for r in one.rows] == [r["cosine"] for r in two.rows]
 
 
-def test_compare_command_uses_every_usable_core_unless_told(monkeypatch):
+def test_compare_command_uses_every_usable_core_unless_told(monkeypatch, capsys):
     """`accuracy compare` runs one worker per core by default, at most OMP_NUM_THREADS: a
     user who limits a job to one thread gets one process."""
     from accuracy.cli import build_parser
@@ -264,6 +264,9 @@ def test_compare_command_uses_every_usable_core_unless_told(monkeypatch):
     assert jobs() == 4 and jobs("-j", "3") == 3
     with pytest.raises(SystemExit):
         jobs("-j", "0")
+    with pytest.raises(SystemExit):
+        jobs("-j", "many")
+    assert "'many' is neither a whole number nor 'auto'" in capsys.readouterr().err
 
 
 def _divide_near_zero(path, shift: float) -> None:
