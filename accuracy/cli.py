@@ -216,10 +216,13 @@ def _quiet_closed_pipe() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
+    # Names from a dump cannot drive the terminal, on stdout or in log lines and warnings.
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        format="%(levelname)s %(name)s: %(message)s",
+                        stream=PrintableStream(sys.stderr))
+    logging.captureWarnings(True)
     out = sys.stdout
-    sys.stdout = PrintableStream(out)  # names from a dump cannot drive the terminal
+    sys.stdout = PrintableStream(out)
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()
@@ -236,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         sys.stdout = out
+        logging.captureWarnings(False)
 
 
 # A library message names both spellings ("pass overwrite=True (CLI: --overwrite)"); the

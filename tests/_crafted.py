@@ -262,6 +262,16 @@ def unknown_dtype(good: Path, dst: Path) -> Path:
     return _copy_and_edit(good, dst, edit)
 
 
+def sim_rule_named(good: Path, dst: Path, op: str) -> Path:
+    """The dump says it ran under `sim` with a rounding rule on `op` whose rounding no process
+    knows: the replay logs the rule's name, as the file spells it."""
+    import json
+
+    def edit(f: h5py.File) -> None:
+        f.attrs["sim"] = json.dumps({"rules": [{"op": op, "rounding": "no-such-rounding"}]})
+    return _copy_and_edit(good, dst, edit)
+
+
 def rows_outside(good: Path, dst: Path, offset: int | None = None,
                  nbytes: int | None = None) -> Path:
     """The first stored tensor's row points past the data (or overflows int64 arithmetic)."""

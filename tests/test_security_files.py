@@ -250,6 +250,19 @@ def test_names_from_a_dump_cannot_drive_the_terminal(tmp_path, capsys):
         assert "\x1b" not in out.out + out.err and "\x07" not in out.out + out.err, argv
 
 
+def test_log_lines_on_stderr_escape_names_from_the_file(good, tmp_path):
+    """A name the file holds reaches stderr through a log line (a sim rule replay cannot
+    emulate) without its escape sequences. In a process of its own: under pytest the CLI's
+    logging handler is pytest's."""
+    bad = C.sim_rule_named(good, tmp_path / "bad.h5", "aten.mm\x1b]0;pwned\x07\x1b[2J*")
+    r = subprocess.run([sys.executable, "-m", "accuracy.cli", "replay", str(bad), "-o",
+                        str(tmp_path / "r.h5"), "--quiet"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "rule aten.mm\\x1b]0;pwned\\x07\\x1b[2J* not emulated" in r.stderr, r.stderr
+    assert "\x1b" not in r.stderr and "\x07" not in r.stderr
+
+
 def test_the_cli_stdout_escapes_control_characters_but_keeps_its_lines(capsys):
     """Whatever a command prints (a name some line forgot to escape too) reaches the terminal
     without escape sequences; tabs and newlines, the CLI's own layout, stay."""
