@@ -24,6 +24,12 @@ UNINITIALISED: set[str] = {
 # The same, by prefix, for names of any overload (what compare matches a recorded op with).
 UNINITIALISED_PREFIXES = ("aten.empty", "aten.new_empty")
 
+# These read only their input's shape, dtype and device, never its values (a `*_like`
+# factory, autograd's `ones_like(loss)` seed): an inf in the input does not reach them.
+READS_NO_VALUES_PREFIXES = ("aten.empty", "aten.new_", "aten.ones_like", "aten.zeros_like",
+                            "aten.full_like", "aten.rand_like", "aten.randn_like",
+                            "aten.randint_like")
+
 # Views whose output, when it shares the input's memory from the same offset, holds exactly
 # the input's elements: same statistics, no new computation. (Memory is checked each time: a
 # device or a sim fault may return fresh data from a "view".)

@@ -5,7 +5,9 @@ An observer of the dump loop (accuracy/dumper/opcall.py) that writes through the
 Each tensor's state (finite, saturated, non-finite) comes from one reduction (`probe`) and is
 cached by tensor identity and `_version`, so an op's inputs are usually already known when it
 runs. An op is a birth when all its inputs were finite and an output is not; only births (and
-GradScaler's own ops, labelled) are written to the dump. On CPU, or when raising was asked for,
+GradScaler's own ops, labelled) are written to the dump. A birth of inf/nan is held until later
+ops show whether its values lasted or were dropped (`overflow_lineage`: T5's log(0)); with
+`overflow_raise` it is judged at once. On CPU, or when raising was asked for,
 each op is judged at once; on other devices the probes wait on the device and are read in one
 batch every `interval` ops, so training never syncs per op.
 """
@@ -23,6 +25,7 @@ import torch
 from accuracy.aten import (
     AMP_UPDATE_OP,
     HANDLED,
+    READS_NO_VALUES_PREFIXES,
     amp_label,
     intended_fill,
     loss_scaled,
@@ -40,12 +43,17 @@ from accuracy.dumper.finite_probe import (
     state,
 )
 from accuracy.dumper.identity import TensorStates, same_elements
+from accuracy.dumper.overflow_lineage import CONFIRM, Lineage, version_of
 
 if TYPE_CHECKING:
     from accuracy.dumper.opcall import OpCall
     from accuracy.dumper.recorder import Recorder
 
 log = logging.getLogger(__name__)
+
+# A held birth whose values are still alive this many ops after one was last made or read
+# lasted: an overflow (a real one's inf is read op after op until it reaches the loss).
+LINEAGE_WINDOW = 64
 
 
 class OverflowDetected(RuntimeError):  # noqa: N818 - reads as what happened
@@ -96,6 +104,18 @@ class _Pending:
     in_vals: list[Any]
     out_vals: list[Any]
     masked: bool = False  # an input holds intended mask values (-inf / finfo.min fills)
+    in_keys: list[tuple[int, int]] = field(default_factory=list)  # inputs' (id, version) before
+    n: int = 0  # ops checked when it ran
+
+
+@dataclass(eq=False)
+class _Held:
+    """A birth not judged yet: copies of its tensors, and where its values went."""
+
+    pending: _Pending
+    out_states: list[int]
+    in_ids: frozenset[int]  # its inputs' identities, for GradScaler's window
+    lineage: Lineage
 
 
 def _warn_at_user_line(msg: str, source: str) -> None:
@@ -131,6 +151,8 @@ class OverflowChecker:
         self._states = TensorStates()
         self._masks = TensorStates()  # tensors holding intended values: attention masks
         self._pending: list[_Pending] = []
+        self._held: list[_Held] = []  # births whose values may yet be dropped
+        self.contained: list[OverflowEvent] = []
         # births since GradScaler's last update, with the ids of their inputs
         self._window: list[tuple[OverflowEvent, frozenset[int]]] = []
         self._n_overflow = 0
@@ -162,13 +184,14 @@ class OverflowChecker:
             return
         self.ops_checked += 1
         ins = call.inputs
+        keys = [(id(t), version_of(t)) for t in ins]
         with torch._C._DisableTorchDispatch():
             in_vals = [self._value_of(t) for t in ins]
             masked = any(self._masks.get(t) for t in ins)
             if call.plan.mutable:  # in-place ops overwrite inputs: keep the written ones' values
                 written = written_ids(call.func, call.args, call.kwargs)
                 ins = [t.clone() if id(t) in written and checkable(t) else t for t in ins]
-        self._current = _Pending(call, ins, [], in_vals, [], masked)
+        self._current = _Pending(call, ins, [], in_vals, [], masked, keys, self.ops_checked)
 
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
         p, self._current = self._current, None
@@ -190,6 +213,7 @@ class OverflowChecker:
                 p.out_vals = [self._probe_and_cache(t) for t in outputs]
         if all(not isinstance(v, torch.Tensor) for v in p.in_vals + p.out_vals):
             self._judge(p)
+            self._settle()
         else:
             self._pending.append(p)
             if len(self._pending) >= self.interval:
@@ -199,16 +223,22 @@ class OverflowChecker:
         """Judge what is still pending; the summary attributes for the dump's root."""
         if not self.done:
             self.resolve()
+        self._settle(final=True)
         n_handled = sum(1 for e in self.events if e.label == HANDLED)
+        dropped = (f"; {len(self.contained)} more were dropped by later ops (contained)"
+                   if self.contained else "")
         if self.events:
-            log.warning("overflow check: %d birth(s) (%d handled by loss scaling) in %d ops; "
-                        "see %s", len(self.events), n_handled, self.ops_checked, self._path)
+            log.warning("overflow check: %d birth(s) (%d handled by loss scaling) in %d ops%s; "
+                        "see %s", len(self.events), n_handled, self.ops_checked, dropped,
+                        self._path)
         else:
-            log.info("overflow check: no inf/nan born in %d ops", self.ops_checked)
+            log.info("overflow check: no inf/nan born in %d ops that lasted%s",
+                     self.ops_checked, dropped)
         return {"overflow": {
             **self.describe(), "ops_checked": self.ops_checked, "stopped_early": self.done,
             "events": [asdict(e) for e in self.events], "amp_ops": self.amp_ops,
             "skipped_steps": self.skipped_steps,
+            "contained": [asdict(e) for e in self.contained],
         }}
 
     # -- states ------------------------------------------------------------------------------
@@ -258,6 +288,7 @@ class OverflowChecker:
             if self.done:
                 return
             self._judge(p)
+        self._settle()
 
     def _mark_mask(self, outputs: list[torch.Tensor]) -> None:
         with torch._C._DisableTorchDispatch():
@@ -293,6 +324,8 @@ class OverflowChecker:
         in_state = max((self._state(v, t) for v, t in zip(p.in_vals, p.ins, strict=True)),
                        default=FINITE)
         out_states = [self._state(v, t) for v, t in zip(p.out_vals, p.outs, strict=True)]
+        if self._held:
+            self._follow(p, out_states)
         worst = max(out_states, default=FINITE)
         if worst <= in_state or worst == FINITE:
             return
@@ -308,10 +341,75 @@ class OverflowChecker:
         kind = "overflow" if worst == NONFINITE else "saturation"
         if kind == "saturation" and self.nums != -1 and self._n_saturation >= self.nums:
             return
-        self._event(p, kind, out_states)
+        if kind == "overflow" and not self.raise_first:
+            self._hold(p, out_states)
+        else:
+            self._event(p, kind, out_states)
 
-    def _event(self, p: _Pending, kind: str, out_states: list[int]) -> None:
+    # -- births held until their values are known to last or to be dropped ---------------------
+
+    def _hold(self, p: _Pending, out_states: list[int]) -> None:
+        lineage = Lineage(p.n)
+        for t, s in zip(p.outs, out_states, strict=True):
+            if s == NONFINITE:
+                lineage.add(t)
+        in_ids = frozenset(id(t) for t in p.ins)
+        with torch._C._DisableTorchDispatch():  # as they are now: later ops may write them
+            kept = _Pending(p.call, [t.clone() for t in p.ins], [t.clone() for t in p.outs],
+                            p.in_vals, p.out_vals, p.masked)
+        self._held.append(_Held(kept, out_states, in_ids, lineage))
+
+    def _follow(self, p: _Pending, out_states: list[int]) -> None:
+        """Pass each held birth's lineage through op `p`: the non-finite outputs of an op that
+        read one of its carriers carry it on."""
+        if p.call.name.startswith(READS_NO_VALUES_PREFIXES):
+            return
+        for h in self._held:
+            read = [k for k in p.in_keys if h.lineage.carries(k)]
+            if not read:
+                continue
+            for k in read:
+                h.lineage.read(k, p.n)
+            carried = [t for t, s in zip(p.outs, out_states, strict=True) if s == NONFINITE]
+            for t in carried:
+                h.lineage.add(t)
+            if not p.outs:  # .item() and the like: a value reached Python
+                h.lineage.escaped = h.lineage.escaped or p.call.name
+            elif not carried:
+                h.lineage.absorbed_by = (h.lineage.absorbed_by
+                                         or f"op {p.call.seq} {p.call.name}")
+
+    def _settle(self, final: bool = False) -> None:
+        """Judge the held births whose fate is known (all of them when `final`), in order."""
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        for h in held:
+            if self.done:
+                return  # stopped at overflow_nums: the rest are not written
+            verdict = h.lineage.verdict(self.ops_checked, LINEAGE_WINDOW, final)
+            if verdict is None:
+                self._held.append(h)
+            elif verdict == CONFIRM:
+                self._event(h.pending, "overflow", h.out_states, h.in_ids)
+            else:
+                self._contain(h)
+
+    def _contain(self, h: _Held) -> None:
+        p = h.pending
         c = p.call
+        ev = OverflowEvent(c.seq, c.name, c.phase, c.module, c.source, c.step, "overflow",
+                           self._nonfinite_outputs(p, h.out_states),
+                           f"contained: {h.lineage.absorbed_by} dropped it")
+        self.contained.append(ev)
+        self._write(p, {"overflow": {"kind": "overflow", "born": True, "outputs": ev.outputs,
+                                     "contained": ev.label}})
+        log.info("%s (%s)", ev.message(), ev.label)
+
+    # -- events ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _nonfinite_outputs(p: _Pending, out_states: list[int]) -> list[dict[str, Any]]:
         outputs = []
         for i, (t, s) in enumerate(zip(p.outs, out_states, strict=True)):
             if s != FINITE and checkable(t):
@@ -319,9 +417,15 @@ class OverflowChecker:
                     n = counts(t)
                 outputs.append({"idx": i, "dtype": str(t.dtype).removeprefix("torch."),
                                 "shape": list(t.shape), **n})
+        return outputs
+
+    def _event(self, p: _Pending, kind: str, out_states: list[int],
+               in_ids: frozenset[int] | None = None) -> None:
+        c = p.call
+        outputs = self._nonfinite_outputs(p, out_states)
         ev = OverflowEvent(c.seq, c.name, c.phase, c.module, c.source, c.step, kind, outputs)
         self.events.append(ev)
-        self._window.append((ev, frozenset(id(t) for t in p.ins)))
+        self._window.append((ev, frozenset(id(t) for t in p.ins) if in_ids is None else in_ids))
         extra: dict[str, Any] = {"overflow": {"kind": kind, "born": True,
                                               "outputs": outputs}}
         self._write(p, extra)
@@ -359,6 +463,7 @@ class OverflowChecker:
         extra: dict[str, Any] = {"amp": amp_label(c.name)}
         if small:
             self.resolve()
+            self._settle(final=True)  # this step's births are judged before its verdict
             found_inf = c.args[2] if len(c.args) > 2 else c.kwargs["found_inf"]
             with torch._C._DisableTorchDispatch():
                 skipped = float(found_inf.item()) > 0  # GradScaler itself synced on it

@@ -3,7 +3,9 @@
 Works on any dump: a full one (statistics or tensor mode), where every op's nan/inf counts are
 walked in execution order, and a `check_overflow=True` one, which holds only the births and
 GradScaler's ops. GradScaler's own checks are labelled, never culprits; births in a step that
-GradScaler skipped are labelled "handled by loss scaling".
+GradScaler skipped are labelled "handled by loss scaling". A birth whose inf/nan later ops
+read and dropped (T5's log(0), cast to integers and discarded by `where`) is *contained*: listed
+apart, not a culprit (`accuracy.dumper.overflow_lineage` says when).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from accuracy.aten import (
     FILL_VALUE_ARGS,
     HANDLED,
     INTENDED,
+    READS_NO_VALUES_PREFIXES,
     amp_label,
     intended_fill,
     loss_scaled,
@@ -67,6 +70,7 @@ class OverflowReport:
     amp: list[Finding] = field(default_factory=list)
     skipped_steps: list[int] = field(default_factory=list)
     intended: list[Finding] = field(default_factory=list)  # masks: -inf fills and their uses
+    contained: list[Finding] = field(default_factory=list)  # births later ops dropped
 
     @property
     def culprits(self) -> list[Finding]:
@@ -94,6 +98,11 @@ class OverflowReport:
             lines.append(f"inherited ({len(self.inherited)} ops carried non-finite inputs "
                          "onward), first ones:")
             lines += ["  " + f.line() for f in self.inherited[: min(limit, 10)]]
+        if self.contained:
+            lines.append(f"dropped by later ops ({len(self.contained)} births whose inf/nan "
+                         "every later reader turned into finite or integer values), not "
+                         "overflows:")
+            lines += ["  " + f.line() for f in self.contained[: min(limit, 5)]]
         if self.intended:
             lines.append(f"intended non-finite values ({len(self.intended)} ops: attention "
                          "masks' -inf / finfo.min fills and their propagation), not overflows")
@@ -179,6 +188,7 @@ def scan_dump(d: Dump) -> OverflowReport:
     rep = OverflowReport(str(d.path), str(d.attrs.get("mode", "?")), online, len(d.records))
     window: list[tuple[Finding, set[tuple]]] = []  # births, with their inputs' identities
     masks = _Masks()
+    lineages: list[_Lineage] = []  # offline: where each birth's values went
     grads_bad = False  # an unscale check in this window saw non-finite gradients
     for r in d.records:
         if r.op in AMP_OPS:
@@ -199,22 +209,69 @@ def scan_dump(d: Dump) -> OverflowReport:
             if any(_bad(t) for t in r.outputs):
                 rep.intended.append(_finding(r, INTENDED))
             continue
+        carried_by = [lin for lin in lineages if lin.follow(r)]
         if not any(_bad(t) for t in r.outputs):
             continue
         f = _finding(r)
-        born = r.extra.get("overflow", {}).get("born") if online else not any(
-            _bad(t) for t in r.inputs)
-        if born:
+        ovf = r.extra.get("overflow", {})
+        born = ovf.get("born") if online else not any(_bad(t) for t in r.inputs)
+        if online and ovf.get("contained"):
+            f.label = str(ovf["contained"])
+            rep.contained.append(f)
+        elif born:
             rep.births.append(f)
             window.append((f, {t.values_key for t in r.inputs}))
+            if not online:
+                lineages.append(_Lineage(f, {t.values_key for t in r.outputs if _bad(t)}))
         else:
             rep.inherited.append(f)
+            for lin in carried_by:
+                lin.inherited.append(f)
+    for lin in lineages:
+        if lin.contained():
+            lin.birth.label = f"contained: {lin.absorbed_by} dropped it"
+            rep.births.remove(lin.birth)
+            rep.contained.append(lin.birth)
+            rep.inherited = [f for f in rep.inherited if all(f is not g for g in lin.inherited)]
     if online:  # labels given online (after the op was written) live in the root summary
         labels = {e["seq"]: e.get("label", "") for e in
                   (d.attrs.get("overflow") or {}).get("events", [])}
         for b in rep.births:
             b.label = labels[b.seq] if b.seq in labels else b.label
     return rep
+
+
+@dataclass
+class _Lineage:
+    """Offline, the tensors (by `values_key`) that carry one birth's non-finite values, as
+    `overflow_lineage` follows them online. Without liveness, a carrier no later op read
+    counts as one that lasted; a statistics dump tells tensors apart by their statistics."""
+
+    birth: Finding
+    keys: set[tuple]
+    read: set[tuple] = field(default_factory=set)
+    absorbed_by: str = ""
+    escaped: bool = False
+    inherited: list[Finding] = field(default_factory=list)
+
+    def follow(self, r: OpRecord) -> bool:
+        """Pass the lineage through `r`; whether `r` carried it on."""
+        if r.op.startswith(READS_NO_VALUES_PREFIXES):
+            return False
+        read = {t.values_key for t in r.inputs} & self.keys
+        if not read:
+            return False
+        self.read |= read
+        carried = {t.values_key for t in r.outputs if _bad(t)}
+        self.keys |= carried
+        if not r.outputs:
+            self.escaped = True
+        elif not carried:
+            self.absorbed_by = self.absorbed_by or f"op {r.seq} {r.op}"
+        return bool(carried)
+
+    def contained(self) -> bool:
+        return bool(self.absorbed_by) and not self.escaped and self.read >= self.keys
 
 
 def scan(dump: str | os.PathLike[str] | Dump, confirm_on: str | None = None) -> OverflowReport:
