@@ -41,6 +41,7 @@ from accuracy.compare.precision import ComputePrecision
 from accuracy.compare.quant import judge_quant
 from accuracy.compare.report import Report, analyse
 from accuracy.compare.row import Row, Verdict
+from accuracy.compare.writers import warm
 from accuracy.dumpfile.compiled import blind_lines, recompile_lines
 from accuracy.dumpfile.dtypes import decodable
 from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, TensorRef, load_dump
@@ -260,6 +261,7 @@ def _run_metrics(specs: list[_Spec], dumps: dict[str, Dump], algs: tuple[str, ..
 
             with ProcessPoolExecutor(max_workers=min(jobs, len(batches))) as ex:
                 futs = {ex.submit(worker_run, [todo[k] for k in b], algs): b for b in batches}
+                warm()  # the workers are forked by now: this process has time to spare
                 for f in as_completed(futs):
                     b = futs[f]
                     for k, r in zip(b, f.result(), strict=True):

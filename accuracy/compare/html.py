@@ -126,7 +126,7 @@ def chart(rows: list[Row], culprit: dict[str, Any] | None) -> dict[str, Any]:
 _ENV = None
 
 
-def _template() -> Any:
+def template() -> Any:
     """The report template, with autoescape on: every value from a dump or config is text."""
     global _ENV
     if _ENV is None:
@@ -162,7 +162,7 @@ def _row_html(r: Row) -> str:
 def render(report: Report) -> str:
     s = report.summary
     rows = Markup("".join(map(_row_html, report.rows)))  # every value in it escaped above
-    return _template().render(
+    return template().render(
         css=Markup(_CSS), js=Markup(_JS), summary=s, colours=COLOURS, cols=TABLE_COLS,
         rows_html=rows, chart=chart(report.rows, s.get("culprit")), fmt=_fmt,
         boxes=[("Culprit", s.get("culprit")), ("First divergence", s.get("first_divergence"))],
