@@ -289,6 +289,34 @@ def test_a_division_amplifying_its_divisors_deviation_is_no_culprit_without_repl
     assert rep.summary["culprit"] is None and rep.summary["counts"]["error"] == 0
 
 
+def _shard_of_flat_buffer(path, scale: float) -> None:
+    """FSDP2's reduce-scatter pattern: gradients packed in one flat buffer, each cut out again
+    with as_strided; `scale` != 1 makes the small one wrong where it is made."""
+    with dumper(str(path)):
+        grads = [torch.ones(10_000) * 3.0] + [torch.linspace(1, 2, 100) * (k + 1)
+                                              for k in range(4)]
+        grads[-1] = grads[-1] * scale
+        flat = torch.cat(grads)
+        for k in range(5):
+            start = 10_000 + 100 * (k - 1) if k else 0
+            shard = torch.as_strided(flat, grads[k].shape, (1,), start)
+            (shard * shard).sum()
+
+
+def test_a_view_of_part_of_its_input_is_no_culprit_without_replay(tmp_path):
+    """The wrong shard holds all of the buffer's deviation in 1% of its elements: 5x the
+    buffer's relative deviation, from a view that computes nothing. The op that made it wrong
+    is the culprit (a faulty FSDP2 GPT-2 gradient named as_strided before)."""
+    _shard_of_flat_buffer(tmp_path / "g.h5", 1.0)
+    _shard_of_flat_buffer(tmp_path / "d.h5", 1.1)
+    rep = compare(tmp_path / "d.h5", tmp_path / "g.h5")
+    view = max((r for r in op_rows(rep) if r.op == "aten.as_strided.default"
+                and r.io == "output"), key=lambda r: r.amplification or 0)
+    assert view.amplification > 3 and view.accumulated_verdict == "error"
+    assert view.verdict == "warning" and "takes part of its input" in view.message
+    assert rep.summary["culprit"]["op"] == "aten.mul.Tensor"
+
+
 def test_suspects_rank_an_honest_divisions_amplification_after_other_warnings():
     """Without a replay, Adam's 130x on a clean parameter (a division of noise by noise) comes
     after a GEMM's 8.6x, which a fault made; a replay's local excess ranks by score alone."""

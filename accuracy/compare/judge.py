@@ -48,6 +48,15 @@ _VALUE_CONDITIONED = ("aten.div", "aten.div_", "aten.addcdiv", "aten.addcdiv_",
                       "aten._foreach_addcdiv_", "aten._foreach_reciprocal_",
                       "aten._foreach_rsqrt_", "aten._fused_adam", "aten._fused_adam_",
                       "aten._fused_adamw", "aten._fused_adamw_")
+# Ops whose output is part of input 0's elements (a slice, a shard, a gathered subset): the
+# deviation of that part is not bounded by the whole input's. FSDP2 cuts each parameter's
+# gradient out of the reduce-scattered buffer with as_strided; a fault in one layer's gradient
+# made its shard 3x "amplified" over the buffer, and the view was named the culprit. They copy
+# values exactly or not at all: without a replay at most a warning; compare -r checks them.
+_PART_OF_INPUT = tuple(f"aten.{n}" for m in (
+    "select", "slice", "narrow", "as_strided", "diagonal", "unfold", "split",
+    "split_with_sizes", "unbind", "chunk", "index_select", "gather", "index", "take",
+    "masked_select") for n in (m, f"{m}_copy"))
 KERNEL_PREFIX = "inductor."  # compiled kernel rows (accuracy/compiled/source.py)
 MIN_GROUP = 4  # fewer calls of an op type than this: no outlier score
 EMULATION_GROUP = 3  # ops of a compute precision whose median says how the device rounds
@@ -58,9 +67,12 @@ def _base(op: str | None) -> str:
 
 
 def amplification_is_evidence(op: str | None) -> bool:
-    """False for ops whose amplification honest kernels reach (thresholds, divisions): without
+    """False for ops whose amplification honest kernels reach (thresholds, divisions, views of
+    part of their input): without
     a replay their score says nothing about their kernel, so it ranks them below the rest."""
-    return _base(op) not in _DISCONTINUOUS and _base(op) not in _VALUE_CONDITIONED
+    base = _base(op)
+    return base not in _DISCONTINUOUS and base not in _VALUE_CONDITIONED \
+        and base not in _PART_OF_INPUT
 
 
 def deviation(row: Row) -> float | None:
@@ -300,6 +312,9 @@ def _judge_amplification(groups: list[tuple[list[Row], list[Row]]], sec: dict[st
         elif capped and _base(o.op) in _VALUE_CONDITIONED:
             note += (" (it divides by values that deviate, which amplifies honestly: at most "
                      "a warning; compare -r judges its own error)")
+        elif capped and _base(o.op) in _PART_OF_INPUT:
+            note += (" (it takes part of its input, whose deviation the whole input's does not "
+                     "bound: at most a warning; compare -r checks the copy)")
         o.message = "; ".join([m for m in [o.message] if m] + [note])
 
 

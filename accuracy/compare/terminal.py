@@ -97,8 +97,8 @@ def format_summary(s: dict[str, Any], top: int = 5) -> str:
                    f"{_where(first)}")
     suspects = s.get("suspects") or []
     if suspects:
-        honest = ("; ops whose kernels amplify honestly (divisions, thresholds) last"
-                  if s.get("ranking") == "amplification" else "")
+        honest = ("; ops whose kernels amplify honestly (divisions, thresholds, views of part "
+                  "of their input) last" if s.get("ranking") == "amplification" else "")
         out.append(f"  top suspects (errors, then warnings; each by score = "
                    f"{s.get('ranking') or 'local error or amplification'}"
                    f", x what an honest kernel explains{honest}):")
