@@ -81,6 +81,10 @@ AMP_UPDATE_OP = "aten._amp_update_scale_.default"
 AMP_OPS = AMP_CHECK_OPS | {AMP_UPDATE_OP}
 # The labels overflow reports give them, and the births they make harmless.
 HANDLED = "handled by loss scaling"
+# A collective whose output holds inf/nan that this rank's inputs did not: another rank's, or
+# the reduction's own overflow (an fp16 all-reduce sum); the other ranks' reports tell which.
+FROM_COLLECTIVE = ("through a collective: another rank's inf/nan, or the reduction's own "
+                   "overflow; look at the other ranks' births first")
 
 
 def loss_scaled(phase: str, reads_scale: bool) -> bool:

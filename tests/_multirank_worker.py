@@ -133,6 +133,30 @@ def fsdp_ln(out: str, fault: bool, size: float = 0.05, profile: str = "exact") -
     return {}
 
 
+def fsdp_overflow(out: str) -> dict:
+    """FSDP2 with AdamW on DTensors under check_overflow; rank 1's first layer overflows in
+    forward (a hook scales it to inf), its gradients reach rank 0 through the reduce-scatter."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    m = _ln_model()
+    for layer in (m[0], m[3]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    if dist.get_rank() == 1:
+        m[2].register_forward_hook(lambda mod, i, o: o * 1e39)  # fp32 inf
+    with dumper(os.path.join(out, "s_{rank}.h5"), overwrite=True, mode="statistics"):
+        m(_batch(dist.get_rank())[0]).sum().backward()  # for the offline scan
+    m.zero_grad()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)  # zeros_like(DTensor) for its state
+    with dumper(os.path.join(out, "o_{rank}.h5"), overwrite=True, check_overflow=True,
+                overflow_nums=-1):  # checking goes on through the optimizer
+        m(_batch(dist.get_rank())[0]).sum().backward()
+        opt.step()
+    return {}
+
+
 def fsdp_live(out: str) -> dict:
     """FSDP2 over the LayerNorm model under `live_check` (no dumper): what it judged and
     skipped, per call, for the test to read."""
@@ -202,6 +226,7 @@ SCENARIOS = {
     "fsdp-fault": lambda out: fsdp_ln(out, fault=True),
     "fsdp-fault-bf16": lambda out: fsdp_ln(out, fault=True, size=0.01, profile="bf16"),
     "fsdp-live": fsdp_live,
+    "fsdp-overflow": fsdp_overflow,
     "tp-gold": lambda out: tp(out, None, 1.0),
     "tp-sim": lambda out: tp(out, "fp16-cube", 1.0),
     "tp-scale": lambda out: tp(out, None, 1.05),

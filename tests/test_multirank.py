@@ -32,7 +32,8 @@ from accuracy.replay.collectives import check_collectives, replay_ranks
 
 WORLD = 2
 SCENARIOS = ("functional,dtensor,fsdp,ranks,ddp-golden,ddp-fault,ddp-fp16,fsdp-gold-a,"
-             "fsdp-gold-b,fsdp-fault,fsdp-fault-bf16,fsdp-live,tp-gold,tp-sim,tp-scale")
+             "fsdp-gold-b,fsdp-fault,fsdp-fault-bf16,fsdp-live,fsdp-overflow,tp-gold,tp-sim,"
+             "tp-scale")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -392,3 +393,22 @@ def test_tensor_parallel_replay_reruns_dtensor_ops_and_a_different_scalar_is_nam
     cul = s["culprit"]
     assert cul["op"] == "aten.mul.Tensor" and "arguments differ" in cul["message"], cul
     assert "my 1.05, golden 1.0" in cul["message"]
+
+
+def test_fsdp2_overflow_check_steps_on_dtensors_and_names_the_rank_it_came_from(runs):
+    """check_overflow under FSDP2 with AdamW: the optimizer's zeros_like(DTensor) is not read
+    (a wrapper has no bytes: reading one crashed the process); rank 1's forward overflow is
+    its birth, and rank 0 sees the inf arrive in the gradients' reduce-scatter, labelled."""
+    from accuracy.aten import FROM_COLLECTIVE
+    from accuracy.overflow import scan
+
+    assert (runs / "fsdp-overflow" / "result_0.json").exists()
+    r0 = scan(runs / "fsdp-overflow" / "o_0.h5")
+    r1 = scan(runs / "fsdp-overflow" / "o_1.h5")
+    first = r1.births[0]
+    assert (first.op, first.phase, first.label) == ("aten.mul.Tensor", "forward", "")
+    assert r0.births and all(b.op.startswith("c10d.") and b.label == FROM_COLLECTIVE
+                             for b in r0.births)  # rank 0 made none of its own
+    offline = scan(runs / "fsdp-overflow" / "s_0.h5")  # a statistics dump, scanned after
+    assert offline.births and all(b.op.startswith("c10d.") and b.label == FROM_COLLECTIVE
+                                  for b in offline.births)

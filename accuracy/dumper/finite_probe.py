@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from accuracy.dumpfile.dtypes import torch_dtype
 
@@ -67,10 +68,17 @@ class Saturation:
                 "fraction": self.fraction}
 
 
+def plain(t: torch.Tensor) -> bool:
+    """Not a wrapper subclass (DTensor, an fp8 tensor): one whose own bytes can be read with
+    dispatch disabled. A wrapper has no storage and reading it so crashes the process; the
+    ops on its inner tensors are dispatched, and judged, one level down."""
+    return type(t) is torch.Tensor or not is_traceable_wrapper_subclass(t)
+
+
 def checkable(t: torch.Tensor) -> bool:
-    """Only non-empty strided floating (or complex) tensors can hold inf or nan."""
+    """Only non-empty strided floating (or complex) plain tensors can hold inf or nan."""
     return (t.layout == torch.strided and t.numel() > 0
-            and (t.is_floating_point() or t.is_complex()))
+            and (t.is_floating_point() or t.is_complex()) and plain(t))
 
 
 def _values(t: torch.Tensor) -> torch.Tensor:

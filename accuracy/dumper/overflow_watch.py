@@ -24,10 +24,12 @@ import torch
 
 from accuracy.aten import (
     AMP_UPDATE_OP,
+    FROM_COLLECTIVE,
     HANDLED,
     READS_NO_VALUES_PREFIXES,
     amp_label,
     intended_fill,
+    is_collective,
     loss_scaled,
     shapes_mask,
     written_ids,
@@ -39,6 +41,7 @@ from accuracy.dumper.finite_probe import (
     checkable,
     counts,
     exact_state,
+    plain,
     probe,
     state,
 )
@@ -91,7 +94,7 @@ class OverflowEvent:
         outs = outs.replace("max |finite| nan", "no finite value")
         return (f"{self.kind} born at step {self.step}, op {self.seq} {self.op} ({self.phase}, "
                 f"module {self.module or '-'}) at {self.source or 'unknown source'}: {what}. "
-                f"{outs}")
+                f"{outs}" + (f" ({self.label})" if self.label else ""))
 
 
 @dataclass(slots=True)
@@ -355,7 +358,8 @@ class OverflowChecker:
                 lineage.add(t)
         in_ids = frozenset(id(t) for t in p.ins)
         with torch._C._DisableTorchDispatch():  # as they are now: later ops may write them
-            kept = _Pending(p.call, [t.clone() for t in p.ins], [t.clone() for t in p.outs],
+            kept = _Pending(p.call, [t.clone() if plain(t) else t for t in p.ins],
+                            [t.clone() if plain(t) else t for t in p.outs],
                             p.in_vals, p.out_vals, p.masked)
         self._held.append(_Held(kept, out_states, in_ids, lineage))
 
@@ -423,7 +427,8 @@ class OverflowChecker:
                in_ids: frozenset[int] | None = None) -> None:
         c = p.call
         outputs = self._nonfinite_outputs(p, out_states)
-        ev = OverflowEvent(c.seq, c.name, c.phase, c.module, c.source, c.step, kind, outputs)
+        ev = OverflowEvent(c.seq, c.name, c.phase, c.module, c.source, c.step, kind, outputs,
+                           FROM_COLLECTIVE if is_collective(c.name) else "")
         self.events.append(ev)
         self._window.append((ev, frozenset(id(t) for t in p.ins) if in_ids is None else in_ids))
         extra: dict[str, Any] = {"overflow": {"kind": kind, "born": True,

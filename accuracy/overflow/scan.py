@@ -18,11 +18,13 @@ from accuracy.aten import (
     AMP_OPS,
     AMP_UPDATE_OP,
     FILL_VALUE_ARGS,
+    FROM_COLLECTIVE,
     HANDLED,
     INTENDED,
     READS_NO_VALUES_PREFIXES,
     amp_label,
     intended_fill,
+    is_collective,
     loss_scaled,
     shapes_mask,
 )
@@ -219,6 +221,7 @@ def scan_dump(d: Dump) -> OverflowReport:
             f.label = str(ovf["contained"])
             rep.contained.append(f)
         elif born:
+            f.label = FROM_COLLECTIVE if is_collective(r.op) else ""
             rep.births.append(f)
             window.append((f, {t.values_key for t in r.inputs}))
             if not online:
