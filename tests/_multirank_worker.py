@@ -157,6 +157,34 @@ def fsdp_overflow(out: str) -> dict:
     return {}
 
 
+def fsdp_monitor(out: str) -> dict:
+    """FSDP2 with AdamW under the monitor: snapshots and figures of DTensor parameters,
+    gradients and optimizer states, three steps."""
+    import accuracy.monitor as am
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    m = _ln_model()
+    for layer in (m[0], m[3]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad()
+        loss = m(x).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    watched = am.watch(step, m, opt, path=os.path.join(out, f"m_{dist.get_rank()}.monitor.h5"))
+    for _ in range(3):
+        watched(_batch(dist.get_rank())[0])
+    watched.monitor.close()
+    return {}
+
+
 def fsdp_live(out: str) -> dict:
     """FSDP2 over the LayerNorm model under `live_check` (no dumper): what it judged and
     skipped, per call, for the test to read."""
@@ -227,6 +255,7 @@ SCENARIOS = {
     "fsdp-fault-bf16": lambda out: fsdp_ln(out, fault=True, size=0.01, profile="bf16"),
     "fsdp-live": fsdp_live,
     "fsdp-overflow": fsdp_overflow,
+    "fsdp-monitor": fsdp_monitor,
     "tp-gold": lambda out: tp(out, None, 1.0),
     "tp-sim": lambda out: tp(out, "fp16-cube", 1.0),
     "tp-scale": lambda out: tp(out, None, 1.05),

@@ -32,8 +32,8 @@ from accuracy.replay.collectives import check_collectives, replay_ranks
 
 WORLD = 2
 SCENARIOS = ("functional,dtensor,fsdp,ranks,ddp-golden,ddp-fault,ddp-fp16,fsdp-gold-a,"
-             "fsdp-gold-b,fsdp-fault,fsdp-fault-bf16,fsdp-live,fsdp-overflow,tp-gold,tp-sim,"
-             "tp-scale")
+             "fsdp-gold-b,fsdp-fault,fsdp-fault-bf16,fsdp-live,fsdp-overflow,fsdp-monitor,"
+             "tp-gold,tp-sim,tp-scale")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -412,3 +412,17 @@ def test_fsdp2_overflow_check_steps_on_dtensors_and_names_the_rank_it_came_from(
     offline = scan(runs / "fsdp-overflow" / "s_0.h5")  # a statistics dump, scanned after
     assert offline.births and all(b.op.startswith("c10d.") and b.label == FROM_COLLECTIVE
                                   for b in offline.births)
+
+
+def test_fsdp2_monitor_reads_each_ranks_shards(runs):
+    """The monitor's snapshots and figures under FSDP2 (parameters, gradients and AdamW states
+    are DTensors: read with dispatch off, one crashed the process): each rank's figures are
+    its shards', finite, every step."""
+    import math
+
+    from accuracy.monitor.series import read_series
+
+    for rank in range(WORLD):
+        s = read_series(runs / "fsdp-monitor" / f"m_{rank}.monitor.h5")
+        assert len(s.loss) == 3 and all(math.isfinite(v) and v > 0 for v in s.grad_norm)
+        assert "0.weight" in s.param_names

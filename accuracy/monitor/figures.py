@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from accuracy.dumper.collectives import local_tensor
 from accuracy.patterns import module_matches
 
 log = logging.getLogger(__name__)
@@ -28,9 +29,22 @@ PARAM_FIGURES = ("norm", "grad_norm", "grad_min", "grad_max", "grad_nan", "grad_
 NAN = float("nan")
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's own tensor of `t`: a DTensor's local shard (FSDP2, tensor parallel), `t`
+    itself when plain. A wrapper subclass has no bytes to read with dispatch off (reading
+    one crashes the process), so figures of sharded tensors are this rank's shard's. An
+    unknown wrapper gives an empty tensor: no figures for it. Unwrap before `detach()`:
+    detached with dispatch off, a DTensor becomes a plain tensor without bytes."""
+    if type(t) is torch.Tensor:
+        return t
+    lt = local_tensor(t)
+    return lt if lt is not None else torch.empty(0)
+
+
 def _float_leaves(value: Any) -> list[torch.Tensor]:
-    return [t for t in tree_leaves(value)
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0]
+    return [lt for t in tree_leaves(value)
+            if isinstance(t, torch.Tensor) and t.is_floating_point()
+            and (lt := _local(t)).numel() > 0]
 
 
 class _NoDispatch:
@@ -98,7 +112,7 @@ class _Reductions:
             return range(first, first)
         norms = torch._foreach_norm(ts)
         for t, nrm in zip(ts, norms, strict=True):
-            lo, hi = torch.aminmax(t)
+            lo, hi = torch.aminmax(t) if t.numel() else (nrm.new_full((), NAN),) * 2
             self.floats += (nrm, lo, hi)
             c = _counts(t, nrm)
             if c is not None:
@@ -208,7 +222,7 @@ class Collector:
         try:
             with _NoDispatch():
                 self._grad_figures()
-                ps = [p.detach() for p in self.params]
+                ps = [_local(p).detach() for p in self.params]
                 bufs = self._buffers
                 if bufs is None or any(b.shape != p.shape or b.dtype != p.dtype
                                        or b.device != p.device for b, p in zip(bufs, ps,
@@ -225,7 +239,7 @@ class Collector:
         try:
             with _NoDispatch():
                 diff = self._before
-                torch._foreach_sub_(diff, [p.detach() for p in self.params])
+                torch._foreach_sub_(diff, [_local(p).detach() for p in self.params])
                 self._update = torch._foreach_norm(diff)
             self._before = None
         except Exception:
@@ -242,7 +256,7 @@ class Collector:
         """Reduce the gradients now (before the optimizer step, which may zero them)."""
         have = [i for i, p in enumerate(self.params) if p.grad is not None]
         red = _Reductions()
-        red.add([self.params[i].grad.detach() for i in have])  # type: ignore[union-attr]
+        red.add([_local(self.params[i].grad).detach() for i in have])  # type: ignore[union-attr]
         self._grads = (have, red)
 
     def collect(self) -> dict[str, Any]:
@@ -253,7 +267,7 @@ class Collector:
             if self._grads is None:  # no optimizer step seen: the gradients as they are
                 self._grad_figures()
             have, grads = self._grads  # type: ignore[misc]
-            p_norms = list(torch._foreach_norm([p.detach() for p in self.params])) \
+            p_norms = list(torch._foreach_norm([_local(p).detach() for p in self.params])) \
                 if self.params else []
             update = list(self._update) if self._update is not None else []
             state = self._state_norms()
@@ -288,7 +302,7 @@ class Collector:
                 continue
             for k, v in st.items():
                 if isinstance(v, torch.Tensor) and v.shape == p.shape and v.is_floating_point():
-                    by_key.setdefault(k, []).append((i, v.detach()))
+                    by_key.setdefault(k, []).append((i, _local(v).detach()))
         out = []
         for k in sorted(by_key):
             if k not in self.state_keys:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves, tree_map
 
 from accuracy.errors import UsageError
@@ -38,7 +39,9 @@ def _nbytes(obj: Any) -> int:
 
 
 def _clone(obj: Any) -> Any:
-    with torch._C._DisableTorchDispatch(), torch.no_grad():
+    """A copy no dispatch mode sees; a DTensor is copied through its own dispatch (shard by
+    shard, no collective): with all Python dispatch off, reading it crashes the process."""
+    with _disable_current_modes(), torch.no_grad():
         return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, obj)
 
 
@@ -115,7 +118,7 @@ class State:
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                 stateful: tuple[Any, ...] = ()) -> None:
-        with torch._C._DisableTorchDispatch(), torch.no_grad():
+        with _disable_current_modes(), torch.no_grad():
             model.load_state_dict(self.model)
             if optimizer is not None and self.optimizer is not None:
                 optimizer.load_state_dict(copy.deepcopy(self.optimizer))
