@@ -160,9 +160,10 @@ def fsdp_overflow(out: str) -> dict:
 def fsdp_monitor(out: str) -> dict:
     """FSDP2 with AdamW under the monitor: snapshots and figures of DTensor parameters,
     gradients and optimizer states, three steps."""
-    import accuracy.monitor as am
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
+    import accuracy.monitor as am
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     m = _ln_model()
@@ -245,6 +246,42 @@ def tp(out: str, profile: str | None, scale: float) -> dict:
     return {"y": y.tolist()}
 
 
+def tp_monitor(out: str) -> dict:
+    """Tensor parallel with AdamW under the monitor (DTensor parameters and module outputs)
+    and then check_overflow, three steps and one."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    import accuracy.monitor as am
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+    parallelize_module(m, mesh, {"0": ColwiseParallel(use_local_output=False),
+                                 "2": RowwiseParallel()})
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad()
+        loss = m(x).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    watched = am.watch(step, m, opt, path=os.path.join(out, f"m_{dist.get_rank()}.monitor.h5"))
+    for _ in range(3):
+        watched(_batch(0)[0])
+    watched.monitor.close()
+    with dumper(os.path.join(out, "o_{rank}.h5"), overwrite=True, check_overflow=True,
+                overflow_nums=-1):
+        step(_batch(0)[0])
+    return {}
+
+
 SCENARIOS = {
     "functional": functional, "dtensor": dtensor, "ranks": ranks_filter, "fsdp": fsdp,
     "ddp-golden": lambda out: ddp(out, fault=False), "ddp-fault": lambda out: ddp(out, fault=True),
@@ -256,6 +293,7 @@ SCENARIOS = {
     "fsdp-live": fsdp_live,
     "fsdp-overflow": fsdp_overflow,
     "fsdp-monitor": fsdp_monitor,
+    "tp-monitor": tp_monitor,
     "tp-gold": lambda out: tp(out, None, 1.0),
     "tp-sim": lambda out: tp(out, "fp16-cube", 1.0),
     "tp-scale": lambda out: tp(out, None, 1.05),

@@ -33,7 +33,7 @@ from accuracy.replay.collectives import check_collectives, replay_ranks
 WORLD = 2
 SCENARIOS = ("functional,dtensor,fsdp,ranks,ddp-golden,ddp-fault,ddp-fp16,fsdp-gold-a,"
              "fsdp-gold-b,fsdp-fault,fsdp-fault-bf16,fsdp-live,fsdp-overflow,fsdp-monitor,"
-             "tp-gold,tp-sim,tp-scale")
+             "tp-gold,tp-sim,tp-scale,tp-monitor")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -414,15 +414,16 @@ def test_fsdp2_overflow_check_steps_on_dtensors_and_names_the_rank_it_came_from(
                                   for b in offline.births)
 
 
-def test_fsdp2_monitor_reads_each_ranks_shards(runs):
-    """The monitor's snapshots and figures under FSDP2 (parameters, gradients and AdamW states
-    are DTensors: read with dispatch off, one crashed the process): each rank's figures are
-    its shards', finite, every step."""
+@pytest.mark.parametrize("scenario", ["fsdp-monitor", "tp-monitor"])
+def test_sharded_monitor_reads_each_ranks_shards(runs, scenario):
+    """The monitor's snapshots and figures under FSDP2 and tensor parallel (parameters,
+    gradients, AdamW states and TP's module outputs are DTensors: read with dispatch off, one
+    crashed the process): each rank's figures are its shards', finite, every step."""
     import math
 
     from accuracy.monitor.series import read_series
 
     for rank in range(WORLD):
-        s = read_series(runs / "fsdp-monitor" / f"m_{rank}.monitor.h5")
+        s = read_series(runs / scenario / f"m_{rank}.monitor.h5")
         assert len(s.loss) == 3 and all(math.isfinite(v) and v > 0 for v in s.grad_norm)
         assert "0.weight" in s.param_names

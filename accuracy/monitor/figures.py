@@ -201,7 +201,8 @@ class Collector:
     def _measure(self, idx: int, output: Any) -> None:
         try:
             if isinstance(output, torch.Tensor):  # the common case, without a tree walk
-                ts = [output] if output.is_floating_point() and output.numel() > 0 else []
+                out = _local(output)
+                ts = [out] if out.is_floating_point() and out.numel() > 0 else []
             else:
                 ts = _float_leaves(output)
             if not ts:
