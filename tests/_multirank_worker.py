@@ -262,7 +262,7 @@ def tp_monitor(out: str) -> dict:
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
     parallelize_module(m, mesh, {"0": ColwiseParallel(use_local_output=False),
-                                 "2": RowwiseParallel()})
+                                 "2": RowwiseParallel(use_local_output=False)})  # DTensor loss
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
 
     def step(x: torch.Tensor) -> torch.Tensor:

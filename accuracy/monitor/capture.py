@@ -58,9 +58,10 @@ class Capture:
 
 
 def loss_value(loss: Any) -> float:
-    """The loss as a Python float (a tensor's value, read without any dispatch mode)."""
+    """The loss as a Python float (a tensor's value, read without any dispatch mode; a
+    DTensor loss, as tensor parallel's `loss_parallel` gives, through its own dispatch)."""
     if isinstance(loss, torch.Tensor):
-        with torch._C._DisableTorchDispatch():
+        with _disable_current_modes():
             return float(loss.detach().float().item()) if loss.numel() == 1 else math.nan
     if isinstance(loss, int | float):
         return float(loss)
