@@ -145,6 +145,21 @@ def test_a_birth_whose_values_live_on_is_reported_within_the_window(tmp_path):
     del kept
 
 
+def test_an_overflow_that_spreads_is_reported_while_it_spreads(tmp_path):
+    """A real overflow is carried op after op: reported once it has spread, not when the
+    block ends (nor held with copies of its tensors till then)."""
+    from accuracy.dumper.overflow_watch import LINEAGE_WINDOW
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", OverflowWarning)
+        with dumper(tmp_path / "s.h5", check_overflow=True):
+            x = torch.full((4,), 1e38) * 10  # inf
+            for _ in range(LINEAGE_WINDOW + 2):
+                x = x + 1  # carries it on, and the last one lives
+            seen = [str(w.message) for w in caught]
+    assert len(seen) == 1 and "aten.mul.Tensor" in seen[0]
+
+
 def test_a_loss_scale_overflow_is_not_contained_by_autograds_ones_like(tmp_path):
     """Backward seeds the scaled loss's gradient with ones_like(loss): that reads its shape,
     not its inf."""

@@ -6,8 +6,10 @@ tensor that carried its non-finite values was read by a later op, at least one o
 made only finite or integer outputs from them, none handed a value to Python (`.item()`), and
 all those tensors are gone. A birth whose values live on (in the loss, a gradient, a buffer)
 past a window of ops, reach Python, or are freed without any op reading them stays an
-overflow. Liveness comes from weak references: Python frees a temporary when its last user
-is done with it, so a contained lineage is known within a few ops.
+overflow, and so does one carried on into `window` tensors (a real overflow spreads op after
+op to the loss: it is reported then, not at the block's end). Liveness comes from weak
+references: Python frees a temporary when its last user is done with it, so a contained
+lineage is known within a few ops.
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ class Lineage:
     carriers: dict[int, _Carrier] = field(default_factory=dict)  # id(tensor) -> carrier
     absorbed_by: str = ""  # the first op that read a carrier and made no non-finite output
     escaped: str = ""  # the first op that read a carrier and gave Python a value, no tensor
+    made: int = 0  # carriers made so far (a freed one's id may be reused: not len(carriers))
 
     def add(self, t: torch.Tensor) -> None:
         self.carriers[id(t)] = _Carrier(weakref.ref(t), version_of(t))
+        self.made += 1
 
     def carries(self, key: tuple[int, int]) -> bool:
         """Whether the tensor with this (id, version), still alive, is a carrier."""
@@ -65,7 +69,7 @@ class Lineage:
 
     def verdict(self, now: int, window: int, final: bool) -> str | None:
         """CONFIRM, CONTAIN, or None while it cannot be told yet."""
-        if self.escaped:
+        if self.escaped or self.made >= window:  # carried on op after op: it lasts
             return CONFIRM
         if any(_holds(c) for c in self.carriers.values()):
             return CONFIRM if final or now - self.last >= window else None
