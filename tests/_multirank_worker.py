@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -157,19 +158,11 @@ def fsdp_overflow(out: str) -> dict:
     return {}
 
 
-def fsdp_monitor(out: str) -> dict:
-    """FSDP2 with AdamW under the monitor: snapshots and figures of DTensor parameters,
-    gradients and optimizer states, three steps."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
+def _monitored_steps(m: nn.Module, out: str, x: torch.Tensor
+                     ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Three AdamW steps of `m` on `x` under the monitor (m_<rank>.monitor.h5); the step."""
     import accuracy.monitor as am
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    m = _ln_model()
-    for layer in (m[0], m[3]):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(m, mesh=mesh)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
 
     def step(x: torch.Tensor) -> torch.Tensor:
@@ -181,8 +174,23 @@ def fsdp_monitor(out: str) -> dict:
 
     watched = am.watch(step, m, opt, path=os.path.join(out, f"m_{dist.get_rank()}.monitor.h5"))
     for _ in range(3):
-        watched(_batch(dist.get_rank())[0])
+        watched(x)
     watched.monitor.close()
+    return step
+
+
+def fsdp_monitor(out: str) -> dict:
+    """FSDP2 with AdamW under the monitor: snapshots and figures of DTensor parameters,
+    gradients and optimizer states, three steps."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    m = _ln_model()
+    for layer in (m[0], m[3]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    _monitored_steps(m, out, _batch(dist.get_rank())[0])
     return {}
 
 
@@ -256,26 +264,12 @@ def tp_monitor(out: str) -> dict:
         parallelize_module,
     )
 
-    import accuracy.monitor as am
-
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
     parallelize_module(m, mesh, {"0": ColwiseParallel(use_local_output=False),
                                  "2": RowwiseParallel(use_local_output=False)})  # DTensor loss
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-
-    def step(x: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad()
-        loss = m(x).square().mean()
-        loss.backward()
-        opt.step()
-        return loss
-
-    watched = am.watch(step, m, opt, path=os.path.join(out, f"m_{dist.get_rank()}.monitor.h5"))
-    for _ in range(3):
-        watched(_batch(0)[0])
-    watched.monitor.close()
+    step = _monitored_steps(m, out, _batch(0)[0])
     with dumper(os.path.join(out, "o_{rank}.h5"), overwrite=True, check_overflow=True,
                 overflow_nums=-1):
         step(_batch(0)[0])
