@@ -49,6 +49,40 @@ def ddp(out: str, fault: bool, profile: str = "exact") -> dict:
     return {"grad": model.module[0].weight.grad.flatten().tolist()}
 
 
+def ddp_monitor_one_rank(out: str) -> dict:
+    """DDP under the monitor where only rank 1's loss spikes (its step returns the loss times
+    1e3 at step 6; gradients unchanged): the losses of a bare run of the same steps first, then
+    the monitored run's, and each rank's captures."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import accuracy.monitor as am
+
+    rank = dist.get_rank()
+    x, y = _batch(rank)
+
+    def run(monitored: bool) -> tuple[list[float], list[int]]:
+        model = DDP(_model())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x: torch.Tensor, y: torch.Tensor, mult: float) -> torch.Tensor:
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach() * mult
+
+        if monitored:
+            step = am.watch(step, model, opt, snapshot_every=2,
+                            path=os.path.join(out, f"m_{rank}.monitor.h5"))
+        losses = [float(step(x, y, 1e3 if rank == 1 and i == 6 else 1.0)) for i in range(8)]
+        caps = [c.step for c in step.monitor.captures] if monitored else []
+        return losses, caps
+
+    bare, _ = run(False)
+    losses, caps = run(True)
+    return {"bare": bare, "monitored": losses, "captures": caps}
+
+
 def functional(out: str) -> dict:
     import torch.distributed._functional_collectives as fc
 
@@ -288,6 +322,7 @@ SCENARIOS = {
     "fsdp-overflow": fsdp_overflow,
     "fsdp-monitor": fsdp_monitor,
     "tp-monitor": tp_monitor,
+    "ddp-monitor-one-rank": ddp_monitor_one_rank,
     "tp-gold": lambda out: tp(out, None, 1.0),
     "tp-sim": lambda out: tp(out, "fp16-cube", 1.0),
     "tp-scale": lambda out: tp(out, None, 1.05),

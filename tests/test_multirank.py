@@ -33,7 +33,7 @@ from accuracy.replay.collectives import check_collectives, replay_ranks
 WORLD = 2
 SCENARIOS = ("functional,dtensor,fsdp,ranks,ddp-golden,ddp-fault,ddp-fp16,fsdp-gold-a,"
              "fsdp-gold-b,fsdp-fault,fsdp-fault-bf16,fsdp-live,fsdp-overflow,fsdp-monitor,"
-             "tp-gold,tp-sim,tp-scale,tp-monitor")
+             "tp-gold,tp-sim,tp-scale,tp-monitor,ddp-monitor-one-rank")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -428,3 +428,16 @@ def test_sharded_monitor_reads_each_ranks_shards(runs, scenario):
         assert len(s.loss) == 3 and all(math.isfinite(v) and v > 0 for v in s.grad_norm)
         assert all(math.isfinite(v) for v in s.loss)  # tensor parallel's is a DTensor
         assert "0.weight" in s.param_names
+
+
+def test_a_trigger_on_one_rank_is_captured_by_every_rank_and_changes_no_training(runs):
+    """Only rank 1's loss spikes. A capture re-runs steps, and their collectives pair with
+    whatever the other ranks run: rank 1 capturing alone fed its re-runs' all-reduces into
+    rank 0's live steps (rank 0's losses changed), then died when rank 0 exited. Every rank
+    captures the step, and the training is the bare run's."""
+    for rank in range(WORLD):
+        r = _result(runs, "ddp-monitor-one-rank", rank)
+        assert r["captures"] == [6], rank
+        spiked = [6] if rank == 1 else []
+        assert [m for i, m in enumerate(r["monitored"]) if i not in spiked] == \
+            [b for i, b in enumerate(r["bare"]) if i not in spiked], rank

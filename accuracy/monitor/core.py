@@ -36,6 +36,17 @@ from accuracy.monitor.triggers import StepFigures, Trigger, resolve
 log = logging.getLogger(__name__)
 
 
+def _flag_device() -> torch.device:
+    """Where the default process group takes a collective's tensor: CPU for gloo, the
+    accelerator for NCCL and its kind."""
+    from torch import distributed as dist
+
+    try:
+        return torch.device(dist.distributed_c10d._get_object_coll_device())
+    except Exception:  # noqa: BLE001 - a private helper that may move: gloo's CPU then
+        return torch.device("cpu")
+
+
 def _rank() -> tuple[int, int]:
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
@@ -175,6 +186,8 @@ class Monitor:
                     self._event("trigger-error", step=step, trigger=t.name, message=str(exc))
                 if why:
                     reasons.append(f"{t.name}: {why}")
+            if self.world_size > 1 and self.store is not None:
+                reasons = self._agree(step, reasons)
             if reasons:
                 self._fired(step, value, reasons)
         except Exception:
@@ -256,6 +269,20 @@ class Monitor:
                 log.exception("monitor: writing an event failed")
 
     # -- ranks ----------------------------------------------------------------------------
+
+    def _agree(self, step: int, reasons: list[str]) -> list[str]:
+        """Whether any rank's triggers fired on `step` (collective: every rank calls it each
+        step). A capture re-runs steps, and their collectives pair with whatever the other
+        ranks run: a rank capturing alone corrupted its neighbour's live steps with its
+        re-runs' all-reduces, then died when the neighbour exited. So all capture, or none."""
+        from torch import distributed as dist
+
+        flag = torch.tensor([1.0 if reasons else 0.0], device=_flag_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if reasons or not flag.item():
+            return reasons
+        return [f"another rank: its triggers fired at step {step}, so every rank captures it "
+                "(a re-run's collectives must pair across ranks)"]
 
     def _reduce(self, figs: dict[str, Any], loss: float) -> dict[str, Any] | None:
         """All ranks' figures reduced (collective: every rank calls it each recorded step)."""
