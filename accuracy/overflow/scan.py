@@ -66,7 +66,7 @@ class OverflowReport:
     path: str
     mode: str
     online: bool  # the dump came from check_overflow=True: only births were recorded
-    ops_scanned: int
+    ops_scanned: int  # ops judged: the records walked, or (online) the ops the check judged
     births: list[Finding] = field(default_factory=list)
     inherited: list[Finding] = field(default_factory=list)
     amp: list[Finding] = field(default_factory=list)
@@ -84,7 +84,8 @@ class OverflowReport:
 
     def format(self, limit: int = 20) -> str:
         """The text `accuracy overflow` prints."""
-        lines = [f"{self.path}: {self.ops_scanned} ops scanned ({self.mode} mode"
+        verb = "checked" if self.online else "scanned"  # online: the dump holds only births
+        lines = [f"{self.path}: {self.ops_scanned} ops {verb} ({self.mode} mode"
                  + (", recorded by check_overflow" if self.online else "") + ")"]
         if not self.births:
             lines.append("no op produced inf/nan from finite inputs")
@@ -142,10 +143,6 @@ def _found_inf(r: OpRecord) -> bool:
     return bool(fi) and (fi[0].stats.get("max") or 0) > 0
 
 
-def _row(t: TensorRecord) -> int:
-    return t.first if t.first >= 0 else t.row
-
-
 def _mask_values(r: OpRecord) -> bool:
     """No NaN and no +inf among the non-finite outputs: what a -inf mask combined with finite
     values gives (an overflow of the values themselves shows +inf or NaN)."""
@@ -159,17 +156,21 @@ def _mask_values(r: OpRecord) -> bool:
 
 
 class _Masks:
-    """Rows holding intended values (masks), followed through the dump in order."""
+    """Tensors holding intended values (masks), followed through the dump in order.
+
+    Matched by `values_key`, as `_Lineage` does: a tensor dump links a later use to the row
+    that holds the bytes, but a statistics dump gives every use its own row (`first` is -1),
+    so only the dtype and statistics tell that a later input is the mask."""
 
     def __init__(self) -> None:
-        self.rows: set[int] = set()
+        self.keys: set[tuple] = set()
 
     def intended(self, r: OpRecord) -> bool:
         """Whether `r`'s outputs are intended mask values (marks them if so)."""
-        fed = any(_row(t) in self.rows for t in r.inputs)
+        fed = any(t.values_key in self.keys for t in r.inputs)
         if self._fill(r) or (fed and shapes_mask(r.op)) or (
                 fed and any(_bad(t) for t in r.outputs) and _mask_values(r)):
-            self.rows.update(_row(t) for t in r.outputs)
+            self.keys.update(t.values_key for t in r.outputs)
             return True
         return False
 
@@ -184,10 +185,17 @@ class _Masks:
         return intended_fill(r.op, args, kwargs, r.outputs[0].dtype if r.outputs else None)
 
 
+def _ops_judged(d: Dump, online: bool) -> int:
+    """How many ops the verdict covers: a check_overflow dump records only the births (often
+    none), so its root summary's `ops_checked` counts, else the records walked."""
+    checked = (d.attrs.get("overflow") or {}).get("ops_checked") if online else None
+    return checked if isinstance(checked, int) and checked >= 0 else len(d.records)
+
+
 def scan_dump(d: Dump) -> OverflowReport:
     """Scan an opened dump."""
     online = bool(d.attrs.get("check_overflow"))
-    rep = OverflowReport(str(d.path), str(d.attrs.get("mode", "?")), online, len(d.records))
+    rep = OverflowReport(str(d.path), str(d.attrs.get("mode", "?")), online, _ops_judged(d, online))
     window: list[tuple[Finding, set[tuple]]] = []  # births, with their inputs' identities
     masks = _Masks()
     lineages: list[_Lineage] = []  # offline: where each birth's values went
