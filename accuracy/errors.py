@@ -17,6 +17,11 @@ class AccuracyError(Exception):
     """Something the user can fix; the message says what. Base of every part's error."""
 
 
+class RaisedForTheUser(Exception):  # noqa: N818 - a mixin: what the class says it is
+    """Raised on purpose, because the user asked (`overflow_raise=True`, `strict=True`):
+    every guard that keeps the user's step alive through our own failures lets it pass."""
+
+
 class UsageError(AccuracyError, ValueError):
     """An argument or option value that cannot be used (a bad name, a number out of range, a
     file of the wrong kind)."""

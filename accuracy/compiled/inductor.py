@@ -39,6 +39,7 @@ from typing import Any
 from accuracy.compiled.irnodes import output_node
 from accuracy.compiled.names import split_root
 from accuracy.compiled.symbolic import layout_of, sizes_of
+from accuracy.errors import RaisedForTheUser
 
 log = logging.getLogger(__name__)
 
@@ -557,6 +558,8 @@ def _notify(event: str, kid: int, tensors: list[Any]) -> None:
     for s in list(SINKS):
         try:
             getattr(s, event)(info, tensors)
+        except RaisedForTheUser:  # overflow_raise=True, strict=True: what the user asked for
+            raise
         except Exception:  # noqa: BLE001 - the user's step must never die because of us
             log.exception("%s of kernel %s failed", event, info.kernel)
 

@@ -46,6 +46,10 @@ class KernelCall:
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
 
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
 
 def _plan(name: str) -> OpPlan:
     return OpPlan(name=name, aten=False, mutable=False, writes=(), view=False, rng=False,
@@ -165,9 +169,14 @@ class CompiledSource:
         if info.reference is not None and info.kid not in self._with_ref:
             self._with_ref.add(info.kid)  # once per launch site, like graph_code
             extra["reference"] = info.reference
-        # A kernel writes through raw pointers (no version counter moves, even into reused
-        # memory): its outputs are described afresh, never linked to bytes recorded before.
-        rec.write_tensors(call, inputs, outputs, extra, written=True, links=links)
+        checker = getattr(owner, "_overflow", None)
+        if checker is not None:  # check_overflow: judged as an op is; only births written
+            checker.kernel(call, outputs)
+        else:
+            # A kernel writes through raw pointers (no version counter moves, even into
+            # reused memory): its outputs are described afresh, never linked to bytes
+            # recorded before.
+            rec.write_tensors(call, inputs, outputs, extra, written=True, links=links)
         self.kernels += 1
         self.watch.recorded()
 

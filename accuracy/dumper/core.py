@@ -29,7 +29,6 @@ from accuracy.dumper import collectives, guide_args
 from accuracy.dumper.filters import Filter, Selection
 from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.opcall import Observer, OpCall
-from accuracy.dumper.overflow_watch import OverflowDetected
 from accuracy.dumper.quant_observer import QuantFigures
 from accuracy.dumper.recorder import Recorder
 from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
@@ -37,13 +36,14 @@ from accuracy.dumper.source import _internal, user_source
 from accuracy.dumper.subclass_watch import SubclassWatch
 from accuracy.dumpfile import schema
 from accuracy.dumpfile.writer import DumpWriteError, DumpWriter
+from accuracy.errors import RaisedForTheUser
 from accuracy.steps import Schedule
 
 log = logging.getLogger(__name__)
 
 MODES = ("tensor", "statistics")
 # Raised by an observer on purpose, for the user: overflow_raise=True, strict=True
-_DELIBERATE = (OverflowDetected, DumpWriteError)
+_DELIBERATE = RaisedForTheUser
 _INFRA_MODES = tuple(getattr(torch._C._TorchDispatchModeKey, k) for k in ("FAKE", "PROXY")
                      if hasattr(torch._C._TorchDispatchModeKey, k))
 

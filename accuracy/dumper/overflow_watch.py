@@ -47,6 +47,7 @@ from accuracy.dumper.finite_probe import (
 )
 from accuracy.dumper.identity import TensorStates, same_elements
 from accuracy.dumper.overflow_lineage import CONFIRM, Lineage, version_of
+from accuracy.errors import RaisedForTheUser
 
 if TYPE_CHECKING:
     from accuracy.dumper.opcall import OpCall
@@ -59,7 +60,7 @@ log = logging.getLogger(__name__)
 LINEAGE_WINDOW = 64
 
 
-class OverflowDetected(RuntimeError):  # noqa: N818 - reads as what happened
+class OverflowDetected(RaisedForTheUser, RuntimeError):  # noqa: N818 - reads as what happened
     """Raised at the first overflow when `overflow_raise=True`; the traceback is the user's."""
 
     def __init__(self, message: str, event: OverflowEvent) -> None:
@@ -221,6 +222,13 @@ class OverflowChecker:
             self._pending.append(p)
             if len(self._pending) >= self.interval:
                 self.resolve()
+
+    def kernel(self, call: Any, outputs: list[torch.Tensor]) -> None:
+        """A compiled kernel's launch (`accuracy/compiled/source.py`), judged as an op is:
+        its inputs' states from the cache (Inductor hands buffers over as fresh views, which
+        the cache does not hold, so they are probed), its outputs probed."""
+        self.before(call)
+        self.after(call, outputs)
 
     def finish(self) -> dict[str, Any]:
         """Judge what is still pending; the summary attributes for the dump's root."""

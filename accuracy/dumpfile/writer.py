@@ -32,7 +32,7 @@ import torch
 from accuracy.dumpfile import optext, schema, staging
 from accuracy.dumpfile.checksum import ATTRS_HASH, NO_HASH, attrs_hash, content_hash, rows_hash
 from accuracy.dumpfile.reserve import SpaceReserve, give_back
-from accuracy.errors import AccuracyError, OutputExistsError
+from accuracy.errors import AccuracyError, OutputExistsError, RaisedForTheUser
 from accuracy.outputs import writable_folder
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class OpEntry:
     epoch: int = schema.UNKNOWN_EPOCH  # collective epoch (see accuracy/dumper/collectives.py)
 
 
-class DumpWriteError(AccuracyError, RuntimeError):
+class DumpWriteError(AccuracyError, RaisedForTheUser, RuntimeError):
     """Writing the dump failed (disk full, permissions...); the training step is not affected."""
 
 
