@@ -17,21 +17,32 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 
+from accuracy.dumper.collectives import local_tensor
 from accuracy.monitor.snapshots import State, Store
+from accuracy.monitor.triggers import NonFinite
+
+if TYPE_CHECKING:
+    from accuracy.overflow.scan import OverflowReport
 
 log = logging.getLogger(__name__)
+
+# The verdict of a capture whose first inf/nan came out of a collective from finite inputs:
+# another rank's values (or the reduction's own overflow), not an op of this rank.
+THROUGH_COLLECTIVE = "through a collective"
 
 
 @dataclass
 class Capture:
     """What a capture found. `exact`: the re-run's loss has the flagged loss's bits (None: no
-    re-run happened); `culprit`: the op compare named (op, module, phase, source...)."""
+    re-run happened); `rerun_grads_finite`: the re-run's gradients were all finite (a NaN only
+    the gradients carry leaves the loss finite); `culprit`: the op compare named (op, module,
+    phase, source...), or where inf/nan was born."""
 
     step: int
     reason: str
@@ -40,6 +51,7 @@ class Capture:
     flagged_loss: float | None = None
     rerun_loss: float | None = None
     exact: bool | None = None
+    rerun_grads_finite: bool | None = None
     culprit: dict[str, Any] | None = None
     reference: str | None = None
     messages: list[str] = field(default_factory=list)
@@ -50,8 +62,14 @@ class Capture:
         lines += [f"  {m}" for m in self.messages]
         if self.culprit:
             c = self.culprit
-            lines.append(f"  CULPRIT: {c.get('op')} in {c.get('module') or '-'} "
-                         f"[{c.get('phase')}] at {c.get('source') or '?'}")
+            where = (f"{c.get('op')} in {c.get('module') or '-'} [{c.get('phase')}] at "
+                     f"{c.get('source') or '?'}")
+            if c.get("verdict") == THROUGH_COLLECTIVE:  # not this rank's op: say whose it is
+                lines.append(f"  THROUGH A COLLECTIVE: inf/nan from another rank (or the "
+                             f"reduction's own overflow) at {where}; look at the other ranks' "
+                             "captures")
+            else:
+                lines.append(f"  CULPRIT: {where}")
         if self.folder:
             lines.append(f"  files: {self.folder}")
         return "\n".join(lines)
@@ -125,6 +143,7 @@ def capture_step(step_fn: Callable[..., Any], model: nn.Module,
         with dumper(dump_path=device, mode="tensor", overwrite=True):
             loss = _call(step_fn, store.batches[step][0])  # type: ignore[index]
         cap.rerun_loss = loss_value(loss)
+        cap.rerun_grads_finite = _grads_finite(model)  # the re-run's, not the reference's
         cap.exact = same_bits(cap.rerun_loss, flagged_loss)
         if cap.exact:
             cap.messages.append(f"re-run from the snapshot of step {snap.step} reproduces the "
@@ -152,7 +171,7 @@ def capture_step(step_fn: Callable[..., Any], model: nn.Module,
         report = compare(device, golden, replay=rep)
         report.write(folder / "report")
         cap.culprit = _short(report.summary.get("culprit"))
-        if not math.isfinite(cap.rerun_loss):
+        if non_finite(cap):
             _overflow_birth(cap, device, report.summary.get("verdict"))
         if not cap.culprit:
             first = report.summary.get("first_divergence")
@@ -169,26 +188,76 @@ def capture_step(step_fn: Callable[..., Any], model: nn.Module,
     return cap
 
 
+def _grads_finite(model: nn.Module) -> bool:
+    """Whether the gradients the re-run left are all finite (None or zeroed: nothing to see).
+    A NaN that only the gradients carry (a backward overflow, another rank's values through
+    DDP's all-reduce) leaves the loss finite. Read with dispatch off, as the figures are: this
+    rank's shard of a DTensor."""
+    with _disable_current_modes(), torch.no_grad():
+        ok: dict[torch.device, list[torch.Tensor]] = {}
+        for p in model.parameters():
+            g = p.grad
+            lg = g if g is None or type(g) is torch.Tensor else local_tensor(g)
+            if lg is not None and lg.is_floating_point() and lg.numel():
+                ok.setdefault(lg.device, []).append(lg.detach().isfinite().all())
+        return all(bool(torch.stack(flags).all()) for flags in ok.values())  # one read a device
+
+
+def non_finite(cap: Capture) -> str:
+    """What of the captured step is non-finite ('' for nothing), which is when the capture
+    scans its dump for overflow births: the re-run's loss or gradients, or the flag itself
+    (`NonFinite` fired: the step may zero its gradients after the optimizer step). A NaN only
+    the gradients carry (a backward overflow, another rank's through DDP's all-reduce) leaves
+    the loss finite."""
+    if cap.rerun_loss is not None and not math.isfinite(cap.rerun_loss):
+        return "the loss is"
+    if cap.rerun_grads_finite is False:
+        return "the gradients are"
+    if any(r.startswith(f"{NonFinite.name}: ") for r in cap.reason.split("; ")):
+        return "the flagged step was"
+    return ""
+
+
 def _overflow_birth(cap: Capture, device: Path, verdict: str | None) -> None:
-    """A non-finite loss: name the op where inf/nan was born (`accuracy overflow`'s scan). On
-    plain torch the replay finds every kernel honest, so without this the capture of a NaN
-    step would name nothing; the birth becomes the culprit where compare named none."""
+    """A non-finite step: scan the re-run's dump as `accuracy overflow` does and say where
+    inf/nan was born (`name_birth`)."""
     from accuracy.overflow.scan import scan
 
-    births = scan(device).culprits
+    name_birth(cap, scan(device), verdict)
+
+
+def name_birth(cap: Capture, report: OverflowReport, verdict: str | None) -> None:
+    """Name the op where the non-finite step's inf/nan was born (`report`: the overflow scan
+    of its dump; `verdict`: compare's). On plain torch the replay finds every kernel honest, so
+    without this the capture of a NaN step would name nothing; the birth becomes the culprit
+    where compare named none. A birth in a collective is another rank's inf/nan (or the
+    reduction's own overflow), not this rank's op: said so, so that a healthy rank's capture
+    sends the user to the other ranks' captures instead of saying 'no culprit found'."""
+    from accuracy.aten import FROM_COLLECTIVE
+
+    births = report.culprits
     if not births:
-        cap.messages.append("the loss is non-finite but no op of the re-run turned finite "
-                            "inputs into inf/nan (they came in with the batch or the state)")
+        cap.messages.append(f"{non_finite(cap) or 'the step is'} non-finite but no op of the "
+                            "re-run turned finite inputs into inf/nan (they came in with the "
+                            "batch or the state)")
         return
     b = births[0]
     where = f"{b.op} in {b.module or '-'} [{b.phase}] at {b.source or '?'} (seq {b.seq})"
-    honest = "; every kernel matched its reference, so the values overflowed, not a kernel" \
-        if verdict == "pass" else ""
-    cap.messages.append(f"inf/nan born at {where}, from finite inputs{honest} "
-                        "(`accuracy overflow device.h5` lists every birth)")
+    every = "(`accuracy overflow device.h5` lists every birth)"
+    if b.label == FROM_COLLECTIVE:
+        cap.messages.append(
+            f"inf/nan arrived through a collective at {where}: this rank's inputs to it were "
+            "finite, so another rank sent inf/nan (or the reduction itself overflowed), not an "
+            f"op of this rank; look at the other ranks' captures {every}")
+        verdict_here = THROUGH_COLLECTIVE
+    else:
+        honest = ("; every kernel matched its reference, so the values overflowed, not a kernel"
+                  if verdict == "pass" else "")
+        cap.messages.append(f"inf/nan born at {where}, from finite inputs{honest} {every}")
+        verdict_here = "overflow birth"
     if not cap.culprit:
         cap.culprit = {"op": b.op, "module": b.module, "phase": b.phase, "source": b.source,
-                       "seq": b.seq, "verdict": "overflow birth", "outputs": b.outputs}
+                       "seq": b.seq, "verdict": verdict_here, "outputs": b.outputs}
 
 
 def _short(row: dict[str, Any] | None) -> dict[str, Any] | None:
