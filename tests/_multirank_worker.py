@@ -176,19 +176,24 @@ def fsdp_overflow(out: str) -> dict:
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     m = _ln_model()
-    for layer in (m[0], m[3]):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(m, mesh=mesh)
+    for layer in (m[0], m[3]):  # gathered parameters kept from forward to backward
+        fully_shard(layer, mesh=mesh, reshard_after_forward=False)
+    fully_shard(m, mesh=mesh, reshard_after_forward=False)
+    boom = {"on": True}
     if dist.get_rank() == 1:
-        m[2].register_forward_hook(lambda mod, i, o: o * 1e39)  # fp32 inf
+        m[2].register_forward_hook(lambda mod, i, o: o * 1e39 if boom["on"] else o)  # inf
     with dumper(os.path.join(out, "s_{rank}.h5"), overwrite=True, mode="statistics"):
         m(_batch(dist.get_rank())[0]).sum().backward()  # for the offline scan
     m.zero_grad()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)  # zeros_like(DTensor) for its state
     with dumper(os.path.join(out, "o_{rank}.h5"), overwrite=True, check_overflow=True,
-                overflow_nums=-1):  # checking goes on through the optimizer
-        m(_batch(dist.get_rank())[0]).sum().backward()
-        opt.step()
+                overflow_nums=-1) as d:  # checking goes on through the optimizer
+        for step in range(3):  # clean, the overflow, then a step from the NaN it left
+            boom["on"] = step == 1
+            m(_batch(dist.get_rank())[0]).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            d.step()
     return {}
 
 
@@ -211,6 +216,31 @@ def _monitored_steps(m: nn.Module, out: str, x: torch.Tensor
         watched(x)
     watched.monitor.close()
     return step
+
+
+def fsdp_steps(out: str) -> dict:
+    """Three FSDP2 SGD steps in one statistics dump, and the L2 norm of the first layer's
+    full weight before each step's forward (what its addmm reads)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    m = _model()
+    for layer in (m[0], m[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    norms = []
+    with dumper(os.path.join(out, "s_{rank}.h5"), overwrite=True, mode="statistics") as d:
+        for _ in range(3):
+            with _disable_current_modes(), torch.no_grad():  # not recorded
+                norms.append(float(m[0].weight.full_tensor().norm()))
+            m(_batch(dist.get_rank())[0]).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            d.step()
+    return {"norms": norms}
 
 
 def fsdp_monitor(out: str) -> dict:
@@ -321,6 +351,7 @@ SCENARIOS = {
     "fsdp-live": fsdp_live,
     "fsdp-overflow": fsdp_overflow,
     "fsdp-monitor": fsdp_monitor,
+    "fsdp-steps": fsdp_steps,
     "tp-monitor": tp_monitor,
     "ddp-monitor-one-rank": ddp_monitor_one_rank,
     "tp-gold": lambda out: tp(out, None, 1.0),

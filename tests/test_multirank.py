@@ -33,7 +33,7 @@ from accuracy.replay.collectives import check_collectives, replay_ranks
 WORLD = 2
 SCENARIOS = ("functional,dtensor,fsdp,ranks,ddp-golden,ddp-fault,ddp-fp16,fsdp-gold-a,"
              "fsdp-gold-b,fsdp-fault,fsdp-fault-bf16,fsdp-live,fsdp-overflow,fsdp-monitor,"
-             "tp-gold,tp-sim,tp-scale,tp-monitor,ddp-monitor-one-rank")
+             "tp-gold,tp-sim,tp-scale,tp-monitor,ddp-monitor-one-rank,fsdp-steps")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -398,7 +398,8 @@ def test_tensor_parallel_replay_reruns_dtensor_ops_and_a_different_scalar_is_nam
 def test_fsdp2_overflow_check_steps_on_dtensors_and_names_the_rank_it_came_from(runs):
     """check_overflow under FSDP2 with AdamW: the optimizer's zeros_like(DTensor) is not read
     (a wrapper has no bytes: reading one crashed the process); rank 1's forward overflow is
-    its birth, and rank 0 sees the inf arrive in the gradients' reduce-scatter, labelled."""
+    its birth, rank 0 sees the inf arrive in the gradients' reduce-scatter, labelled, and the
+    next step's NaN parameters are no new birth."""
     from accuracy.aten import FROM_COLLECTIVE
     from accuracy.overflow import scan
 
@@ -407,6 +408,9 @@ def test_fsdp2_overflow_check_steps_on_dtensors_and_names_the_rank_it_came_from(
     r1 = scan(runs / "fsdp-overflow" / "o_1.h5")
     first = r1.births[0]
     assert (first.op, first.phase, first.label) == ("aten.mul.Tensor", "forward", "")
+    # the next step reads the NaN AdamW left in the shards (FSDP2 writes them below autograd,
+    # and gathers them into fresh memory): inherited, not born again
+    assert {b.step for b in r0.births + r1.births} == {1}
     assert r0.births and all(b.op.startswith("c10d.") and b.label == FROM_COLLECTIVE
                              for b in r0.births)  # rank 0 made none of its own
     offline = scan(runs / "fsdp-overflow" / "s_0.h5")  # a statistics dump, scanned after
@@ -441,3 +445,21 @@ def test_a_trigger_on_one_rank_is_captured_by_every_rank_and_changes_no_training
         spiked = [6] if rank == 1 else []
         assert [m for i, m in enumerate(r["monitored"]) if i not in spiked] == \
             [b for i, b in enumerate(r["bare"]) if i not in spiked], rank
+
+
+def test_fsdp2_parameters_are_recorded_as_each_step_gathers_them(runs):
+    """FSDP2 frees an unsharded parameter with `storage.resize_(0)` and gathers the next
+    step's values into fresh memory, a write no version counter of the parameter sees: the
+    dump recorded step 0's weight again at steps 1 and 2 (and the overflow check judged a NaN
+    weight finite). Each step's addmm reads the weight the optimizer left."""
+    import math
+
+    for rank in range(WORLD):
+        norms = _result(runs, "fsdp-steps", rank)["norms"]
+        with load_dump(runs / "fsdp-steps" / f"s_{rank}.h5") as d:
+            seen = [r.inputs[2].stats["l2"] for r in d.records
+                    if r.op == "aten.addmm.default" and r.phase == "forward"
+                    and r.module.endswith(".0")]
+        assert len(seen) == 3 and len(set(norms)) == 3, (seen, norms)
+        assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(seen, norms, strict=True)), \
+            (seen, norms)

@@ -101,14 +101,21 @@ class TensorStates:
         self._prune_at = prune_at
 
     def get(self, t: torch.Tensor) -> Any:
-        """The value of `t`'s current state, or None."""
+        """The value of `t`'s current state, or None. Tracking storage, also None when `t`'s
+        memory moved since: FSDP2 frees an unsharded parameter with `storage.resize_(0)` and
+        gathers it into fresh memory each step, a write no version counter of the parameter
+        sees (its step-2 values were recorded again at step 3)."""
         hit = self._map.get(id(t))
         if hit is None or hit[0]() is not t:
             return None
         try:
-            return hit[2] if t._version == hit[1] else None
+            if t._version != hit[1]:
+                return None
         except RuntimeError:  # inference tensors have no version counter
             return None
+        if self._track and hit[3] != storage_ptr(t):
+            return None
+        return hit[2]
 
     def get_alias(self, t: torch.Tensor) -> Any:
         """The value of the state of another tensor object over the same elements of the

@@ -152,7 +152,7 @@ class OverflowChecker:
         self.done = False
         self._recorder: Recorder | None = None
         self._path = ""
-        self._states = TensorStates()
+        self._states = TensorStates(track_storage=True)  # for forget_aliases
         self._masks = TensorStates()  # tensors holding intended values: attention masks
         self._pending: list[_Pending] = []
         self._held: list[_Held] = []  # births whose values may yet be dropped
@@ -188,6 +188,13 @@ class OverflowChecker:
             return
         self.ops_checked += 1
         ins = call.inputs
+        if not call.plan.aten:
+            # a custom op (FSDP2's all_gather_copy_in, a collective) reads memory that
+            # writers outside aten, or through another alias, may have changed without a
+            # version bump: after AdamW wrote NaN into FSDP2's shards, the cache still said
+            # finite and every op of the next step was a "birth"
+            for t in ins:
+                self._states.forget(t)
         keys = [(id(t), version_of(t)) for t in ins]
         with torch._C._DisableTorchDispatch():
             in_vals = [self._value_of(t) for t in ins]
@@ -205,6 +212,13 @@ class OverflowChecker:
             self._amp_op(p)
             return
         p.outs = outputs
+        if call.plan.mutable and not call.plan.aten:
+            # a custom op's writes (FSDP2's copy of the all-gathered parameters into their
+            # storage) bump no version counter of the other tensors over that memory (the
+            # module's parameters): what the cache holds for them is stale
+            with torch._C._DisableTorchDispatch():
+                for t in outputs:
+                    self._states.forget_aliases(t)
         if self._mask_made(p):
             return  # intended values: never a birth, and overflow_nums does not count them
         with torch._C._DisableTorchDispatch():
