@@ -6,21 +6,17 @@ and a birth in a collective is reported as another rank's, not as 'no culprit fo
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import torch
+from _ranks import run_ranks
 
 import accuracy.monitor as am
 from accuracy.aten import FROM_COLLECTIVE
 from accuracy.overflow.scan import Finding, OverflowReport
 
-ROOT = Path(__file__).resolve().parents[1]
 BOOM = 5  # the step whose backward overflows
 
 
@@ -159,38 +155,13 @@ WORKER = textwrap.dedent('''
 ''')
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ddp_rank_whose_gradients_another_rank_poisoned_says_so(tmp_path):
     """Two CPU ranks with DDP: rank 1's forward overflows at step 2, DDP's all-reduce brings
     its inf/nan into rank 0's gradients (loss finite). Rank 0's capture says the inf/nan came
     through a collective from another rank; rank 1's names its own op."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    procs = []
-    try:
-        for rank in range(2):
-            procs.append(subprocess.Popen(
-                [sys.executable, str(script), str(tmp_path)],
-                env={**env, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
-                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True))
-        for p in procs:
-            text = p.communicate(timeout=120)[0].decode(errors="replace")
-            assert p.returncode == 0, text[-3000:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(30)
+    run_ranks([[sys.executable, str(script), str(tmp_path)]] * 2, cwd=tmp_path, timeout=120)
     (r0,) = json.loads((tmp_path / "result_0.json").read_text())
     (r1,) = json.loads((tmp_path / "result_1.json").read_text())
     assert r0["step"] == r1["step"] == 2

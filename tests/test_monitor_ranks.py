@@ -3,19 +3,13 @@ figures reduced across ranks."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
+from _ranks import run_ranks
 
 import accuracy.monitor as am
-
-ROOT = Path(__file__).resolve().parents[1]
 
 WORKER = textwrap.dedent("""
     import os, sys, torch, torch.distributed as dist
@@ -49,30 +43,8 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_files_per_rank_and_reduced_across_ranks(tmp_path):
-    port, procs = _free_port(), []
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(port), WORLD_SIZE="2")
-    try:
-        for rank in range(2):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-c", WORKER, str(tmp_path)], env={**env, "RANK": str(rank)},
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True))
-        for p in procs:
-            text = p.communicate(timeout=180)[0].decode(errors="replace")
-            assert p.returncode == 0, text[-3000:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(30)
+    run_ranks([[sys.executable, "-c", WORKER, str(tmp_path)]] * 2, timeout=180)
     r0, r1 = (am.read_series(tmp_path / f"local_{r}.monitor.h5") for r in (0, 1))
     assert (r0.attrs["rank"], r1.attrs["rank"]) == (0, 1)
     a0, a1 = r0.module["act_norm"], r1.module["act_norm"]

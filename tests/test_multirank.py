@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +17,7 @@ import h5py
 import pytest
 import torch
 from _crafted import as_vlen_op_table
+from _ranks import run_ranks
 
 from accuracy.cli import main
 from accuracy.compare.multirank import compare_ranks
@@ -34,39 +31,13 @@ WORLD = 2
 SCENARIOS = ("functional,dtensor,fsdp,ranks,ddp-golden,ddp-fault,ddp-fp16,fsdp-gold-a,"
              "fsdp-gold-b,fsdp-fault,fsdp-fault-bf16,fsdp-live,fsdp-overflow,fsdp-monitor,"
              "tp-gold,tp-sim,tp-scale,tp-monitor,ddp-monitor-one-rank,fsdp-steps")
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     """Both ranks run every scenario once; each rank in its own process group, bounded."""
     out = tmp_path_factory.mktemp("ranks")
-    port = _free_port()
-    procs = []
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    try:
-        for rank in range(WORLD):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "tests._multirank_worker", SCENARIOS, str(out)],
-                env={**env, "RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank),
-                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
-                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True))
-        for p in procs:
-            text = p.communicate(timeout=240)[0].decode(errors="replace")
-            assert p.returncode == 0, text[-3000:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(30)
+    run_ranks([[sys.executable, "-m", "tests._multirank_worker", SCENARIOS, str(out)]] * WORLD)
     return out
 
 
