@@ -152,7 +152,7 @@ class OverflowChecker:
         self.done = False
         self._recorder: Recorder | None = None
         self._path = ""
-        self._states = TensorStates(track_storage=True)  # for forget_aliases
+        self._states = TensorStates(track_storage=True)  # memory that moved is re-probed
         self._masks = TensorStates()  # tensors holding intended values: attention masks
         self._pending: list[_Pending] = []
         self._held: list[_Held] = []  # births whose values may yet be dropped
@@ -212,13 +212,6 @@ class OverflowChecker:
             self._amp_op(p)
             return
         p.outs = outputs
-        if call.plan.mutable and not call.plan.aten:
-            # a custom op's writes (FSDP2's copy of the all-gathered parameters into their
-            # storage) bump no version counter of the other tensors over that memory (the
-            # module's parameters): what the cache holds for them is stale
-            with torch._C._DisableTorchDispatch():
-                for t in outputs:
-                    self._states.forget_aliases(t)
         if self._mask_made(p):
             return  # intended values: never a birth, and overflow_nums does not count them
         with torch._C._DisableTorchDispatch():
