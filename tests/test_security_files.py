@@ -263,6 +263,27 @@ def test_log_lines_on_stderr_escape_names_from_the_file(good, tmp_path):
     assert "\x1b" not in r.stderr and "\x07" not in r.stderr
 
 
+def test_an_overflow_entry_that_is_not_a_table_is_read_as_none(tmp_path, capsys):
+    """A check_overflow dump whose op says `"overflow": 5`: `accuracy overflow` reads no birth
+    from it, without a traceback."""
+    import json
+
+    from accuracy.cli import main
+
+    path = tmp_path / "o.h5"
+    with dumper(path, check_overflow=True):
+        (torch.full((4,), 1e38) * 10).sum()
+    with h5py.File(path, "r+") as f:
+        def edit(texts: list[dict[str, str]]) -> None:
+            for t in texts:
+                t["extra"] = json.dumps({"overflow": 5})
+        C.edit_op_texts(f, edit)
+        C.reseal(f)
+    assert main(["overflow", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "no op produced inf/nan from finite inputs" in out and "inherited (1 ops" in out
+
+
 def test_the_cli_stdout_escapes_control_characters_but_keeps_its_lines(capsys):
     """Whatever a command prints (a name some line forgot to escape too) reaches the terminal
     without escape sequences; tabs and newlines, the CLI's own layout, stay."""

@@ -223,7 +223,8 @@ def scan_dump(d: Dump) -> OverflowReport:
         if not any(_bad(t) for t in r.outputs):
             continue
         f = _finding(r)
-        ovf = r.extra.get("overflow", {})
+        ovf = r.extra.get("overflow")
+        ovf = ovf if isinstance(ovf, dict) else {}  # a crafted file's extra can be anything
         born = ovf.get("born") if online else not any(_bad(t) for t in r.inputs)
         if online and ovf.get("contained"):
             f.label = str(ovf["contained"])
