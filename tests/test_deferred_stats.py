@@ -21,13 +21,13 @@ def slow_helper(monkeypatch):
     op running before its job would change the figures."""
     monkeypatch.setenv("ACCURACY_STATS_THREAD", "1")
     monkeypatch.setattr(recorder.os, "cpu_count", lambda: 64)
-    real = deferred_stats.large_cpu_float_stats
+    real = deferred_stats.cpu_float_stats
 
     def slow(x):
         time.sleep(0.2)
         return real(x)
 
-    monkeypatch.setattr(deferred_stats, "large_cpu_float_stats", slow)
+    monkeypatch.setattr(deferred_stats, "cpu_float_stats", slow)
 
 
 def _expected(t: torch.Tensor) -> tuple[float, float, float]:

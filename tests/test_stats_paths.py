@@ -1,14 +1,19 @@
-"""Every path of `tensor_stats` (numpy for small CPU tensors, the large CPU float path, torch
-elsewhere) stores the same figures: min/max exact, mean and L2 to float accuracy, non-finite
-counts exact, and the checksum equal to the reader's bit-pattern sum of the tensor's bytes."""
+"""Every path of `tensor_stats` (the fused C pass for contiguous fp32/fp64 CPU tensors, numpy
+for small CPU tensors, the large CPU float path, torch elsewhere) stores the same figures:
+min/max exact, mean and L2 to float accuracy, non-finite counts exact, and the checksum equal
+to the reader's bit-pattern sum of the tensor's bytes."""
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import shutil
 
 import pytest
 import torch
 
+from accuracy import native
 from accuracy.dumpfile.checksum import checksum, part_size
 from accuracy.dumpfile.stats import _SMALL, tensor_stats
 
@@ -55,3 +60,80 @@ def test_non_finite_values_are_counted_on_every_path(n, dtype):
     assert math.isnan(mn) or mn == -math.inf
     assert math.isnan(l2)
     assert cs == _reference(t)[0]
+
+
+@pytest.fixture(params=["fused", "torch-numpy"])
+def stats_path(request, monkeypatch):
+    """Each test below runs with the fused C pass and with the torch/numpy paths alone."""
+    if request.param == "torch-numpy":
+        monkeypatch.setenv("ACCURACY_NATIVE", "0")
+    elif native.fused_stats() is None:
+        pytest.skip("no C compiler here: the fused pass is not built")
+    return request.param
+
+
+def test_the_fused_pass_is_built_where_there_is_a_c_compiler():
+    if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler on PATH")
+    assert native.fused_stats() is not None
+
+
+@pytest.mark.parametrize("n", [100, 3 * _SMALL])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_and_torch_numpy_paths_store_the_same_figures(stats_path, n, dtype):
+    g = torch.Generator().manual_seed(n)
+    t = (torch.randn(n + 3, generator=g, dtype=torch.float64) * 1000).to(dtype)[3:]
+    (mn, mx, mean, l2, nans, infs), cs = tensor_stats(t)
+    ref_cs, v = _reference(t)
+    assert (mn, mx) == (v.min().item(), v.max().item())
+    assert mean == pytest.approx(v.mean().item(), rel=1e-5, abs=1e-3)
+    assert l2 == pytest.approx(v.norm().item(), rel=1e-6)
+    assert (nans, infs) == (0, 0)
+    assert cs == ref_cs
+    assert tensor_stats(t, sums=False)[1] == 0  # a tensor dump's bytes carry a hash instead
+
+
+@pytest.mark.parametrize("n", [100, 3 * _SMALL])
+def test_huge_finite_fp32_values_give_finite_figures_on_every_path(stats_path, n):
+    """fp32 sums of squares of 1e30 overflow: the figures are those of fp64, as the small
+    path's numpy upcast gives, never inf beside a finite min and max."""
+    t = torch.full((n,), 1e30, dtype=torch.float32)
+    t[::2] = -3e29
+    (mn, mx, mean, l2, nans, infs), _cs = tensor_stats(t)
+    v = t.double()
+    assert (nans, infs) == (0, 0)
+    assert mean == pytest.approx(v.mean().item(), rel=1e-6)
+    assert l2 == pytest.approx(v.norm().item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("n", [100, 3 * _SMALL])
+def test_non_finite_values_are_counted_with_the_fused_pass_too(stats_path, n):
+    t = torch.randn(n, dtype=torch.float32)
+    t[n - 1] = math.inf
+    (mn, mx, _mean, _l2, nans, infs), cs = tensor_stats(t)
+    assert (nans, infs, mx) == (0, 1, math.inf)
+    assert cs == _reference(t)[0]
+
+
+def test_a_cache_folder_others_can_write_is_never_loaded_from(tmp_path, monkeypatch, caplog):
+    """Someone who can write the cache could swap the helper for their own code: a folder
+    writable by group or others is refused, and its library never loaded."""
+    if native.fused_stats() is None:
+        pytest.skip("no C compiler here: nothing is built")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv("ACCURACY_CACHE_DIR", str(shared))
+    monkeypatch.setattr(native, "_loaded", {})
+    assert native.fused_stats() is not None  # built in a private folder: used
+    built = next(shared.glob("fused_stats-*.so"))
+    monkeypatch.setattr(native, "_loaded", {})
+    shared.chmod(0o777)
+    with caplog.at_level(logging.WARNING, logger="accuracy.native"):
+        assert native.fused_stats() is None
+    assert "writable by others" in caplog.text
+    shared.chmod(0o700)
+    built.chmod(0o666)  # the library itself writable by others
+    monkeypatch.setattr(native, "_loaded", {})
+    assert native.fused_stats() is None
+    t = torch.randn(3 * _SMALL)
+    assert tensor_stats(t)[0][0] == t.min().item()  # the torch/numpy path still answers

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from accuracy.dumpfile.stats import large_cpu_float_stats, takes_large_cpu_path
+from accuracy.dumpfile.stats import cpu_float_stats, takes_large_cpu_path
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class _Checksum:
 
 
 class DeferredStats:
-    """A helper thread computing `large_cpu_float_stats`, at most `max_pending` jobs ahead."""
+    """A helper thread computing `cpu_float_stats`, at most `max_pending` jobs ahead."""
 
     def __init__(self, max_pending: int = 64) -> None:
         self._q: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -121,7 +121,7 @@ class DeferredStats:
                 return
             try:
                 with torch._C._DisableTorchDispatch():
-                    job.result = large_cpu_float_stats(job.x)
+                    job.result = cpu_float_stats(job.x)
             except Exception:  # never the training's problem: the row says "no statistics"
                 log.exception("statistics of a tensor failed; its row has none")
                 job.result = _NO_STATS

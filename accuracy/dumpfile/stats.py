@@ -16,6 +16,8 @@ import math
 import numpy as np
 import torch
 
+from accuracy import native
+
 _BITS_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _NAN = float("nan")
 EMPTY_STATS = ((_NAN, _NAN, _NAN, _NAN, 0, 0), 0)
@@ -152,9 +154,32 @@ def large_cpu_float_stats(x: torch.Tensor, sums: bool = True):
     checksum = bits - 2 * half if bits >= half else bits
     if math.isfinite(mn_f) and math.isfinite(mx_f):
         nans = infs = 0
+        if not (math.isfinite(total) and math.isfinite(l2)):  # fp32 sums of huge values
+            total = torch.sum(x, dtype=torch.float64).item()
+            l2 = torch.linalg.vector_norm(x, dtype=torch.float64).item()
     else:
         nans, infs = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
     return (mn_f, mx_f, total / a.size, l2, nans, infs), checksum
+
+
+def fused_float_stats(x: torch.Tensor, sums: bool = True):
+    """A contiguous fp32/fp64 CPU tensor's statistics in one pass of C (accuracy/native), or
+    None: no helper built here, or a non-finite element (the other paths count NaN and inf
+    apart)."""
+    lib = native.fused_stats()
+    if lib is None:
+        return None
+    out, counts, n = (ctypes.c_double * 4)(), (ctypes.c_int64 * 2)(), x.numel()
+    fn = lib.stats_f32 if x.dtype == torch.float32 else lib.stats_f64
+    fn(x.data_ptr(), n, out, counts)
+    if counts[0]:
+        return None
+    return (out[0], out[1], out[2] / n, math.sqrt(out[3]), 0, 0), counts[1] if sums else 0
+
+
+def cpu_float_stats(x: torch.Tensor, sums: bool = True):
+    """A contiguous fp32/fp64 CPU tensor's statistics: fused where it can, else torch/numpy."""
+    return fused_float_stats(x, sums) or large_cpu_float_stats(x, sums)
 
 
 def tensor_stats(t: torch.Tensor, sums: bool = True):
@@ -164,6 +189,11 @@ def tensor_stats(t: torch.Tensor, sums: bool = True):
         return EMPTY_STATS
     t = flat_view(t)
     n = t.numel()
+    if (t.dtype in _NUMPY_FLOATS and t.device.type == "cpu" and t.is_contiguous()
+            and not t.is_neg()):
+        fused = fused_float_stats(t, sums)
+        if fused is not None:
+            return fused
     if n <= _SMALL and t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES:
         return _small_cpu_stats(t, sums)
     if takes_large_cpu_path(t):

@@ -1,0 +1,79 @@
+/* One pass over a contiguous fp32/fp64 block: min, max, sum, sum of squares, the count of
+ * non-finite values and the wrapping sum of the raw bit patterns (the dump's checksum).
+ *
+ * Built on first use by accuracy/native/build.py and called through ctypes, which releases
+ * the GIL for the call. No -ffast-math: `omp simd` reductions let the compiler vectorise
+ * min/max/sum without it, and NaN/inf must stay what IEEE says. fp32 sums run in blocks of
+ * BLOCK elements in fp32 lanes, each block added to fp64 totals; a block whose fp32 sums
+ * overflow is summed again in fp64, so huge finite values give finite figures.
+ *
+ * out: [min, max, sum, sum of squares]; counts: [non-finite count, checksum]. With a
+ * non-finite element present, min/max/sums are not meaningful: the caller recomputes them.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#define BLOCK 1024
+
+void stats_f32(const float *x, int64_t n, double *out, int64_t *counts) {
+    const uint32_t *u = (const uint32_t *)x;
+    float mn = INFINITY, mx = -INFINITY;
+    double sum = 0.0, sumsq = 0.0;
+    int64_t nonfinite = 0;
+    uint32_t bits = 0;
+    for (int64_t i0 = 0; i0 < n; i0 += BLOCK) {
+        int64_t i1 = i0 + BLOCK < n ? i0 + BLOCK : n;
+        float bs = 0.0f, bss = 0.0f;
+#pragma omp simd reduction(min : mn) reduction(max : mx) reduction(+ : bs, bss, nonfinite, bits)
+        for (int64_t i = i0; i < i1; i++) {
+            float v = x[i];
+            mn = v < mn ? v : mn;
+            mx = v > mx ? v : mx;
+            bs += v;
+            bss += v * v;
+            nonfinite += (u[i] & 0x7f800000u) == 0x7f800000u;
+            bits += u[i];
+        }
+        if (!isfinite(bs) || !isfinite(bss)) { /* fp32 lanes overflowed: this block in fp64 */
+            double ds = 0.0, dss = 0.0;
+            for (int64_t i = i0; i < i1; i++) {
+                ds += x[i];
+                dss += (double)x[i] * (double)x[i];
+            }
+            sum += ds;
+            sumsq += dss;
+        } else {
+            sum += bs;
+            sumsq += bss;
+        }
+    }
+    out[0] = mn;
+    out[1] = mx;
+    out[2] = sum;
+    out[3] = sumsq;
+    counts[0] = nonfinite;
+    counts[1] = (int64_t)(int32_t)bits; /* stored signed, as the other paths store it */
+}
+
+void stats_f64(const double *x, int64_t n, double *out, int64_t *counts) {
+    const uint64_t *u = (const uint64_t *)x;
+    double mn = INFINITY, mx = -INFINITY, sum = 0.0, sumsq = 0.0;
+    int64_t nonfinite = 0;
+    uint64_t bits = 0;
+#pragma omp simd reduction(min : mn) reduction(max : mx) reduction(+ : sum, sumsq, nonfinite, bits)
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i];
+        mn = v < mn ? v : mn;
+        mx = v > mx ? v : mx;
+        sum += v;
+        sumsq += v * v;
+        nonfinite += (u[i] & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+        bits += u[i];
+    }
+    out[0] = mn;
+    out[1] = mx;
+    out[2] = sum;
+    out[3] = sumsq;
+    counts[0] = nonfinite;
+    counts[1] = (int64_t)bits;
+}
