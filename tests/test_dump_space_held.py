@@ -123,3 +123,26 @@ def test_an_abandoned_dump_gives_its_held_space_back(tmp_path, monkeypatch, hold
     assert _held_past_end(path) < 1 << 20
     with load_dump(path) as d:  # what was committed before the failed close is kept
         assert d.records and d.verify() == []
+
+
+def test_space_already_held_is_not_allocated_again(tmp_path, monkeypatch, holds_space):
+    """The writer renews its hold before every HDF5 write; where the blocks past the end
+    already cover the need, no allocation is made (each walks the held pages again), and
+    where they do not, the hold grows to cover it."""
+    calls = []
+    real = reserve._fallocate
+    monkeypatch.setattr(reserve, "_fallocate", lambda *a: calls.append(a[3]) or real(*a))
+    f = tmp_path / "held"
+    fd = os.open(f, os.O_RDWR | os.O_CREAT)
+    try:
+        os.write(fd, b"x" * (8 << 20))  # blocks below the end are the file's, not held
+        res = reserve.SpaceReserve(fd)
+        res.renew(4 << 20)
+        assert _held_past_end(f) >= 4 << 20 and len(calls) == 1
+        res.renew(4 << 20)
+        res.renew(3 << 20)
+        assert len(calls) == 1  # held already: nothing allocated
+        res.renew(64 << 20)
+        assert len(calls) == 2 and _held_past_end(f) >= 64 << 20
+    finally:
+        os.close(fd)
