@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 _KEEP_SIZE = 0x01
 _UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV}
 # allocated blocks that are not data (extent and indirect blocks): never counted as held
-_METADATA_SLACK = 1 << 20
+_METADATA_SLACK = 64 << 10
+_EXTRA = 1 << 20  # asked beyond the need: small beside the free-space check's 4 MiB headroom
 
 
 def _fallocate_call():
@@ -64,16 +65,18 @@ class SpaceReserve:
         if not self.supported or nbytes <= 0:
             return
         st = os.fstat(self._fd)
-        # blocks already past the end (what is allocated beyond the file's size, less the
-        # slack of file-system metadata blocks): a writer renews before every HDF5 write, and
-        # re-allocating held space costs a walk over its pages (~0.3 ms per 4 MiB on tmpfs)
-        if st.st_blocks * 512 - st.st_size - _METADATA_SLACK >= nbytes:
+        # A writer renews before every HDF5 write, and re-allocating held space walks its
+        # pages again (~0.3 ms per 4 MiB on tmpfs): skip it when the blocks past the end (at
+        # least what is allocated beyond the file's last block, less metadata blocks) cover
+        # the need. An allocation asks a little more than the need, so the next renewals of
+        # about the same size find it held.
+        block = max(st.st_blksize, 4096)
+        below = -(-st.st_size // block) * block
+        if st.st_blocks * 512 - below - _METADATA_SLACK >= nbytes:
             return
-        err = errno.ENOSPC
-        for ask in (2 * nbytes, nbytes):  # twice the need spares the next renewals; the need
-            err = _fallocate(self._fd, _KEEP_SIZE, st.st_size, ask)  # alone on a fuller disk
-            if err != errno.ENOSPC:
-                break
+        err = _fallocate(self._fd, _KEEP_SIZE, st.st_size, nbytes + _EXTRA)
+        if err == errno.ENOSPC:  # a fuller disk may still give the need alone
+            err = _fallocate(self._fd, _KEEP_SIZE, st.st_size, nbytes)
         if err in _UNSUPPORTED:
             log.debug("fallocate not supported here (%s): no space held ahead of HDF5's writes",
                       os.strerror(err))
