@@ -67,6 +67,7 @@ def stats_path(request, monkeypatch):
     """Each test below runs with the fused C pass and with the torch/numpy paths alone."""
     if request.param == "torch-numpy":
         monkeypatch.setenv("ACCURACY_NATIVE", "0")
+        monkeypatch.setattr(native, "_resolved", [])
     elif native.fused_stats() is None:
         pytest.skip("no C compiler here: the fused pass is not built")
     return request.param
@@ -123,17 +124,17 @@ def test_a_cache_folder_others_can_write_is_never_loaded_from(tmp_path, monkeypa
     shared = tmp_path / "shared"
     shared.mkdir()
     monkeypatch.setenv("ACCURACY_CACHE_DIR", str(shared))
-    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setattr(native, "_resolved", [])
     assert native.fused_stats() is not None  # built in a private folder: used
     built = next(shared.glob("fused_stats-*.so"))
-    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setattr(native, "_resolved", [])
     shared.chmod(0o777)
     with caplog.at_level(logging.WARNING, logger="accuracy.native"):
         assert native.fused_stats() is None
     assert "writable by others" in caplog.text
     shared.chmod(0o700)
     built.chmod(0o666)  # the library itself writable by others
-    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setattr(native, "_resolved", [])
     assert native.fused_stats() is None
     t = torch.randn(3 * _SMALL)
     assert tensor_stats(t)[0][0] == t.min().item()  # the torch/numpy path still answers

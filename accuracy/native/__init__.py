@@ -32,7 +32,7 @@ _SOURCE = Path(__file__).with_name("fused_stats.c")
 _FLAGS = ["-O3", "-fopenmp-simd", "-fPIC", "-shared", "-fno-math-errno"]
 _NATIVE_CPU = ["-march=native"]  # tried first; a compiler that refuses it builds without
 _lock = threading.Lock()
-_loaded: dict[str, ctypes.CDLL | None] = {}
+_resolved: list[ctypes.CDLL | None] = []  # [the library or None] once resolved
 
 
 def cache_dir() -> Path:
@@ -100,18 +100,15 @@ def _build(cc: str, target: Path) -> bool:
 
 def fused_stats() -> ctypes.CDLL | None:
     """The built `fused_stats.c` (functions stats_f32, stats_f64), or None where it cannot
-    be had (no compiler, ACCURACY_NATIVE=0, a cache folder others can write)."""
-    if os.environ.get("ACCURACY_NATIVE", "1") == "0":
-        return None
-    key = str(cache_dir())
-    try:
-        return _loaded[key]
-    except KeyError:
-        pass
+    be had (no compiler, ACCURACY_NATIVE=0, a cache folder others can write). Resolved once
+    per process: it is asked for every tensor a dump describes."""
+    if _resolved:
+        return _resolved[0]
     with _lock:
-        if key not in _loaded:
-            _loaded[key] = _load()
-    return _loaded[key]
+        if not _resolved:
+            enabled = os.environ.get("ACCURACY_NATIVE", "1") != "0"
+            _resolved.append(_load() if enabled else None)
+    return _resolved[0]
 
 
 def _load() -> ctypes.CDLL | None:
