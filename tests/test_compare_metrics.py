@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from accuracy import native
 from accuracy.compare.metrics import (
     ALL_ALGORITHMS,
     DEFAULT_ALGORITHMS,
@@ -18,7 +19,19 @@ from accuracy.compare.metrics import (
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-def run(x, y, algs=ALL_ALGORITHMS, chunk=None, eps=EPS32, finite=False):
+@pytest.fixture(autouse=True, params=["fused", "numpy"])
+def metrics_path(request, monkeypatch):
+    """Every test here runs with the fused C pass (accuracy/native, taken for plain chunks:
+    finite values, no KL, masks or user metrics) and with the numpy passes alone."""
+    if request.param == "numpy":
+        monkeypatch.setenv("ACCURACY_NATIVE", "0")
+        monkeypatch.setattr(native, "_resolved", [])
+    elif native.kernels() is None:
+        pytest.skip("no C compiler here: the fused pass is not built")
+    return request.param
+
+
+def run(x, y, algs=DEFAULT_ALGORITHMS, chunk=None, eps=EPS32, finite=False):
     x = np.asarray(x, dtype=np.float64).ravel()
     y = np.asarray(y, dtype=np.float64).ravel()
     kl = None
@@ -87,22 +100,24 @@ def test_random_against_numpy(seed, chunk):
     x = y + rng.standard_normal(5000) * 1e-3 * np.abs(y).mean()
     m, _ = run(x, y, chunk=chunk)
     ref = reference(x, y)
-    for k, v in ref.items():
-        assert m[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+    for k in DEFAULT_ALGORITHMS:
+        assert m[k] == pytest.approx(ref[k], rel=1e-9, abs=1e-12), k
+    m, _ = run(x, y, chunk=chunk, algs=ALL_ALGORITHMS)
+    assert m["kl_div"] == pytest.approx(ref["kl_div"], rel=1e-9, abs=1e-12)
 
 
 def test_streaming_equals_whole():
     rng = np.random.default_rng(5)
     x, y = rng.random(10_001), rng.random(10_001)
-    a, _ = run(x, y, chunk=333)
-    b, _ = run(x, y)
+    a, _ = run(x, y, chunk=333, algs=ALL_ALGORITHMS)
+    b, _ = run(x, y, algs=ALL_ALGORITHMS)
     for k in ALL_ALGORITHMS:
         assert a[k] == pytest.approx(b[k], rel=1e-10), k
 
 
 def test_identical_tensors():
     x = np.linspace(-3, 3, 101)
-    m, _ = run(x, x)
+    m, _ = run(x, x, algs=ALL_ALGORITHMS)
     assert m["cosine"] == pytest.approx(1.0)
     assert m["max_abs_err"] == 0 and m["rel_euc_dist"] == 0 and m["kl_div"] == pytest.approx(0)
     assert m["one_thousandth_err_ratio"] == 1.0
@@ -132,9 +147,9 @@ def test_all_zero_sides():
 
 
 def test_constant_tensors_kl_uniform():
-    m, _ = run([2.0, 2.0, 2.0], [2.0, 2.0, 2.0])
+    m, _ = run([2.0, 2.0, 2.0], [2.0, 2.0, 2.0], algs=ALL_ALGORITHMS)
     assert m["kl_div"] == pytest.approx(0.0)
-    m, _ = run([1.0, 2.0, 3.0], [5.0, 5.0, 5.0])
+    m, _ = run([1.0, 2.0, 3.0], [5.0, 5.0, 5.0], algs=ALL_ALGORITHMS)
     assert m["kl_div"] >= 0.0 and math.isfinite(m["kl_div"])
 
 
@@ -175,3 +190,30 @@ def test_resolve_algorithms_aliases_and_user_metric():
     assert resolve_algorithms(["numpy:ptp"])[0] == "ptp"
     with pytest.raises(ValueError, match="unknown metric"):
         resolve_algorithms(["nope"])
+
+
+def test_the_fused_pass_takes_plain_chunks_and_leaves_the_rest(metrics_path):
+    """Plain chunks (finite, no KL, masks or kept values) go through the one C pass; a chunk
+    with a non-finite value, or any option it does not cover, is left to the numpy passes
+    (which set non-finite pairs apart), and so counts the same either way."""
+    if metrics_path != "fused":
+        pytest.skip("the fused pass only")
+    x = np.random.default_rng(0).standard_normal(4096)
+    y = x + 1e-4
+    assert StreamingMetrics(rel_eps=EPS32)._fused_update(x, y)
+    x[7] = np.nan
+    assert not StreamingMetrics(rel_eps=EPS32)._fused_update(x, y)
+    x[7] = 0.0
+    assert not StreamingMetrics(rel_eps=EPS32, mask_at=1e30)._fused_update(x, y)
+    assert not StreamingMetrics(rel_eps=EPS32, keep_values=True)._fused_update(x, y)
+    assert not StreamingMetrics(rel_eps=EPS32)._fused_update(x.astype(np.float32), y)
+
+
+def test_counts_at_both_thresholds_match_the_formulas():
+    """rel errors straddling 1e-3 and 5e-3, over a chunk larger than one SIMD register."""
+    y = np.ones(1000)
+    rel = np.linspace(0, 0.01, 1000)
+    m, acc = run(y + rel, y)
+    assert acc.c1 == int(np.count_nonzero(np.abs((y + rel) - y) < 0.001))
+    assert acc.c5 == int(np.count_nonzero(np.abs((y + rel) - y) < 0.005))
+    assert m["max_rel_err"] == pytest.approx(0.01)

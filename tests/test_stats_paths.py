@@ -68,7 +68,7 @@ def stats_path(request, monkeypatch):
     if request.param == "torch-numpy":
         monkeypatch.setenv("ACCURACY_NATIVE", "0")
         monkeypatch.setattr(native, "_resolved", [])
-    elif native.fused_stats() is None:
+    elif native.kernels() is None:
         pytest.skip("no C compiler here: the fused pass is not built")
     return request.param
 
@@ -76,7 +76,7 @@ def stats_path(request, monkeypatch):
 def test_the_fused_pass_is_built_where_there_is_a_c_compiler():
     if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler on PATH")
-    assert native.fused_stats() is not None
+    assert native.kernels() is not None
 
 
 @pytest.mark.parametrize("n", [100, 3 * _SMALL])
@@ -119,22 +119,22 @@ def test_non_finite_values_are_counted_with_the_fused_pass_too(stats_path, n):
 def test_a_cache_folder_others_can_write_is_never_loaded_from(tmp_path, monkeypatch, caplog):
     """Someone who can write the cache could swap the helper for their own code: a folder
     writable by group or others is refused, and its library never loaded."""
-    if native.fused_stats() is None:
+    if native.kernels() is None:
         pytest.skip("no C compiler here: nothing is built")
     shared = tmp_path / "shared"
     shared.mkdir()
     monkeypatch.setenv("ACCURACY_CACHE_DIR", str(shared))
     monkeypatch.setattr(native, "_resolved", [])
-    assert native.fused_stats() is not None  # built in a private folder: used
-    built = next(shared.glob("fused_stats-*.so"))
+    assert native.kernels() is not None  # built in a private folder: used
+    built = next(shared.glob("kernels-*.so"))
     monkeypatch.setattr(native, "_resolved", [])
     shared.chmod(0o777)
     with caplog.at_level(logging.WARNING, logger="accuracy.native"):
-        assert native.fused_stats() is None
+        assert native.kernels() is None
     assert "writable by others" in caplog.text
     shared.chmod(0o700)
     built.chmod(0o666)  # the library itself writable by others
     monkeypatch.setattr(native, "_resolved", [])
-    assert native.fused_stats() is None
+    assert native.kernels() is None
     t = torch.randn(3 * _SMALL)
     assert tensor_stats(t)[0][0] == t.min().item()  # the torch/numpy path still answers

@@ -166,7 +166,7 @@ def fused_float_stats(x: torch.Tensor, sums: bool = True):
     """A contiguous fp32/fp64 CPU tensor's statistics in one pass of C (accuracy/native), or
     None: no helper built here, or a non-finite element (the other paths count NaN and inf
     apart)."""
-    lib = native.fused_stats()
+    lib = native.kernels()
     if lib is None:
         return None
     out, counts, n = (ctypes.c_double * 4)(), (ctypes.c_int64 * 2)(), x.numel()

@@ -1,8 +1,9 @@
-"""Small C helpers for the per-op path, compiled on first use and loaded with ctypes.
+"""Small C kernels for the hottest loops, compiled on first use and loaded with ctypes.
 
-Why C: a statistics dump reduces every large tensor the step makes. torch and numpy need one
-pass per figure (min/max, sum, sum of squares, the checksum) and a Python call each; one fused
-pass (`fused_stats.c`) is ~3x faster. Why not a built extension: the package stays pure Python
+Why C: a statistics dump reduces every large tensor the step makes, and a compare every pair of
+tensors. torch and numpy need one pass per figure (min/max, sums, the checksum; a compare's
+dot products, differences, relative errors and their counts) and a Python call each; one fused
+pass (`kernels.c`) is 3-4x faster. Why not a built extension: the package stays pure Python
 (pip installs it anywhere); the helper is built for this machine's CPU with the C compiler
 that Inductor needs anyway, once per user, in `$ACCURACY_CACHE_DIR` (default
 `~/.cache/accuracy`). Without a compiler, or with `ACCURACY_NATIVE=0`, every caller keeps its
@@ -21,14 +22,12 @@ import os
 import platform
 import shutil
 import stat
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("fused_stats.c")
+_SOURCE = Path(__file__).with_name("kernels.c")
 _FLAGS = ["-O3", "-fopenmp-simd", "-fPIC", "-shared", "-fno-math-errno"]
 _NATIVE_CPU = ["-march=native"]  # tried first; a compiler that refuses it builds without
 _lock = threading.Lock()
@@ -74,23 +73,31 @@ def _owned_privately(path: Path) -> bool:
 
 
 def _build(cc: str, target: Path) -> bool:
+    import subprocess  # only here: most processes find the kernels built
+    import tempfile
+
     folder = target.parent
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not _owned_privately(folder):
-        log.warning("native helpers: %s is not a folder only you can write; not used "
+        log.warning("native kernels: %s is not a folder only you can write; not used "
                     "(set ACCURACY_CACHE_DIR to one that is)", folder)
         return False
     fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=folder)
     os.close(fd)
     try:
         for cpu in (_NATIVE_CPU, []):
-            done = subprocess.run([cc, *_FLAGS, *cpu, str(_SOURCE), "-o", tmp],
-                                  capture_output=True, text=True, timeout=120, check=False)
+            try:
+                done = subprocess.run([cc, *_FLAGS, *cpu, str(_SOURCE), "-o", tmp],
+                                      capture_output=True, text=True, timeout=120, check=False)
+            except subprocess.SubprocessError as e:  # a compiler that hangs
+                log.info("native kernels: %s did not build %s (%s); the torch/numpy path is "
+                         "used", cc, _SOURCE.name, e)
+                return False
             if done.returncode == 0:
                 os.chmod(tmp, 0o755)
                 os.replace(tmp, target)  # atomic: ranks building at once each get a whole file
                 return True
-        log.info("native helpers: %s could not build %s (%s); the torch/numpy path is used",
+        log.info("native kernels: %s could not build %s (%s); the torch/numpy path is used",
                  cc, _SOURCE.name, done.stderr.strip().splitlines()[-1:] or done.returncode)
         return False
     finally:
@@ -98,8 +105,8 @@ def _build(cc: str, target: Path) -> bool:
             os.unlink(tmp)
 
 
-def fused_stats() -> ctypes.CDLL | None:
-    """The built `fused_stats.c` (functions stats_f32, stats_f64), or None where it cannot
+def kernels() -> ctypes.CDLL | None:
+    """The built `kernels.c` (functions in `_SIGNATURES`), or None where it cannot
     be had (no compiler, ACCURACY_NATIVE=0, a cache folder others can write). Resolved once
     per process: it is asked for every tensor a dump describes."""
     if _resolved:
@@ -114,27 +121,36 @@ def fused_stats() -> ctypes.CDLL | None:
 def _load() -> ctypes.CDLL | None:
     cc = _compiler()
     if cc is None:
-        log.info("native helpers: no C compiler found (set CC); the torch/numpy path is used")
+        log.info("native kernels: no C compiler found (set CC); the torch/numpy path is used")
         return None
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
-                                 timeout=30, check=False).stdout
+        real = os.path.realpath(shutil.which(cc) or cc)
+        st = os.stat(real)  # which compiler, by its file: no `cc --version` at every start
         digest = hashlib.sha256("\0".join([
-            _SOURCE.read_text(), cc, version, " ".join(_FLAGS), _cpu_tag()]).encode()
-        ).hexdigest()[:20]
-        target = cache_dir() / f"fused_stats-{digest}.so"
+            _SOURCE.read_text(), real, str(st.st_size), str(st.st_mtime_ns), " ".join(_FLAGS),
+            _cpu_tag()]).encode()).hexdigest()[:20]
+        target = cache_dir() / f"kernels-{digest}.so"
         if not target.exists() and not _build(cc, target):
             return None
         if not (_owned_privately(target.parent) and _owned_privately(target)):
-            log.warning("native helpers: %s or its folder is writable by others or not yours; "
+            log.warning("native kernels: %s or its folder is writable by others or not yours; "
                         "not loaded (the torch/numpy path is used)", target)
             return None
         lib = ctypes.CDLL(str(target))
-    except (OSError, subprocess.SubprocessError) as e:
-        log.info("native helpers unavailable (%s); the torch/numpy path is used", e)
+    except OSError as e:
+        log.info("native kernels unavailable (%s); the torch/numpy path is used", e)
         return None
-    for name in ("stats_f32", "stats_f64"):
+    for name, argtypes in _SIGNATURES.items():
         fn = getattr(lib, name)
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        fn.argtypes = argtypes
         fn.restype = None
     return lib
+
+
+_P, _N = ctypes.c_void_p, ctypes.c_int64
+_SIGNATURES = {
+    "stats_f32": [_P, _N, _P, _P],  # (values, count, out double[4], counts int64[2])
+    "stats_f64": [_P, _N, _P, _P],
+    # (mine, golden, count, rel_eps, sums double[8], counts int64[3])
+    "compare_f64": [_P, _P, _N, ctypes.c_double, _P, _P],
+}
