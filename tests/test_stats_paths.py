@@ -108,11 +108,15 @@ def test_huge_finite_fp32_values_give_finite_figures_on_every_path(stats_path, n
 
 
 @pytest.mark.parametrize("n", [100, 3 * _SMALL])
-def test_non_finite_values_are_counted_with_the_fused_pass_too(stats_path, n):
-    t = torch.randn(n, dtype=torch.float32)
-    t[n - 1] = math.inf
-    (mn, mx, _mean, _l2, nans, infs), cs = tensor_stats(t)
-    assert (nans, infs, mx) == (0, 1, math.inf)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_non_finite_values_are_counted_with_the_fused_pass_too(stats_path, n, dtype, value):
+    """One inf, or one NaN (which no min or max comparison sees), anywhere."""
+    t = torch.randn(n, dtype=dtype)
+    t[n - 1 if value == math.inf else n // 3] = value
+    (_mn, mx, _mean, _l2, nans, infs), cs = tensor_stats(t)
+    assert (nans, infs) == ((0, 1) if value == math.inf else (1, 0))
+    assert mx == math.inf if value == math.inf else math.isnan(mx)
     assert cs == _reference(t)[0]
 
 
