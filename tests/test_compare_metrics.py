@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from _native import PATHS, take_path
 
-from accuracy import native
 from accuracy.compare.metrics import (
     ALL_ALGORITHMS,
     DEFAULT_ALGORITHMS,
@@ -19,16 +19,11 @@ from accuracy.compare.metrics import (
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-@pytest.fixture(autouse=True, params=["fused", "numpy"])
+@pytest.fixture(autouse=True, params=PATHS)
 def metrics_path(request, monkeypatch):
     """Every test here runs with the fused C pass (accuracy/native, taken for plain chunks:
     finite values, no KL, masks or user metrics) and with the numpy passes alone."""
-    if request.param == "numpy":
-        monkeypatch.setenv("ACCURACY_NATIVE", "0")
-        monkeypatch.setattr(native, "_resolved", [])
-    elif native.kernels() is None:
-        pytest.skip("no C compiler here: the fused pass is not built")
-    return request.param
+    return take_path(request.param, monkeypatch)
 
 
 def run(x, y, algs=DEFAULT_ALGORITHMS, chunk=None, eps=EPS32, finite=False):

@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 import torch
+from _native import PATHS, take_path
 
 from accuracy import native
 from accuracy.dumpfile.checksum import checksum, part_size
@@ -62,15 +63,10 @@ def test_non_finite_values_are_counted_on_every_path(n, dtype):
     assert cs == _reference(t)[0]
 
 
-@pytest.fixture(params=["fused", "torch-numpy"])
+@pytest.fixture(params=PATHS)
 def stats_path(request, monkeypatch):
     """Each test below runs with the fused C pass and with the torch/numpy paths alone."""
-    if request.param == "torch-numpy":
-        monkeypatch.setenv("ACCURACY_NATIVE", "0")
-        monkeypatch.setattr(native, "_resolved", [])
-    elif native.kernels() is None:
-        pytest.skip("no C compiler here: the fused pass is not built")
-    return request.param
+    return take_path(request.param, monkeypatch)
 
 
 def test_the_fused_pass_is_built_where_there_is_a_c_compiler():
