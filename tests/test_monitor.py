@@ -374,3 +374,25 @@ def test_the_monitor_is_invisible_to_a_dumper_and_to_sim(tmp_path):
         with load_dump(tmp_path / f"d{monitored}.h5") as d:
             counts.append((len(d.records), dev.calls, len(dev.applied)))
     assert counts[0] == counts[1]  # same ops dumped, same device calls, no fault on our norms
+
+
+def test_a_sharded_parameter_counts_its_own_shard_in_the_snapshot_budget():
+    """FSDP2 and tensor parallel hold DTensors whose global size is the world's: a snapshot
+    copies this rank's shard, and the budget counts that (the global size refused budgets
+    that held the snapshot, by the world size)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard, init_device_mesh
+
+    from accuracy.monitor.snapshots import _nbytes
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        local = torch.ones(4, 8)
+        # declared as this rank's quarter of a (16, 8) tensor, as on the first of four ranks
+        sharded = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
+                                     shape=torch.Size([16, 8]), stride=(8, 1))
+        assert sharded.numel() == 128
+        assert _nbytes({"w": sharded, "b": torch.ones(3)}) == (32 + 3) * 4
+    finally:
+        dist.destroy_process_group()

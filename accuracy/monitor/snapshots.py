@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_leaves, tree_map
 
+from accuracy.dumper.collectives import local_tensor
 from accuracy.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -34,8 +35,16 @@ class SnapshotBudgetError(UsageError):
 
 
 def _nbytes(obj: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tree_leaves(obj)
-               if isinstance(t, torch.Tensor))
+    """Host or device bytes a copy of `obj` takes on this rank: a DTensor's own shard (FSDP2,
+    tensor parallel), not its global size, which overstated a sharded model's snapshot by
+    the world size and refused budgets that held it."""
+    total = 0
+    for t in tree_leaves(obj):
+        if isinstance(t, torch.Tensor):
+            local = local_tensor(t)
+            t = t if local is None else local
+            total += t.numel() * t.element_size()
+    return total
 
 
 def _clone(obj: Any) -> Any:
