@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import accuracy.monitor as am
+from accuracy import load_dump
 from accuracy.device_backend import sim
 from accuracy.examples import lm_batch, lm_step, tiny_lm
 from accuracy.monitor.capture import same_bits
@@ -71,6 +72,9 @@ def test_fault_at_step_23_is_seen_captured_reproduced_and_named(tmp_path):
     assert cap.culprit["module"].endswith("head")
     assert (Path(cap.folder) / "report").is_dir()
     assert "CULPRIT: aten.addmm.default" in (Path(cap.folder) / "capture.txt").read_text()
+    for name in ("device.h5", "reference.h5"):  # the re-run's ops carry the step they re-ran
+        with load_dump(Path(cap.folder) / name) as d:
+            assert {r.step for r in d.records} == {23}
     kinds = [e["kind"] for e in s.events]
     assert kinds == ["trigger", "capture"] and s.events[0]["step"] == 23
     # training carried on from its own state, not the re-run's: later steps are healthy

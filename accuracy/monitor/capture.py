@@ -28,6 +28,7 @@ from accuracy.monitor.snapshots import State, Store
 from accuracy.monitor.triggers import NonFinite
 
 if TYPE_CHECKING:
+    from accuracy.dumper import dumper
     from accuracy.overflow.scan import OverflowReport
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def capture_step(step_fn: Callable[..., Any], model: nn.Module,
         for s in range(snap.step, step):
             _call(step_fn, store.batches[s][0])  # type: ignore[index]
         at_step = State.take(step, model, optimizer, extra)
-        with dumper(dump_path=device, mode="tensor", overwrite=True):
+        with _at_step(dumper(dump_path=device, mode="tensor", overwrite=True), step):
             loss = _call(step_fn, store.batches[step][0])  # type: ignore[index]
         cap.rerun_loss = loss_value(loss)
         cap.rerun_grads_finite = _grads_finite(model)  # the re-run's, not the reference's
@@ -161,7 +162,8 @@ def capture_step(step_fn: Callable[..., Any], model: nn.Module,
         at_step.restore(model, optimizer, extra)
         if modes:
             cap.reference = f"the same step with {', '.join(modes)} off (plain torch)"
-            with _disable_current_modes(), dumper(dump_path=ref, mode="tensor", overwrite=True):
+            with _disable_current_modes(), _at_step(
+                    dumper(dump_path=ref, mode="tensor", overwrite=True), step):
                 _call(step_fn, store.batches[step][0])  # type: ignore[index]
             golden = ref
         else:
@@ -201,6 +203,12 @@ def _grads_finite(model: nn.Module) -> bool:
             if lg is not None and lg.is_floating_point() and lg.numel():
                 ok.setdefault(lg.device, []).append(lg.detach().isfinite().all())
         return all(bool(torch.stack(flags).all()) for flags in ok.values())  # one read a device
+
+
+def _at_step(d: dumper, step: int) -> dumper:
+    """`d` recording its ops as step `step`, the training step it re-runs (not 0)."""
+    d.current_step = step
+    return d
 
 
 def non_finite(cap: Capture) -> str:
