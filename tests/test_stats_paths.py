@@ -132,9 +132,46 @@ def test_a_cache_folder_others_can_write_is_never_loaded_from(tmp_path, monkeypa
     with caplog.at_level(logging.WARNING, logger="accuracy.native"):
         assert native.kernels() is None
     assert "writable by others" in caplog.text
-    shared.chmod(0o700)
-    built.chmod(0o666)  # the library itself writable by others
-    monkeypatch.setattr(native, "_resolved", [])
-    assert native.kernels() is None
     t = torch.randn(3 * _SMALL)
     assert tensor_stats(t)[0][0] == t.min().item()  # the torch/numpy path still answers
+    shared.chmod(0o700)
+    built.chmod(0o666)  # the library itself writable by others: never loaded, built afresh
+    monkeypatch.setattr(native, "_resolved", [])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="accuracy.native"):
+        lib = native.kernels()
+    assert "writable by others" in caplog.text
+    assert lib is not None and built.stat().st_mode & 0o022 == 0  # ours, replaced
+
+
+@pytest.mark.parametrize("n", [100, 3 * _SMALL])
+@pytest.mark.parametrize("value", [1e-25, 1e-40])
+def test_tiny_fp32_values_keep_their_l2_on_every_path(stats_path, n, value):
+    """fp32 squares of 1e-25 underflow to 0: an AdamW second moment of tiny gradients read
+    l2 0 beside a non-zero max. Every path gives the fp64 figure."""
+    t = torch.full((n,), value, dtype=torch.float32)
+    (_mn, mx, mean, l2, _nans, _infs), _cs = tensor_stats(t)
+    v = t.double()
+    assert mx > 0
+    assert l2 == pytest.approx(v.norm().item(), rel=1e-6, abs=0)
+    assert mean == pytest.approx(v.mean().item(), rel=1e-6, abs=0)
+
+
+@pytest.mark.parametrize(("path", "n"), [("fused", 99), ("fused", 3 * _SMALL), ("python", 99)])
+def test_the_fused_mean_is_an_fp64_sum(monkeypatch, path, n):
+    """1 beside 1e8 is lost in an fp32 sum; numpy's small-tensor path summed in fp64, and so
+    does the fused pass at any size (the torch path for large tensors keeps fp32 sums)."""
+    take_path(path, monkeypatch)
+    t = torch.tensor([1e8, 1.0, -1e8] * (n // 3), dtype=torch.float32)
+    (_mn, _mx, mean, _l2, _nans, _infs), _cs = tensor_stats(t)
+    assert mean == pytest.approx(1 / 3, rel=1e-9)
+
+
+@pytest.mark.parametrize("n", [100, 3 * _SMALL])
+def test_lazily_negated_and_conjugated_views_are_described_by_their_values(stats_path, n):
+    """`torch._neg_view` and `.conj()` set a bit instead of writing values: the statistics and
+    checksum are those of the values the tensor reads as (it raised before)."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    assert tensor_stats(torch._neg_view(x)) == tensor_stats((-x).clone())
+    z = torch.complex(x, x.flip(0))
+    assert tensor_stats(z.conj()) == tensor_stats(z.conj().resolve_conj())

@@ -113,6 +113,7 @@ def _dense(t: torch.Tensor) -> bool:
 
 
 _NUMPY_FLOATS = {torch.float32, torch.float64}
+_TINY = 2.0 ** -60  # below it an fp32 square is subnormal or 0
 _UNSIGNED = {4: np.uint32, 8: np.uint64}
 
 
@@ -157,6 +158,8 @@ def large_cpu_float_stats(x: torch.Tensor, sums: bool = True):
         if not (math.isfinite(total) and math.isfinite(l2)):  # fp32 sums of huge values
             total = torch.sum(x, dtype=torch.float64).item()
             l2 = torch.linalg.vector_norm(x, dtype=torch.float64).item()
+        elif max(-mn_f, mx_f) < _TINY:  # fp32 squares of such values underflow (l2 0)
+            l2 = torch.linalg.vector_norm(x, dtype=torch.float64).item()
     else:
         nans, infs = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
     return (mn_f, mx_f, total / a.size, l2, nans, infs), checksum
@@ -187,10 +190,11 @@ def tensor_stats(t: torch.Tensor, sums: bool = True):
     `sums=False`: no bit-pattern sum (0 in its place)."""
     if t.numel() == 0:
         return EMPTY_STATS
+    if t.is_neg() or t.is_conj():  # lazy negation/conjugation: their bits are not the values
+        t = t.resolve_conj().resolve_neg()
     t = flat_view(t)
     n = t.numel()
-    if (t.dtype in _NUMPY_FLOATS and t.device.type == "cpu" and t.is_contiguous()
-            and not t.is_neg()):
+    if t.dtype in _NUMPY_FLOATS and t.device.type == "cpu" and t.is_contiguous():
         fused = fused_float_stats(t, sums)
         if fused is not None:
             return fused

@@ -20,6 +20,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import stat
 import threading
@@ -44,10 +45,28 @@ def cache_dir() -> Path:
     return Path(base) / "accuracy"
 
 
-def _compiler() -> str | None:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") \
-        or shutil.which("clang")
-    return cc if cc and shutil.which(cc) else None
+def _compiler() -> list[str] | None:
+    """The compiler command: $CC (words: `ccache gcc` works), else cc, gcc or clang."""
+    words = shlex.split(os.environ.get("CC", ""))
+    if words:
+        return words if shutil.which(words[0]) else None
+    for name in ("cc", "gcc", "clang"):
+        if shutil.which(name):
+            return [name]
+    return None
+
+
+def _identity(cc: list[str]) -> list[str]:
+    """Which compiler, by its files (path, size, mtime) and words: a compiler upgrade makes a
+    new library, without running `cc --version` at every start."""
+    out = list(cc)
+    for word in cc:
+        found = shutil.which(word)
+        if found:
+            real = os.path.realpath(found)
+            st = os.stat(real)
+            out += [real, str(st.st_size), str(st.st_mtime_ns)]
+    return out
 
 
 def _cpu_tag() -> str:
@@ -72,37 +91,79 @@ def _owned_privately(path: Path) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def _build(cc: str, target: Path) -> bool:
+def _content_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _build(cc: list[str], folder: Path, stem: str) -> Path | None:
+    """Compile into `folder` as `<stem>-<hash of the library's bytes>.so`: a file whose bytes
+    do not match its name (cut short by a crash, damaged since) is never loaded."""
     import subprocess  # only here: most processes find the kernels built
     import tempfile
 
-    folder = target.parent
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not _owned_privately(folder):
-        log.warning("native kernels: %s is not a folder only you can write; not used "
-                    "(set ACCURACY_CACHE_DIR to one that is)", folder)
-        return False
-    fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=folder)
-    os.close(fd)
     try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as e:
+        log.warning("native kernels: cannot make %s (%s); the torch/numpy path is used, ~3x "
+                    "slower (set ACCURACY_CACHE_DIR to a folder you can write)", folder, e)
+        return None
+    if not _owned_privately(folder):
+        log.warning("native kernels: %s is not a folder only you can write; not used, the "
+                    "torch/numpy path is (set ACCURACY_CACHE_DIR to one that is)", folder)
+        return None
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=stem, suffix=".tmp", dir=folder)
+    except OSError as e:
+        log.warning("native kernels: cannot write in %s (%s); the torch/numpy path is used",
+                    folder, e)
+        return None
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        why = ""
         for cpu in (_NATIVE_CPU, []):
             try:
-                done = subprocess.run([cc, *_FLAGS, *cpu, str(_SOURCE), "-o", tmp],
+                done = subprocess.run([*cc, *_FLAGS, *cpu, str(_SOURCE), "-o", str(tmp)],
                                       capture_output=True, text=True, timeout=120, check=False)
-            except subprocess.SubprocessError as e:  # a compiler that hangs
-                log.info("native kernels: %s did not build %s (%s); the torch/numpy path is "
-                         "used", cc, _SOURCE.name, e)
-                return False
-            if done.returncode == 0:
+            except (OSError, subprocess.SubprocessError) as e:  # a compiler that hangs
+                why = str(e)
+                break
+            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            if done.returncode == 0 and tmp.stat().st_size > 0:
+                with open(tmp, "rb") as f:
+                    os.fsync(f.fileno())  # whole on disk before its name says it is
                 os.chmod(tmp, 0o755)
+                target = folder / f"{stem}-{_content_hash(tmp)}.so"
                 os.replace(tmp, target)  # atomic: ranks building at once each get a whole file
-                return True
-        log.info("native kernels: %s could not build %s (%s); the torch/numpy path is used",
-                 cc, _SOURCE.name, done.stderr.strip().splitlines()[-1:] or done.returncode)
-        return False
+                return target
+            if done.returncode == 0:
+                why = "the compiler wrote nothing"
+        log.warning("native kernels: %s could not build %s (%s); the torch/numpy path is "
+                    "used, ~3x slower", " ".join(cc), _SOURCE.name, why)
+        return None
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _verified(folder: Path, stem: str) -> Path | None:
+    """A built library whose bytes match the hash in its name; damaged ones are removed
+    (the folder is ours alone)."""
+    for path in sorted(folder.glob(f"{stem}-*.so")):
+        if not _owned_privately(path):
+            log.warning("native kernels: %s is writable by others or not yours; not loaded",
+                        path)
+            continue
+        try:
+            good = path.name == f"{stem}-{_content_hash(path)}.so"
+        except OSError:
+            continue
+        if good:
+            return path
+        log.warning("native kernels: %s is damaged (its bytes do not match its name); "
+                    "removed and built again", path)
+        path.unlink(missing_ok=True)
+    return None
 
 
 def kernels() -> ctypes.CDLL | None:
@@ -124,26 +185,27 @@ def _load() -> ctypes.CDLL | None:
         log.info("native kernels: no C compiler found (set CC); the torch/numpy path is used")
         return None
     try:
-        real = os.path.realpath(shutil.which(cc) or cc)
-        st = os.stat(real)  # which compiler, by its file: no `cc --version` at every start
         digest = hashlib.sha256("\0".join([
-            _SOURCE.read_text(), real, str(st.st_size), str(st.st_mtime_ns), " ".join(_FLAGS),
-            _cpu_tag()]).encode()).hexdigest()[:20]
-        target = cache_dir() / f"kernels-{digest}.so"
-        if not target.exists() and not _build(cc, target):
+            _SOURCE.read_text(), *_identity(cc), " ".join(_FLAGS), _cpu_tag()]).encode()
+        ).hexdigest()[:20]
+        folder, stem = cache_dir(), f"kernels-{digest}"
+        if folder.exists() and not _owned_privately(folder):
+            log.warning("native kernels: %s is writable by others or not yours; not used, "
+                        "the torch/numpy path is (set ACCURACY_CACHE_DIR to a private folder)",
+                        folder)
             return None
-        if not (_owned_privately(target.parent) and _owned_privately(target)):
-            log.warning("native kernels: %s or its folder is writable by others or not yours; "
-                        "not loaded (the torch/numpy path is used)", target)
+        path = (_verified(folder, stem) if folder.exists() else None) or _build(
+            cc, folder, stem)
+        if path is None:
             return None
-        lib = ctypes.CDLL(str(target))
-    except OSError as e:
-        log.info("native kernels unavailable (%s); the torch/numpy path is used", e)
+        lib = ctypes.CDLL(str(path))
+        for name, argtypes in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes = argtypes
+            fn.restype = None
+    except (OSError, AttributeError) as e:
+        log.warning("native kernels unavailable (%s); the torch/numpy path is used", e)
         return None
-    for name, argtypes in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes = argtypes
-        fn.restype = None
     return lib
 
 
