@@ -256,3 +256,17 @@ def test_sim_inf_fault_is_a_kernel_problem(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "born here (1" in out and KERNEL in out
     assert main(["overflow", str(path), "--fail-on-birth"]) == 1
+
+
+def test_a_birth_without_a_source_warns_at_the_users_line_not_ours():
+    """A collective run by DDP's or FSDP's hooks inside `loss.backward()` has no source of its
+    own: its OverflowWarning points at the user's innermost frame (here this test), never at
+    the dumper's machinery (simulated by a caller compiled as internal code)."""
+    from accuracy.dumper import overflow_watch
+
+    internal: dict = {}
+    exec(compile("def report(warn):\n    warn('inf born in all_reduce', '')\n",
+                 "<accuracy machinery>", "exec"), internal)
+    with pytest.warns(OverflowWarning) as record:
+        internal["report"](overflow_watch._warn_at_user_line)
+    assert record[0].filename == __file__

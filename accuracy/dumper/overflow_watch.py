@@ -47,6 +47,7 @@ from accuracy.dumper.finite_probe import (
 )
 from accuracy.dumper.identity import TensorStates, same_elements
 from accuracy.dumper.overflow_lineage import CONFIRM, Lineage, version_of
+from accuracy.dumper.source import user_source
 from accuracy.errors import RaisedForTheUser
 
 if TYPE_CHECKING:
@@ -123,8 +124,10 @@ class _Held:
 
 
 def _warn_at_user_line(msg: str, source: str) -> None:
-    """A warning that points at the user's line, not at this module."""
-    filename, _, line = source.rpartition(":")
+    """A warning that points at the user's line, not at this module: the op's recorded
+    source, else the user's innermost frame now (a collective run by DDP's or FSDP's hooks
+    inside `loss.backward()` has no source of its own: that call is the user's line)."""
+    filename, _, line = (source or user_source()[0]).rpartition(":")
     if filename and line.isdigit():
         warnings.warn_explicit(msg, OverflowWarning, filename, int(line))
     else:
