@@ -61,3 +61,24 @@ def test_zero_sides():
     assert compare(z.float(), z) == (0.0, 0.0, 1.0)
     rel, mx, cos = compare(torch.ones(10), z)
     assert (rel, mx, cos) == (math.sqrt(10), 1.0, 0.0)
+
+
+def test_an_fp32_output_is_compared_without_an_fp64_copy(metrics_path, monkeypatch):
+    """The fp32 side is read as it is by the kernels: the same figures as through a copy."""
+    g = torch.Generator().manual_seed(7)
+    ref = torch.randn(5000, dtype=torch.float64, generator=g)
+    x = (ref * 1.001).float()
+    got = compare(x, ref)
+    want = compare(x.double(), ref)
+    assert got[1] == want[1]
+    assert got[0] == pytest.approx(want[0], rel=1e-12) and got[2] == pytest.approx(want[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_live_checks_l2_of_an_input_is_its_fp64_norm(dtype):
+    """What the live check's judge reads of a live tensor (`verdict.judge_local`)."""
+    from accuracy.live.check import _TensorShape
+
+    t = (torch.randn(3000, generator=torch.Generator().manual_seed(3)) * 1e-20).to(dtype)
+    l2 = _TensorShape(0, t).stats["l2"]
+    assert l2 == pytest.approx(t.double().norm().item(), rel=1e-9, abs=0)

@@ -43,6 +43,7 @@ from accuracy.compiled.watch import CompileWatch, mode_is_on
 from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.uninit import Uninitialised
 from accuracy.dumpfile.compiled import blind_lines
+from accuracy.dumpfile.stats import fused_float_stats
 from accuracy.errors import AccuracyError
 from accuracy.jsonsafe import jsonable
 from accuracy.live.select import Selection, Site, SiteMode, in_sample, unrunnable
@@ -125,7 +126,12 @@ class _TensorShape:
             l2 = None
             if t is not None and t.is_floating_point() and self.numel > 1:
                 with torch._C._DisableTorchDispatch(), torch.no_grad():
-                    l2 = float(torch.linalg.vector_norm(t.detach(), dtype=torch.float64))
+                    t = t.detach()
+                    fused = (fused_float_stats(t) if t.device.type == "cpu"
+                             and t.dtype in (torch.float32, torch.float64)
+                             and t.is_contiguous() else None)  # one C pass, fp64 sums
+                    l2 = (fused[0][3] if fused is not None
+                          else float(torch.linalg.vector_norm(t, dtype=torch.float64)))
             self._stats = {"l2": l2}
         return self._stats
 

@@ -215,4 +215,5 @@ _SIGNATURES = {
     "stats_f64": [_P, _N, _P, _P],
     # (mine, golden, count, rel_eps, sums double[8], counts int64[3])
     "compare_f64": [_P, _P, _N, ctypes.c_double, _P, _P],
+    "compare_f32_f64": [_P, _P, _N, ctypes.c_double, _P, _P],  # mine fp32, golden fp64
 }

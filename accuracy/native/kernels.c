@@ -67,39 +67,38 @@ void stats_f64(const double *x, int64_t n, double *out, int64_t *counts) {
  * loop 5x slower); a sum of squares that overflows says the same. Then the sums are not
  * meaningful: the caller compares that chunk the slower way, which sets such pairs apart.
  */
-void compare_f64(const double *x, const double *y, int64_t n, double rel_eps, double *sums,
-                 int64_t *counts) {
-    double sxx = 0.0, syy = 0.0, sxy = 0.0, sdd = 0.0, sad = 0.0, srel = 0.0;
-    double max_ad = 0.0, max_rel = 0.0;
-    int64_t c1 = 0, c5 = 0;
-#pragma omp simd reduction(+ : sxx, syy, sxy, sdd, sad, srel, c1, c5) \
-    reduction(max : max_ad, max_rel)
-    for (int64_t i = 0; i < n; i++) {
-        double a = x[i], b = y[i];
-        double d = a - b;
-        double ad = fabs(d);
-        double ay = fabs(b);
-        double rel = ad / (ay < rel_eps ? rel_eps : ay);
-        sxx += a * a;
-        syy += b * b;
-        sxy += a * b;
-        sdd += d * d;
-        sad += ad;
-        srel += rel;
-        max_ad = ad > max_ad ? ad : max_ad;
-        max_rel = rel > max_rel ? rel : max_rel;
-        c1 += rel < 0.001;
-        c5 += rel < 0.005;
+#define DEFINE_COMPARE(NAME, MINE)                                                          \
+    void NAME(const MINE *x, const double *y, int64_t n, double rel_eps, double *sums,      \
+              int64_t *counts) {                                                            \
+        double sxx = 0.0, syy = 0.0, sxy = 0.0, sdd = 0.0, sad = 0.0, srel = 0.0;           \
+        double max_ad = 0.0, max_rel = 0.0;                                                 \
+        int64_t c1 = 0, c5 = 0;                                                             \
+        _Pragma("omp simd reduction(+:sxx,syy,sxy,sdd,sad,srel,c1,c5) reduction(max:max_ad,max_rel)") \
+        for (int64_t i = 0; i < n; i++) {                                                   \
+            double a = x[i], b = y[i];                                                      \
+            double d = a - b;                                                               \
+            double ad = fabs(d), ay = fabs(b);                                              \
+            double rel = ad / (ay < rel_eps ? rel_eps : ay);                                \
+            sxx += a * a;                                                                   \
+            syy += b * b;                                                                   \
+            sxy += a * b;                                                                   \
+            sdd += d * d;                                                                   \
+            sad += ad;                                                                      \
+            srel += rel;                                                                    \
+            max_ad = ad > max_ad ? ad : max_ad;                                             \
+            max_rel = rel > max_rel ? rel : max_rel;                                        \
+            c1 += rel < 0.001;                                                              \
+            c5 += rel < 0.005;                                                              \
+        }                                                                                   \
+        double out[8] = {sxx, syy, sxy, sdd, sad, max_ad, srel, max_rel};                  \
+        for (int k = 0; k < 8; k++)                                                         \
+            sums[k] = out[k];                                                               \
+        counts[0] = !(isfinite(sxx) && isfinite(syy));                                      \
+        counts[1] = c1;                                                                     \
+        counts[2] = c5;                                                                     \
     }
-    sums[0] = sxx;
-    sums[1] = syy;
-    sums[2] = sxy;
-    sums[3] = sdd;
-    sums[4] = sad;
-    sums[5] = max_ad;
-    sums[6] = srel;
-    sums[7] = max_rel;
-    counts[0] = !(isfinite(sxx) && isfinite(syy));
-    counts[1] = c1;
-    counts[2] = c5;
-}
+
+DEFINE_COMPARE(compare_f64, double)
+/* mine in fp32 (a replayed fp32 output against its fp64 reference): no fp64 copy of it
+ * first, which cost more than the pass */
+DEFINE_COMPARE(compare_f32_f64, float)

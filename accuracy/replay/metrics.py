@@ -16,6 +16,7 @@ import torch
 from accuracy import native
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_FUSED_COMPARE = {torch.float64: "compare_f64", torch.float32: "compare_f32_f64"}
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
@@ -92,11 +93,15 @@ def compare(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, float]:
     if x.is_complex() or ref.is_complex() or not (
             x.is_floating_point() and ref.is_floating_point()):
         a, b = _f64(x), _f64(ref)
-    else:  # no flattening copies: the norms take any strides
+    else:
+        fused = _fused_compare(x.detach(), ref.detach())  # an fp32 side read as it is
+        if fused is not None:
+            return fused
+        # no flattening copies: the norms take any strides
         a, b = x.detach().to(torch.float64), ref.detach().to(torch.float64)
-    fused = _fused_compare(a, b)
-    if fused is not None:
-        return fused
+        fused = _fused_compare(a, b)
+        if fused is not None:
+            return fused
     na = float(torch.linalg.vector_norm(a))
     den = float(torch.linalg.vector_norm(b))
     # a - b in place when `a` is already a private float64 copy
@@ -121,18 +126,20 @@ def compare(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, float]:
 
 
 def _fused_compare(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float] | None:
-    """`compare` of two contiguous float64 CPU tensors in one C pass (accuracy/native: the
-    compare's `compare_f64`, whose relative-error figures are not used here); None where the
-    kernels are not built, the layout does not suit, or a value is not finite (the torch
-    path sets matching NaN/inf apart)."""
-    if (a.device.type != "cpu" or b.device.type != "cpu" or a.shape != b.shape
+    """`compare` of two contiguous CPU tensors, `b` float64 and `a` float64 or float32, in
+    one C pass (accuracy/native: the compare's kernels, whose relative-error figures are not
+    used here); None where the kernels are not built, the dtypes or layout do not suit, or a
+    value is not finite (the torch path sets matching NaN/inf apart)."""
+    kernel = _FUSED_COMPARE.get(a.dtype)
+    if (kernel is None or b.dtype != torch.float64 or a.device.type != "cpu"
+            or b.device.type != "cpu" or a.shape != b.shape
             or not (a.is_contiguous() and b.is_contiguous())):
         return None
     lib = native.kernels()
     if lib is None:
         return None
     sums, counts = (ctypes.c_double * 8)(), (ctypes.c_int64 * 3)()
-    lib.compare_f64(a.data_ptr(), b.data_ptr(), a.numel(), 1.0, sums, counts)
+    getattr(lib, kernel)(a.data_ptr(), b.data_ptr(), a.numel(), 1.0, sums, counts)
     if counts[0]:
         return None
     sxx, syy, sxy, sdd, _sad, max_ad, _srel, _max_rel = sums
