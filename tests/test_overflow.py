@@ -270,3 +270,31 @@ def test_a_birth_without_a_source_warns_at_the_users_line_not_ours():
     with pytest.warns(OverflowWarning) as record:
         internal["report"](overflow_watch._warn_at_user_line)
     assert record[0].filename == __file__
+
+
+@torch.library.custom_op("accuracy_test::copy_out", mutates_args=("out",))
+def _copy_out(src: torch.Tensor, out: list[torch.Tensor]) -> None:
+    """FSDP2's copy-out of all-gathered parameters (`fsdp::split_with_sizes_copy`)."""
+    for o in out:
+        o.copy_(src.view_as(o))
+
+
+def test_a_custom_op_writing_a_parameters_memory_leaves_no_stale_value(tmp_path):
+    """FSDP2 copies each step's gathered parameters into memory a module parameter views,
+    with a custom op under `_unsafe_preserve_version_counter`: no version counter moves, and
+    the parameter object keeps its address when the allocator hands the same block back.
+    After AdamW left NaN in the shards, the next addmm read them: an inherited NaN, which
+    the cached "finite" of the parameter made a false birth (one CI run in five, under
+    load). Here the same memory is written on purpose, so every run takes that path."""
+    buf = torch.ones(16)
+    param = nn.Parameter(buf.view(4, 4), requires_grad=False)  # another object, same memory
+    x, nan = torch.ones(2, 4), torch.full((16,), float("nan"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with dumper(dump_path=tmp_path / "o.h5", check_overflow=True, overflow_nums=-1):
+            before = x @ param  # the parameter is probed finite here
+            with torch.autograd._unsafe_preserve_version_counter(buf):
+                _copy_out(nan, [buf])
+            after = x @ param  # kept, as a model's activations are: not a contained birth
+    assert param._version == 0 and before.isfinite().all() and after.isnan().all()
+    assert scan(tmp_path / "o.h5").births == []  # inherited from the parameter, not born

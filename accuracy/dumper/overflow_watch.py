@@ -215,6 +215,16 @@ class OverflowChecker:
             self._amp_op(p)
             return
         p.outs = outputs
+        if call.plan.mutable and not call.plan.aten:
+            # A custom op's writes (FSDP2's copy-out of the all-gathered parameters, under
+            # `_unsafe_preserve_version_counter`) leave every version counter as it was, and
+            # other tensor objects over that memory (the module's parameters) keep what the
+            # cache holds for them: stale, and found by the same address whenever the
+            # allocator hands the freed block back (a false birth at the next addmm, in about
+            # one run in five under load). Forget everything over the memory it received.
+            with torch._C._DisableTorchDispatch():
+                for t in (*call.inputs, *outputs):
+                    self._states.forget_aliases(t)
         if self._mask_made(p):
             return  # intended values: never a birth, and overflow_nums does not count them
         with torch._C._DisableTorchDispatch():
