@@ -1,16 +1,18 @@
 """Small C kernels for the hottest loops, compiled on first use and loaded with ctypes.
 
-Why C: a statistics dump reduces every large tensor the step makes, and a compare every pair of
-tensors. torch and numpy need one pass per figure (min/max, sums, the checksum; a compare's
-dot products, differences, relative errors and their counts) and a Python call each; one fused
-pass (`kernels.c`) is 3-4x faster. Why not a built extension: the package stays pure Python
-(pip installs it anywhere); the helper is built for this machine's CPU with the C compiler
-that Inductor needs anyway, once per user, in `$ACCURACY_CACHE_DIR` (default
-`~/.cache/accuracy`). Without a compiler, or with `ACCURACY_NATIVE=0`, every caller keeps its
-torch/numpy path: the figures are the same, only slower.
+Why C: a statistics dump reduces every large tensor the step makes, and a compare (and a
+replay, per output) every pair of tensors. torch and numpy need one pass per figure (min/max,
+sums, the checksum; a compare's dot products, differences, relative errors and their counts)
+and a Python call each; one fused pass (`kernels.c`) is 3-5x faster. Why not a built
+extension: the package stays pure Python (pip installs it anywhere); the kernels are built for
+this machine's CPU with the C compiler that Inductor needs anyway, once per user, in
+`$ACCURACY_CACHE_DIR` (default `~/.cache/accuracy`). Without a compiler, or with
+`ACCURACY_NATIVE=0`, every caller keeps its torch/numpy path: the same figures, slower.
 
-The cache is untrusted like any file: the library's name carries the hash of its source, the
-compiler and the CPU, and a folder or file another user could write is refused, never loaded.
+The cache is untrusted like any file: a library's name carries the hash of the source, the
+compiler and the CPU, and the hash of its own bytes, checked before each load (one cut short
+by a crash is removed and built again); a folder or file another user could write is never
+loaded.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ _resolved: list[ctypes.CDLL | None] = []  # [the library or None] once resolved
 
 
 def cache_dir() -> Path:
-    """Where built helpers live: $ACCURACY_CACHE_DIR, else $XDG_CACHE_HOME/accuracy or
+    """Where built kernels live: $ACCURACY_CACHE_DIR, else $XDG_CACHE_HOME/accuracy or
     ~/.cache/accuracy."""
     env = os.environ.get("ACCURACY_CACHE_DIR")
     if env:
