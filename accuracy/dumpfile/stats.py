@@ -166,18 +166,17 @@ def large_cpu_float_stats(x: torch.Tensor, sums: bool = True):
 
 
 def fused_float_stats(x: torch.Tensor, sums: bool = True):
-    """A contiguous fp32/fp64 CPU tensor's statistics in one pass of C (accuracy/native), or
-    None: no helper built here, or a non-finite element (the other paths count NaN and inf
-    apart)."""
-    lib = native.kernels()
-    if lib is None:
+    """The statistics of a contiguous fp32/fp64 CPU tensor in one pass of C (accuracy/native),
+    or None: another kind of tensor, no kernels built here, or a non-finite element (the
+    other paths count NaN and inf apart)."""
+    if x.device.type != "cpu" or x.dtype not in _NUMPY_FLOATS or not x.is_contiguous():
         return None
-    out, counts, n = (ctypes.c_double * 4)(), (ctypes.c_int64 * 2)(), x.numel()
-    fn = lib.stats_f32 if x.dtype == torch.float32 else lib.stats_f64
-    fn(x.data_ptr(), n, out, counts)
-    if counts[0]:
+    n = x.numel()
+    got = native.stats_pass(x.data_ptr(), n, x.dtype == torch.float32)
+    if got is None:
         return None
-    return (out[0], out[1], out[2] / n, math.sqrt(out[3]), 0, 0), counts[1] if sums else 0
+    mn, mx, total, sumsq, checksum = got
+    return (mn, mx, total / n, math.sqrt(sumsq), 0, 0), checksum if sums else 0
 
 
 def cpu_float_stats(x: torch.Tensor, sums: bool = True):
@@ -194,10 +193,9 @@ def tensor_stats(t: torch.Tensor, sums: bool = True):
         t = t.resolve_conj().resolve_neg()
     t = flat_view(t)
     n = t.numel()
-    if t.dtype in _NUMPY_FLOATS and t.device.type == "cpu" and t.is_contiguous():
-        fused = fused_float_stats(t, sums)
-        if fused is not None:
-            return fused
+    fused = fused_float_stats(t, sums)
+    if fused is not None:
+        return fused
     if n <= _SMALL and t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES:
         return _small_cpu_stats(t, sums)
     if takes_large_cpu_path(t):

@@ -127,9 +127,7 @@ class _TensorShape:
             if t is not None and t.is_floating_point() and self.numel > 1:
                 with torch._C._DisableTorchDispatch(), torch.no_grad():
                     t = t.detach()
-                    fused = (fused_float_stats(t) if t.device.type == "cpu"
-                             and t.dtype in (torch.float32, torch.float64)
-                             and t.is_contiguous() else None)  # one C pass, fp64 sums
+                    fused = fused_float_stats(t)  # one C pass, fp64 sums
                     l2 = (fused[0][3] if fused is not None
                           else float(torch.linalg.vector_norm(t, dtype=torch.float64)))
             self._stats = {"l2": l2}

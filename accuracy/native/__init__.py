@@ -219,3 +219,34 @@ _SIGNATURES = {
     "compare_f64": [_P, _P, _N, ctypes.c_double, _P, _P],
     "compare_f32_f64": [_P, _P, _N, ctypes.c_double, _P, _P],  # mine fp32, golden fp64
 }
+
+
+def stats_pass(ptr: int, n: int, fp32: bool) -> tuple[float, float, float, float, int] | None:
+    """(min, max, sum, sum of squares, checksum) of `n` contiguous fp32 (`fp32`) or fp64
+    values at `ptr` in one pass; None where the kernels are not built or a value is not
+    finite (the caller's torch/numpy path counts NaN and inf apart)."""
+    lib = kernels()
+    if lib is None:
+        return None
+    out, counts = (ctypes.c_double * 4)(), (ctypes.c_int64 * 2)()
+    (lib.stats_f32 if fp32 else lib.stats_f64)(ptr, n, out, counts)
+    if counts[0]:
+        return None
+    return out[0], out[1], out[2], out[3], counts[1]
+
+
+def compare_pass(mine: int, golden: int, n: int, rel_eps: float, mine_fp32: bool = False
+                 ) -> tuple[list[float], int, int] | None:
+    """One compare pass over `n` contiguous values (golden fp64; mine fp64, or fp32 with
+    `mine_fp32`): ([x.x, y.y, x.y, d.d, sum |d|, max |d|, sum rel, max rel], count of rel <
+    1e-3, count of rel < 5e-3); None where the kernels are not built or a value is not finite
+    (the caller's numpy/torch path sets such pairs apart)."""
+    lib = kernels()
+    if lib is None:
+        return None
+    sums, counts = (ctypes.c_double * 8)(), (ctypes.c_int64 * 3)()
+    (lib.compare_f32_f64 if mine_fp32 else lib.compare_f64)(mine, golden, n, rel_eps, sums,
+                                                            counts)
+    if counts[0]:
+        return None
+    return list(sums), counts[1], counts[2]

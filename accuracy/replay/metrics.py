@@ -6,7 +6,6 @@ the definitions and why the error ratio has a floor.
 
 from __future__ import annotations
 
-import ctypes
 import math
 from typing import Any
 
@@ -16,7 +15,6 @@ import torch
 from accuracy import native
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_FUSED_COMPARE = {torch.float64: "compare_f64", torch.float32: "compare_f32_f64"}
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
@@ -113,6 +111,31 @@ def compare(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, float]:
     else:
         num, mx, den = _nan_aware(_f64(x), _f64(ref))
     del diff, a
+    # a.b from the three norms: saves a pass; its rounding (~1e-16) is harmless here
+    return _figures(na, den, num, (na * na + den * den - num * num) / 2, mx)
+
+
+def _fused_compare(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float] | None:
+    """`compare` of two contiguous CPU tensors, `b` float64 and `a` float64 or float32, in
+    one C pass (accuracy/native: the compare's kernel, whose relative-error figures are not
+    used here); None where the kernels are not built, the dtypes or layout do not suit, or a
+    value is not finite (the torch path sets matching NaN/inf apart)."""
+    if (a.dtype not in (torch.float32, torch.float64) or b.dtype != torch.float64
+            or a.device.type != "cpu" or b.device.type != "cpu" or a.shape != b.shape
+            or not (a.is_contiguous() and b.is_contiguous())):
+        return None
+    got = native.compare_pass(a.data_ptr(), b.data_ptr(), a.numel(), 1.0,
+                              mine_fp32=a.dtype == torch.float32)
+    if got is None:
+        return None
+    sxx, syy, sxy, sdd, _sad, max_ad, _srel, _max_rel = got[0]
+    return _figures(math.sqrt(sxx), math.sqrt(syy), math.sqrt(sdd), sxy, max_ad)
+
+
+def _figures(na: float, den: float, num: float, dot: float, mx: float
+             ) -> tuple[float, float, float]:
+    """(relative L2 error, max abs error, cosine) from the norms of x, ref and x - ref, and
+    x.ref (see `compare`)."""
     rel = num / den if den > 0 else num
     if not (math.isfinite(na) and math.isfinite(den) and math.isfinite(num)):
         cos = math.nan
@@ -120,38 +143,9 @@ def compare(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, float]:
         cos = 1.0
     elif na < 1e-300 or den < 1e-300:
         cos = 0.0
-    else:  # a.b from the three norms: saves a pass; its rounding (~1e-16) is harmless here
-        cos = min(1.0, max(-1.0, (na * na + den * den - num * num) / (2 * na * den)))
-    return rel, mx, cos
-
-
-def _fused_compare(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float] | None:
-    """`compare` of two contiguous CPU tensors, `b` float64 and `a` float64 or float32, in
-    one C pass (accuracy/native: the compare's kernels, whose relative-error figures are not
-    used here); None where the kernels are not built, the dtypes or layout do not suit, or a
-    value is not finite (the torch path sets matching NaN/inf apart)."""
-    kernel = _FUSED_COMPARE.get(a.dtype)
-    if (kernel is None or b.dtype != torch.float64 or a.device.type != "cpu"
-            or b.device.type != "cpu" or a.shape != b.shape
-            or not (a.is_contiguous() and b.is_contiguous())):
-        return None
-    lib = native.kernels()
-    if lib is None:
-        return None
-    sums, counts = (ctypes.c_double * 8)(), (ctypes.c_int64 * 3)()
-    getattr(lib, kernel)(a.data_ptr(), b.data_ptr(), a.numel(), 1.0, sums, counts)
-    if counts[0]:
-        return None
-    sxx, syy, sxy, sdd, _sad, max_ad, _srel, _max_rel = sums
-    na, den, num = math.sqrt(sxx), math.sqrt(syy), math.sqrt(sdd)
-    rel = num / den if den > 0 else num
-    if na < 1e-300 and den < 1e-300:
-        cos = 1.0
-    elif na < 1e-300 or den < 1e-300:
-        cos = 0.0
     else:
-        cos = min(1.0, max(-1.0, sxy / (na * den)))
-    return rel, max_ad, cos
+        cos = min(1.0, max(-1.0, dot / (na * den)))
+    return rel, mx, cos
 
 
 def error_ratio(err_device: float, err_reference: float, floor: float) -> float:
