@@ -136,7 +136,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         overwrite: bool = False,
         strict: bool = False,
         max_pending_bytes: int = 1 << 30,
-        flush_ops: int = 256,
+        flush_ops: int = 1024,
         flush_seconds: float = 1.0,
         check_overflow: bool = False,
         overflow_nums: int = 1,

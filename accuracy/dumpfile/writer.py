@@ -238,7 +238,7 @@ class DumpWriter:
         attrs: dict[str, Any],
         *,
         overwrite: bool = False,
-        flush_ops: int = 256,
+        flush_ops: int = 1024,
         flush_seconds: float = 1.0,
         max_pending_bytes: int = 1 << 30,
     ) -> None:
