@@ -137,14 +137,13 @@ class Recorder:
     def write(self, call: OpCall, entries: list[TensorEntry], n_in: int, n_out: int,
               extra: dict[str, Any]) -> None:
         """Queue one op record; a write failure stops the dump (or raises when strict)."""
-        counter = iter(range(len(call.inputs)))
         views = self._views.pop(call.seq, None) if self._views else None
         if views:  # tensor ("i<idx>") -> the row of the write it is a strided view of
             extra["view_of"] = views
         op = OpEntry(
             seq=call.seq, op=call.plan.name, phase=call.phase, module=call.module,
             source=call.source, stack=call.stack,
-            args=encode_call(call.args, call.kwargs, lambda _t: next(counter)), step=call.step,
+            args=encode_call(call.args, call.kwargs), step=call.step,
             n_in=n_in, n_out=n_out, extra=extra, epoch=call.epoch)
         try:
             self.writer.add_op(op, entries)
