@@ -328,11 +328,10 @@ class DumpWriter:
         # that overwrite=True was about to replace) at the user's path.
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.creating")
         f = h5py.File(tmp, "w", libver="latest", rdcc_nbytes=4 << 20)
-        f.attrs["format"] = schema.FORMAT_NAME
-        f.attrs["schema_version"] = schema.SCHEMA_VERSION
-        f.attrs["complete"] = False
-        for k, v in attrs.items():
-            f.attrs[k] = _attr_value(v)
+        self._attrs: dict[str, Any] = {}  # what the root attributes read back as
+        self._set_attrs(f, {"format": schema.FORMAT_NAME,
+                            "schema_version": schema.SCHEMA_VERSION, "complete": False})
+        self._set_attrs(f, {k: _attr_value(v) for k, v in attrs.items()})
         self._space = BlobSpace(f, schema.BLOB, _BLOB_CHUNK if attrs.get("mode") == "tensor"
                                 else _TEXT_BLOB_CHUNK)
         self._blob = self._space.dataset
@@ -557,17 +556,24 @@ class DumpWriter:
         f = self._file
         if self._blob_len < self._space.capacity:
             self._space.shrink(self._blob_len)
-        for k, v in attrs.items():
-            f.attrs[k] = _attr_value(v)
-        f.attrs["bytes_written"] = self.bytes_written
-        f.attrs["bytes_linked"] = self.bytes_linked
         ok = bool(complete and self.error is None)
-        f.attrs["complete"] = ok
-        f.attrs[ATTRS_HASH] = np.uint64(attrs_hash(dict(f.attrs.items())))
+        self._set_attrs(f, {**{k: _attr_value(v) for k, v in attrs.items()},
+                            "bytes_written": self.bytes_written,
+                            "bytes_linked": self.bytes_linked, "complete": ok})
+        f.attrs[ATTRS_HASH] = np.uint64(attrs_hash(self._attrs))
         f.flush()
         self._status[:] = [self._n_ops, self._n_tensors, int(ok), self._blob_len]
         f.close()  # HDF5 truncates the file to its end: what was held is given back
         self._release_handles()
+
+    def _set_attrs(self, f: h5py.File, values: dict[str, Any]) -> None:
+        """Write root attributes, keeping what each reads back as (a numpy scalar as its
+        Python value, as `attrs_hash` takes it): the hash written at close is taken from
+        these, not from reading every attribute back out of HDF5 (~1.2 ms a dump); the
+        reader still hashes what the file holds."""
+        for k, v in values.items():
+            f.attrs[k] = v
+            self._attrs[k] = v.item() if isinstance(v, np.generic) else v
 
     def _abandon(self) -> None:
         """Close after the close failed, keeping whatever was committed, exactly once.
