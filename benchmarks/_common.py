@@ -136,16 +136,24 @@ def timed(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeat: int, warmup: int = 1
+def interleaved(fns: dict[str, Callable[[], object]], repeat: int, warmup: int = 1,
+                before: dict[str, Callable[[], object]] | None = None
                 ) -> dict[str, list[float]]:
     """Wall times of each fn, run in turn (A B C A B C ...) so that a machine shared with
-    other work slows every side alike; each fn gets `warmup` untimed runs first."""
+    other work slows every side alike; each fn gets `warmup` untimed runs first. `before`:
+    untimed work run just before a side's every run (removing the last run's files, as
+    msprobe_runner.py removes its run folder outside the clock)."""
+    before = before or {}
     for _ in range(warmup):
-        for fn in fns.values():
+        for k, fn in fns.items():
+            if k in before:
+                before[k]()
             fn()
     out: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
+            if k in before:
+                before[k]()
             t0 = time.perf_counter()
             fn()
             out[k].append(time.perf_counter() - t0)

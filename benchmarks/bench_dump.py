@@ -10,7 +10,9 @@ tensor steps run the same way (same repeat count, same warm-up) in its own proce
 Reproducible figures (issue 31): the dumps go to a tmpfs folder by default (`--dir` to choose;
 a disk folder leaves the tensor rounds' dirty pages to the kernel's writeback, which then runs
 during the next rounds), each side gets `--warmup` untimed rounds, `--modes` runs only some
-sides, and the script prints what it ran under: threads, the dump folder's file system, load
+sides, each dump file of the round before is removed before the clock starts (as
+msprobe_runner.py removes its run folder: replacing a 568 MB file on tmpfs frees its pages),
+and the script prints what it ran under: threads, the dump folder's file system, load
 average and dirty page cache before and after, and the busiest other processes. `--threads
 both` runs the whole benchmark twice from one command, in fresh processes: torch's default
 threads, then `OMP_NUM_THREADS=1`. The stored-bytes check's cost (issue 24: XXH3-64 content
@@ -188,7 +190,11 @@ def main() -> None:
 
     sides = {"bare": lambda: bench_step(model, batch)}
     sides.update({m: dumped(m) for m in modes})
-    t = interleaved(sides, repeat=args.repeat, warmup=args.warmup)
+    # the last round's file is removed before the clock starts (overwrite=True would free a
+    # tensor dump's pages inside it), as msprobe_runner.py removes its run folder
+    t = interleaved(sides, repeat=args.repeat, warmup=args.warmup,
+                    before={m: (lambda m=m: (tmp / f"{m}.h5").unlink(missing_ok=True))
+                            for m in modes})
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; interleaved rounds "
           f"{'/'.join(sides)}, {args.warmup} warm-up each, {args.repeat} timed rounds; "
           f"median (min–max); after: load {_load()}, dirty page cache {_dirty_mb()}")

@@ -1,0 +1,197 @@
+"""What this machine allows: the floors under issue 31's statistics and tensor dump goals.
+
+Each floor is work a dump of the bench step cannot avoid, timed on the step without the rest:
+
+- `empty mode`: a TorchDispatchMode that only runs each op (torch's own cost of a Python mode);
+- `dumper, nothing recorded`: our dumper with no observer (its mode, module scope, source
+  lookup, the file's open and close), i.e. every cost of the dumper but the recording;
+- `statistics pass`: the empty mode plus the statistics (`tensor_stats`, the C pass where it
+  applies) of every new tensor state, as the recorder takes them (each output, and each input
+  state not seen before), with no bookkeeping;
+- `copy once`: the empty mode plus one private contiguous copy of every new tensor state: the
+  issue's own yardstick for a tensor dump ("the step slowed by no more than copying its bytes
+  once");
+- `copy, hash, write`: `copy once` plus the XXH3-64 of each copy and its write into a file in
+  the dump folder, on the same thread: the CPU a tensor dump's bytes need at the least.
+
+The floor of a statistics dump is `dumper, nothing recorded` plus what the statistics pass
+adds to the empty mode; the floor of a tensor dump is the same frame plus what `copy, hash,
+write` adds. Sides run interleaved (bare, empty mode, ... bare, ...), as in bench_dump.py, and
+the real dumps run beside them, so every figure shares one window. msprobe's L1 tensor dump
+runs in the same command where it is installed (the tensor goal is half its ratio).
+
+Run: .venv/bin/python benchmarks/bench_floors.py [--repeat 7] [--threads both|N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from _common import threads_from_argv
+
+if __name__ == "__main__":
+    threads_from_argv()  # before torch reads OMP_NUM_THREADS
+
+import torch
+import xxhash
+from _common import (
+    add_threads_arg,
+    interleaved,
+    msprobe_available,
+    ratios,
+    run_both_threads,
+    run_msprobe,
+    spread,
+    verdict,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from accuracy import dumper
+from accuracy.dumper.flatten import tensors_in
+from accuracy.dumpfile.stats import tensor_stats
+from accuracy.examples import bench_setup, bench_step
+
+_TMPFS = "/dev/shm"
+
+
+class _EveryNewState(TorchDispatchMode):
+    """Runs each op and hands `work` every tensor state not seen before (inputs before the
+    op, outputs after it), as the recorder meets them; `work` None: only runs the op."""
+
+    def __init__(self, work=None) -> None:
+        super().__init__()
+        self.work = work
+        self.seen: set[tuple[int, int]] = set()
+
+    def _new(self, tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            if type(t) is not torch.Tensor or t.layout != torch.strided:
+                continue
+            key = (id(t), t._version)
+            if key not in self.seen:
+                self.seen.add(key)
+                self.work(t)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.work is None:
+            return func(*args, **kwargs)
+        with torch._C._DisableTorchDispatch():
+            self._new(tensors_in(kwargs, tensors_in(args)))
+        out = func(*args, **kwargs)
+        with torch._C._DisableTorchDispatch():
+            self._new(tensors_in(out))
+        return out
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(t.shape, dtype=t.dtype)
+    out.copy_(t)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--no-msprobe", action="store_true")
+    ap.add_argument("--dir", default=_TMPFS if os.path.isdir(_TMPFS) else None,
+                    help="folder for the dumps (default: tmpfs /dev/shm where there is one)")
+    add_threads_arg(ap)
+    args = ap.parse_args()
+    if args.threads == "both":
+        sys.exit(run_both_threads())
+    model, batch = bench_setup()
+    tmp = Path(tempfile.mkdtemp(prefix="bench_floors_", dir=args.dir))
+    sink_path = tmp / "bytes.bin"
+
+    def with_mode(work=None):
+        def run():
+            with _EveryNewState(work):
+                bench_step(model, batch)
+        return run
+
+    def nothing_recorded():
+        d = dumper(dump_path=tmp / "frame.h5", mode="statistics", overwrite=True)
+        with d:
+            d._observers = ()  # the dumper's mode, scope and file; no observer sees an op
+            bench_step(model, batch)
+
+    def copy_hash_write():
+        fd = os.open(sink_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+
+        def work(t: torch.Tensor) -> None:
+            c = _copy(t)
+            if c.numel():
+                raw = c.reshape(-1).view(torch.uint8).numpy()
+                xxhash.xxh3_64_intdigest(raw.data)
+                os.write(fd, raw.data)
+        try:
+            with_mode(work)()
+        finally:
+            os.close(fd)
+
+    def dump(mode: str):
+        def run():
+            with dumper(dump_path=tmp / f"{mode}.h5", mode=mode, overwrite=True):
+                bench_step(model, batch)
+        return run
+
+    sides = {
+        "bare": lambda: bench_step(model, batch),
+        "empty mode": with_mode(),
+        "dumper, nothing recorded": nothing_recorded,
+        "statistics pass": with_mode(lambda t: tensor_stats(t)),
+        "copy once": with_mode(_copy),
+        "copy, hash, write": copy_hash_write,
+        "accuracy statistics": dump("statistics"),
+        "accuracy tensor": dump("tensor"),
+    }
+    # each side's last files are removed before the clock starts (as msprobe_runner.py does)
+    files = {"copy, hash, write": sink_path, "accuracy statistics": tmp / "statistics.h5",
+             "accuracy tensor": tmp / "tensor.h5", "dumper, nothing recorded": tmp / "frame.h5"}
+    t = interleaved(sides, repeat=args.repeat, warmup=args.warmup,
+                    before={k: (lambda p=p: p.unlink(missing_ok=True)) for k, p in files.items()})
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; {args.repeat} interleaved rounds, "
+          f"median (min–max); load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    bare = statistics.median(t["bare"])
+    for name, secs in t.items():
+        print(f"  {name:26s} {spread(secs):>28s}   x bare "
+              f"{spread(ratios(secs, t['bare']), '{:.2f}')}")
+
+    def added(side: str, base: str) -> float:
+        return statistics.median(t[side]) - statistics.median(t[base])
+
+    frame = added("dumper, nothing recorded", "bare")
+    stats_floor = (bare + frame + added("statistics pass", "empty mode")) / bare
+    copy_floor = (bare + frame + added("copy once", "empty mode")) / bare
+    bytes_floor = (bare + frame + added("copy, hash, write", "empty mode")) / bare
+    stats_real = statistics.median(ratios(t["accuracy statistics"], t["bare"]))
+    tensor_real = statistics.median(ratios(t["accuracy tensor"], t["bare"]))
+    print(f"statistics dump: floor {stats_floor:.2f}x bare (the dumper's frame "
+          f"{frame * 1e3:.1f} ms + the statistics pass), ours {stats_real:.2f}x; goal 1.3x: "
+          f"the floor {'allows it' if stats_floor <= 1.3 else 'is above it'}, ours "
+          f"{verdict(stats_real, 1.3)}")
+    print(f"tensor dump: floor {copy_floor:.2f}x bare copying the bytes once, "
+          f"{bytes_floor:.2f}x copying, hashing and writing them; ours {tensor_real:.2f}x")
+    if msprobe_available() and not args.no_msprobe:
+        m = run_msprobe("interleaved", str(args.repeat), str(tmp / "msprobe"), timeout=3600)
+        ms_ratio = statistics.median(ratios(m["tensor"], m["bare"]))
+        goal = 0.5 * ms_ratio
+        print(f"msprobe L1 tensor {ms_ratio:.2f}x its bare step (same command): the goal, half "
+              f"its time, is {goal:.2f}x bare; the copy-once floor "
+              f"{'allows it' if copy_floor <= goal else 'is above it'}, the copy-hash-write "
+              f"floor {'allows it' if bytes_floor <= goal else 'is above it'}; ours "
+              f"{verdict(tensor_real, goal)}")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
