@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 import accuracy
 from accuracy.dumpfile import schema
+from accuracy.dumpfile.checksum import CONTENT_HASH_KIND, NO_HASH
 from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, TensorRecord, load_dump
 from accuracy.dumpfile.stats import tensor_stats
 from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
@@ -124,12 +125,33 @@ def _stats_of(t: TensorRecord) -> Any:
             int(s["checksum"]))
 
 
+def _source_stats(t: TensorRecord) -> Any:
+    """The device row's statistics for a reference output with its bits, or None (computed
+    anew) where it has none; replay.h5 then keeps no sums (`SUMS_ATTR`), as tensor dumps."""
+    s = t.stats
+    if s["nan_count"] < 0:
+        return None
+    return [s["min"], s["max"], s["mean"], s["l2"], s["nan_count"], s["inf_count"]], 0
+
+
+def _held_by(source: Dump | None, t: TensorRecord | None, ref: torch.Tensor) -> bool:
+    """Whether reference output `ref`, proven to have the bits of device output `t`, can be
+    a row whose bytes are `t`'s in the replayed dump `source` (`schema.IN_SOURCE`): `t` is
+    stored there with a content hash, in `ref`'s dtype and size."""
+    return (source is not None and t is not None and t.dump is source and t.has_data
+            and t.content_hash != NO_HASH and t.dtype == schema.dtype_name(ref.dtype)
+            and tuple(t.shape) == tuple(ref.shape)
+            and t.nbytes == ref.numel() * ref.element_size())
+
+
 def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
-           links: dict[int, int] | None = None) -> None:
+           links: dict[int, int] | None = None, source: Dump | None = None) -> None:
     """One record of replay.h5: the original's metadata, the reference outputs' bytes.
 
     A reference output with the device's bits has the bytes of the original's row `first`:
-    `links` maps such rows to the replay.h5 row already holding them, so they are written once.
+    with `source` (the replayed dump, when replay.h5 lies beside it), the row names them
+    there and nothing is written (`schema.IN_SOURCE`); else `links` maps such rows to the
+    replay.h5 row already holding them, so they are written once.
     """
     links = {} if links is None else links
     entries = [TensorEntry(row=writer.new_row(), seq=rec.seq, io=schema.INPUT, idx=t.idx,
@@ -143,12 +165,24 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
         if ref is not None:
             # same bits as the device output: its recorded statistics hold, skip a pass
             src = rec.outputs[i] if i in exact and i < len(rec.outputs) else None
-            stats = _stats_of(src) if src is not None else None
+            if src is not None and src.idx == i and _held_by(source, src, ref):
+                assert src is not None
+                entries.append(TensorEntry(
+                    row=row, seq=rec.seq, io=schema.OUTPUT, idx=i, dtype=src.dtype,
+                    shape=src.shape, stride=tuple(ref.stride()), device=str(ref.device),
+                    stats=_source_stats(src) or tensor_stats(ref, sums=False),
+                    nbytes=src.nbytes, source_hash=src.content_hash))
+                continue
+            if source is not None:  # replay.h5 keeps no sums: its bytes carry a hash
+                stats = (_source_stats(src) if src is not None else None) or tensor_stats(
+                    ref, sums=False)
+            else:
+                stats = (_stats_of(src) if src is not None else None) or tensor_stats(ref)
             linked = links.get(src.first) if src is not None and src.has_data else None
             entries.append(TensorEntry(
                 row=row, seq=rec.seq, io=schema.OUTPUT, idx=i, dtype=schema.dtype_name(ref.dtype),
                 shape=tuple(ref.shape), stride=tuple(ref.stride()), device=str(ref.device),
-                stats=stats or tensor_stats(ref), data=None if linked is not None else ref,
+                stats=stats, data=None if linked is not None else ref,
                 first=row if linked is None else linked,
                 nbytes=ref.numel() * ref.element_size()))
             if src is not None and src.has_data and linked is None:
@@ -245,6 +279,18 @@ def _outcomes(d: Dump, recs: list[OpRecord], on: str, upcast: str, jobs: int,
 
 # -- entry point -----------------------------------------------------------------------------
 
+def _source_beside(d: Dump, out: Path) -> Dump | None:
+    """`d`, when replay.h5 at `out` can name its bytes instead of repeating them: `d` has
+    content hashes and is the file a reader finds beside `out` under the name
+    `replayed_from` gives (readers look nowhere else); else None (every byte is written)."""
+    if d.checksum_kind != CONTENT_HASH_KIND:
+        return None
+    try:
+        return d if os.path.samefile(out.parent / d.path.resolve().name, d.path) else None
+    except OSError:
+        return None
+
+
 def _partial_paths(out: Path) -> tuple[Path, Path]:
     return out.with_name(out.name + ".partial"), out.with_name(out.name + ".partial.prev")
 
@@ -320,6 +366,7 @@ def replay(
         recs = _select(d, ops)
         sources = _prepare(out, resume, overwrite)
         partial, _ = _partial_paths(out)
+        source = None if metrics_only else _source_beside(d, out)
         attrs = {
             "mode": "metrics" if metrics_only else "tensor", "replayed_from": str(d.path.resolve()),
             "reference": str(reference_device(on)), "upcast": upcast,
@@ -329,6 +376,9 @@ def replay(
             "source_backend": d.attrs.get("backend", ""),
             "source_profile": d.attrs.get("profile", ""), "backend": on,
         }
+        if source is not None:  # rows may be held by the dump: a reader that knows them
+            attrs.update({"schema_version": schema.SOURCE_ROWS_SCHEMA,
+                          schema.SUMS_ATTR: schema.SUMS_OMITTED})
         writer = DumpWriter(partial, attrs, overwrite=True)
         result = ReplayResult(path=out, on=on, upcast=upcast)
         complete = False
@@ -353,7 +403,7 @@ def replay(
                     rec = by_seq[outcome.seq]
                     if metrics_only:
                         outcome.tensors = []  # figures only: no reference tensor is written
-                    _write(writer, rec, outcome, links)
+                    _write(writer, rec, outcome, links, source)
                     _tally(result, outcome.status, outcome.reason)
                     result.bytes_read += sum(t.nbytes for t in rec.inputs + rec.outputs
                                              if t.has_data)

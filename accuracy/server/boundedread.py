@@ -73,7 +73,8 @@ class TensorSource:
         if self.numel > MAX_VIEW_ELEMENTS:
             raise ApiError(413, f"{t.address} has {self.numel} elements; views are limited to "
                                 f"{MAX_VIEW_ELEMENTS}")
-        self.d, self.t, self.limits = d, t, limits
+        # t.dump: the file holding the bytes (a replay's row may be held by the replayed dump)
+        self.d, self.t, self.limits = t.dump, t, limits
         self.whole = self.numel * WORK_BYTES_PER_ELEMENT <= limits.budget_bytes
         if not self.whole:
             self._check_layout()
