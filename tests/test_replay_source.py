@@ -297,3 +297,16 @@ def test_a_collective_is_bit_exact_only_with_the_same_bits():
     want = torch.tensor([0.0, 1.0], dtype=torch.float64)
     assert _metrics(0, torch.tensor([0.0, 1.0]), want, 2)["bit_exact"]
     assert not _metrics(0, torch.tensor([-0.0, 1.0]), want, 2)["bit_exact"]
+
+
+def test_server_view_without_the_dump_says_where_the_bytes_are(pair, tmp_path):
+    from accuracy.server.boundedread import TensorSource, ViewLimits
+    from accuracy.server.errors import ApiError
+
+    _, rep = pair
+    shutil.copy(rep, tmp_path / "rep.h5")
+    with load_dump(tmp_path / "rep.h5") as rp:
+        t = next(t for t in rp.tensors if t.offset == schema.IN_SOURCE)
+        with pytest.raises(ApiError, match="replayed dump") as e:
+            TensorSource(rp, t, ViewLimits())
+        assert e.value.status == 409

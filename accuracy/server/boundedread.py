@@ -58,6 +58,10 @@ class TensorSource:
     """One tensor of a dump, read whole when its view fits the budget, else in windows."""
 
     def __init__(self, d: Dump, t: TensorRecord, limits: ViewLimits) -> None:
+        if t.offset == schema.IN_SOURCE:
+            raise ApiError(409, f"{t.address}: this reference output equals the device output, "
+                                "whose bytes are in the replayed dump; it is not beside this "
+                                "replay (keep the two files in one folder)")
         if not t.has_data:
             raise ApiError(409, f"{t.address} has statistics only (dumped in statistics mode or "
                                 "filtered); dump in tensor mode to view its values")
