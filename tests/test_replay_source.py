@@ -106,8 +106,19 @@ def test_a_replay_elsewhere_holds_every_byte(pair, tmp_path):
     rep = other / "rep.h5"
     replay(dev, rep, metrics_only=False)
     assert not (_offsets(rep) == schema.IN_SOURCE).any()
-    with load_dump(rep) as rp:
+    with load_dump(rep) as rp, load_dump(dev) as d:
         assert rp.attrs["schema_version"] == schema.SCHEMA_VERSION
+        # its bytes carry hashes: no sums, and bit-exact outputs take the device's statistics
+        assert rp.attrs[schema.SUMS_ATTR] == schema.SUMS_OMITTED
+        n = 0
+        for rec in rp.records:
+            exact = {o["idx"] for o in rec.extra["replay"]["outputs"] if o["bit_exact"]}
+            for t in rec.outputs:
+                assert "checksum" not in t.stats
+                if t.idx in exact and t.has_data:
+                    assert t.stats == d.record(rec.seq).outputs[t.idx].stats, rec.seq
+                    n += 1
+        assert n > 50
     alone = tmp_path / "alone"
     alone.mkdir()
     shutil.copy(rep, alone / "rep.h5")  # no dump beside it: every tensor still reads

@@ -145,13 +145,16 @@ def _held_by(source: Dump | None, t: TensorRecord | None, ref: torch.Tensor) -> 
 
 
 def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
-           links: dict[int, int] | None = None, source: Dump | None = None) -> None:
+           links: dict[int, int] | None = None, source: Dump | None = None,
+           hashed: bool = False) -> None:
     """One record of replay.h5: the original's metadata, the reference outputs' bytes.
 
     A reference output with the device's bits has the bytes of the original's row `first`:
     with `source` (the replayed dump, when replay.h5 lies beside it), the row names them
     there and nothing is written (`schema.IN_SOURCE`); else `links` maps such rows to the
-    replay.h5 row already holding them, so they are written once.
+    replay.h5 row already holding them, so they are written once. hashed: replay.h5 keeps
+    no bit-pattern sums (its bytes carry content hashes): a bit-exact output takes the
+    device row's statistics as they are, the others get theirs without the sum.
     """
     links = {} if links is None else links
     entries = [TensorEntry(row=writer.new_row(), seq=rec.seq, io=schema.INPUT, idx=t.idx,
@@ -165,7 +168,9 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
         if ref is not None:
             # same bits as the device output: its recorded statistics hold, skip a pass
             src = rec.outputs[i] if i in exact and i < len(rec.outputs) else None
-            if src is not None and src.idx == i and _held_by(source, src, ref):
+            if src is not None and (src.idx != i or src.dtype != schema.dtype_name(ref.dtype)):
+                src = None  # compared after a cast, or another output: not these bytes
+            if _held_by(source, src, ref):
                 assert src is not None
                 entries.append(TensorEntry(
                     row=row, seq=rec.seq, io=schema.OUTPUT, idx=i, dtype=src.dtype,
@@ -173,7 +178,7 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
                     stats=_source_stats(src) or tensor_stats(ref, sums=False),
                     nbytes=src.nbytes, source_hash=src.content_hash))
                 continue
-            if source is not None:  # replay.h5 keeps no sums: its bytes carry a hash
+            if hashed:
                 stats = (_source_stats(src) if src is not None else None) or tensor_stats(
                     ref, sums=False)
             else:
@@ -366,7 +371,10 @@ def replay(
         recs = _select(d, ops)
         sources = _prepare(out, resume, overwrite)
         partial, _ = _partial_paths(out)
-        source = None if metrics_only else _source_beside(d, out)
+        # replay.h5 of a dump with content hashes keeps none of the sums (as tensor dumps):
+        # its stored bytes have hashes, and outputs with the device's bits its statistics
+        hashed = not metrics_only and d.checksum_kind == CONTENT_HASH_KIND
+        source = _source_beside(d, out) if hashed else None
         attrs = {
             "mode": "metrics" if metrics_only else "tensor", "replayed_from": str(d.path.resolve()),
             "reference": str(reference_device(on)), "upcast": upcast,
@@ -376,9 +384,10 @@ def replay(
             "source_backend": d.attrs.get("backend", ""),
             "source_profile": d.attrs.get("profile", ""), "backend": on,
         }
+        if hashed:
+            attrs[schema.SUMS_ATTR] = schema.SUMS_OMITTED
         if source is not None:  # rows may be held by the dump: a reader that knows them
-            attrs.update({"schema_version": schema.SOURCE_ROWS_SCHEMA,
-                          schema.SUMS_ATTR: schema.SUMS_OMITTED})
+            attrs["schema_version"] = schema.SOURCE_ROWS_SCHEMA
         writer = DumpWriter(partial, attrs, overwrite=True)
         result = ReplayResult(path=out, on=on, upcast=upcast)
         complete = False
@@ -403,7 +412,7 @@ def replay(
                     rec = by_seq[outcome.seq]
                     if metrics_only:
                         outcome.tensors = []  # figures only: no reference tensor is written
-                    _write(writer, rec, outcome, links, source)
+                    _write(writer, rec, outcome, links, source, hashed)
                     _tally(result, outcome.status, outcome.reason)
                     result.bytes_read += sum(t.nbytes for t in rec.inputs + rec.outputs
                                              if t.has_data)
