@@ -104,7 +104,8 @@ def test_a_replay_elsewhere_holds_every_byte(pair, tmp_path):
     other = tmp_path / "elsewhere"
     other.mkdir()
     rep = other / "rep.h5"
-    replay(dev, rep, metrics_only=False)
+    r = replay(dev, rep, metrics_only=False)
+    assert r.held == 0 and "keep the two files" not in r.format()
     assert not (_offsets(rep) == schema.IN_SOURCE).any()
     with load_dump(rep) as rp, load_dump(dev) as d:
         assert rp.attrs["schema_version"] == schema.SCHEMA_VERSION
@@ -282,7 +283,8 @@ def test_a_killed_tensors_replay_leaves_a_readable_partial(tmp_path):
     r = replay(dev, tmp_path / "rep.h5", metrics_only=False, resume=True)
     assert r.resumed >= 50 and r.failed == 0
     held, _ = _outputs_equal_device(tmp_path / "rep.h5", dev)
-    assert held > 50
+    assert held > 50 and r.held == held  # the resumed ones: loaded, written again
+    assert "dev.h5 beside it (keep the two files together)" in r.format()
 
 
 def test_server_windowed_view_reads_the_dump_bytes(pair):
@@ -321,3 +323,4 @@ def test_server_view_without_the_dump_says_where_the_bytes_are(pair, tmp_path):
         with pytest.raises(ApiError, match="replayed dump") as e:
             TensorSource(rp, t, ViewLimits())
         assert e.value.status == 409
+

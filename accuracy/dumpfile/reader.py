@@ -503,7 +503,7 @@ class Dump:
             if path.resolve() == self.path.resolve():
                 raise DumpError(f"{path}: names itself as the replayed dump")
             self._source = Dump(path, sources=False)
-        except DumpError as e:
+        except (DumpError, OSError, ValueError, RuntimeError) as e:  # NUL bytes, link loops
             self.source_problem = (f"their bytes are in the replayed dump {Path(name).name}, "
                                    f"expected beside this file: {e}")
             return None

@@ -55,6 +55,8 @@ class ReplayResult:
     reasons: dict[str, int] = field(default_factory=dict)
     on: str = ""
     upcast: str = ""
+    held: int = 0  # reference outputs whose bytes are named in the dump beside, not written
+    dump: str = ""  # the replayed dump's file name
 
     @property
     def total(self) -> int:
@@ -68,6 +70,9 @@ class ReplayResult:
                     if self.resumed else "")]
         lines += format_reasons(self.reasons)
         lines.append(f"wrote {self.path}")
+        if self.held:
+            lines.append(f"  {self.held} reference outputs equal the device's: they name its "
+                         f"bytes in {self.dump} beside it (keep the two files together)")
         return "\n".join(lines)
 
 
@@ -146,7 +151,7 @@ def _held_by(source: Dump | None, t: TensorRecord | None, ref: torch.Tensor) -> 
 
 def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
            links: dict[int, int] | None = None, source: Dump | None = None,
-           hashed: bool = False) -> None:
+           hashed: bool = False) -> int:
     """One record of replay.h5: the original's metadata, the reference outputs' bytes.
 
     A reference output with the device's bits has the bytes of the original's row `first`:
@@ -155,7 +160,9 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
     replay.h5 row already holding them, so they are written once. hashed: replay.h5 keeps
     no bit-pattern sums (its bytes carry content hashes): a bit-exact output takes the
     device row's statistics as they are, the others get theirs without the sum.
+    Returns how many outputs name the dump's bytes.
     """
+    held = 0
     links = {} if links is None else links
     entries = [TensorEntry(row=writer.new_row(), seq=rec.seq, io=schema.INPUT, idx=t.idx,
                            dtype=t.dtype, shape=t.shape, stride=t.stride, device=t.device,
@@ -177,6 +184,7 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
                     shape=src.shape, stride=tuple(ref.stride()), device=str(ref.device),
                     stats=_source_stats(src) or tensor_stats(ref, sums=False),
                     nbytes=src.nbytes, source_hash=src.content_hash))
+                held += 1
                 continue
             if hashed:
                 stats = (_source_stats(src) if src is not None else None) or tensor_stats(
@@ -203,6 +211,7 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
                           source=rec.source, stack=rec.stack, args=rec.args_json, step=rec.step,
                           n_in=len(rec.inputs), n_out=n_out, extra=extra, epoch=rec.epoch),
                    entries)
+    return held
 
 
 def _copy_finished(writer: DumpWriter, prev: Dump, wanted: set[int], result: ReplayResult,
@@ -389,7 +398,7 @@ def replay(
         if source is not None:  # rows may be held by the dump: a reader that knows them
             attrs["schema_version"] = schema.SOURCE_ROWS_SCHEMA
         writer = DumpWriter(partial, attrs, overwrite=True)
-        result = ReplayResult(path=out, on=on, upcast=upcast)
+        result = ReplayResult(path=out, on=on, upcast=upcast, dump=d.path.name)
         complete = False
         try:
             done: set[int] = set()
@@ -412,7 +421,7 @@ def replay(
                     rec = by_seq[outcome.seq]
                     if metrics_only:
                         outcome.tensors = []  # figures only: no reference tensor is written
-                    _write(writer, rec, outcome, links, source, hashed)
+                    result.held += _write(writer, rec, outcome, links, source, hashed)
                     _tally(result, outcome.status, outcome.reason)
                     result.bytes_read += sum(t.nbytes for t in rec.inputs + rec.outputs
                                              if t.has_data)
