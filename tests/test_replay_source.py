@@ -22,7 +22,7 @@ from accuracy.compare import compare
 from accuracy.device_backend import sim
 from accuracy.dumper.core import dumper
 from accuracy.dumpfile import DumpError, load_dump, schema
-from accuracy.dumpfile.describe import verify_file
+from accuracy.dumpfile.describe import describe, verify_file
 from accuracy.dumpfile.extract import extract_file
 from accuracy.dumpfile.reader import DamagedDataError
 from accuracy.examples import lm_batch, lm_step, tiny_lm
@@ -97,6 +97,7 @@ def test_outputs_equal_to_the_device_are_named_not_written(pair):
     assert s["bytes_written"] < s["bytes_in_replayed_dump"]
     v = verify_file(rep)
     assert v.ok, v.problems
+    assert "in the replayed dump (equal to the device's)" in describe(rep).format()
 
 
 def test_a_replay_elsewhere_holds_every_byte(pair, tmp_path):
