@@ -2,11 +2,13 @@
 
 The step of bench_dump.py (4-layer TransformerEncoder, batch 8, seq 128, forward + backward)
 is dumped once in tensor mode, then replayed on CPU: in the op's own dtype and upcast to fp64
-(the default), with the same-dtype reference outputs stored too (`--tensors`), and with
---upcast none for comparison. Prints ops/s, MB/s of tensor data read, the ratio to the bare
-step's time with met / not met beside the goal (at most 3x) and the load average (the machine
-may be shared). `--threads both` runs it twice from one command, each in a fresh process:
-torch's default threads, then OMP_NUM_THREADS=1; `--threads N` sets OMP_NUM_THREADS.
+(the default), with the same-dtype reference outputs stored too (`--tensors`: replay.h5
+beside the dump, whose outputs equal to the device's name its bytes, and in another folder,
+where it holds every byte), and with --upcast none for comparison. Prints ops/s, MB/s of
+tensor data read, replay.h5's size, the ratio to the bare step's time with met / not met
+beside the goal (at most 3x) and the load average (the machine may be shared).
+`--threads both` runs it twice from one command, each in a fresh process: torch's default
+threads, then OMP_NUM_THREADS=1; `--threads N` sets OMP_NUM_THREADS.
 
 Run: .venv/bin/python benchmarks/bench_replay.py [--repeat 5] [--jobs 1] [--threads both|N]
 """
@@ -65,17 +67,22 @@ def main() -> None:
           f"timed just before it (this machine is shared); medians of {args.repeat} pairs")
     print(f"{'run':26s} {'replay s':>9s} {'bare s':>7s} {'x bare':>7s} "
           f"{'ops/s':>7s} {'MB/s read':>10s}  status")
-    runs = [("replay, upcast fp64", "fp64", True), ("replay, fp64, --tensors", "fp64", False),
-            ("replay, upcast none", "none", True)]
-    for label, upcast, metrics_only in runs:
-        times, bares, loads, res = [], [], [], None
+    apart = tmp / "apart"  # replay.h5 away from the dump: it holds every byte itself
+    apart.mkdir()
+    runs = [("replay, upcast fp64", "fp64", True, tmp),
+            ("replay, fp64, --tensors", "fp64", False, tmp),
+            ("  same, -o another folder", "fp64", False, apart),
+            ("replay, upcast none", "none", True, tmp)]
+    for label, upcast, metrics_only, folder in runs:
+        times, bares, loads, res, size = [], [], [], None, 0
         for i in range(args.repeat):
             bares.append(timed(lambda: bench_step(model, batch), repeat=3))
-            out = tmp / f"replay-{upcast}-{i}.h5"
+            out = folder / f"replay-{upcast}-{i}.h5"
             t0 = time.perf_counter()
             res = replay(dump, out, upcast=upcast, jobs=args.jobs, metrics_only=metrics_only)
             times.append(time.perf_counter() - t0)
             loads.append(os.getloadavg()[0])
+            size = out.stat().st_size
             out.unlink()
         assert res is not None
         t, b = statistics.median(times), statistics.median(bares)
@@ -84,7 +91,8 @@ def main() -> None:
         print(f"{label:26s} {t:9.3f} {b:7.3f} {ratio:7.2f} "
               f"{res.total / t:7.0f} {res.bytes_read / 1e6 / t:10.1f}  "
               f"{verdict(ratio, 3)}; {res.ok} ok, {res.skipped} skipped, "
-              f"{res.failed} failed; x bare min–max {rs[0]:.2f}–{rs[-1]:.2f}, replay s "
+              f"{res.failed} failed; replay.h5 {size / 1e6:.1f} MB; x bare min–max "
+              f"{rs[0]:.2f}–{rs[-1]:.2f}, replay s "
               f"{min(times):.2f}–{max(times):.2f}; load {min(loads):.1f}–{max(loads):.1f}")
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -58,7 +58,10 @@ class DumpInfo:
             f"  tensors {s['tensors']} ({s['tensors_with_data']} with data); dtypes "
             + ", ".join(f"{k} {v}" for k, v in s["by_dtype"].items()),
             f"  bytes written {human_bytes(s['bytes_written'])}, saved by links "
-            f"{human_bytes(s['bytes_saved_by_links'])}, file {human_bytes(s['file_bytes'])}",
+            f"{human_bytes(s['bytes_saved_by_links'])}, file {human_bytes(s['file_bytes'])}"
+            + (f", in the replayed dump (equal to the device's) "
+               f"{human_bytes(s['bytes_in_replayed_dump'])}"
+               if s.get("bytes_in_replayed_dump") else ""),
             f"  stored bytes checked by {s.get('checksum_kind', 'bit-pattern sum')}",
         ]
         faults = a.get("faults_applied") or []

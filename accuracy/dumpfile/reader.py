@@ -255,8 +255,15 @@ def _text(col: np.ndarray) -> list[str]:
 class Dump:
     """A dump opened read-only. Use `load_dump(path)`; close it or use it in a `with`."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, sources: bool = True) -> None:
+        """sources: a replay's rows whose bytes are the replayed dump's (`schema.IN_SOURCE`)
+        are read from that dump, found beside this file; False leaves them without data (the
+        source itself is opened so: a chain of replays never opens files in a loop)."""
         self.path = require_regular_file(path)
+        self._sources = sources
+        self._source: Dump | None = None
+        self.source_problem = ""  # why rows held by the replayed dump cannot be read
+        self.schema_version = -1
         self._f, self.closed_cleanly = _open_h5(self.path)
         try:
             self._validate()
@@ -313,11 +320,12 @@ class Dump:
             version = int(self._f.attrs.get("schema_version", -1))
         except (TypeError, ValueError):
             version = -1
-        if version > schema.SCHEMA_VERSION:
+        if version > schema.NEWEST_READABLE:
             raise DumpError(
                 f"{self.path}: written with dump schema {version}, newer than this accuracy "
-                f"reads ({schema.SCHEMA_VERSION}); upgrade accuracy"
+                f"reads ({schema.NEWEST_READABLE}); upgrade accuracy"
             )
+        self.schema_version = version
         if version < schema.OLDEST_READABLE:
             raise DumpError(f"{self.path}: invalid schema_version {version}")
         for name in (schema.BLOB, schema.OPS, schema.TENSORS, STATUS):
@@ -358,7 +366,8 @@ class Dump:
         rows = ops[:n_ops]
         self._tensors = tensors[:n_tensors]
         validate.check_op_rows(rows, self.blob_len)
-        validate.check_tensor_rows(self._tensors, self.blob_len)
+        validate.check_tensor_rows(self._tensors, self.blob_len,
+                                   in_source=self.schema_version >= schema.SOURCE_ROWS_SCHEMA)
         self._blob = blob
         texts = self._op_texts(rows) if "text" in (rows.dtype.names or ()) else None
         self._check_metadata_hashes(rows, texts)
@@ -444,7 +453,61 @@ class Dump:
                 nbytes=nb, first=first, stats={k: v[i] for k, v in stats_cols.items()},
                 content_hash=hashes[i] if ndims[i] >= 0 else NO_HASH,
             ))
-        return out
+        return self._resolve_in_source(out)
+
+    def _resolve_in_source(self, rows: list[TensorRecord]) -> list[TensorRecord]:
+        """Point each row whose bytes are the replayed dump's (`schema.IN_SOURCE`) at them:
+        the row there at the same address, holding its own bytes with the same dtype, size
+        and content hash (so reading it checks the bytes against this file's hash too). Rows
+        that cannot be pointed stay without data; `source_problem` says why."""
+        held = [i for i, t in enumerate(rows) if t.offset == schema.IN_SOURCE]
+        if not held:
+            return rows
+        src = self._open_source()
+        if src is None:
+            return rows
+        there = {(t.seq, t.io, t.idx): t for t in src.tensors}
+        wrong = 0
+        for i in held:
+            t = rows[i]
+            s = there.get((t.seq, t.io, t.idx))
+            if s is None or not s.has_data or s.dump is not src or s.op != t.op \
+                    or s.dtype != t.dtype or s.nbytes != t.nbytes \
+                    or s.content_hash != t.content_hash:
+                wrong += 1
+                continue
+            rows[i] = TensorRecord(
+                dump=src, row=t.row, op=t.op, seq=t.seq, io=t.io, idx=t.idx, dtype=t.dtype,
+                shape=t.shape, stride=t.stride, device=t.device, offset=s.offset,
+                nbytes=s.nbytes, first=t.row, stats=t.stats, content_hash=t.content_hash)
+        if wrong:
+            self.source_problem = (
+                f"{wrong} of the {len(held)} rows held by the replayed dump {src.path} do not "
+                "match it (another dump of that name?)")
+        return rows
+
+    def _open_source(self) -> Dump | None:
+        """The replayed dump, looked for only beside this file, under the name its
+        `replayed_from` attribute gives (a file names no other folder to open); None, with
+        `source_problem` set, when it is not there or not readable."""
+        name = self.attrs.get("replayed_from")
+        if not self._sources:
+            self.source_problem = ("rows held by a further dump are not followed (this dump "
+                                   "was opened as the replayed dump of another)")
+            return None
+        if not isinstance(name, str) or not Path(name).name:
+            self.source_problem = "the file names no replayed dump (no replayed_from)"
+            return None
+        path = self.path.parent / Path(name).name
+        try:
+            if path.resolve() == self.path.resolve():
+                raise DumpError(f"{path}: names itself as the replayed dump")
+            self._source = Dump(path, sources=False)
+        except (DumpError, OSError, ValueError, RuntimeError) as e:  # NUL bytes, link loops
+            self.source_problem = (f"their bytes are in the replayed dump {Path(name).name}, "
+                                   f"expected beside this file: {e}")
+            return None
+        return self._source
 
     @cached_property
     def _op_names_by_seq(self) -> dict[int, str]:
@@ -522,6 +585,8 @@ class Dump:
         """The tensor's values, after checking its bytes against the stored checksum."""
         import torch
 
+        if t.dump is not self:  # a replay's row held by the replayed dump
+            return t.dump.read_tensor(t)
         dtype = self._dtype_with_data(t)
         raw = self.read_bytes(t.offset, t.nbytes, t.address)
         self.check_bytes(t, raw)
@@ -530,6 +595,10 @@ class Dump:
         return torch.from_numpy(raw).view(dtype).reshape(t.shape)
 
     def _dtype_with_data(self, t: TensorRecord) -> torch.dtype:
+        if t.offset == schema.IN_SOURCE:
+            raise DumpError(f"{self.path}: {t.address}: the reference output equals the "
+                            f"device output, whose bytes it does not repeat: "
+                            f"{self.source_problem}")
         if not t.has_data:
             raise DumpError(
                 f"{self.path}: {t.address} has statistics only (dumped in statistics mode, or "
@@ -626,6 +695,8 @@ class Dump:
         written, compressed or scattered storage, unaligned offsets). The checksum is checked
         either way.
         """
+        if t.dump is not self:  # a replay's row held by the replayed dump
+            return t.dump.read_tensor_mapped(t)
         if not t.has_data or t.nbytes == 0:
             return self.read_tensor(t)
         import torch
@@ -648,7 +719,11 @@ class Dump:
         Reads each stored byte range once (links share it), in pieces of bounded size.
         """
         problems: list[str] = []
-        seen: set[tuple[int, int, int, int]] = set()
+        seen: set[tuple[int, int, int, int, int]] = set()
+        held = [t for t in self.tensors if t.offset == schema.IN_SOURCE]
+        if held:
+            problems.append(f"{self.path}: {len(held)} reference outputs cannot be read: "
+                            f"{self.source_problem}")
         for t in self.tensors:
             if not t.has_data:
                 continue
@@ -660,15 +735,16 @@ class Dump:
             if check is None:
                 continue
             c, stored = check
-            key = (t.offset, t.nbytes, dtypes.itemsize(t.dtype), stored)
+            key = (id(t.dump), t.offset, t.nbytes, dtypes.itemsize(t.dtype), stored)
             if key in seen:
                 continue
             seen.add(key)
+            d = t.dump  # this file, or the replayed dump holding a replay's row
             try:
                 step = _VERIFY_PIECE - _VERIFY_PIECE % 16  # whole parts of any element size
                 for a in range(0, t.nbytes, step):
-                    c.update(self.read_bytes(t.offset + a, min(step, t.nbytes - a), t.address))
-                self.check_checksum(t.address, c.value, stored)
+                    c.update(d.read_bytes(t.offset + a, min(step, t.nbytes - a), t.address))
+                d.check_checksum(t.address, c.value, stored)
             except DumpError as e:
                 problems.append(str(e))
         return problems
@@ -741,8 +817,11 @@ class Dump:
         """What `accuracy info` shows: counts by op, phase, module and dtype, and bytes."""
         recs = self.records
         tensors = self.tensors
-        written = sum(t.nbytes for t in tensors if t.has_data and not t.is_link)
+        written = sum(t.nbytes for t in tensors if t.has_data and not t.is_link
+                      and t.dump is self)
         linked = sum(t.nbytes for t in tensors if t.is_link)
+        in_source = sum(t.nbytes for t in tensors if t.dump is not self
+                        or t.offset == schema.IN_SOURCE)
         return {
             "path": str(self.path),
             "file_bytes": self.path.stat().st_size,
@@ -754,6 +833,7 @@ class Dump:
             "tensors_with_data": sum(1 for t in tensors if t.has_data),
             "bytes_written": written,
             "bytes_saved_by_links": linked,
+            "bytes_in_replayed_dump": in_source,
             "by_op": dict(Counter(r.op for r in recs).most_common()),
             "by_phase": dict(Counter(r.phase for r in recs)),
             "modules": len({r.module for r in recs if r.module}),
@@ -766,6 +846,8 @@ class Dump:
     # -- lifetime --------------------------------------------------------------------------
 
     def close(self) -> None:
+        if self._source is not None:
+            self._source.close()
         m = self.__dict__.pop("_mapping", None)
         if m is not None:
             try:

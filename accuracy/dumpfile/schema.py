@@ -17,8 +17,16 @@ EXTRACT_FORMAT_NAME = "accuracy-extract"  # `accuracy extract` output: plain HDF
 # 2: op rows gained `epoch`; version-1 files read with epoch unknown.
 # 3: tensor rows gained `hash` (XXH3-64 of the stored bytes); older files are checked by sum.
 # 4: op rows are fixed-size; their text lies in the blob (see optext.py): no HDF5 heap.
+# 5: a replay's output row may hold no bytes of its own but the replayed dump's (`IN_SOURCE`);
+#    written only by replays that have such rows, every other file stays schema 4.
 SCHEMA_VERSION = 4
+SOURCE_ROWS_SCHEMA = 5
+NEWEST_READABLE = SOURCE_ROWS_SCHEMA
 OLDEST_READABLE = 1
+# Tensor row offset of a replay output proven bit-identical to the device output it replays:
+# its bytes are those the replayed dump (root attribute `replayed_from`, found beside the
+# replay) stores at the same address, with the same content hash (see docs/dump-format.md).
+IN_SOURCE = -2
 UNKNOWN_EPOCH = -1  # an op row of a version-1 dump, or one written outside a dumper
 # The two-tier flow's selection file (written by `accuracy suspects`, read by dumper(select=))
 SELECTION_FORMAT = "accuracy-selection/1"

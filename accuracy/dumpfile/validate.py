@@ -221,8 +221,10 @@ def check_index(status: np.ndarray, ops: h5py.Dataset, tensors: h5py.Dataset,
     return n_ops, n_tensors, blob_len
 
 
-def check_tensor_rows(t: np.ndarray, blob_len: int) -> None:
-    """Vectorised checks of the tensor table: ranges, shapes, byte counts, dtypes."""
+def check_tensor_rows(t: np.ndarray, blob_len: int, in_source: bool = False) -> None:
+    """Vectorised checks of the tensor table: ranges, shapes, byte counts, dtypes.
+    in_source: rows may say their bytes are the replayed dump's (`schema.IN_SOURCE`, schema
+    5 replays): such a row names their count and content hash, checked like stored ones."""
     if len(t) == 0:
         return
     rows = np.arange(len(t))
@@ -249,12 +251,22 @@ def check_tensor_rows(t: np.ndarray, blob_len: int) -> None:
     refuse(t["nan_count"] < -1, "negative nan count")
     refuse(t["inf_count"] < -1, "negative inf count")
     data = (off >= 0) & (ndim >= 0)
-    refuse(off < -1, "negative data offset")
+    elsewhere = off == schema.IN_SOURCE
+    if in_source and "hash" in (t.dtype.names or ()):
+        refuse(elsewhere & (ndim < 0), "bytes in the replayed dump without a shape")
+        refuse(elsewhere & (t["hash"] == 0), "bytes in the replayed dump without a content hash")
+        refuse(elsewhere & (t["first"] != -1), "bytes in the replayed dump shared as a link")
+        refuse(off < schema.IN_SOURCE, "negative data offset")
+        refuse((off == schema.IN_SOURCE) & (t["io"] != schema.OUTPUT),
+               "an input's bytes in the replayed dump")
+    else:
+        refuse(off < -1, "negative data offset")
+    sized = data | (elsewhere & in_source)
     refuse(nb < 0, "negative byte count")
     refuse(data & (off > blob_len), "data offset past the end of the data")
     refuse(data & (nb > blob_len - np.minimum(off, blob_len)), "data runs past the end of the data")
     sizes = {}
-    for name in sorted(set(t["dtype"][data].tolist())):  # np.unique imports numpy.ma: 6 ms
+    for name in sorted(set(t["dtype"][sized].tolist())):  # np.unique imports numpy.ma: 6 ms
         text = name.decode("ascii", "replace")
         try:
             sizes[name] = dtypes.itemsize(text)
@@ -264,7 +276,7 @@ def check_tensor_rows(t: np.ndarray, blob_len: int) -> None:
         itemsize = np.zeros(len(t), np.float64)
         for name, size in sizes.items():
             itemsize[t["dtype"] == name] = size
-        refuse(data & (numel * itemsize != nb), "byte count does not match dtype and shape")
+        refuse(sized & (numel * itemsize != nb), "byte count does not match dtype and shape")
 
 
 def check_op_rows(o: np.ndarray, blob_len: int) -> None:

@@ -67,6 +67,9 @@ class TensorEntry:
     data: HostData | torch.Tensor | None = None  # bytes to store with this row
     first: int = -1  # row whose bytes this row shares (itself when `data` is set)
     nbytes: int = 0
+    # a replay's output whose bytes are the replayed dump's at the same address, with this
+    # content hash (`schema.IN_SOURCE`): nothing is written for it (schema-5 files only)
+    source_hash: int = NO_HASH
 
 
 @dataclass
@@ -258,6 +261,8 @@ class DumpWriter:
         self._batch_ops = max(1, min(64, flush_ops))
         self._batch_since = time.monotonic()
         self._ring = staging.acquire(max_pending_bytes)
+        # rows held by the replayed dump need a reader that knows them (schema 5)
+        self._source_rows = attrs.get("schema_version") == schema.SOURCE_ROWS_SCHEMA
         self._open(attrs)
         self._thread = threading.Thread(target=self._run, name="accuracy-dump-writer", daemon=True)
         self._thread.start()
@@ -286,6 +291,9 @@ class DumpWriter:
         for t in tensors:
             if isinstance(t.data, staging.StagedCopy):
                 t.data.submit()  # the writer thread frees its slot
+            if t.source_hash != NO_HASH and (t.data is not None or not self._source_rows):
+                raise ValueError("a row held by the replayed dump needs a schema-5 file "
+                                 "and no bytes of its own")
         size = sum(t.nbytes for t in tensors if t.data is not None)
         if size:
             with self._cond:
@@ -479,6 +487,9 @@ class DumpWriter:
                 self.bytes_written += arr.size
                 offset, nbytes, first = off, arr.size, t.row
                 t.data = None
+            elif t.source_hash != NO_HASH:  # the replayed dump holds the bytes (add_op checked)
+                offset, nbytes, first = schema.IN_SOURCE, t.nbytes, -1
+                self._hashes[t.row] = t.source_hash
             elif t.first >= 0 and t.first in self._offsets:
                 offset, nbytes = self._offsets[t.first]
                 first = t.first

@@ -20,7 +20,13 @@ import torch
 from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, TensorRecord, load_dump
 from accuracy.errors import AccuracyError
 from accuracy.ranks import find_rank_files, output_path
-from accuracy.replay.metrics import compare, error_ratio, exact_metrics, unit_roundoff
+from accuracy.replay.metrics import (
+    bit_equal,
+    compare,
+    error_ratio,
+    exact_metrics,
+    unit_roundoff,
+)
 from accuracy.replay.ops import OK, SKIPPED, OpOutcome
 
 log = logging.getLogger(__name__)
@@ -87,7 +93,7 @@ def _metrics(idx: int, device: torch.Tensor, want: torch.Tensor, n: int) -> dict
     floor = max(n - 1, 1) * unit_roundoff(device.dtype)
     return {"idx": idx, "err_device": e_dev, "err_reference": e_ref,
             "error_ratio": error_ratio(e_dev, e_ref, floor), "max_abs": mx, "cosine": cos,
-            "bit_exact": bool(torch.equal(device, same))}
+            "bit_exact": bit_equal(device, same)}  # bits: -0.0 and NaN payloads count
 
 
 def _check_one(kind: str, recs: dict[int, OpRecord], group: list[int]

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 import accuracy
 from accuracy.dumpfile import schema
+from accuracy.dumpfile.checksum import CONTENT_HASH_KIND, NO_HASH
 from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, TensorRecord, load_dump
 from accuracy.dumpfile.stats import tensor_stats
 from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
@@ -54,6 +55,8 @@ class ReplayResult:
     reasons: dict[str, int] = field(default_factory=dict)
     on: str = ""
     upcast: str = ""
+    held: int = 0  # reference outputs whose bytes are named in the dump beside, not written
+    dump: str = ""  # the replayed dump's file name
 
     @property
     def total(self) -> int:
@@ -67,6 +70,9 @@ class ReplayResult:
                     if self.resumed else "")]
         lines += format_reasons(self.reasons)
         lines.append(f"wrote {self.path}")
+        if self.held:
+            lines.append(f"  {self.held} reference outputs equal the device's: they name its "
+                         f"bytes in {self.dump} beside it (keep the two files together)")
         return "\n".join(lines)
 
 
@@ -124,13 +130,39 @@ def _stats_of(t: TensorRecord) -> Any:
             int(s["checksum"]))
 
 
+def _source_stats(t: TensorRecord) -> Any:
+    """The device row's statistics for a reference output with its bits, or None (computed
+    anew) where it has none; replay.h5 then keeps no sums (`SUMS_ATTR`), as tensor dumps."""
+    s = t.stats
+    if s["nan_count"] < 0:
+        return None
+    return [s["min"], s["max"], s["mean"], s["l2"], s["nan_count"], s["inf_count"]], 0
+
+
+def _held_by(source: Dump | None, t: TensorRecord | None, ref: torch.Tensor) -> bool:
+    """Whether reference output `ref`, proven to have the bits of device output `t`, can be
+    a row whose bytes are `t`'s in the replayed dump `source` (`schema.IN_SOURCE`): `t` is
+    stored there with a content hash, in `ref`'s dtype and size."""
+    return (source is not None and t is not None and t.dump is source and t.has_data
+            and t.content_hash != NO_HASH and t.dtype == schema.dtype_name(ref.dtype)
+            and tuple(t.shape) == tuple(ref.shape)
+            and t.nbytes == ref.numel() * ref.element_size())
+
+
 def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
-           links: dict[int, int] | None = None) -> None:
+           links: dict[int, int] | None = None, source: Dump | None = None,
+           hashed: bool = False) -> int:
     """One record of replay.h5: the original's metadata, the reference outputs' bytes.
 
     A reference output with the device's bits has the bytes of the original's row `first`:
-    `links` maps such rows to the replay.h5 row already holding them, so they are written once.
+    with `source` (the replayed dump, when replay.h5 lies beside it), the row names them
+    there and nothing is written (`schema.IN_SOURCE`); else `links` maps such rows to the
+    replay.h5 row already holding them, so they are written once. hashed: replay.h5 keeps
+    no bit-pattern sums (its bytes carry content hashes): a bit-exact output takes the
+    device row's statistics as they are, the others get theirs without the sum.
+    Returns how many outputs name the dump's bytes.
     """
+    held = 0
     links = {} if links is None else links
     entries = [TensorEntry(row=writer.new_row(), seq=rec.seq, io=schema.INPUT, idx=t.idx,
                            dtype=t.dtype, shape=t.shape, stride=t.stride, device=t.device,
@@ -143,12 +175,27 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
         if ref is not None:
             # same bits as the device output: its recorded statistics hold, skip a pass
             src = rec.outputs[i] if i in exact and i < len(rec.outputs) else None
-            stats = _stats_of(src) if src is not None else None
+            if src is not None and (src.idx != i or src.dtype != schema.dtype_name(ref.dtype)):
+                src = None  # compared after a cast, or another output: not these bytes
+            if _held_by(source, src, ref):
+                assert src is not None
+                entries.append(TensorEntry(
+                    row=row, seq=rec.seq, io=schema.OUTPUT, idx=i, dtype=src.dtype,
+                    shape=src.shape, stride=tuple(ref.stride()), device=str(ref.device),
+                    stats=_source_stats(src) or tensor_stats(ref, sums=False),
+                    nbytes=src.nbytes, source_hash=src.content_hash))
+                held += 1
+                continue
+            if hashed:
+                stats = (_source_stats(src) if src is not None else None) or tensor_stats(
+                    ref, sums=False)
+            else:
+                stats = (_stats_of(src) if src is not None else None) or tensor_stats(ref)
             linked = links.get(src.first) if src is not None and src.has_data else None
             entries.append(TensorEntry(
                 row=row, seq=rec.seq, io=schema.OUTPUT, idx=i, dtype=schema.dtype_name(ref.dtype),
                 shape=tuple(ref.shape), stride=tuple(ref.stride()), device=str(ref.device),
-                stats=stats or tensor_stats(ref), data=None if linked is not None else ref,
+                stats=stats, data=None if linked is not None else ref,
                 first=row if linked is None else linked,
                 nbytes=ref.numel() * ref.element_size()))
             if src is not None and src.has_data and linked is None:
@@ -164,6 +211,7 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
                           source=rec.source, stack=rec.stack, args=rec.args_json, step=rec.step,
                           n_in=len(rec.inputs), n_out=n_out, extra=extra, epoch=rec.epoch),
                    entries)
+    return held
 
 
 def _copy_finished(writer: DumpWriter, prev: Dump, wanted: set[int], result: ReplayResult,
@@ -245,6 +293,18 @@ def _outcomes(d: Dump, recs: list[OpRecord], on: str, upcast: str, jobs: int,
 
 # -- entry point -----------------------------------------------------------------------------
 
+def _source_beside(d: Dump, out: Path) -> Dump | None:
+    """`d`, when replay.h5 at `out` can name its bytes instead of repeating them: `d` has
+    content hashes and is the file a reader finds beside `out` under the name
+    `replayed_from` gives (readers look nowhere else); else None (every byte is written)."""
+    if d.checksum_kind != CONTENT_HASH_KIND:
+        return None
+    try:
+        return d if os.path.samefile(out.parent / d.path.resolve().name, d.path) else None
+    except OSError:
+        return None
+
+
 def _partial_paths(out: Path) -> tuple[Path, Path]:
     return out.with_name(out.name + ".partial"), out.with_name(out.name + ".partial.prev")
 
@@ -320,6 +380,10 @@ def replay(
         recs = _select(d, ops)
         sources = _prepare(out, resume, overwrite)
         partial, _ = _partial_paths(out)
+        # replay.h5 of a dump with content hashes keeps none of the sums (as tensor dumps):
+        # its stored bytes have hashes, and outputs with the device's bits its statistics
+        hashed = not metrics_only and d.checksum_kind == CONTENT_HASH_KIND
+        source = _source_beside(d, out) if hashed else None
         attrs = {
             "mode": "metrics" if metrics_only else "tensor", "replayed_from": str(d.path.resolve()),
             "reference": str(reference_device(on)), "upcast": upcast,
@@ -329,8 +393,12 @@ def replay(
             "source_backend": d.attrs.get("backend", ""),
             "source_profile": d.attrs.get("profile", ""), "backend": on,
         }
+        if hashed:
+            attrs[schema.SUMS_ATTR] = schema.SUMS_OMITTED
+        if source is not None:  # rows may be held by the dump: a reader that knows them
+            attrs["schema_version"] = schema.SOURCE_ROWS_SCHEMA
         writer = DumpWriter(partial, attrs, overwrite=True)
-        result = ReplayResult(path=out, on=on, upcast=upcast)
+        result = ReplayResult(path=out, on=on, upcast=upcast, dump=d.path.name)
         complete = False
         try:
             done: set[int] = set()
@@ -353,7 +421,7 @@ def replay(
                     rec = by_seq[outcome.seq]
                     if metrics_only:
                         outcome.tensors = []  # figures only: no reference tensor is written
-                    _write(writer, rec, outcome, links)
+                    result.held += _write(writer, rec, outcome, links, source, hashed)
                     _tally(result, outcome.status, outcome.reason)
                     result.bytes_read += sum(t.nbytes for t in rec.inputs + rec.outputs
                                              if t.has_data)

@@ -58,6 +58,10 @@ class TensorSource:
     """One tensor of a dump, read whole when its view fits the budget, else in windows."""
 
     def __init__(self, d: Dump, t: TensorRecord, limits: ViewLimits) -> None:
+        if t.offset == schema.IN_SOURCE:
+            raise ApiError(409, f"{t.address}: this reference output equals the device output, "
+                                "whose bytes are in the replayed dump; it is not beside this "
+                                "replay (keep the two files in one folder)")
         if not t.has_data:
             raise ApiError(409, f"{t.address} has statistics only (dumped in statistics mode or "
                                 "filtered); dump in tensor mode to view its values")
@@ -73,7 +77,8 @@ class TensorSource:
         if self.numel > MAX_VIEW_ELEMENTS:
             raise ApiError(413, f"{t.address} has {self.numel} elements; views are limited to "
                                 f"{MAX_VIEW_ELEMENTS}")
-        self.d, self.t, self.limits = d, t, limits
+        # t.dump: the file holding the bytes (a replay's row may be held by the replayed dump)
+        self.d, self.t, self.limits = t.dump, t, limits
         self.whole = self.numel * WORK_BYTES_PER_ELEMENT <= limits.budget_bytes
         if not self.whole:
             self._check_layout()
