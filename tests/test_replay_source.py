@@ -325,3 +325,31 @@ def test_server_view_without_the_dump_says_where_the_bytes_are(pair, tmp_path):
             TensorSource(rp, t, ViewLimits())
         assert e.value.status == 409
 
+
+
+def test_an_uploaded_replay_never_reads_another_run(pair, tmp_path):
+    """Uploads sit in the server's runs/ under ids, beside other users' runs: a replay whose
+    replayed_from names another stored run (crafted, or by chance) reads nothing from it."""
+    from accuracy.server.storage import Storage
+    from tests._crafted import reseal
+
+    dev, rep = pair
+    storage = Storage(tmp_path / "data")
+    try:
+        up = storage.tmp_path()
+        shutil.copy(dev, up)
+        dev_run = storage.add_uploaded(up, "dev.h5")
+        crafted = storage.tmp_path()
+        shutil.copy(rep, crafted)
+        with h5py.File(crafted, "r+") as f:
+            f.attrs["replayed_from"] = os.path.basename(dev_run.path)
+            reseal(f)
+        rep_run = storage.add_uploaded(crafted, "rep.h5")
+        rp = storage.dump(rep_run.id)
+        held = [t for t in rp.tensors if t.offset == schema.IN_SOURCE]
+        assert held and all(t.dump is rp and not t.has_data for t in held)
+        assert "uploaded to a server" in rp.source_problem
+        with load_dump(rep_run.path) as local:  # the same file opened as a user would
+            assert any(t.dump is not local for t in local.tensors)
+    finally:
+        storage.close()

@@ -492,8 +492,10 @@ class Dump:
         `source_problem` set, when it is not there or not readable."""
         name = self.attrs.get("replayed_from")
         if not self._sources:
-            self.source_problem = ("rows held by a further dump are not followed (this dump "
-                                   "was opened as the replayed dump of another)")
+            self.source_problem = ("rows held by the replayed dump are not followed from "
+                                   "this file (opened as the replayed dump of another, or "
+                                   "uploaded to a server, whose runs are not kept beside "
+                                   "their dumps)")
             return None
         if not isinstance(name, str) or not Path(name).name:
             self.source_problem = "the file names no replayed dump (no replayed_from)"
@@ -869,6 +871,8 @@ class Dump:
         return f"Dump({str(self.path)!r}, ops={len(self)}, complete={self.attrs['complete']})"
 
 
-def load_dump(path: str | os.PathLike[str]) -> Dump:
-    """Open a dump lazily. Raises DumpError with the file and the reason when it can't."""
-    return Dump(path)
+def load_dump(path: str | os.PathLike[str], *, sources: bool = True) -> Dump:
+    """Open a dump lazily. Raises DumpError with the file and the reason when it can't.
+    `sources=False`: a replay's rows held by its replayed dump are not read from the dump
+    beside it (see `Dump`)."""
+    return Dump(path, sources=sources)

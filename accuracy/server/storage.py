@@ -211,7 +211,9 @@ class Storage:
                 return d
         run = self.run(run_id)
         try:
-            d = load_dump(run.path)
+            # an uploaded file sits in runs/ under an id, beside other users' runs: the
+            # dump its replayed_from names is never looked for there
+            d = load_dump(run.path, sources=run.source != "upload")
             d.records  # noqa: B018 - build the op table once, under no request's deadline
         except DumpError as e:
             raise ApiError(410, f"the run's dump can no longer be read: "
