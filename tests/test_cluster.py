@@ -385,3 +385,27 @@ def test_opening_ahead_never_closes_a_file_a_task_may_be_reading(tmp_path):
         assert cluster._reader_for_paths({str(a)}) is not reader  # a task reopens it
     finally:
         _forget_open_files()
+
+
+def test_a_failed_first_answer_is_asked_again(dumps, client):
+    """When the question asked as compare() starts failed, placement asks the workers again
+    (as it did before it was asked early) and the compare completes with the local rows."""
+    from _cluster_tasks import refuse_to_answer
+
+    from accuracy.cluster import Asked
+    from accuracy.compare.cluster import DaskRunner
+
+    failed: list[Asked] = []
+
+    class Runner(DaskRunner):
+        def prepare(self, p):
+            paths = sorted(os.path.abspath(x) for x in p)
+            failed.append(Asked(self.client, refuse_to_answer, paths, {}))
+            self._asked = (frozenset(paths), failed[-1])
+
+    client.wait_for_workers(2, timeout=60)
+    local = compare(dumps["device"], dumps["golden"])
+    remote = compare(dumps["device"], dumps["golden"], runner=Runner(client))
+    with pytest.raises(OSError, match="could not answer"):
+        failed[0].result(timeout=60)
+    assert _same_rows(remote.rows, local.rows)

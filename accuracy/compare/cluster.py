@@ -135,7 +135,12 @@ class DaskRunner:
         workers = None
         if self.place and batches:
             paths = {r.path for b in batches for p in b for r in p}
-            views = asked[1].result() if asked is not None and paths <= asked[0] else None
+            views = None
+            if asked is not None and paths <= asked[0]:
+                try:
+                    views = asked[1].result()
+                except Exception as e:  # noqa: BLE001 - asked again below, as before
+                    log.info("the workers' first answer failed (%s); asking again", e)
             placement = Placement(self.client, paths, views)
             workers = [placement.workers_for({r.path for p in b for r in p}) for b in batches]
         return map_in_order(self.client, run_batch, batches, algorithms,
