@@ -339,9 +339,11 @@ def _in_order(client: Any, tasks: list[list[int]], futures: list[Any], eager: bo
         from distributed import as_completed
 
         index = {f.key: t for t, f in enumerate(futures)}
-        for f in as_completed(list(futures)):
+        # results fetched by the client's event loop as tasks finish, not by a call from
+        # this thread per task (each a round trip through the loop)
+        for f, result in as_completed(list(futures), with_results=True):
             t = index[f.key]
-            take(t, f.result())
+            take(t, result)
             futures[t] = None  # released: the worker drops its copy
             f.release()
             while nxt in done:
