@@ -37,8 +37,11 @@ _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_PhdrInfo), ctypes.c_s
 
 
 def _iterate_phdr() -> ctypes._CFuncPtr | None:
+    """glibc's dl_iterate_phdr, called holding the GIL (PyDLL): it holds the loader's lock
+    while our callback runs, and a callback waiting for the GIL while another thread holds
+    the GIL inside dlopen (an import) would wait on each other forever."""
     try:
-        return ctypes.CDLL(None).dl_iterate_phdr
+        return ctypes.PyDLL(None).dl_iterate_phdr
     except (OSError, AttributeError):
         return None
 
