@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -140,6 +141,16 @@ def _client(distributed: Any, kind: str, value: int | str, timeout: float) -> It
         yield client
 
 
+def signatures(paths: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """(size, mtime_ns) of each path as this process sees it (it read their indexes: it
+    must see them)."""
+    out = {}
+    for p in paths:
+        st = os.stat(p)
+        out[p] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
 def file_view(paths: Sequence[str]) -> dict[str, tuple[str, int, int] | None]:
     """Run on a worker: (host, size, mtime_ns) of each path as this worker sees it, or None
     where it cannot see the file."""
@@ -164,13 +175,15 @@ class Placement:
     restriction; a file on one node's local disk is read only by that node's workers.
     """
 
-    def __init__(self, client: Any, paths: Iterable[str]) -> None:
+    def __init__(self, client: Any, paths: Iterable[str],
+                 views: dict[str, dict[str, Any]] | None = None) -> None:
+        """views: the workers' `file_view` answers for `paths` when already asked (by
+        `ask_workers`, while this process was busy), else asked here."""
         wanted = sorted(set(paths))
-        mine = {}
-        for p in wanted:
-            st = os.stat(p)  # this process read the file's index: it must see it
-            mine[p] = (st.st_size, st.st_mtime_ns)
-        views: dict[str, dict[str, Any]] = client.run(file_view, wanted)
+        mine = signatures(wanted)
+        if views is None or any(p not in v for v in views.values() for p in wanted):
+            views = client.run(file_view, wanted)
+        assert views is not None
         self.workers = frozenset(views)
         self.readers = {p: frozenset(w for w, v in views.items()
                                      if v.get(p) is not None and tuple(v[p][1:]) == mine[p])
@@ -211,6 +224,33 @@ class Placement:
         return sorted(allowed)
 
 
+class Asked:
+    """`client.run(fn, *args)` on every worker, started on a thread so that this process
+    keeps working meanwhile (the workers answer, and open files, while the client aligns the
+    runs); `result()` waits for the answers and raises what the call raised."""
+
+    def __init__(self, client: Any, fn: Callable[..., Any], *args: Any) -> None:
+        self._out: dict[str, Any] = {}
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(client, fn, args),
+                                        name="accuracy-ask-workers", daemon=True)
+        self._thread.start()
+
+    def _run(self, client: Any, fn: Callable[..., Any], args: tuple) -> None:
+        try:
+            self._out = client.run(fn, *args)
+        except BaseException as e:  # handed to whoever waits for the answers
+            self._error = e
+
+    def result(self, timeout: float | None = None) -> dict[str, Any]:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError("the Dask workers did not answer")
+        if self._error is not None:
+            raise self._error
+        return self._out
+
+
 def guided_groups(n: int, workers: int, most: int) -> list[range]:
     """Consecutive runs of `n` batch indices, one task each: large runs first, shrinking to
     single batches at the end (guided self-scheduling: each run is the remaining work over
@@ -236,6 +276,8 @@ def map_in_order(client: Any, fn: Callable[..., Any], batches: Sequence[Any], *a
                  eager: bool = True, group: int = 1) -> Iterator[Any]:
     """Run `fn(batch, *args)` for each batch on the cluster; yield the results in batch order.
 
+    The tasks are submitted here, before the first result is asked for, so the caller can
+    work while they run (compare builds the rows that need no metrics meanwhile).
     Tasks are impure (their keys are unique per call) so a second run recomputes; a task whose
     worker dies is rescheduled up to `retries` times. `workers`: per batch, the workers it may
     run on (None: any; from Placement.workers_for). eager: fetch each result as soon as it is
@@ -243,7 +285,7 @@ def map_in_order(client: Any, fn: Callable[..., Any], batches: Sequence[Any], *a
     (the scheduler would recompute a lost result); False fetches in batch order, leaving
     later results on the workers (for large results). group: at most this many consecutive
     batches of one placement per task (`guided_groups`; 1: a task per batch). Pending tasks
-    are cancelled on exit.
+    are cancelled when the iterator is closed or ends.
     """
     token = uuid.uuid4().hex[:12]
     batches = list(batches)
@@ -272,6 +314,12 @@ def map_in_order(client: Any, fn: Callable[..., Any], batches: Sequence[Any], *a
                             retries=retries, pure=False, **placed)
         tasks += runs
         futures += fs
+    return _in_order(client, tasks, futures, eager, group)
+
+
+def _in_order(client: Any, tasks: list[list[int]], futures: list[Any], eager: bool,
+              group: int) -> Iterator[Any]:
+    """map_in_order's results, in batch order; cancels what is pending when closed."""
     first_batch = [run[0] for run in tasks]
     try:
         done: dict[int, Any] = {}
@@ -291,9 +339,11 @@ def map_in_order(client: Any, fn: Callable[..., Any], batches: Sequence[Any], *a
         from distributed import as_completed
 
         index = {f.key: t for t, f in enumerate(futures)}
-        for f in as_completed(list(futures)):
+        # results fetched by the client's event loop as tasks finish, not by a call from
+        # this thread per task (each a round trip through the loop)
+        for f, result in as_completed(list(futures), with_results=True):
             t = index[f.key]
-            take(t, f.result())
+            take(t, result)
             futures[t] = None  # released: the worker drops its copy
             f.release()
             while nxt in done:

@@ -12,7 +12,7 @@ runs it twice from one command, each in a fresh process (its Dask workers inheri
 torch's default threads, then OMP_NUM_THREADS=1; `--threads N` sets OMP_NUM_THREADS.
 
 Run: .venv/bin/python benchmarks/bench_cluster.py [--batch 32] [--replay-batch 8]
-        [--workdir DIR] [--skip-replay] [--two-tier] [--idle] [--probe] [--split]
+        [--workdir DIR] [--repeat N] [--skip-replay] [--two-tier] [--idle] [--probe] [--split]
         [--scaling] [--threads both|N]
 """
 
@@ -23,6 +23,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -114,6 +115,20 @@ def bench_compare(device: Path, golden: Path) -> list[dict]:
     for r in runs:
         r["bytes"] = nbytes
     return runs
+
+
+def median_rounds(rounds: list[list[dict]]) -> list[dict]:
+    """One row per way of running from several rounds (each round runs every way once, in
+    the same order, so the machine's drift falls on all of them): the median wall and CPU
+    seconds, every round's walls, and whether every round's rows were identical."""
+    out = []
+    for i, first in enumerate(rounds[0]):
+        mine = [r[i] for r in rounds]
+        out.append({**first, "wall": statistics.median(r["wall"] for r in mine),
+                    "cpu": statistics.median(r["cpu"] for r in mine),
+                    "walls": [r["wall"] for r in mine], "same": all(r["same"] for r in mine),
+                    "load": mine[-1]["load"]})
+    return out
 
 
 def _replay_json(path: Path) -> str:
@@ -453,6 +468,14 @@ def print_table(title: str, runs: list[dict]) -> None:
               f"{r['cpu']:.2f} | {r['bytes'] / r['cpu'] / 1e9:.3f} | "
               f"{'yes' if r['same'] else 'NO'} | {r.get('start', 0):.1f} | "
               f"{r['load'].removeprefix('load ')} |")
+    if len(runs[0].get("walls", [])) > 1:
+        one = next(r for r in runs if r["how"].endswith("local:1"))
+        two = next(r for r in runs if r["how"].endswith("local:2"))
+        per = [a / b for a, b in zip(one["walls"], two["walls"], strict=True)]
+        print(f"{len(per)} rounds (medians above); local:2 / local:1 per round: "
+              f"{', '.join(f'{x:.2f}x' for x in per)}; walls local:1 "
+              f"{', '.join(f'{x:.2f}' for x in one['walls'])}, local:2 "
+              f"{', '.join(f'{x:.2f}' for x in two['walls'])}")
     print_goals(runs)
 
 
@@ -484,6 +507,9 @@ def main() -> int:
     p.add_argument("--replay-batch", type=int, default=8, help="batch of the replayed step")
     p.add_argument("--workdir", help="keep dumps here (default: a temporary directory)")
     p.add_argument("--skip-replay", action="store_true")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds of the compare (each runs in-process, local:1 and local:2 on "
+                   "fresh clusters); the table shows the medians")
     p.add_argument("--idle", action="store_true", help="only an idle worker's CPU per second")
     p.add_argument("--probe", action="store_true",
                    help="only one batch's task CPU and page faults, in-process vs workers")
@@ -525,7 +551,8 @@ def main() -> int:
         print(f"dumps ready in {time.perf_counter() - t0:.0f} s: {device.stat().st_size / 1e9:.2f}"
               f" + {golden.stat().st_size / 1e9:.2f} GB; {os.cpu_count()} cores, {_load()}")
         print(warm_page_cache(device, golden), flush=True)
-        print_table("compare", bench_compare(device, golden))
+        print_table("compare", median_rounds([bench_compare(device, golden)
+                                              for _ in range(max(1, args.repeat))]))
         if not args.skip_replay:
             rdev, _ = make_dumps(work, args.replay_batch)
             print(warm_page_cache(rdev), flush=True)

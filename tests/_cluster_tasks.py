@@ -66,3 +66,8 @@ def replay_logged(seqs, path, on, upcast, metrics_only, log_dir, kill_at):
             os.close(fd)
             os.kill(os.getpid(), signal.SIGKILL)
     return out
+
+
+def refuse_to_answer(paths, mine):
+    """A worker's answer to DaskRunner.prepare that fails (a worker lost meanwhile)."""
+    raise OSError("this worker could not answer")

@@ -320,3 +320,92 @@ def test_cli_cluster_local_report_matches_and_bad_spec_is_refused(dumps, tmp_pat
     rc = main(["compare", "-m", str(dumps["device"]), "-g", str(dumps["golden"]),
                "--cluster", "lcoal:2"])
     assert rc == 2 and "write local:N" in capsys.readouterr().err
+
+
+def _open_on_workers():
+    from accuracy.compare import cluster
+
+    return sorted(cluster._READER["files"])
+
+
+def _forget_open_files():
+    from accuracy.compare import cluster
+
+    with cluster._LOCK:
+        if cluster._READER["reader"] is not None:
+            cluster._READER["reader"].close()
+        cluster._READER["reader"], cluster._READER["files"] = None, {}
+
+
+def test_workers_open_the_dumps_while_the_client_aligns(dumps, client):
+    """compare() hands the runner its dumps as it starts; the workers say what they see and
+    open those dumps then, so the first task does not open them (~18 ms per dump, per
+    worker) and the placement question is answered before the batches exist."""
+    from accuracy.compare.cluster import DaskRunner
+
+    client.wait_for_workers(2, timeout=60)
+    paths = sorted(str(dumps[k].resolve()) for k in ("device", "golden"))
+    asked: list[list[str]] = []
+
+    class Runner(DaskRunner):
+        def prepare(self, p):
+            asked.append(sorted(p))
+            super().prepare(p)
+
+    client.run(_forget_open_files)
+    runner = Runner(client)
+    runner.prepare(paths)
+    runner._asked[1].result(timeout=60)  # noqa: SLF001 - the answers it waits for
+    assert list(client.run(_open_on_workers).values()) == [paths, paths]  # no task ran
+    local = compare(dumps["device"], dumps["golden"])
+    asked.clear()
+    remote = compare(dumps["device"], dumps["golden"], runner=Runner(client))
+    assert asked == [sorted(str(dumps[k]) for k in ("device", "golden"))]  # compare asked
+    assert _same_rows(remote.rows, local.rows)
+
+
+def test_opening_ahead_never_closes_a_file_a_task_may_be_reading(tmp_path):
+    """A dump replaced at the same path while a worker has the old one open: opening ahead
+    (on the worker's event loop) leaves the open reader alone; the next task reopens."""
+    import shutil
+
+    from accuracy.compare import cluster
+
+    a = tmp_path / "a.h5"
+    shutil.copy(_dump(tmp_path / "src.h5"), a)
+    _forget_open_files()
+    try:
+        reader = cluster._reader_for_paths({str(a)})
+        before = reader.dump(str(a))
+        st = os.stat(a)
+        os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # "another file" now
+        view = cluster.see_and_open([str(a)], cluster.signatures([str(a)]))
+        assert view[str(a)] is not None
+        assert cluster._READER["reader"] is reader and reader.dump(str(a)) is before
+        assert cluster._reader_for_paths({str(a)}) is not reader  # a task reopens it
+    finally:
+        _forget_open_files()
+
+
+def test_a_failed_first_answer_is_asked_again(dumps, client):
+    """When the question asked as compare() starts failed, placement asks the workers again
+    (as it did before it was asked early) and the compare completes with the local rows."""
+    from _cluster_tasks import refuse_to_answer
+
+    from accuracy.cluster import Asked
+    from accuracy.compare.cluster import DaskRunner
+
+    failed: list[Asked] = []
+
+    class Runner(DaskRunner):
+        def prepare(self, p):
+            paths = sorted(os.path.abspath(x) for x in p)
+            failed.append(Asked(self.client, refuse_to_answer, paths, {}))
+            self._asked = (frozenset(paths), failed[-1])
+
+    client.wait_for_workers(2, timeout=60)
+    local = compare(dumps["device"], dumps["golden"])
+    remote = compare(dumps["device"], dumps["golden"], runner=Runner(client))
+    with pytest.raises(OSError, match="could not answer"):
+        failed[0].result(timeout=60)
+    assert _same_rows(remote.rows, local.rows)

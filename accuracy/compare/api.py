@@ -7,7 +7,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -215,14 +215,51 @@ def _needs_data(s: _Spec) -> bool:
 
 
 # Runs the pair batches somewhere else (a Dask cluster: accuracy.compare.cluster.DaskRunner):
-# gets the batches and the algorithms, yields each batch's metric dicts in batch order.
+# gets the batches and the algorithms, yields each batch's metric dicts in batch order. A
+# runner may also have `prepare(paths)`: called as compare() starts, with the two dumps' paths.
 BatchRunner = Callable[[list[list[tuple[TensorRef, TensorRef]]], tuple[str, ...]],
                        Iterable[list[dict[str, Any]]]]
 
 
+class _Results:
+    """The pairs' metric dicts, taken from the batches as they finish, so the rows of the
+    pairs already measured are built while the rest are still being computed (by a Dask
+    cluster or `-j` processes; in this process every batch is computed when a row first
+    needs one). Building the rows after the last batch was serial time a cluster cannot
+    share."""
+
+    def __init__(self, batches: Iterator[list[tuple[tuple, dict[str, Any]]]],
+                 runner: Iterable[Any] | None = None) -> None:
+        self._batches = batches
+        self._runner = runner  # closed on abort: its pending tasks are cancelled
+        self._done: dict[tuple, dict[str, Any]] = {}
+
+    def get(self, key: tuple) -> dict[str, Any]:
+        """The metrics of pair `key`, waiting for its batch if it is still running."""
+        while key not in self._done:
+            got = next(self._batches, None)
+            if got is None:
+                raise KeyError(f"no batch measured the pair {key}")
+            self._done.update(got)
+        return self._done[key]
+
+    def close(self) -> None:
+        """Take any batch no row asked for and end the run (its pool, progress bar)."""
+        for got in self._batches:
+            self._done.update(got)
+
+    def abort(self) -> None:
+        """End the run early (a row failed): its pool and progress bar are closed, and a
+        runner's tasks not finished are cancelled, even when no batch was asked for yet."""
+        for it in (self._batches, self._runner):
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+
+
 def _run_metrics(specs: list[_Spec], dumps: dict[str, Dump], algs: tuple[str, ...], jobs: int,
-                 progress: bool, runner: BatchRunner | None = None
-                 ) -> tuple[dict[tuple, dict[str, Any]], int]:
+                 progress: bool, runner: BatchRunner | None = None) -> tuple[_Results, int]:
+    """The pairs' metrics (filled as their batches finish) and the bytes they cover."""
     todo: dict[tuple, tuple[TensorRef, TensorRef]] = {}
     for s in specs:
         if _needs_data(s):
@@ -232,12 +269,6 @@ def _run_metrics(specs: list[_Spec], dumps: dict[str, Dump], algs: tuple[str, ..
                 todo[k] = (s.my.ref(), s.golden.ref())
     keys = list(todo)
     total = sum(m.nbytes + g.nbytes for m, g in todo.values())
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc="compare", leave=False)
-    results: dict[tuple, dict[str, Any]] = {}
     batches: list[list[tuple]] = [[]]
     size = 0
     for k in keys:
@@ -246,40 +277,52 @@ def _run_metrics(specs: list[_Spec], dumps: dict[str, Dump], algs: tuple[str, ..
             size = 0
         batches[-1].append(k)
         size += todo[k][0].nbytes + todo[k][1].nbytes
+    # a runner is handed every batch now: its tasks run while the caller builds rows
+    ran = runner([[todo[k] for k in b] for b in batches], algs) if runner and todo else None
+    return _Results(_batch_results(todo, batches, dumps, algs, jobs, progress, ran,
+                                   total), ran), total
+
+
+def _batch_results(todo: dict[tuple, tuple[TensorRef, TensorRef]], batches: list[list[tuple]],
+                   dumps: dict[str, Dump], algs: tuple[str, ...], jobs: int, progress: bool,
+                   ran: Iterable[list[dict[str, Any]]] | None, total: int
+                   ) -> Iterator[list[tuple[tuple, dict[str, Any]]]]:
+    """Each batch's (pair key, metrics), as the batches finish (a runner's in batch order)."""
+    if not todo:
+        return
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc="compare", leave=False)
+
+    def done(b: list[tuple], res: list[dict[str, Any]]) -> list[tuple[tuple, dict[str, Any]]]:
+        if bar:
+            bar.update(sum(todo[k][0].nbytes + todo[k][1].nbytes for k in b))
+        return list(zip(b, res, strict=True))
+
     with ExitStack() as stack:
         if bar:
             stack.callback(bar.close)
-        if runner is not None and keys:
-            for b, res in zip(batches, runner([[todo[k] for k in b] for b in batches], algs),
-                              strict=True):
-                for k, r in zip(b, res, strict=True):
-                    results[k] = r
-                if bar:
-                    bar.update(sum(todo[k][0].nbytes + todo[k][1].nbytes for k in b))
+        if ran is not None:
+            for b, res in zip(batches, ran, strict=True):
+                yield done(b, res)
         elif jobs > 1 and len(batches) > 1:
             from concurrent.futures import ProcessPoolExecutor, as_completed  # 5 ms: here
 
-            with ProcessPoolExecutor(max_workers=min(jobs, len(batches))) as ex:
-                futs = {ex.submit(worker_run, [todo[k] for k in b], algs): b for b in batches}
-                warm()  # the workers are forked by now: this process has time to spare
-                for f in as_completed(futs):
-                    b = futs[f]
-                    for k, r in zip(b, f.result(), strict=True):
-                        results[k] = r
-                    if bar:
-                        bar.update(sum(todo[k][0].nbytes + todo[k][1].nbytes for k in b))
-        else:
+            ex = stack.enter_context(ProcessPoolExecutor(max_workers=min(jobs, len(batches))))
+            futs = {ex.submit(worker_run, [todo[k] for k in b], algs): b for b in batches}
+            warm()  # the workers are forked by now: this process has time to spare
+            for f in as_completed(futs):
+                yield done(futs[f], f.result())
+        else:  # here, all at once: nothing would run beside the rows
             from accuracy.compare.blas import single_threaded_blas
 
             reader = BlobReader(dumps)
-            stack.enter_context(single_threaded_blas())
-            for b in batches:
-                for k, r in zip(b, compare_refs(reader, [todo[k] for k in b], algs),
-                                strict=True):
-                    results[k] = r
-                if bar:
-                    bar.update(sum(todo[k][0].nbytes + todo[k][1].nbytes for k in b))
-    return results, total
+            with single_threaded_blas():
+                measured = [done(b, compare_refs(reader, [todo[k] for k in b], algs))
+                            for b in batches]
+            yield from measured
 
 
 def _replay_index(replay: Dump | None) -> dict[int, dict[str, Any]]:
@@ -614,6 +657,9 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
     algs = resolve_algorithms(algorithms)
     mp = load_mapping(mapping)
     owned: list[Dump] = []
+    prepare = getattr(runner, "prepare", None)
+    if prepare is not None:  # a cluster's workers open the dumps while this process aligns
+        prepare([str(d.path if isinstance(d, Dump) else d) for d in (my, golden)])
     try:
         dm, dg = _open(my, owned), _open(golden, owned)
         dr = _open(replay, owned)
@@ -630,20 +676,30 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             log.info("%s", m)
         specs = _specs(dm, dg, mp)
         dumps = {str(dm.path): dm, str(dg.path): dg}
-        results, nbytes = _run_metrics(specs, dumps, algs, max(1, int(jobs)), progress,
-                                       runner)
         rp = _replay_index(dr)
         precision = ComputePrecision.from_sources(cfg, dm.attrs)
+        results, nbytes = _run_metrics(specs, dumps, algs, max(1, int(jobs)), progress,
+                                       runner)
+        # what needs no metrics is done while a runner's first tasks run
+        producers = _producers(specs)
+        quant = {r.seq: r for r in dm.records if r.extra.get("quant")}
+        recompiles = recompile_lines(dm.attrs, "my") + recompile_lines(dg.attrs, "golden")
+        kernel_replay = _kernel_replay(dm, dr, rp)
+        notes = [n for n in (unemulated_note(dm.attrs, (r.op for r in dm.records)),) if n]
         rows = []
         computed: dict[tuple, str] = {}  # tensor -> the compute precision that made it
-        for i, s in enumerate(specs):
-            res = results.get((_key(s.my), _key(s.golden))) if _needs_data(s) else None
-            rows.append(_row(i, s, res, cfg, rp, precision, _moved_from(s, computed)))
-            _apply_compiled(rows[-1], s)
-            if rows[-1].compute_precision and s.io == "output" and s.my is not None:
-                computed[s.my.values_key] = rows[-1].compute_precision
-        judge(rows, _producers(specs), cfg)
-        judge_quant(rows, {r.seq: r for r in dm.records if r.extra.get("quant")}, cfg)
+        try:
+            for i, s in enumerate(specs):
+                res = results.get((_key(s.my), _key(s.golden))) if _needs_data(s) else None
+                rows.append(_row(i, s, res, cfg, rp, precision, _moved_from(s, computed)))
+                _apply_compiled(rows[-1], s)
+                if rows[-1].compute_precision and s.io == "output" and s.my is not None:
+                    computed[s.my.values_key] = rows[-1].compute_precision
+            results.close()
+        finally:
+            results.abort()
+        judge(rows, producers, cfg)
+        judge_quant(rows, quant, cfg)
         _arguments_differ(rows, specs)
         seconds = time.perf_counter() - t0
         meta = {
@@ -659,9 +715,9 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None, "jobs": jobs,
             "refusals": refusals,
             "blind": blind,
-            "recompiles": recompile_lines(dm.attrs, "my") + recompile_lines(dg.attrs, "golden"),
-            "kernel_replay": _kernel_replay(dm, dr, rp),
-            "notes": [n for n in (unemulated_note(dm.attrs, (r.op for r in dm.records)),) if n],
+            "recompiles": recompiles,
+            "kernel_replay": kernel_replay,
+            "notes": notes,
         }
         log.info("compared %d rows, %.1f MB in %.2f s", len(rows), nbytes / 1e6, seconds)
         return Report(rows, analyse(rows, cfg, meta))
