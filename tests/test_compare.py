@@ -13,6 +13,7 @@ from accuracy.compare import compare, load_report
 from accuracy.dumper.core import dumper
 from accuracy.dumpfile import DumpError, load_dump
 from accuracy.examples import lm_batch, lm_step, tiny_lm
+from tests._lm_dumps import faulty_lm_pair
 
 
 class Block(nn.Module):
@@ -80,15 +81,7 @@ def dumps(tmp_path_factory):
 @pytest.fixture(scope="module")
 def lm_dumps(tmp_path_factory):
     """Tiny transformer: golden on CPU fp32, device on sim fp16-cube with a layer-norm fault."""
-    sim = pytest.importorskip("accuracy.device_backend").sim
-    d = tmp_path_factory.mktemp("lm")
-    with dumper(str(d / "golden.h5")):
-        lm_step(tiny_lm(), lm_batch())
-    fault = sim.fault("aten.native_layer_norm.default", module="encoder.layers.1.*",
-                      kind="bias", value=0.05)
-    with sim(profile="fp16-cube", faults=[fault]), dumper(str(d / "device.h5")):
-        lm_step(tiny_lm(), lm_batch())
-    return d / "device.h5", d / "golden.h5"
+    return faulty_lm_pair(tmp_path_factory.mktemp("lm"))
 
 
 def op_rows(rep, verdict=None):

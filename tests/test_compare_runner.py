@@ -12,21 +12,12 @@ import accuracy.compare.api as api
 from accuracy.compare import compare
 from accuracy.compare.blas import single_threaded_blas
 from accuracy.compare.engine import BlobReader, compare_refs
-from accuracy.dumper.core import dumper
-from accuracy.examples import lm_batch, lm_step, tiny_lm
+from tests._lm_dumps import faulty_lm_pair
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    sim = pytest.importorskip("accuracy.device_backend").sim
-    d = tmp_path_factory.mktemp("runner")
-    with dumper(str(d / "golden.h5")):
-        lm_step(tiny_lm(), lm_batch())
-    fault = sim.fault("aten.native_layer_norm.default", module="encoder.layers.1.*",
-                      kind="bias", value=0.05)
-    with sim(profile="fp16-cube", faults=[fault]), dumper(str(d / "device.h5")):
-        lm_step(tiny_lm(), lm_batch())
-    return d / "device.h5", d / "golden.h5"
+    return faulty_lm_pair(tmp_path_factory.mktemp("runner"))
 
 
 class _Runner:

@@ -14,19 +14,9 @@ from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
 from accuracy.examples import lm_batch, lm_step, tiny_lm
 from accuracy.replay import ReplayError, register_reference, replay, unregister_reference
 from accuracy.replay import engine as engine_mod
+from tests._lm_dumps import lm_dump
 
 KEYS = {"idx", "err_device", "err_reference", "error_ratio", "max_abs", "cosine", "bit_exact"}
-
-
-def _dump_step(path, **sim_kw):
-    model, batch = tiny_lm(), lm_batch(batch=2, seq=16)
-    if sim_kw:
-        with sim(**sim_kw), dumper(path):
-            lm_step(model, batch)
-    else:
-        with dumper(path):
-            lm_step(model, batch)
-    return path
 
 
 def _results(path):
@@ -36,7 +26,7 @@ def _results(path):
 
 @pytest.fixture(scope="module")
 def cpu_dump(tmp_path_factory):
-    return _dump_step(tmp_path_factory.mktemp("cpu") / "cpu.h5")
+    return lm_dump(tmp_path_factory.mktemp("cpu") / "cpu.h5")
 
 
 def _fault(module):
@@ -85,7 +75,7 @@ def _culprit_check(path, tmp_path, factor):
 
 
 def test_sim_fault_flags_the_op_not_its_downstream(tmp_path):
-    path = _dump_step(tmp_path / "sim.h5", profile="exact",
+    path = lm_dump(tmp_path / "sim.h5", profile="exact",
                       faults=[_fault("encoder.layers.1.*")])
     ratios, bad = _culprit_check(path, tmp_path, factor=1e4)
     downstream = [v for s, v in ratios.items() if s > bad]
@@ -95,7 +85,7 @@ def test_sim_fault_flags_the_op_not_its_downstream(tmp_path):
 def test_sim_fault_stands_out_on_fp16_profile(tmp_path):
     # fp16-cube rounds matmul inputs: every matmul has a real (ratio ~1e3) local error, the
     # injected bias is still far above all of them.
-    path = _dump_step(tmp_path / "sim16.h5", profile="fp16-cube",
+    path = lm_dump(tmp_path / "sim16.h5", profile="fp16-cube",
                       faults=[_fault("encoder.layers.0.*")])
     _culprit_check(path, tmp_path, factor=20)
 
@@ -331,7 +321,7 @@ def test_exact_ops_still_flag_a_faulted_one(tmp_path):
     # ops that only move values skip the upcast run; a device that gets them wrong is still
     # flagged (not bit-exact, ratio far above 1), and only that op is
     op = "aten.clone.default"
-    path = _dump_step(tmp_path / "exact.h5", profile="exact",
+    path = lm_dump(tmp_path / "exact.h5", profile="exact",
                       faults=[sim.fault(op, kind="bias", value=0.1, occurrence=0)])
     out = tmp_path / "replay.h5"
     replay(path, out)

@@ -19,28 +19,14 @@ import pytest
 import torch
 
 from accuracy.compare import compare
-from accuracy.device_backend import sim
-from accuracy.dumper.core import dumper
 from accuracy.dumpfile import DumpError, load_dump, schema
 from accuracy.dumpfile.describe import describe, verify_file
 from accuracy.dumpfile.extract import extract_file
 from accuracy.dumpfile.reader import DamagedDataError
-from accuracy.examples import lm_batch, lm_step, tiny_lm
 from accuracy.replay import replay
+from tests._lm_dumps import lm_dump
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _step(path, seed=0, **sim_kw):
-    torch.manual_seed(seed)
-    model, batch = tiny_lm(seed), lm_batch(batch=2, seq=16)
-    if sim_kw:
-        with sim(**sim_kw), dumper(path):
-            lm_step(model, batch)
-    else:
-        with dumper(path):
-            lm_step(model, batch)
-    return path
 
 
 def _offsets(path):
@@ -77,7 +63,7 @@ def _outputs_equal_device(rep_path, dev_path):
 def pair(tmp_path_factory):
     """A sim dump (some outputs differ from the reference) and its --tensors replay beside it."""
     d = tmp_path_factory.mktemp("beside")
-    dev = _step(d / "dev.h5", profile="fp16-cube")
+    dev = lm_dump(d / "dev.h5", seed=0, profile="fp16-cube")
     r = replay(dev, d / "rep.h5", metrics_only=False)
     assert r.failed == 0
     return dev, d / "rep.h5"
@@ -138,7 +124,7 @@ def test_a_replay_elsewhere_holds_every_byte(pair, tmp_path):
 
 def test_compare_and_extract_give_the_same_answers(pair, tmp_path):
     dev, rep = pair
-    gold = _step(tmp_path / "gold.h5")
+    gold = lm_dump(tmp_path / "gold.h5", seed=0)
     slim = tmp_path.parent / f"{tmp_path.name}-slim"
     slim.mkdir()
     shutil.copy(dev, slim / "dev.h5")
@@ -175,7 +161,7 @@ def test_moved_without_its_dump_says_where_the_bytes_are(pair, tmp_path):
 def test_another_dump_of_that_name_is_not_read(pair, tmp_path):
     dev, rep = pair
     shutil.copy(rep, tmp_path / "rep.h5")
-    _step(tmp_path / "dev.h5", seed=1, profile="fp16-cube")  # same name and ops, other values
+    lm_dump(tmp_path / "dev.h5", seed=1, profile="fp16-cube")  # same name and ops, other values
     with load_dump(tmp_path / "rep.h5") as rp, load_dump(dev) as d:
         held = [t for t in rp.tensors if t.offset == schema.IN_SOURCE]
         assert held and "do not match" in rp.source_problem
@@ -265,7 +251,7 @@ _KILLED = textwrap.dedent("""
 
 
 def test_a_killed_tensors_replay_leaves_a_readable_partial(tmp_path):
-    dev = _step(tmp_path / "dev.h5")
+    dev = lm_dump(tmp_path / "dev.h5", seed=0)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.Popen([sys.executable, "-c", _KILLED, str(dev), str(tmp_path / "rep.h5")],
                          stdout=subprocess.PIPE, env=env)
