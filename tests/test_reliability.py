@@ -229,3 +229,28 @@ def test_cli_info_json_on_killed_dump_reports_incomplete(tmp_path, capsys):
     assert cli_main(["info", "--json", str(path)]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["complete"] is False and info["closed_cleanly"] is False
+
+
+def test_chunks_past_the_committed_bytes_may_lie_past_the_measured_end(tmp_path):
+    """The race behind the live read above: the writer allocates the blob's next chunk, the
+    reader measures the file, then extends it over the chunk. Chunks past the committed bytes
+    are never read, so they are not judged; a committed chunk past the end still is."""
+    import h5py
+    import numpy as np
+
+    from accuracy.dumpfile import validate
+
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk((64,))
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+        space = h5py.h5s.create_simple((128,), (h5py.h5s.UNLIMITED,))
+        blob = h5py.Dataset(h5py.h5d.create(f.id, b"blob", h5py.h5t.STD_U8LE, space, dcpl=dcpl))
+        first_chunk_end, second_chunk_end = (
+            blob.id.get_chunk_info_by_coord((c,)).byte_offset + 64 for c in (0, 64))
+        assert second_chunk_end > first_chunk_end
+        status = np.array([0, 0, 0, 64], np.int64)
+        table = f.create_dataset("t", (0,), np.int64)
+        assert validate.check_index(status, table, table, blob, first_chunk_end) == (0, 0, 64)
+        with pytest.raises(validate.LayoutError, match="outside the file"):
+            validate.check_index(status, table, table, blob, first_chunk_end - 1)
