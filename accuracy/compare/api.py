@@ -698,7 +698,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             results.close()
         finally:
             results.abort()
-        judge(rows, producers, cfg)
+        drawn = judge(rows, producers, cfg, {r.seq for r in dm.records if r.extra.get("rng")})
         judge_quant(rows, quant, cfg)
         _arguments_differ(rows, specs)
         seconds = time.perf_counter() - t0
@@ -718,6 +718,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             "recompiles": recompiles,
             "kernel_replay": kernel_replay,
             "notes": notes,
+            "random_draws": drawn,
         }
         log.info("compared %d rows, %.1f MB in %.2f s", len(rows), nbytes / 1e6, seconds)
         return Report(rows, analyse(rows, cfg, meta))

@@ -19,6 +19,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from accuracy.compare.draws import cap_consumers, judge_random_ops
 from accuracy.compare.numerics import own_error
 from accuracy.compare.row import JUDGED, Row
 from accuracy.compare.row import Verdict as V
@@ -330,11 +331,14 @@ def _structural(r: Row) -> bool:
 
 
 def judge(rows: list[Row], producers: dict[int, int | None],
-          cfg: dict[str, Any]) -> None:
-    """Set `verdict` on every row in place.
+          cfg: dict[str, Any], random_seqs: set[int] | frozenset[int] = frozenset()
+          ) -> list[Row]:
+    """Set `verdict` on every row in place; returns the outputs of random ops whose draws
+    differ from golden's (not judged: draws.py).
 
     producers: input row index -> the row index holding the same tensor where it was first
     seen (an earlier op's output, or an input row), None when no recorded op produced it.
+    random_seqs: my run's ops that draw random numbers (the dump's `rng` mark).
     Rows arrive with `accumulated_verdict` (threshold verdict against golden), and for op
     outputs with a replay `local_error_ratio`, `local_bound`, `reduction_length`.
     """
@@ -363,6 +367,8 @@ def judge(rows: list[Row], producers: dict[int, int | None],
                 o.verdict = V.ERROR if clean else V.PASS
                 if not clean:
                     o.message += "; inputs already differed: inherited"
+    drawn = judge_random_ops(groups, random_seqs)
+    cap_consumers(groups, drawn, producers)
     by_index = {r.index: r for r in rows}
     for r in rows:
         if r.kind != "op" or r.io != "input" or r.verdict not in _JUDGED \
@@ -389,6 +395,7 @@ def judge(rows: list[Row], producers: dict[int, int | None],
                 "not produced by a recorded op (model input, parameter or buffer): it already "
                 "differs from golden"])
     _summarise_modules(rows)
+    return drawn
 
 
 def _summarise_modules(rows: list[Row]) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from accuracy.compare.checks import OWN_RANDOM
+from accuracy.compare.draws import DRAWS_DIFFER, draws_line
 from accuracy.compare.judge import KERNEL_PREFIX, amplification_is_evidence
 from accuracy.compare.row import JUDGED, Row
 from accuracy.compare.row import Verdict as V
@@ -47,13 +48,19 @@ def analyse(rows: list[Row], cfg: dict[str, Any], meta: dict[str, Any]
     most; the first divergence is the earliest op output whose accumulated error against
     golden is an error (where the loss starts to see it), whoever caused it.
     """
+    meta = dict(meta)
+    drawn: list[Row] = meta.pop("random_draws", None) or []  # judge.judge's random ops
     first_div = culprit = None
     candidates = []
+    drawn_at = {id(r) for r in drawn}
     for r in rows:
-        if r.kind != "op" or r.io != "output" or r.verdict not in _JUDGED:
+        if r.kind != "op" or r.io != "output" or (r.verdict not in _JUDGED
+                                                   and id(r) not in drawn_at):
             continue
         if first_div is None and r.accumulated_verdict == V.ERROR:
             first_div = r
+        if id(r) in drawn_at:
+            continue
         score = _score(r)
         if score is None:
             continue
@@ -124,6 +131,11 @@ def analyse(rows: list[Row], cfg: dict[str, Any], meta: dict[str, Any]
                             "compiled kernels have no eager counterpart (their module or source "
                             "line differs from the golden run's: docs/compile.md)"]
     _replay_coverage(summary, meta.get("kernel_replay"))
+    draws = draws_line(drawn, rows, replayed)
+    if draws:  # the values after them differ by the draws: said before any verdict
+        summary["coverage"]["random_ops_differ"] = len({r.seq_my for r in drawn})
+        key = "notes" if replayed else "blind"
+        summary[key] = [*(summary.get(key) or []), draws]
     first = [m for m in meta.get("refusals") or [] if "incomplete" in m or OWN_RANDOM in m]
     if first:  # the reason for missing rows comes before any count of them
         summary["warning"] = " ".join(first + [summary.get("warning", "")]).strip()
@@ -177,15 +189,16 @@ def uncompared_phases(rows: list[Row]) -> dict[str, tuple[int, int]]:
 def mostly_uncompared(summary: dict[str, Any]) -> bool:
     """Fewer than half of my run's tensors, or of its compiled kernels' outputs, had a
     golden counterpart, or a whole phase had none, or (with a replay) fewer than half of its
-    kernel launches were judged by replay: the verdict covers too little of the run to pass
-    a pipeline."""
+    kernel launches were judged by replay, or (without one) random draws differ: the verdict
+    covers too little of the run to pass a pipeline."""
     c = summary.get("coverage") or {}
     mine, kernels = c.get("my_tensors", 0), c.get("kernel_outputs", 0)
     launches = c.get("kernel_launches", 0)
     return (bool(mine) and c.get("compared", 0) < 0.5 * mine) or (
         bool(kernels) and c.get("kernels_compared", 0) < 0.5 * kernels) or (
         bool(launches) and c.get("kernels_replayed", 0) < 0.5 * launches) or bool(
-        c.get("phases_uncompared", 0))
+        c.get("phases_uncompared", 0)) or any(
+        f"{DRAWS_DIFFER}:" in b for b in summary.get("blind") or [])
 
 
 def _sort_num(x: float | None) -> float:

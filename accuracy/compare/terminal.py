@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from accuracy.compare.draws import DRAWS_DIFFER
 from accuracy.dumpfile.compiled import HOP_NOT_RECORDED, NOT_RECORDED
 from accuracy.termtext import shown
 
@@ -40,7 +41,8 @@ def verdict_text(s: dict[str, Any]) -> str:
     hops = sum(1 for b in blind if HOP_NOT_RECORDED in b)
     uncompared = [b for b in blind if f"{NOT_COMPARED}:" in b]  # "rank 1: not compared: ..."
     unreplayed = [b for b in blind if f"{NOT_REPLAYED}:" in b]
-    n = len(blind) - subclasses - failed - hops - len(uncompared) - len(unreplayed)
+    draws = sum(1 for b in blind if f"{DRAWS_DIFFER}:" in b)
+    n = len(blind) - subclasses - failed - hops - len(uncompared) - len(unreplayed) - draws
     parts = [f"{n} compiled region(s) not seen as compiled"] if n else []
     if hops:
         parts.append(f"{hops} higher-order op(s) run without their ops recorded")
@@ -57,6 +59,9 @@ def verdict_text(s: dict[str, Any]) -> str:
     if uncompared and c.get("kernel_outputs"):
         parts.append(f"{c['kernel_outputs'] - c.get('kernels_compared', 0)} of "
                      f"{c['kernel_outputs']} compiled kernel outputs not compared")
+    if draws:
+        parts.append(f"random draws differ at {c.get('random_ops_differ', '?')} op(s), "
+                     "numerics after them not judged")
     if unreplayed and c.get("kernel_launches"):
         parts.append(f"{c['kernel_launches'] - c.get('kernels_replayed', 0)} of "
                      f"{c['kernel_launches']} compiled kernels not judged by replay")
