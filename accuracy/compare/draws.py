@@ -69,29 +69,27 @@ def judge_random_ops(groups: Iterable[tuple[list[Row], list[Row]]],
 
 def cap_consumers(groups: Iterable[tuple[list[Row], list[Row]]], marked: list[Row],
                   producers: dict[int, int | None]) -> None:
-    """Ops computed from a differently drawn tensor known by statistics alone: at most a
-    warning.
+    """Ops computed from differently drawn values, without a replay: at most a warning.
 
-    A mask's statistics barely move when other elements are dropped (its mean stays 1/(1-p)
-    after dropout's scaling), but a product with it differs by whole elements: from
-    statistics, `x * mask` "amplified 35.8x" and was named the culprit of a clean statistics
-    dump. The taint follows the data (groups in run order), forward and backward.
+    Amplification weighs an op's output deviation against its inputs' small rounding
+    deviations. Given whole elements dropped differently it says how ill-conditioned the op
+    is, not whether its kernel is wrong: BERT's classifier on two dropped pooled vectors
+    "amplified" them and was named the culprit of two clean CPU runs; from statistics a mask
+    hardly moves (its mean is 1/(1-p) either way) and `x * mask` "amplified 35.8x". The taint
+    follows the data (groups in run order), forward and backward.
     """
     tainted = {r.index for r in marked}
     for ins, outs in groups:
-        given = [r for r in ins if producers.get(r.index) in tainted]
-        if not given:
+        if not any(producers.get(r.index) in tainted for r in ins):
             continue
         tainted.update(o.index for o in outs)
-        if any(r.rel_euc_dist is not None for r in given):
-            continue  # measured element by element: its amplification holds
         for o in outs:
             if o.verdict == V.ERROR and o.local_verdict is None:
                 o.verdict = V.WARNING
                 o.message = "; ".join([m for m in [o.message] if m] + [
-                    "computed from random draws that differ from golden's, known by their "
-                    "statistics alone, which do not say how far they are apart (at most a "
-                    "warning)"])
+                    "computed from random draws that differ from golden's, whose deviation "
+                    "says how far apart the draws are, not how wrong a kernel is (at most a "
+                    "warning; compare -r judges its own error)"])
 
 
 def draws_line(marked: list[Row], rows: list[Row], replayed: bool) -> str | None:
