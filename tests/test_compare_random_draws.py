@@ -18,6 +18,7 @@ from accuracy.compare.row import Row
 from accuracy.compare.row import Verdict as V
 from accuracy.device_backend import sim
 from accuracy.dumper import dumper
+from accuracy.dumpfile.reader import load_dump
 
 transformers = pytest.importorskip("transformers")
 
@@ -152,3 +153,18 @@ def test_a_classifier_given_other_masks_is_no_culprit(tmp_path):
     classifier = [x for x in r.rows if x.io == "output" and x.module
                   == "BertForSequenceClassification.classifier" and x.op == "aten.addmm.default"]
     assert classifier and "computed from random draws" in classifier[0].message
+
+
+def test_a_rank_whose_masks_differ_diverged(runs):
+    """Merged over ranks, a rank whose dropout drew other masks is where the runs part, not
+    "deviations within precision only": its tensors all pass because none is judged."""
+    from accuracy.compare.multirank import merge
+
+    reports = {0: compare(runs["same"], runs["golden"]), 1: compare(runs["other"], runs["golden"])}
+    with load_dump(runs["golden"]) as d:
+        epochs = {r.seq: r.epoch for r in d.records}
+    s = merge(reports, {0: epochs, 1: epochs}, {"my": "my", "golden": "golden", "replay": None,
+                                               "bytes_compared": 0, "seconds": 0.0}).summary
+    assert s["first_rank"] == 1
+    assert [e["label"] for e in s["ranks"]] == ["clean", "diverged"]
+    assert s["blind"][0].startswith(f"rank 1: {DRAWS_DIFFER}: ")

@@ -126,8 +126,10 @@ def _deviating_collective(rows: list[dict[str, Any]], epoch: float) -> dict[str,
 def _own_noise(entry: dict[str, Any]) -> bool:
     """Every tensor of this rank was judged pass: its accumulated error, if any, is what its
     precision explains (a gradient that is zero in exact arithmetic holds rounding noise on
-    both sides), not a divergence of its own."""
-    return entry["culprit"] is None and entry["verdict"] == V.PASS
+    both sides), not a divergence of its own. A rank whose random ops drew other numbers
+    diverged by its draws, however its tensors were judged (draws.py)."""
+    return entry["culprit"] is None and entry["verdict"] == V.PASS \
+        and not entry.get("random_ops_differ")
 
 
 def _diverged(entry: dict[str, Any]) -> bool:
@@ -216,7 +218,8 @@ def merge(reports: dict[int, Report], epochs: dict[int, dict[int, int]], meta: d
             counts[k] = counts.get(k, 0) + v
         entry = {"rank": rank, "my": s["my"], "golden": s["golden"], "replay": s.get("replay"),
                  "verdict": s["verdict"], "counts": s["counts"], "rows": s["rows"],
-                 "warning": s.get("warning")}
+                 "warning": s.get("warning"),
+                 "random_ops_differ": (s.get("coverage") or {}).get("random_ops_differ", 0)}
         for k in _ROW_REF_KEYS:
             entry[k] = _brief(s.get(k), rank, offset, ep)
         entry["first_deviation"] = _brief(_first_deviation(rep.rows), rank, offset, ep)
