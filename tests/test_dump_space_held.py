@@ -72,11 +72,12 @@ def test_a_disk_that_gives_no_more_space_stops_recording_with_a_readable_dump(
 
 def test_rows_are_written_only_into_space_held_first(tmp_path, monkeypatch):
     real = reserve.SpaceReserve.renew
-    rows_room = 3 << 20  # what each flush's rows say they need: that hold, and only it, fails
+    rows_room = 5 << 20  # what each flush's rows say they need: that hold, and only it, fails
     monkeypatch.setattr(writer.DumpWriter, "_pending_rows_size", lambda self: rows_room)
 
     def for_rows_fails(res, nbytes):  # the hold taken before a flush's rows (the ops' text,
-        if nbytes == rows_room + writer._HEADROOM:  # in the blob, holds its own first)
+        # in the blob, holds its own first), and the smaller one the close asks after that
+        if nbytes in (rows_room + writer._HEADROOM, rows_room + writer._CLOSE_ROOM):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(res, nbytes)
     path = _dump_under(monkeypatch, tmp_path, for_rows_fails, mode="statistics")
@@ -146,3 +147,77 @@ def test_space_already_held_is_not_allocated_again(tmp_path, monkeypatch, holds_
         assert len(calls) == 2 and _held_past_end(f) >= 64 << 20
     finally:
         os.close(fd)
+
+
+def test_ops_recorded_before_the_disk_filled_are_committed_at_close(tmp_path, monkeypatch):
+    """The disk fills between two commits: the ops recorded before it are kept, not only
+    those of the last commit. Their texts go into blob room already held; before, tensor
+    bytes had taken it, the close asked for new chunks the full disk refused, and a real
+    tmpfs filled under a step kept 41-99 of its 538 recorded ops (sometimes none)."""
+    real, grown = reserve.SpaceReserve.renew, []
+
+    def full_after_three_growths(res, nbytes):  # what is held stays; nothing more is given
+        if nbytes >= writer._HEADROOM:  # a growth of the blob (or the flush that never comes)
+            if len(grown) == 3:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            grown.append(nbytes)
+        return real(res, nbytes)
+
+    monkeypatch.setattr(reserve.SpaceReserve, "renew", full_after_three_growths)
+    path = tmp_path / "run.h5"
+    model, batch = tiny_lm(), lm_batch()
+    with dumper(dump_path=path, flush_ops=100_000, flush_seconds=3600):  # no commit before
+        lm_step(model, batch)
+    with load_dump(path) as dump:
+        assert not dump.attrs["complete"]
+        assert len(dump.records) > 50  # every op before the refused growth
+        assert [r.seq for r in dump.records] == list(range(len(dump.records)))
+        assert dump.verify() == []
+
+
+def _tensor(row: int, seq: int, idx: int, nbytes: int):
+    import torch
+
+    from accuracy.dumpfile.writer import TensorEntry
+    return TensorEntry(row=row, seq=seq, io=1, idx=idx, dtype="uint8", shape=(nbytes,),
+                       stride=(1,), device="cpu", stats=None,
+                       data=torch.zeros(nbytes, dtype=torch.uint8), first=row, nbytes=nbytes)
+
+
+def test_tensor_bytes_leave_the_texts_room_and_a_failed_op_leaves_no_row(tmp_path, monkeypatch):
+    """Op 0's tensor fills the blob's first 1 MiB chunk exactly, then the disk is full. Op 1's
+    first tensor fits, its second (16 MiB) is refused. The close commits op 0, whole (its
+    text in room kept before its tensor took the chunk), and none of op 1's rows."""
+    import time
+
+    import h5py
+
+    from accuracy.dumpfile.writer import DumpWriter, OpEntry
+
+    real, full = reserve.SpaceReserve.renew, []
+
+    def disk_full_after_op_0(res, nbytes):  # held blocks stay; nothing more is given
+        if full and nbytes >= writer._HEADROOM:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(res, nbytes)
+
+    monkeypatch.setattr(reserve.SpaceReserve, "renew", disk_full_after_op_0)
+    path = tmp_path / "run.h5"
+    w = DumpWriter(path, {"mode": "tensor"}, flush_ops=100_000, flush_seconds=3600)
+
+    def op(seq: int, tensors: list) -> None:
+        w.add_op(OpEntry(seq=seq, op="aten.add.Tensor", phase="forward", module="m",
+                         source="t.py:1", stack="", args="{}", step=0, n_in=0,
+                         n_out=len(tensors)), tensors)
+    op(0, [_tensor(0, 0, 0, 1 << 20)])
+    deadline = time.monotonic() + 60
+    while w.bytes_written < 1 << 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    full.append(True)  # another program takes the rest of the disk
+    op(1, [_tensor(1, 1, 0, 512 << 10), _tensor(2, 1, 1, 16 << 20)])
+    with pytest.raises(writer.DumpWriteError, match="disk full"):
+        w.close({}, complete=True)
+    with load_dump(path) as d:
+        assert [r.seq for r in d.records] == [0] and d.verify() == []
+    with h5py.File(path, "r") as f:
+        assert list(f["_status"][:2]) == [1, 1]  # one op, its one tensor row

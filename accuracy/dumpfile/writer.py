@@ -366,6 +366,7 @@ class DumpWriter:
         self._hashes: dict[int, int] = {}  # row -> content hash of the bytes it points at
         self._op_rows: list[tuple[Any, ...]] = []
         self._op_texts: list[bytes] = []  # each op's text, stored in the blob at the flush
+        self._text_bytes = 0  # their size: blob room kept for them (see _append_bytes)
         self._tensor_rows: list[tuple[Any, ...]] = []
         self._n_ops = 0
         self._n_committed = 0
@@ -446,8 +447,8 @@ class DumpWriter:
     def _disk_full(self, why: str) -> DiskFullError:
         return DiskFullError(
             f"{why} in {self.path.parent}): recording stopped after "
-            f"{self._n_ops + len(self._op_rows)} ops; the dump keeps the {self._n_committed} "
-            "written before. "
+            f"{self._n_ops + len(self._op_rows)} ops, which the dump keeps ({self._n_committed} "
+            "committed so far, the rest when it closes). "
             "Free space, or dump less: mode='statistics', or ops=/modules= filters"
         )
 
@@ -459,24 +460,51 @@ class DumpWriter:
     def _append_bytes(self, arr: np.ndarray, *, index: bool = False) -> int:
         """Append to the blob; `index`: the ops' text at a commit, which (like the index rows)
         is written out of the room kept for the index, past the free-space check that stops
-        tensor bytes (so the ops recorded before a full disk still commit)."""
+        tensor bytes (so the ops recorded before a full disk still commit).
+
+        Tensor bytes never take the blob room the waiting ops' texts need: when a disk
+        another program filled stops recording, the commit at close writes those texts into
+        space the blob already holds. (Taken by tensor bytes, the texts needed new chunks the
+        full disk refused, and the close lost every op since the last commit.)"""
         off = self._blob_len
         end = off + arr.size
         if not index:
             self._ensure_space(arr.size)
+            self._make_room(end + self._text_bytes)
+        elif end > self._space.capacity:
+            self._make_room(end, exact=True)
         space = self._space
-        if end > space.capacity:
-            # allocated space is file space: doubling up to 64 MiB steps (never a 2x file)
-            size = end if index else max(
-                end, min(2 * space.capacity, space.capacity + _BLOB_GROW), space.chunk)
-            self._hold(size - space.capacity + _HEADROOM)  # the new chunks and what follows
-            space.grow(size)
         if arr.size:
             space.write(arr.data.cast("B"), off)
         self._blob_len = end
         return off
 
+    def _make_room(self, need: int, exact: bool = False) -> None:
+        """Grow the blob to hold `need` bytes, into disk space held first."""
+        space = self._space
+        if need <= space.capacity:
+            return
+        # allocated space is file space: doubling up to 64 MiB steps (never a 2x file)
+        size = need if exact else max(
+            need, min(2 * space.capacity, space.capacity + _BLOB_GROW), space.chunk)
+        self._hold(size - space.capacity + _HEADROOM)  # the new chunks and what follows
+        space.grow(size)
+
     def _write_op(self, op: OpEntry, tensors: list[TensorEntry], _size: int) -> None:
+        text = optext.encode((op.op, op.phase, op.module, op.source, op.stack, op.args,
+                              json.dumps(op.extra) if op.extra else ""))
+        self._text_bytes += len(text)  # its room is kept before any of its tensors' bytes
+        first_row = len(self._tensor_rows)
+        try:
+            self._make_room(self._blob_len + self._text_bytes)
+            self._write_tensors(tensors)
+        except BaseException:
+            del self._tensor_rows[first_row:]  # an op is recorded whole or not at all
+            raise
+        self._op_rows.append((op.seq, op.step, op.n_in, op.n_out, op.epoch))
+        self._op_texts.append(text)
+
+    def _write_tensors(self, tensors: list[TensorEntry]) -> None:
         for t in tensors:
             if t.data is not None:
                 host = t.data if isinstance(t.data, torch.Tensor) else t.data.wait()
@@ -507,10 +535,6 @@ class DumpWriter:
                 (t.seq, t.io, t.idx, t.dtype, ndim, shape, stride, t.device, offset, nbytes,
                  first, *_stats_values(t.stats), self._hashes.get(t.row, NO_HASH))
             )
-        self._op_rows.append((op.seq, op.step, op.n_in, op.n_out, op.epoch))
-        self._op_texts.append(optext.encode(
-            (op.op, op.phase, op.module, op.source, op.stack, op.args,
-             json.dumps(op.extra) if op.extra else "")))
 
     @staticmethod
     def _append_rows(ds: h5py.Dataset, rows: list[tuple[Any, ...]], start: int
@@ -541,7 +565,9 @@ class DumpWriter:
         # HDF5 writes only here and at close, into space held first (a DiskFullError leaves
         # the file as the last commit left it); its flush may truncate what was held away.
         op_rows = self._store_op_texts()
-        self._hold(self._pending_rows_size() + _HEADROOM)
+        # after a failure (a full disk) only what the rows need: what is still held
+        margin = _HEADROOM if self.error is None else _CLOSE_ROOM
+        self._hold(self._pending_rows_size() + margin)
         self._n_tensors, trows = self._append_rows(self._tensors, self._tensor_rows,
                                                    self._n_tensors)
         self._n_ops, orows = self._append_rows(self._ops, op_rows, self._n_ops)
@@ -553,6 +579,7 @@ class DumpWriter:
         self._tensor_rows.clear()
         self._op_rows.clear()
         self._op_texts.clear()
+        self._text_bytes = 0
         self._file.flush()
         self._hold(_CLOSE_ROOM)  # failing: the rows above are in the file, not committed
         self._status[:] = [self._n_ops, self._n_tensors, 0, self._blob_len]
