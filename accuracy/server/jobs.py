@@ -264,6 +264,7 @@ class JobManager:
         while True:
             if ev.is_set():
                 _stop(proc)
+                _remove_outputs(out_dir, replay_out)  # gone before anyone reads "cancelled"
                 self._set(job.id, status="cancelled", stage="cancelled")
                 return False
             try:
@@ -286,6 +287,7 @@ class JobManager:
             _stop(proc)
         if result is None or result[0] != "done":
             why = result[2] if result else f"the compare process exited with code {proc.exitcode}"
+            _remove_outputs(out_dir, replay_out)  # gone before anyone reads "failed"
             self._set(job.id, status="failed", stage="failed", error=why)
             return False
         self._set(job.id, only_if=("running",), progress=0.9, stage="indexing the report")
