@@ -10,7 +10,6 @@ judged; what comes after it differs by the draws, which the summary says first.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from accuracy.compare.row import JUDGED, Row
 from accuracy.compare.row import Verdict as V
@@ -92,6 +91,11 @@ def cap_consumers(groups: Iterable[tuple[list[Row], list[Row]]], marked: list[Ro
                     "warning; compare -r judges its own error)"])
 
 
+def ops_drawn(marked: list[Row]) -> int:
+    """How many random ops drew other numbers (each may have several outputs)."""
+    return len({r.seq_my for r in marked})
+
+
 def draws_line(marked: list[Row], rows: list[Row], replayed: bool) -> str | None:
     """The sentence said first: where the draws first differ and how much of the run follows.
 
@@ -102,7 +106,7 @@ def draws_line(marked: list[Row], rows: list[Row], replayed: bool) -> str | None
     if not marked:
         return None
     first = min(marked, key=lambda r: r.seq_my if r.seq_my is not None else 0)
-    ops = len({r.seq_my for r in marked})
+    ops = ops_drawn(marked)
     after = sum(1 for r in rows if r.kind == "op" and r.io == "output"
                 and r.seq_my is not None and first.seq_my is not None
                 and r.seq_my > first.seq_my and r.verdict in JUDGED and _differs(r))
@@ -116,7 +120,3 @@ def draws_line(marked: list[Row], rows: list[Row], replayed: bool) -> str | None
             "dropout p=0), or replay the device dump and compare with -r (each op judged on "
             "its own recorded inputs, masks included)")
 
-
-def summary_of(marked: list[Row]) -> dict[str, Any]:
-    """How many random ops drew differently, for the summary's coverage."""
-    return {"random_ops_differ": len({r.seq_my for r in marked})} if marked else {}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from accuracy.compare.checks import OWN_RANDOM
-from accuracy.compare.draws import DRAWS_DIFFER, draws_line
+from accuracy.compare.draws import DRAWS_DIFFER, draws_line, ops_drawn
 from accuracy.compare.judge import KERNEL_PREFIX, amplification_is_evidence
 from accuracy.compare.row import JUDGED, Row
 from accuracy.compare.row import Verdict as V
@@ -133,7 +133,7 @@ def analyse(rows: list[Row], cfg: dict[str, Any], meta: dict[str, Any]
     _replay_coverage(summary, meta.get("kernel_replay"))
     draws = draws_line(drawn, rows, replayed)
     if draws:  # the values after them differ by the draws: said before any verdict
-        summary["coverage"]["random_ops_differ"] = len({r.seq_my for r in drawn})
+        summary["coverage"]["random_ops_differ"] = ops_drawn(drawn)
         key = "notes" if replayed else "blind"
         summary[key] = [*(summary.get(key) or []), draws]
     first = [m for m in meta.get("refusals") or [] if "incomplete" in m or OWN_RANDOM in m]

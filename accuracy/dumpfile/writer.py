@@ -471,7 +471,7 @@ class DumpWriter:
         if not index:
             self._ensure_space(arr.size)
             self._make_room(end + self._text_bytes)
-        elif end > self._space.capacity:
+        else:  # the texts: their room was kept as their ops came (see _write_op)
             self._make_room(end, exact=True)
         space = self._space
         if arr.size:
