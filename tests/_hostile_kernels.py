@@ -109,4 +109,12 @@ GRAPH_CODE = {
                      "    x = torch.ops.b.exec(\"open('{mark}', 'w').close()\")\n" + _TAIL,
     "globals_walk": _HEAD + "    torch.ops.g = torch.os.sys.modules['__main__']\n"
                     "    x = torch.ops.g.io.open('{mark}', 'w')\n" + _TAIL,
+    # registered ops that reach outside the graph: from_file(shared=True) creates the file and
+    # a fill_ of its tensor writes it; c10d opens sockets; a custom namespace runs its library
+    "from_file": _HEAD + "    x = torch.ops.aten.from_file.default('{mark}', True, 16)\n"
+                 "    y = torch.ops.aten.fill_.Scalar(x, 0)\n" + _TAIL,
+    "c10d": _HEAD + "    x = torch.ops.c10d.allreduce_.default([arg0_1], None, None, None, "
+            "False, -1)\n" + _TAIL,
+    "custom_namespace": _HEAD + "    x = torch.ops.accuracy_evil.touch.default(arg0_1, "
+                        "arg1_1)\n" + _TAIL,
 }

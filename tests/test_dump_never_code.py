@@ -241,6 +241,7 @@ def _hostile_forms(folder: Path) -> dict[str, tuple[object, str]]:
         "trailing_code": (node("aten.mm.default\nimport os", [T(0), T(1)]),
                           "not an op name"),
         "from_file": (node("aten.from_file.default", [str(secret), False, 16]), "a file"),
+        "from_file_creates": (node("aten.from_file.default", [str(mark), True, 16]), "a file"),
         "from_file_out": (node("aten.from_file.out", [str(secret), False, 16], {"out": T(0)}),
                           "a file"),
         "c10d": (node("c10d.allreduce_.default", [[T(0)], None, None, None, 0]),
@@ -331,8 +332,8 @@ def _replayed(dump: Path, out: Path, seq: int = 0) -> dict:
 
 
 @pytest.mark.parametrize("case", ["load_library_walk", "import_module_walk", "from_file",
-                                  "custom_namespace", "c10d", "print", "word_not_taken",
-                                  "text_for_a_tensor"])
+                                  "from_file_creates", "custom_namespace", "c10d", "print",
+                                  "word_not_taken", "text_for_a_tensor"])
 def test_replay_refuses_a_hostile_kernel_reference(case, good, tmp_path, monkeypatch,
                                                    evil_namespace):
     """Replay of a kernel row re-runs its reference: a crafted one loaded a library
