@@ -34,7 +34,7 @@ from typing import Any
 
 from accuracy.errors import AccuracyError
 
-OP_NAME = re.compile(r"[a-z_][a-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
+OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*")
 MAX_NAME = 200
 NAMESPACES = frozenset({"aten", "prims"})
 # torch's own FSDP2 ops (registered by torch.distributed.fsdp): they copy and concatenate
