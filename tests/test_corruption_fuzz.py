@@ -147,7 +147,10 @@ _HOSTILE_EXPRS = ["__import__('os').system('touch PWNED')", "s0.__class__", "(" 
 def _graph_mutation(g: dict, rng: random.Random) -> str:
     import json as _json
 
-    nodes = g.get("nodes") if isinstance(g.get("nodes"), list) else []
+    if not isinstance(g, dict):  # an earlier mutation made the whole field something else
+        return ""
+    nodes = [n for n in g["nodes"] if isinstance(n, dict)] \
+        if isinstance(g.get("nodes"), list) else []
     kind = rng.choice(["op", "arg", "kwarg", "type", "index", "sym", "drop", "grow", "text"])
     if kind == "op" and nodes:
         rng.choice(nodes)["op"] = rng.choice(_HOSTILE_OPS)
@@ -172,7 +175,7 @@ def _graph_mutation(g: dict, rng: random.Random) -> str:
         if isinstance(outs, list) and outs:
             outs[rng.randrange(len(outs))] = rng.choice([-1, 10 ** 6, 1.5, "0", True, [0]])
     elif kind == "sym" and isinstance(g.get("nodes"), list):
-        g["nodes"].insert(rng.randrange(len(nodes) + 1),
+        g["nodes"].insert(rng.randrange(len(g["nodes"]) + 1),
                           {"op": "sym", "expr": rng.choice(_HOSTILE_EXPRS)})
     elif kind == "drop" and nodes:
         n = rng.choice(nodes)
@@ -228,6 +231,9 @@ def test_compiled_graph_fields_never_run_code(tmp_path, monkeypatch):
                 extra = _json.loads(ops[row]["extra"])
                 for _ in range(rng.randint(1, 3)):
                     kinds.append(_graph_mutation(extra[field], rng))
+                if rng.random() < 0.05:  # the whole field something else
+                    extra[field] = rng.choice([5, "x", [1], None, "(" * 10_000])
+                    kinds.append("field")
                 ops[row]["extra"] = _json.dumps(extra)
             C.edit_op_texts(f, change)
         p = C._copy_and_edit(comp, tmp_path / f"g{case}.h5", edit)
