@@ -203,24 +203,13 @@ def collective_kind(func: Any) -> str | None:
 
 
 def resolve_op(name: str) -> Any | None:
-    """`aten.addmm.default` -> torch.ops.aten.addmm.default, or None if this torch lacks it."""
-    import torch
+    """`aten.addmm.default` -> torch.ops.aten.addmm.default, or None if this torch lacks it.
+    Exactly three identifiers, looked up in the dispatcher, never an attribute walk (a name
+    may come from a file: accuracy/safeops.py); what runs from a file goes through
+    `safeops.compute_op`, the allow-list."""
+    from accuracy.safeops import lookup
 
-    parts = name.split(".")
-    if len(parts) < 3:
-        return None
-    ns, overload = parts[0], parts[-1]
-    packet_name = ".".join(parts[1:-1])
-    if ns == "fsdp" and not hasattr(torch.ops.fsdp, packet_name):
-        try:  # FSDP2's custom ops (all_gather_copy_in, chunk_cat...) exist once it is imported
-            import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401
-        except ImportError:
-            return None
-    try:
-        packet = getattr(getattr(torch.ops, ns), packet_name)
-        return getattr(packet, overload)
-    except (AttributeError, RuntimeError):
-        return None
+    return lookup(name)
 
 
 def _written_slots(func: Any) -> tuple[tuple[int, str, bool], ...]:

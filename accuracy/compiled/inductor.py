@@ -93,7 +93,9 @@ class KernelInfo:
     primary: dict[str, str] = field(default_factory=dict)  # output buffer -> its origin node
     # output buffer -> the node whose value it holds (its origin node through views)
     held: dict[str, Origin] = field(default_factory=dict)
-    graph_code: str = ""  # the kernel's FX subgraph as Python (`forward(self, *inputs)`)
+    # the kernel's fused FX subgraph as data (compiled/reference.py: fused_graph), for
+    # `accuracy repro`, which prints its script from it after validating it
+    fused_graph: dict[str, Any] | None = None
     # outputs written in place over a buffer an earlier kernel filled: their values before
     # the launch are inputs too (snapshotted by a line before it)
     before: list[str] = field(default_factory=list)
@@ -429,13 +431,12 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
             if any(isinstance(d, str) for d in layout[0] + layout[1]):
                 info.before_sizes[b] = sizes_of(g, b) or []
     irnames = [mutated.get(n, n) for n in names]  # an in-place output: its mutation's buffer
+    from accuracy.compiled.reference import fused_graph, reference_graph
     try:
-        info.graph_code = _subgraph_code(g, irnames, outputs,
-                                         {b: reuses[b] for b in info.before})
+        info.fused_graph = fused_graph(g, irnames, outputs, {b: reuses[b] for b in info.before})
     except Exception as e:  # noqa: BLE001 - a reproducer is extra: the row stands without it
         log.debug("no subgraph for %s: %s", kernel_name, e)
     try:  # what replay re-runs for the kernel's local error (accuracy/replay/kernels.py)
-        from accuracy.compiled.reference import reference_graph
         info.reference = reference_graph(g, irnames, outputs,
                                          {b: reuses[b] for b in info.before})
         _drop_partial(g, info, launch)
@@ -499,54 +500,6 @@ def _layout(g: Any, name: str) -> tuple[tuple[int | str, ...], tuple[int | str, 
     evaluated at run time from the output's shape), None when unknown."""
     got = layout_of(g, name)
     return None if got is None else (tuple(got[0]), tuple(got[1]))
-
-
-def _subgraph_code(g: Any, names: list[str], outputs: list[int],
-                   before: dict[str, str] | None = None) -> str:
-    """The FX nodes fused into the kernel as a standalone graph over its input buffers
-    (`forward(self, <inputs>)` returning its outputs' values), '' if they cannot be isolated
-    from the rest of the graph."""
-    import torch
-    import torch.fx as fx
-
-    fx_graph = g.graph if isinstance(getattr(g, "graph", None), fx.Graph) else g.module.graph
-    placeholders = {n.name: n for n in fx_graph.nodes if n.op == "placeholder"}
-    fused: set[Any] = set()
-    out_nodes = []
-    for i in outputs:
-        buf = g.try_get_buffer(names[i])
-        fused |= set(buf.get_origins())
-        out_nodes.append(output_node(g, names[i]))
-    if all(n is None for n in out_nodes):
-        return ""
-    import operator
-
-    for n in list(fused):  # a multi-output node's getitem users belong with it
-        fused |= {u for u in n.users if u.target is operator.getitem}
-    new = fx.Graph()
-    env: dict[Any, Any] = {}
-    pre = [(f"{b}_before", old) for b, old in (before or {}).items()]
-    for name in [n for i, n in enumerate(names) if i not in outputs] + pre:
-        if isinstance(name, tuple):  # an in-place output's value before the launch
-            name, src = name
-        else:
-            src = name
-        node = placeholders.get(src)
-        if node is None:
-            buf = g.try_get_buffer(src)
-            node = buf.get_origin_node() if buf is not None else None
-            if node is None and buf is not None:  # the origin whose value the kernel reads
-                feeding = [o for o in buf.get_origins() if o not in fused
-                           and any(u in fused for u in o.users)]
-                node = feeding[0] if len(feeding) == 1 else None
-        ph = new.placeholder(name)
-        if node is not None:
-            env[node] = ph
-    for n in fx_graph.nodes:
-        if n in fused and n not in env:
-            env[n] = new.node_copy(n, lambda a: env[a])
-    new.output(tuple(env[n] if n is not None else None for n in out_nodes))
-    return fx.GraphModule(torch.nn.Module(), new).code
 
 
 def _notify(event: str, kid: int, tensors: list[Any]) -> None:

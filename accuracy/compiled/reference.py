@@ -15,6 +15,11 @@ The result is plain JSON (no code): `inputs` (buffer names, as the kernel row's
 `extra.inputs`), `nodes` (`op` name and `args` in the dump's argument encoding, where tensor
 placeholder i is value i: the inputs first, then each node's result), `outputs` (the value
 index of each output, or null) and `graph` (per output: "given", "passed" or why none).
+
+`fused_graph` writes the same form for `accuracy repro`: every node Inductor fused into the
+kernel, from the graph after its passes (what it compiled, so a re-compile meets the same
+graph), no `graph` list. The repro script is printed from it by our own code after
+validation (compiled/graphform.py): a dump carries data, never Python.
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ def _fx_graph(g: Any) -> Any:
 
 
 def _input_node(g: Any, src: str, fused: set[Any], placeholders: dict[str, Any]) -> Any:
-    """The FX node whose value buffer `src` holds (as inductor._subgraph_code finds it)."""
+    """The FX node whose value buffer `src` holds (the kernel reads it)."""
     node = placeholders.get(src)
     if node is not None:
         return node
@@ -152,22 +157,78 @@ def _target(n: Any) -> str:
     raise ValueError(f"{n.name} calls {n.target!r}, not an ATen/prims op")
 
 
-def reference_graph(g: Any, names: list[str], outputs: list[int],
-                    before: dict[str, str] | None = None) -> dict[str, Any]:
-    """The reference of one kernel launch (see the module docstring); `g` is Inductor's
-    GraphLowering at code generation, `names` the kernel's buffers, `outputs` the positions
-    it materialises, `before` in-place outputs -> the buffer whose value they start from."""
-    import torch
-    import torch.fx as fx
+class _Encoder:
+    """Writes FX nodes down as the form's nodes (shared by the replay reference and the
+    fused subgraph `accuracy repro` prints): value i is input i for i < `base`, then each
+    node's result; a symbolic size becomes a `sym` node holding its expression."""
 
-    from accuracy.compiled.symbolic import is_symbolic, sizes_of, sym_text, symbolic
-    from accuracy.dumpfile.argcodec import encode_call
+    def __init__(self, g: Any, base: int) -> None:
+        self.g, self.base = g, base
+        self.nodes: list[dict[str, Any]] = []
+        self.index: dict[Any, int] = {}  # node (of either graph) -> value index
+        self.sym_index: dict[int | str, int] = {}  # size expression -> value index
 
+    def sym_value(self, val: Any) -> int:
+        """The value index of a symbolic size: a `sym` node holding its expression."""
+        from accuracy.compiled.symbolic import sym_text
+
+        expr = sym_text(self.g, val)
+        if expr not in self.sym_index:
+            self.sym_index[expr] = self.base + len(self.nodes)
+            self.nodes.append({"op": "sym", "expr": expr})
+        return self.sym_index[expr]
+
+    def add(self, chosen: list[Any], inputs: dict[Any, int]) -> None:
+        """Write down `chosen` (in graph order) over `inputs` (node -> input index);
+        ValueError or KeyError when one cannot be (an argument only its repr shows, a node
+        read that is neither an input nor written before it)."""
+        import torch
+        import torch.fx as fx
+
+        from accuracy.compiled.symbolic import is_symbolic
+        from accuracy.dumpfile.argcodec import encode_call
+
+        for n in chosen:
+            if n in self.index:
+                continue
+            if _is_sym(n) and n not in inputs:
+                self.index[n] = self.sym_value(n.meta["val"])
+                continue
+            dummies: dict[int, int] = {}
+
+            def ref(a: fx.Node, dummies: dict[int, int] = dummies) -> torch.Tensor:
+                t = torch.empty(0)
+                if a in inputs:
+                    dummies[id(t)] = inputs[a]
+                elif a not in self.index and _is_sym(a):  # a size read, not computed here
+                    dummies[id(t)] = self.sym_value(a.meta["val"])
+                else:
+                    dummies[id(t)] = self.index[a]
+                return t
+
+            def sym(a: Any, dummies: dict[int, int] = dummies) -> Any:
+                if not is_symbolic(a):
+                    return a
+                t = torch.empty(0)  # a SymInt in the arguments: its expression
+                dummies[id(t)] = self.sym_value(a)
+                return t
+
+            args = fx.node.map_aggregate(fx.node.map_arg(n.args, ref), sym)
+            kwargs = fx.node.map_aggregate(fx.node.map_arg(n.kwargs, ref), sym)
+            text = encode_call(args, kwargs, lambda t, dummies=dummies: dummies[id(t)])
+            if '"__repr__"' in text:
+                raise ValueError(f"{n.name} takes an argument only its repr can show")
+            self.index[n] = self.base + len(self.nodes)
+            self.nodes.append({"op": _target(n), "node": n.name, "args": text})
+
+
+def _sources(g: Any, names: list[str], outputs: list[int], before: dict[str, str] | None,
+             fused: set[Any]) -> tuple[list[tuple[str, str]], dict[Any, int]]:
+    """The kernel's inputs (its buffers that are not outputs, then each in-place output's
+    value before the launch) as (name, buffer), and node -> input index in the graph after
+    the passes."""
     post = _fx_graph(g)
     placeholders = {n.name: n for n in post.nodes if n.op == "placeholder"}
-    fused: set[Any] = set()
-    for i in outputs:
-        fused |= set(g.try_get_buffer(names[i]).get_origins())
     srcs = [(n, n) for i, n in enumerate(names) if i not in outputs]
     srcs += [(f"{b}_before", old) for b, old in (before or {}).items()]
     post_in: dict[Any, int] = {}
@@ -175,20 +236,62 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
         node = _input_node(g, src, fused, placeholders)
         if node is not None:
             post_in.setdefault(node, k)
+    return srcs, post_in
+
+
+def _with_sizes(g: Any, form: dict[str, Any], srcs: list[tuple[str, str]], names: list[str],
+                outputs: list[int], enc: _Encoder) -> dict[str, Any]:
+    """`form` with the symbolic size of each input and output buffer, for a dynamic-shape
+    kernel: a reader binds the symbols from the recorded shapes."""
+    from accuracy.compiled.symbolic import sizes_of, symbolic
+
+    in_sizes = [sizes_of(g, src) for _, src in srcs]
+    out_sizes = [sizes_of(g, names[i]) for i in outputs]
+    if enc.sym_index or any(symbolic(d) for d in in_sizes + out_sizes):
+        form["sizes"] = {"inputs": in_sizes, "outputs": out_sizes}
+    return form
+
+
+def fused_graph(g: Any, names: list[str], outputs: list[int],
+                before: dict[str, str] | None = None) -> dict[str, Any]:
+    """The FX nodes Inductor fused into the kernel (after its passes: what it compiled), as
+    data in the reference's form, for `accuracy repro`: `inputs`, `nodes`, `outputs` (the
+    value of each output buffer's node, null where none is known). ValueError or KeyError
+    when they cannot be isolated from the rest of the graph (a node reads a value no input
+    buffer holds)."""
+    post = _fx_graph(g)
+    fused: set[Any] = set()
+    for i in outputs:
+        fused |= set(g.try_get_buffer(names[i]).get_origins())
+    for n in list(fused):  # a multi-output node's getitem users belong with it
+        fused |= {u for u in n.users if u.target is operator.getitem}
+    out_nodes = [output_node(g, names[i]) for i in outputs]
+    if all(n is None for n in out_nodes):
+        raise ValueError("no output buffer names its node")
+    srcs, post_in = _sources(g, names, outputs, before, fused)
+    enc = _Encoder(g, len(srcs))
+    enc.add([n for n in post.nodes if n in fused and n not in post_in], post_in)
+    outs = [None if n is None else post_in[n] if n in post_in else enc.index[n]
+            for n in out_nodes]
+    form = {"inputs": [s for s, _ in srcs], "nodes": enc.nodes, "outputs": outs}
+    if len(enc.nodes) > MAX_NODES:
+        raise ValueError(f"more than {MAX_NODES} fused ops")
+    return _with_sizes(g, form, srcs, names, outputs, enc)
+
+
+def reference_graph(g: Any, names: list[str], outputs: list[int],
+                    before: dict[str, str] | None = None) -> dict[str, Any]:
+    """The reference of one kernel launch (see the module docstring); `g` is Inductor's
+    GraphLowering at code generation, `names` the kernel's buffers, `outputs` the positions
+    it materialises, `before` in-place outputs -> the buffer whose value they start from."""
+    fused: set[Any] = set()
+    for i in outputs:
+        fused |= set(g.try_get_buffer(names[i]).get_origins())
+    srcs, post_in = _sources(g, names, outputs, before, fused)
     given = _SNAPSHOTS.get(getattr(g, "module", None))
     given_in = {given[n.name]: k for n, k in post_in.items()
                 if given is not None and n.name in given}
-    nodes: list[dict[str, Any]] = []
-    index: dict[Any, int] = {}  # node (of either graph) -> value index
-    sym_index: dict[int | str, int] = {}  # size expression -> value index
-
-    def sym_value(val: Any) -> int:
-        """The value index of a symbolic size: a `sym` node holding its expression."""
-        expr = sym_text(g, val)
-        if expr not in sym_index:
-            sym_index[expr] = len(srcs) + len(nodes)
-            nodes.append({"op": "sym", "expr": expr})
-        return sym_index[expr]
+    enc = _Encoder(g, len(srcs))
     out_idx: list[int | None] = []
     how: list[str] = []
     finished = _finished_in_place(g)
@@ -231,45 +334,12 @@ def reference_graph(g: Any, names: list[str], outputs: list[int],
                 continue
             chosen, kind = got, f"{PASSED} ({why_given})"
         try:
-            for n in chosen:
-                if n in index:
-                    continue
-                if _is_sym(n) and n not in inputs:
-                    index[n] = sym_value(n.meta["val"])
-                    continue
-                dummies: dict[int, int] = {}
-
-                def ref(a: fx.Node, dummies: dict[int, int] = dummies,
-                        inputs: dict[Any, int] = inputs) -> torch.Tensor:
-                    t = torch.empty(0)
-                    dummies[id(t)] = inputs[a] if a in inputs else index[a]
-                    return t
-
-                def sym(a: Any, dummies: dict[int, int] = dummies) -> Any:
-                    if not is_symbolic(a):
-                        return a
-                    t = torch.empty(0)  # a SymInt in the arguments: its expression
-                    dummies[id(t)] = sym_value(a)
-                    return t
-
-                args = fx.node.map_aggregate(fx.node.map_arg(n.args, ref), sym)
-                kwargs = fx.node.map_aggregate(fx.node.map_arg(n.kwargs, ref), sym)
-                text = encode_call(args, kwargs,
-                                   lambda t, dummies=dummies: dummies[id(t)])
-                if '"__repr__"' in text:
-                    raise ValueError(f"{n.name} takes an argument only its repr can show")
-                index[n] = len(srcs) + len(nodes)
-                nodes.append({"op": _target(n), "node": n.name, "args": text})
+            enc.add(chosen, inputs)
         except (ValueError, KeyError) as e:
             out_idx.append(None)
             how.append(f"cannot be written down: {e}")
             continue
-        out_idx.append(inputs[node] if node in inputs else index[node])
+        out_idx.append(inputs[node] if node in inputs else enc.index[node])
         how.append(kind)
-    ref = {"inputs": [s for s, _ in srcs], "nodes": nodes, "outputs": out_idx, "graph": how}
-    in_sizes = [sizes_of(g, src) for _, src in srcs]
-    out_sizes = [sizes_of(g, names[i]) for i in outputs]
-    if sym_index or any(symbolic(d) for d in in_sizes + out_sizes):
-        # a dynamic-shape kernel: replay binds the symbols from the recorded shapes
-        ref["sizes"] = {"inputs": in_sizes, "outputs": out_sizes}
-    return ref
+    ref = {"inputs": [s for s, _ in srcs], "nodes": enc.nodes, "outputs": out_idx, "graph": how}
+    return _with_sizes(g, ref, srcs, names, outputs, enc)

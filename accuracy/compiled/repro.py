@@ -1,25 +1,32 @@
 """`accuracy repro`: a standalone script for one recorded Inductor kernel.
 
 What a compiler team accepts as a bug report: the FX subgraph Inductor fused into the kernel
-(filed at code generation, `extra.graph_code` of its first row), the kernel's recorded inputs
-and outputs, and, given the eager dump, the eager values its outputs were matched with
-(compare/compiled_align.py). The script needs only torch: it re-runs the subgraph eagerly
-and through `torch.compile` on the recorded inputs and prints, per output, how far the
-recorded kernel output, the re-compiled output and the graph's eager result are from each
-other and from the eager run's value; it exits 1 when the recorded output diverges.
+(filed at code generation as data, `extra.fused_graph` of its launch site's first row:
+compiled/reference.py), the kernel's recorded inputs and outputs, and, given the eager dump,
+the eager values its outputs were matched with (compare/compiled_align.py). The script needs
+only torch: it re-runs the subgraph eagerly and through `torch.compile` on the recorded inputs
+and prints, per output, how far the recorded kernel output, the re-compiled output and the
+graph's eager result are from each other and from the eager run's value; it exits 1 when the
+recorded output diverges, 2 when the graph does not run.
+
+The dump is untrusted and people run the script: its code is printed by compiled/graphform.py
+from the validated form (allow-listed ATen/prims ops, arguments as data); no text of the dump
+becomes code. Dumps from before this form filed the subgraph as Python text (`graph_code`):
+they are refused, with a line saying to record the step again.
 """
 
 from __future__ import annotations
 
-import ast
 import base64
 import io
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from accuracy.compiled import graphform
 from accuracy.errors import InputNotFoundError, NoMatchError, OutputExistsError, UsageError
 
 KERNEL_PREFIX = "inductor."
@@ -37,8 +44,6 @@ try:  # the prims Inductor's graphs call (low-memory max pool...)
     import torch._inductor.inductor_prims  # noqa: F401
 except ImportError:
     pass
-from torch import device  # noqa: F401 - the graph code may name devices
-inf, nan = float("inf"), float("nan")
 
 DATA = torch.load(io.BytesIO(base64.b64decode(
     "{data}")), weights_only=True)
@@ -52,8 +57,8 @@ def rel(a, b):
 
 def main():
     inputs = DATA["inputs"]
-    eager = forward(None, *inputs)
-    compiled = torch.compile(forward)(None, *inputs)
+    eager = forward(*inputs)
+    compiled = torch.compile(forward)(*inputs)
     bad = False
     for i, rec in enumerate(DATA["recorded"]):
         if rec is None or not isinstance(eager[i], torch.Tensor):
@@ -92,50 +97,6 @@ def _safe(text: str) -> str:
     return re.sub(r"[^\w.:/\- ,()\[\]]", "_", str(text))[:500]
 
 
-def _chain(node: ast.AST) -> list[str]:
-    out = []
-    while isinstance(node, ast.Attribute):
-        out.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        out.append(node.id)
-    return out[::-1]
-
-
-def check_graph_code(code: str) -> None:
-    """Accept only what FX writes for a graph of ATen calls: one `forward` of assignments,
-    `del` and a `return`, calling `torch.ops.*` (and `device`); a dump is untrusted and the
-    script will be run."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError as e:
-        raise UsageError(f"the recorded subgraph is not Python ({e.msg}): damaged dump") from None
-    fns = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-    if len(tree.body) != 1 or len(fns) != 1 or fns[0].name != "forward":
-        raise UsageError("the recorded subgraph is not one forward function: refused")
-    for st in fns[0].body:
-        if not isinstance(st, ast.Assign | ast.Return | ast.Delete | ast.Expr):
-            raise UsageError(f"the recorded subgraph holds a {type(st).__name__}: refused")
-        if isinstance(st, ast.Expr) and not isinstance(st.value, ast.Constant):
-            raise UsageError("the recorded subgraph holds a bare expression: refused")
-    for node in ast.walk(fns[0]):
-        if isinstance(node, ast.Call):
-            chain = _chain(node.func)
-            if chain[:2] != ["torch", "ops"] and chain != ["device"]:
-                raise UsageError(f"the recorded subgraph calls {'.'.join(chain) or '?'}: only "
-                                 "torch.ops are accepted")
-        elif isinstance(node, ast.Name) and node.id not in ("torch", "device", "inf", "nan",
-                                                            "self", "None") and \
-                not isinstance(node.ctx, ast.Store | ast.Del):
-            if not any(a.arg == node.id for a in fns[0].args.args):
-                local = {t.id for st in fns[0].body if isinstance(st, ast.Assign)
-                         for t in st.targets if isinstance(t, ast.Name)}
-                if node.id not in local:
-                    raise UsageError(f"the recorded subgraph names {node.id}: refused")
-        elif isinstance(node, ast.Attribute) and node.attr.startswith("__"):
-            raise UsageError("the recorded subgraph reaches a dunder attribute: refused")
-
-
 @dataclass
 class Repro:
     """What `write_repro` wrote."""
@@ -161,6 +122,69 @@ def _record(d: Any, kernel: str, seq: int | None) -> Any:
     return recs[0]
 
 
+def _graph(d: Any, rec: Any) -> graphform.Graph:
+    """The kernel's fused subgraph, validated (graphform.validate), from the first row of its
+    launch site that files it."""
+    kid = rec.extra.get("kid")
+    rows = [rec] + [r for r in d.records if kid is not None and r.extra.get("kid") == kid]
+    form = next((r.extra["fused_graph"] for r in rows if "fused_graph" in r.extra), None)
+    if form is None:
+        if any("graph_code" in r.extra for r in rows):
+            raise UsageError(f"{rec.op}: this dump files the kernel's subgraph as Python text "
+                             "(recorded by an older accuracy), and text from a dump is never "
+                             "run: record the step again with this version to write a "
+                             "reproducer")
+        raise UsageError(f"{rec.op} at seq {rec.seq} has no recorded subgraph (its fused "
+                         "nodes could not be isolated, or the dump predates reproducers)")
+    graph = graphform.validate(form, len(rec.outputs), _bindings(form, rec))
+    missing = [b for b in graph.inputs if b not in _inputs_by_name(rec)]
+    if missing:
+        raise UsageError(f"{rec.op} at seq {rec.seq}: its subgraph reads input buffer(s) "
+                         f"{_safe(', '.join(missing[:3]))} that were not recorded")
+    return graph
+
+
+def _inputs_by_name(rec: Any) -> dict[str, Any]:
+    """The row's input tensors by buffer name (`extra.inputs`)."""
+    names = rec.extra.get("inputs")
+    if not isinstance(names, list) or len(names) != len(rec.inputs) \
+            or not all(isinstance(n, str) for n in names):
+        raise UsageError(f"{rec.op} at seq {rec.seq}: its input buffer names do not match "
+                         "its recorded inputs (damaged or crafted dump)")
+    return dict(zip(names, rec.inputs, strict=True))
+
+
+def _bindings(form: Any, rec: Any) -> dict[str, int]:
+    """The symbolic sizes of this launch (a `dynamic=True` kernel), bound from its buffers'
+    recorded shapes as replay binds them; {} for a static one."""
+    from accuracy.replay.kernels import size_bindings
+    from accuracy.replay.rebuild import Unreplayable
+
+    if not isinstance(form, dict) or not isinstance(form.get("nodes"), list) \
+            or not all(isinstance(n, dict) for n in form["nodes"]) \
+            or not isinstance(form.get("inputs"), list) \
+            or not all(isinstance(b, str) for b in form["inputs"]):
+        return {}  # validate says what is wrong with it
+    by_name = _inputs_by_name(rec)
+    try:
+        return size_bindings(form, form["nodes"], [by_name.get(b) for b in form["inputs"]],
+                             rec.outputs)
+    except Unreplayable as e:
+        raise UsageError(f"{rec.op} at seq {rec.seq}: {_safe(str(e))}") from None
+
+
+def _write(out: Path, text: str) -> None:
+    """`text` into `out`, whole or not at all (a temporary beside it, renamed)."""
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_repro(dump: str | os.PathLike[str], kernel: str, out: str | os.PathLike[str], *,
                 golden: str | os.PathLike[str] | None = None, seq: int | None = None,
                 overwrite: bool = False, tol: float = 1e-3) -> Repro:
@@ -178,13 +202,8 @@ def write_repro(dump: str | os.PathLike[str], kernel: str, out: str | os.PathLik
         raise InputNotFoundError(f"{dump}: no such dump")
     with load_dump(dump) as d:
         rec = _record(d, kernel, seq)
-        kid = rec.extra.get("kid")
-        code = next((r.extra.get("graph_code") for r in d.records
-                     if r.extra.get("kid") == kid and r.extra.get("graph_code")), "")
-        if not code:
-            raise UsageError(f"{rec.op} at seq {rec.seq} has no recorded subgraph (its fused "
-                             "nodes could not be isolated, or the dump predates reproducers)")
-        check_graph_code(code)
+        graph = _graph(d, rec)
+        by_name = _inputs_by_name(rec)
         if not all(t.has_data for t in rec.inputs + rec.outputs):
             raise UsageError(f"{dump} holds no tensor data for {rec.op}: record the step with "
                              "mode='tensor' to write a reproducer")
@@ -195,8 +214,8 @@ def write_repro(dump: str | os.PathLike[str], kernel: str, out: str | os.PathLik
 
         # each input as the kernel saw it: its values with its recorded strides (a view
         # of a graph's buffer is not contiguous; ops of the graph may depend on it)
-        inputs = [restore_strides(d.read_tensor(t), t, torch.device("cpu"))
-                  for t in rec.inputs]
+        inputs = [restore_strides(d.read_tensor(by_name[b]), by_name[b], torch.device("cpu"))
+                  for b in graph.inputs]
         recorded = [d.read_tensor(t) for t in rec.outputs]
         gold: list[Any] = [None] * len(recorded)
         if golden is not None:
@@ -205,19 +224,22 @@ def write_repro(dump: str | os.PathLike[str], kernel: str, out: str | os.PathLik
                     if tp.my_op is not None and tp.my_op.seq == rec.seq and tp.io == "output" \
                             and tp.golden is not None:
                         gold[tp.idx] = g.read_tensor(tp.golden)
-        outs = rec.extra.get("outputs", [])
+        outs = rec.extra.get("outputs")
+        outs = [o if isinstance(o, dict) else {} for o in outs] \
+            if isinstance(outs, list) and len(outs) == len(recorded) else [{}] * len(recorded)
         names = [_safe(o.get("buffer", "")) for o in outs]
-        multi = [bool(o.get("multi")) for o in outs]
+        multi = [o.get("multi") is True for o in outs]
         buf = io.BytesIO()
         torch.save({"inputs": inputs, "recorded": recorded, "golden": gold, "names": names,
                     "multi": multi},
                    buf)
         data = base64.b64encode(buf.getvalue()).decode()
-        out.write_text(_TEMPLATE.format(
+        fused = rec.extra.get("fused_ops")
+        _write(out, _TEMPLATE.format(
             kernel=_safe(rec.extra.get("kernel", rec.op)), dump=_safe(Path(dump).name),
             seq=int(rec.seq), phase=_safe(rec.phase), module=_safe(rec.module or "-"),
             source=_safe(rec.source or "?"),
-            fused=_safe(", ".join(map(str, rec.extra.get("fused_ops", [])))),
+            fused=_safe(", ".join(map(str, fused if isinstance(fused, list) else []))),
             name=_safe(out.name), data=data,
-            code=code.strip(), tol=float(tol)))
+            code=graphform.python(graph).strip(), tol=float(tol)))
         return Repro(out, rec.op, rec.seq, len(recorded), sum(g is not None for g in gold))

@@ -82,7 +82,7 @@ class CompiledSource:
         # compile id (a forward graph and its backward share one) -> the names of the
         # latest call its forward ran in: for a backward whose autograd node has none
         self._calls: dict[str, RegionCall] = {}
-        self._with_code: set[int] = set()  # kernel ids whose subgraph is already in the dump
+        self._with_graph: set[int] = set()  # kernel ids whose subgraph is already in the dump
         self._with_ref: set[int] = set()  # kernel ids whose replay reference is in the dump
         self._before: dict[int, list[Any]] = {}  # kernel id -> in-place outputs before launch
         self._before_links: dict[int, list[Any]] = {}  # kernel id -> their recorded states
@@ -163,11 +163,11 @@ class CompiledSource:
             "outputs": [self._out(b, info, region) for b in outs],
             "kid": info.kid,
         }
-        if info.graph_code and info.kid not in self._with_code:  # once per launch site
-            self._with_code.add(info.kid)
-            extra["graph_code"] = info.graph_code
+        if info.fused_graph is not None and info.kid not in self._with_graph:
+            self._with_graph.add(info.kid)  # once per launch site
+            extra["fused_graph"] = info.fused_graph
         if info.reference is not None and info.kid not in self._with_ref:
-            self._with_ref.add(info.kid)  # once per launch site, like graph_code
+            self._with_ref.add(info.kid)  # once per launch site, like fused_graph
             extra["reference"] = info.reference
         checker = getattr(owner, "_overflow", None)
         if checker is not None:  # check_overflow: judged as an op is; only births written

@@ -148,10 +148,26 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """Inverse of `dtype_name` (imports torch); ValueError for a dtype this torch lacks."""
+    """Inverse of `dtype_name` (imports torch); ValueError for a dtype this torch lacks. The
+    name comes from a file: it is looked up in torch's own table of dtypes, never as an
+    attribute of the `torch` module (whose `__getattr__` imports submodules by name)."""
     import torch
 
-    dt = getattr(torch, name, None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"dtype {name!r} is not known to torch {torch.__version__}")
+    dt = torch_dtypes().get(name) if isinstance(name, str) else None
+    if dt is None:
+        raise ValueError(f"dtype {str(name)[:40]!r} is not known to torch {torch.__version__}")
     return dt
+
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {}
+
+
+def torch_dtypes() -> dict[str, torch.dtype]:
+    """Name -> torch dtype, for every dtype the `torch` module defines (`float32`, and the
+    aliases `float`, `half`...)."""
+    if not _TORCH_DTYPES:
+        import torch
+
+        _TORCH_DTYPES.update({k: v for k, v in vars(torch).items()
+                              if isinstance(v, torch.dtype)})
+    return _TORCH_DTYPES

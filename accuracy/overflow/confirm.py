@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from accuracy.aten import resolve_op
+from accuracy import safeops
 from accuracy.dumpfile import Dump
 from accuracy.dumpfile.argcodec import decode_call
 from accuracy.dumpfile.reader import OpRecord
@@ -46,9 +46,8 @@ def _run(r: OpRecord, inputs: list[torch.Tensor], device: str, widen: bool) -> b
     if widen:  # explicit dtype arguments would narrow again
         if isinstance(kwargs.get("dtype"), torch.dtype) and kwargs["dtype"] in _WIDER:
             kwargs["dtype"] = _WIDER[kwargs["dtype"]]
-    fn = resolve_op(r.op)
-    if fn is None:
-        raise LookupError(f"this torch has no op {r.op}")
+    fn = safeops.compute_op(r.op)  # a name from the file: only allow-listed compute ops run
+    safeops.check_call(fn, args, kwargs)
     return _nonfinite(fn(*args, **kwargs))
 
 

@@ -9,20 +9,21 @@ the kernel's dtype and once upcast (fp64), and measures each output exactly as a
 that computes something else than its ops (a miscompile, a wrong graph pass) has a large
 ratio; an honest fused kernel stays near 1. A kernel that cannot be re-run says why.
 
-The reference is JSON read from an untrusted dump: ops are looked up in `torch.ops` by name
-(nothing is executed as code), arguments decoded by the dump's own argument codec.
+The reference is JSON read from an untrusted dump: each op name must be on the allow-list of
+compute ops and its arguments of the closed kinds `accuracy/safeops.py` accepts (checked
+before anything runs; nothing is executed as code), arguments decoded by the dump's own
+argument codec.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from accuracy.aten import resolve_op
+from accuracy import safeops
 from accuracy.dumpfile import symsizes
 from accuracy.dumpfile.argcodec import decode_call
 from accuracy.dumpfile.reader import OpRecord
@@ -90,11 +91,14 @@ def _check(ref: dict[str, Any], rec: OpRecord) -> tuple[list[Any], list[dict[str
     return inputs, nodes, outputs, how
 
 
-def _ops(nodes: list[dict[str, Any]]) -> list[Any]:
+def _ops(nodes: list[dict[str, Any]], n_inputs: int) -> list[Any]:
+    """Each node's op, on the allow-list of compute ops (accuracy/safeops.py) with arguments
+    it accepts, checked before anything runs: a crafted reference naming `aten.from_file`, a
+    collective or a walk out of `torch.ops` is refused, not run."""
     import operator
 
     fns = []
-    for n in nodes:
+    for k, n in enumerate(nodes):
         name = n.get("op")
         if name == "getitem":
             fns.append(operator.getitem)
@@ -105,17 +109,24 @@ def _ops(nodes: list[dict[str, Any]]) -> list[Any]:
         if isinstance(name, str) and name.startswith("prims.inductor_"):
             # Inductor draws its randomness with its own prims (inductor_random, _randint,
             # _lookup_seed, _seeds): a kernel's draws cannot be reproduced
-            raise Unreplayable(f"compiled kernel with an rng op ({name}): its random draws "
-                               "cannot be reproduced on the reference")
-        if isinstance(name, str) and name.startswith("prims."):
-            try:  # Inductor's own prims (fma...) are registered by this module
-                importlib.import_module("torch._inductor.inductor_prims")
-            except ImportError:
-                pass
-        fn = resolve_op(name) if isinstance(name, str) else None
-        if fn is None or not isinstance(n.get("args"), str):
-            raise Unreplayable(f"compiled kernel whose reference calls {str(name)[:80]}, "
-                               f"unknown to torch {torch.__version__}")
+            raise Unreplayable(f"compiled kernel with an rng op ({safeops.shown(name)}): its "
+                               "random draws cannot be reproduced on the reference")
+        try:
+            fn = safeops.compute_op(name)
+        except safeops.UnknownOp:
+            raise Unreplayable(f"compiled kernel whose reference calls {safeops.shown(name)}, "
+                               f"unknown to torch {torch.__version__}") from None
+        except safeops.RefusedOp as e:
+            raise Unreplayable(f"compiled kernel whose reference is refused: {e}") from None
+        if not isinstance(n.get("args"), str):
+            raise Unreplayable("compiled kernel whose reference is malformed (damaged dump)")
+        try:
+            safeops.check_call(fn, *decode_call(n["args"], [None] * (n_inputs + k)))
+        except safeops.RefusedOp as e:
+            raise Unreplayable(f"compiled kernel whose reference is refused: {e}") from None
+        except ValueError as e:
+            raise Unreplayable(f"compiled kernel whose reference is malformed: "
+                               f"{str(e)[:200]}") from None
         if torch.Tag.nondeterministic_seeded in getattr(fn, "tags", ()):
             raise Unreplayable(f"compiled kernel with an rng op ({name}): its random draws "
                                "cannot be reproduced on the reference")
@@ -151,7 +162,7 @@ def _graph_fn(nodes: list[dict[str, Any]], fns: list[Any], outputs: list[Any],
     return run
 
 
-def _bindings(ref: dict[str, Any], nodes: list[dict[str, Any]], inputs: list[Any],
+def size_bindings(ref: dict[str, Any], nodes: list[dict[str, Any]], inputs: list[Any],
               outputs: list[Any]) -> dict[str, int]:
     """The symbolic sizes of one launch of a `dynamic=True` kernel, bound from the shapes its
     input and output buffers were recorded with (`sizes` of its reference); {} for a static
@@ -205,8 +216,8 @@ def replay_kernel(rec: OpRecord, device: torch.device, upcast: str,
     if missing:
         raise Unreplayable("compiled kernel whose input buffer(s) "
                            f"{', '.join(map(str, missing[:3]))} were not recorded")
-    fns = _ops(nodes)
-    env = _bindings(ref, nodes, [by_name[b] for b in inputs], rec.outputs)
+    fns = _ops(nodes, len(inputs))
+    env = size_bindings(ref, nodes, [by_name[b] for b in inputs], rec.outputs)
     tensors = [cache.input(by_name[b], device) for b in inputs]
     notes = []
     device_outputs = []

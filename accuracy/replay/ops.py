@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten
 
+from accuracy import safeops
 from accuracy.aten import (
     MOVEMENT,
     is_collective,
@@ -183,13 +184,27 @@ def _kernel(rec: OpRecord) -> tuple[Any, str]:
                            "replay")
     if rec.extra.get("rng") and not _rng_disabled(rec):
         raise Unreplayable(RNG_REASON)
-    fn = resolve_op(rec.op)
-    if fn is None:
-        raise Unreplayable(f"no kernel on the reference: {rec.op} is unknown to torch "
-                           f"{torch.__version__}; register one with register_reference()")
+    fn = _allowed(rec)
     if returns_nothing(fn):
         return _returning_writes(fn), ""
     return fn, ""
+
+
+def _allowed(rec: OpRecord) -> Any:
+    """The op a row names, when it is on the allow-list of compute ops and its recorded
+    arguments are of the kinds it accepts (accuracy/safeops.py): a crafted row naming
+    `aten.from_file` or a walk out of `torch.ops` is refused before anything runs."""
+    try:
+        fn = safeops.compute_op(rec.op)
+        safeops.check_call(fn, *rec.call([None] * len(rec.inputs)))
+    except safeops.UnknownOp:
+        raise Unreplayable(f"no kernel on the reference: {rec.op} is unknown to torch "
+                           f"{torch.__version__}; register one with register_reference()"
+                           ) from None
+    except safeops.RefusedOp as e:
+        raise Unreplayable(f"not run from a file: {e}; register a reference with "
+                           "register_reference() to replay it") from None
+    return fn
 
 
 def _returning_writes(fn: Any) -> Any:
