@@ -80,7 +80,7 @@ def _run(source: Path, cache: Path) -> dict:
     return _result(_start(source, cache))
 
 
-def test_built_once_then_loaded_from_the_cache(source, cache):
+def test_built_once_then_loaded_and_never_trusted_blindly(source, cache):
     first = _run(source, cache)
     assert first == {**first, "answer": 42, "built": ["tiny"]}
     library = Path(first["file"])
@@ -90,10 +90,20 @@ def test_built_once_then_loaded_from_the_cache(source, cache):
     second = _run(source, cache)
     assert second["built"] == [] and second["answer"] == 42 and second["file"] == first["file"]
     assert library.stat().st_mtime_ns == before
+    # the library's bytes no longer match the manifest (damaged since, or swapped)
+    library.write_bytes(library.read_bytes() + b"\0")
+    again = _run(source, cache)
+    assert again["built"] == ["tiny"] and again["answer"] == 42
+    # a crash before the manifest was written: the folder holds a library no one vouches for
+    (library.parent / "BUILT.json").unlink()
+    library.write_bytes(b"half")
+    again = _run(source, cache)
+    assert again["built"] == ["tiny"] and again["answer"] == 42
     # a changed source is a new build beside the old one, never the old library
     source.write_text(TINY.replace("ANSWER", "43"))
-    third = _run(source, cache)
-    assert third["answer"] == 43 and third["built"] == ["tiny"] and third["file"] != first["file"]
+    changed = _run(source, cache)
+    assert changed["answer"] == 43 and changed["built"] == ["tiny"]
+    assert changed["file"] != first["file"]
 
 
 def test_two_processes_asking_at_once_build_it_once(source, cache, tmp_path):
@@ -109,31 +119,18 @@ def test_two_processes_asking_at_once_build_it_once(source, cache, tmp_path):
     assert sorted(len(r["built"]) for r in results) == [0, 1]
 
 
-def test_a_build_cut_short_or_damaged_is_built_again(source, cache):
-    library = Path(_run(source, cache)["file"])
-    manifest = library.parent / "BUILT.json"
-    # the library's bytes no longer match the manifest (damaged since, or swapped)
-    library.write_bytes(library.read_bytes() + b"\0")
-    again = _run(source, cache)
-    assert again["built"] == ["tiny"] and again["answer"] == 42
-    assert json.loads(manifest.read_text())["sha256"] != ""
-    # a crash before the manifest was written: the folder holds a library no one vouches for
-    manifest.unlink()
-    library.write_bytes(b"half")
-    again = _run(source, cache)
-    assert again["built"] == ["tiny"] and again["answer"] == 42
-
-
-def test_a_cache_others_can_write_is_refused(source, cache):
-    library = Path(_run(source, cache)["file"])
-    folder = library.parent
+def test_a_cache_others_can_write_is_refused(source, cache, monkeypatch):
+    name = "tiny_private"  # built here, in this process, once
+    folder = Path(cppext.load_extension(name, [source]).__file__).parent
+    monkeypatch.setattr(cppext, "_loaded", {})
+    monkeypatch.delitem(sys.modules, f"{name}_{folder.name.rsplit('-', 1)[1]}")
     os.chmod(folder, 0o770)  # group-writable: someone else could swap the library
     with pytest.raises(ExtensionUnavailableError, match="writable by others"):
-        cppext.load_extension("tiny", [source])
+        cppext.load_extension(name, [source])
     os.chmod(folder, 0o700)
     os.chmod(folder.parent, folder.parent.stat().st_mode | stat.S_IWOTH)
     with pytest.raises(ExtensionUnavailableError, match="only you can write"):
-        cppext.load_extension("tiny", [source])
+        cppext.load_extension(name, [source])
 
 
 def test_no_compiler_or_a_compile_error_is_one_clear_line(source, cache, monkeypatch):

@@ -12,6 +12,7 @@ torch's autograd engine only serves devices registered before the process's firs
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 import signal
@@ -78,30 +79,41 @@ def test_registers_as_npu_with_a_torch_module(npu):
     assert torch.amp.is_autocast_available("npu")
 
 
-def test_refuses_where_npu_is_taken_and_in_a_forked_child(npu):
+def test_refuses_in_one_line_where_it_cannot_work(npu):
     done = _script("""
-        import json, os, sys, types, torch
+        import json, sys, types, torch
         import accuracy.testdevice as td
         from accuracy.errors import ExtensionUnavailableError
         out = {}
+        (torch.ones(1, requires_grad=True) * 2).sum().backward()   # before the device
         sys.modules["torch_npu"] = types.ModuleType("torch_npu")   # a real torch_npu loaded
-        try:
-            td.load()
-        except ExtensionUnavailableError as e:
-            out["torch_npu"] = str(e)
-        del sys.modules["torch_npu"]
-        torch.utils.rename_privateuse1_backend("foo")               # another backend's key
-        try:
-            td.load()
-        except ExtensionUnavailableError as e:
-            out["taken"] = str(e)
+        for case in ("torch_npu", "late", "again"):
+            if case == "late":
+                del sys.modules["torch_npu"]
+            try:
+                td.load()
+            except ExtensionUnavailableError as e:
+                out[case] = str(e)
         print(json.dumps(out))
     """)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
-    assert "torch_npu is loaded" in out["torch_npu"] and "\n" not in out["torch_npu"]
-    assert "taken by the backend 'foo'" in out["taken"]
+    assert "a real torch_npu is loaded" in out["torch_npu"]
+    # torch's autograd engine gives device threads only to devices known at the first backward
+    assert "backward() ran in this process before the npu test device" in out["late"]
+    assert out["again"] == out["late"]
+    assert all("\n" not in line for line in out.values())
+    done = _script("""
+        import torch
+        import accuracy.testdevice as td
+        torch.utils.rename_privateuse1_backend("foo")               # another backend's key
+        td.load()
+    """)
+    assert done.returncode == 1
+    assert "PrivateUse1 is already taken by the backend 'foo'" in done.stderr.splitlines()[-1]
 
+
+def test_a_forked_child_is_told_it_cannot_use_the_device(npu):
     done = _script("""
         import os, torch
         import accuracy.testdevice as td
@@ -538,6 +550,20 @@ def test_views_resize_set_and_printing_stay_on_the_host(npu):
     torch.testing.assert_close(base, torch.arange(6.0), check_device=False)
     with pytest.raises(AssertionError):
         torch.testing.assert_close(base, torch.arange(6.0, device="npu") + 1)
+
+
+def test_storages_and_serialization(npu):
+    storage = torch.UntypedStorage(16, device="npu")  # the allocator torch asks for by type
+    assert storage.device == torch.device("npu", 0) and storage.size() == 16
+    t = torch.arange(4.0, device="npu")
+    t.untyped_storage().resize_(32)  # the hooks' resize: the values are kept
+    assert torch.equal(t.cpu(), torch.arange(4.0))
+    buf = io.BytesIO()
+    torch.save({"w": t, "on1": torch.ones(2, device="npu:1")}, buf)
+    buf.seek(0)
+    back = torch.load(buf)
+    assert back["w"].device == torch.device("npu", 0) and torch.equal(back["w"].cpu(), t.cpu())
+    assert back["on1"].device == torch.device("npu", 1)
 
 
 def test_memory_is_counted_and_freed_in_queue_order(npu):

@@ -291,6 +291,7 @@ bool register_hooks() {
   static bool ours = [] {
     if (at::isPrivateUse1HooksRegistered()) return false;
     at::RegisterPrivateUse1HooksInterface(new Hooks());
+    c10::SetAllocator(c10::DeviceType::PrivateUse1, current_device_allocator());
     return true;
   }();
   return ours;

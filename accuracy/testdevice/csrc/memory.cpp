@@ -165,6 +165,20 @@ struct DeviceAllocator final : c10::Allocator {
   }
 };
 
+// What c10::GetAllocator(PrivateUse1) returns (torch.UntypedStorage(n, device="npu"),
+// serialization): allocates on the current device, as CUDA's allocator does.
+struct CurrentDeviceAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    return device_allocator(current_device())->allocate(nbytes);
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &free_device;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    device_allocator(current_device())->copy_data(dest, src, count);
+  }
+};
+
 // ---- pinned host memory ----
 std::mutex pinned_mu;
 std::map<uintptr_t, size_t> pinned_blocks;  // base -> length
@@ -224,6 +238,11 @@ c10::Allocator* device_allocator(c10::DeviceIndex index) {
     return a;
   }();
   return &all[check_index(index)];
+}
+
+c10::Allocator* current_device_allocator() {
+  static auto* a = new CurrentDeviceAllocator();
+  return a;
 }
 
 c10::Allocator* pinned_allocator() {

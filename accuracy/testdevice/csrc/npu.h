@@ -25,6 +25,7 @@ constexpr c10::DeviceIndex kDeviceCount = 2;
 // in a second mapping of the same size; only the device's own kernels and copies translate.
 void* real_address(const void* device_address);  // nullptr stays nullptr; throws if foreign
 c10::Allocator* device_allocator(c10::DeviceIndex index);
+c10::Allocator* current_device_allocator();  // registered as PrivateUse1's allocator
 c10::Allocator* pinned_allocator();
 bool is_pinned(const void* host_address);
 c10::DeviceIndex device_of(const void* device_address);  // -1 when not a device address
