@@ -156,13 +156,14 @@ class Stream(torch.Stream):
 
 
 class Event(torch.Event):
-    """An npu event: recorded in a queue, done when the device reaches it."""
+    """An npu event: recorded in a queue, done when the device reaches it. Its instances are
+    plain `torch.Event`s: torch's `elapsed_time` and `Stream.record_event` accept no subclass."""
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False,
-                interprocess: bool = False) -> Event:
-        return super().__new__(cls, device=torch.device("npu", current_device()),
-                               enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
+                interprocess: bool = False) -> torch.Event:  # type: ignore[misc]
+        return torch.Event(device=torch.device("npu", current_device()),
+                           enable_timing=enable_timing, blocking=blocking,
+                           interprocess=interprocess)
 
 
 def current_stream(device: DeviceLike = None) -> Stream:
