@@ -136,6 +136,18 @@ def test_a_forked_child_is_told_it_cannot_use_the_device(npu):
 
 # ---- the same numbers as CPU ----
 
+class _CrossEntropy(torch.nn.Module):
+    """A linear head and its cross-entropy loss against fixed classes (a 0-dim output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        target = torch.tensor([0, 3, 1, 4], device=x.device)
+        return torch.nn.functional.cross_entropy(self.head(x), target, label_smoothing=0.1)
+
+
 def _layers():
     return {
         "linear": (lambda: torch.nn.Linear(6, 4), lambda: torch.randn(3, 6)),
@@ -146,6 +158,7 @@ def _layers():
         "embedding": (lambda: torch.nn.Embedding(10, 4), lambda: torch.tensor([[1, 2], [3, 9]])),
         "softmax": (lambda: torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Softmax(-1)),
                     lambda: torch.randn(4, 6)),
+        "cross_entropy": (lambda: _CrossEntropy(), lambda: torch.randn(4, 6)),
         "lstm": (lambda: torch.nn.LSTM(4, 5, batch_first=True), lambda: torch.randn(2, 3, 4)),
         "gru": (lambda: torch.nn.GRU(4, 5, num_layers=2), lambda: torch.randn(3, 2, 4)),
     }
@@ -548,6 +561,9 @@ def test_views_resize_set_and_printing_stay_on_the_host(npu):
     assert torch.equal(grown[:6].cpu(), torch.arange(6.0))  # resize_ kept the values
     assert torch.equal(other.cpu(), torch.tensor([[2.0, 3.0], [4.0, 5.0]]))
     assert real.shape == (3, 2) and real.device.type == "npu"
+    host = torch.empty(0)
+    torch.ops.aten._copy_from_and_resize(base, host)  # what fallbacks use to copy results back
+    assert torch.equal(host, torch.arange(6.0))
     text = repr(base)
     assert "device='npu:0'" in text and "5." in text
     torch.testing.assert_close(base, torch.arange(6.0), check_device=False)
