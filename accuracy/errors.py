@@ -42,3 +42,8 @@ class NoMatchError(AccuracyError, LookupError):
 
 class OutputNotWritableError(AccuracyError, PermissionError):
     """The output's folder cannot be created or written to."""
+
+
+class ExtensionUnavailableError(AccuracyError, RuntimeError):
+    """A C++ extension cannot be built or loaded here (no compiler, a build cache others can
+    write, a device name another backend already holds)."""

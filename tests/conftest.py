@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 import pytest
@@ -15,6 +16,20 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "cuda" in item.keywords:
                 item.add_marker(skip)
+
+
+# The npu test device (accuracy/testdevice) must be registered before the process's first
+# backward(): torch's autograd engine sizes its per-device threads then, once. When its tests
+# are collected, load it (building it on a clean clone) before any test runs; where it cannot
+# be had, its tests' fixture says why (load() raises the same reason again).
+def pytest_collection_finish(session):
+    if not any(item.path.name == "test_testdevice.py" for item in session.items):
+        return
+    from accuracy.errors import ExtensionUnavailableError
+    from accuracy.testdevice import load
+
+    with contextlib.suppress(ExtensionUnavailableError):
+        load()
 
 
 @pytest.fixture(autouse=True)
