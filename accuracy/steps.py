@@ -101,10 +101,13 @@ def parse_ids(values: Iterable[int | str] | int | str | None,
 
 def _entry(v: object, what: str) -> tuple[int, int]:
     usage = f"{what} entry {v!r}: use a number >= 0 or a range like \"4-6\" (digits 0-9)"
-    if isinstance(v, bool) or not isinstance(v, (int, str)):
+    if isinstance(v, bool):
         raise UsageError(usage)
-    if isinstance(v, int):
-        lo = hi = v
+    if not isinstance(v, str):
+        try:
+            lo = hi = operator.index(v)  # an int, or numpy's (not a float)
+        except TypeError:
+            raise UsageError(usage) from None
     else:
         if v.strip().startswith("-"):
             raise UsageError(f"{what} entry {v!r} is negative: {what}s count from 0")

@@ -104,6 +104,7 @@ def test_step_lists_with_ranges_and_their_refusals():
     ids = parse_ids([0, 2, "4-6"])
     assert [s for s in range(10) if s in ids] == [0, 2, 4, 5, 6]
     assert ids.describe() == [0, 2, "4-6"] and parse_ids([3, "0-2"]).describe() == ["0-3"]
+    assert parse_ids(torch.tensor([0, 2]).numpy()).describe() == [0, 2]  # numpy's ints too
     assert parse_ids([]) is None and parse_ids(None) is None
     for bad, word in [([1, "0-3"], "overlaps"), ([2, 2], "overlaps"), ([-1], "negative"),
                       (["-2"], "negative"), (["6-4"], "empty"), (["a"], "range"),
