@@ -89,6 +89,16 @@ def test_long_names_and_phases_from_a_dump_are_stored_whole(tmp_path, db_url, fi
             f"{LONG_NAME} vs {LONG_NAME}"
 
 
+def test_the_schema_declares_text_of_any_length():
+    """A new database never needs the widening below: the tables are declared with TEXT."""
+    from accuracy.server.db import TEXT_COLUMNS, Base
+
+    for table, columns in TEXT_COLUMNS.items():
+        for column in columns:
+            assert getattr(Base.metadata.tables[table].c[column].type, "length", None) is None, \
+                f"{table}.{column}"
+
+
 def test_a_database_made_with_short_columns_is_widened_at_startup(tmp_path, db_url, files):
     from accuracy.server.db import TEXT_COLUMNS
 
