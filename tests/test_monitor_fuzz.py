@@ -28,7 +28,8 @@ from torch import nn
 
 CASES = int(os.environ.get("ACCURACY_FUZZ_CASES", "60"))
 ROOT = Path(__file__).resolve().parents[1]
-SECRET = "TOP-SECRET-MONITOR"
+SECRET = "secret0"  # a name only the file outside holds (test_hostile_inputs' outside.h5)
+IN_FILE = "TEXT-IN-THE-FILE"  # what the mutations write into the file itself
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +100,7 @@ def _replace_dataset(f: h5py.File, rng: random.Random) -> str:
     if rng.random() < 0.5:
         shape = rng.choice([(), (0,), (3,), (3, 2)])
         n = int(np.prod(shape))
-        data = (np.array([SECRET] * n, dtype=object) if text else np.arange(n)).reshape(shape)
+        data = (np.array([IN_FILE] * n, dtype=object) if text else np.arange(n)).reshape(shape)
         dtype = h5py.string_dtype() if text else rng.choice([np.int64, np.float64, np.int8])
         f.create_dataset(name, data=data, dtype=dtype)
     else:
@@ -111,7 +112,7 @@ def _replace_dataset(f: h5py.File, rng: random.Random) -> str:
 
 def _mutate_attr(f: h5py.File, rng: random.Random) -> str:
     k = rng.choice(["format", "version", "rank", "complete", "model", "created"])
-    f.attrs[k] = rng.choice([0, -1, 2**62, "accuracy-monitor", SECRET, True, 1e308,
+    f.attrs[k] = rng.choice([0, -1, 2**62, "accuracy-monitor", IN_FILE, True, 1e308,
                              "x" * 1000, np.arange(3)])
     return f"attr:{k}"
 
@@ -189,11 +190,12 @@ def test_monitor_file_mutations_are_read_or_refused_in_one_line(real_series, tmp
 @pytest.mark.slow
 def test_monitor_file_damaged_bytes_give_exit_0_or_one_line(real_series, tmp_path,
                                                             monkeypatch):
-    """`accuracy monitor show` in a child per file: exit 0, or 2 with one line. HDF5 itself
-    loops forever on some damaged metadata (inside its C code, in the first attribute or
-    link it reads, before anything of ours), which no process can interrupt from within:
-    such files are listed, and the server, which draws in a child with a time limit, must
-    still answer them with a 4xx."""
+    """`accuracy monitor show` in a child per file: exit 0, or 2 with one line, in 10 s. Read
+    through SWMR, HDF5 retried a damaged header's metadata for minutes (8 files of 20 here
+    before a closed file was opened without it); HDF5 can also loop in its C code on some
+    damaged metadata, which no process can interrupt from within, so a file that gets no
+    answer is a finding too, and the server, which draws in a child with a time limit, must
+    answer every file with 200 or 400."""
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
@@ -238,5 +240,5 @@ def test_monitor_file_damaged_bytes_give_exit_0_or_one_line(real_series, tmp_pat
             r = c.get("/monitor/view", params={"path": str(path)})
             if r.status_code not in (200, 400):
                 bad.append((case, "server", r.status_code, r.text[:200]))
-    print(f"damaged monitor files: {len(paths)}; HDF5 looped on {hung}; bad: {bad}")
-    assert bad == []
+    print(f"damaged monitor files: {len(paths)}; no answer from {hung}; bad: {bad}")
+    assert bad == [] and hung == []
