@@ -39,7 +39,8 @@ _PART_CLIS = (
 # (correct, only slower); tests/test_cli_startup.py checks this table against the parts.
 _PART_COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("accuracy.dumpfile.cli",
-               "check dumps: layout, index and every stored tensor's checksum (exit 1 on damage)"),
+               "check dumps: layout, index and every stored tensor's checksum (exit 1 on damage, "
+               "or on a dump its run did not finish)"),
     "replay": ("accuracy.replay.cli",
                "re-run each recorded op on a reference with the device's own inputs"),
     "compare": ("accuracy.compare.cli",

@@ -6,6 +6,9 @@ debugger take either. Imports no torch.
 
 from __future__ import annotations
 
+import bisect
+import operator
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -13,44 +16,117 @@ from accuracy.errors import UsageError
 
 NONE, WAIT, WARMUP, ACTIVE = "none", "wait", "warmup", "active"
 
+MAX_ID = 2**63 - 1  # a step or rank is an int64 in a dump: a larger number is none
+MAX_ENTRIES = 10_000  # entries of a hand-written list; longer spans are written as ranges
+_ENTRY = re.compile(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?")  # "4", "4-6" (ASCII digits)
 
-def parse_ids(values: Iterable[int | str] | None, what: str = "step") -> frozenset[int] | None:
-    """msprobe's `[0, 2, "4-6"]` -> {0, 2, 4, 5, 6}; an empty or missing list -> None (all).
+
+@dataclass(frozen=True)
+class IdRanges:
+    """Step or rank numbers as sorted, disjoint, inclusive (first, last) ranges: "0-1000000000"
+    stays one pair, never a billion numbers. `n in ids` is a binary search; nothing here
+    lists the numbers one by one."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_firsts", [a for a, _ in self.ranges])
+
+    def __contains__(self, n: object) -> bool:
+        try:
+            n = operator.index(n)  # type: ignore[arg-type]
+        except TypeError:
+            return False
+        i = bisect.bisect_right(self._firsts, n) - 1  # type: ignore[attr-defined]
+        return i >= 0 and n <= self.ranges[i][1]
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges)
+
+    @property
+    def last(self) -> int | None:
+        """The largest number, or None when empty."""
+        return self.ranges[-1][1] if self.ranges else None
+
+    def describe(self) -> list[int | str]:
+        """msprobe's spelling: [0, 2, "4-6"]."""
+        return [a if a == b else f"{a}-{b}" for a, b in self.ranges]
+
+
+def parse_ids(values: Iterable[int | str] | int | str | None,
+              what: str = "step") -> IdRanges | None:
+    """msprobe's `[0, 2, "4-6"]` -> ranges (0, 0), (2, 2), (4, 6); an empty or missing list ->
+    None (all). A `range` with step 1 is one range too.
 
     Refused, with the entry named: a negative number, an empty or reversed range ("6-4"),
-    anything that is not an int or "A-B", and entries that overlap (a number given twice, or
-    inside a range given too), which in a hand-written list is usually a typo.
+    anything that is not an int or "A-B" in ASCII digits, a number past MAX_ID, more than
+    MAX_ENTRIES entries, and entries that overlap (a number given twice, or inside a range
+    given too), which in a hand-written list is usually a typo.
     """
     if values is None:
         return None
+    if isinstance(values, IdRanges):
+        return values or None
     if isinstance(values, (str, int)):
         values = [values]
-    out: set[int] = set()
+    if isinstance(values, range) and values.step == 1:
+        if not values:
+            return None
+        values = [f"{values.start}-{values.stop - 1}"]
+    entries: list[tuple[int, int, object]] = []
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, str)):
-            raise UsageError(f"{what} entry {v!r}: use a number >= 0 or a range like \"4-6\"")
-        if isinstance(v, int):
-            lo = hi = v
+        if len(entries) >= MAX_ENTRIES:
+            raise UsageError(f"{what} list of more than {MAX_ENTRIES} entries: write long "
+                             "spans as ranges (\"0-99999\")")
+        lo, hi = _entry(v, what)
+        entries.append((lo, hi, v))
+    if not entries:
+        return None
+    entries.sort(key=lambda e: (e[0], e[1]))
+    merged: list[tuple[int, int]] = []
+    prev: object = None
+    for lo, hi, v in entries:
+        if merged and lo <= merged[-1][1]:
+            a, b = max(lo, merged[-1][0]), min(hi, merged[-1][1])
+            both = str(a) if a == b else f"{a}-{b}"
+            raise UsageError(f"{what} entry {v!r} overlaps another entry ({prev!r}, both "
+                             f"hold {both}): give each {what} once")
+        if merged and lo == merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], hi)
         else:
-            if v.strip().startswith("-"):
-                raise UsageError(f"{what} entry {v!r} is negative: {what}s count from 0")
-            a, sep, b = v.strip().partition("-")
-            if not (a.strip().isdigit() and (not sep or b.strip().isdigit())):
-                raise UsageError(f"{what} entry {v!r}: use a number >= 0 or a range like "
-                                 "\"4-6\"")
-            lo = int(a)
-            hi = int(b) if sep else lo
-        if lo < 0:
+            merged.append((lo, hi))
+        prev = v
+    return IdRanges(tuple(merged))
+
+
+def _entry(v: object, what: str) -> tuple[int, int]:
+    usage = f"{what} entry {v!r}: use a number >= 0 or a range like \"4-6\" (digits 0-9)"
+    if isinstance(v, bool):
+        raise UsageError(usage)
+    if not isinstance(v, str):
+        try:
+            lo = hi = operator.index(v)  # an int, or numpy's (not a float)
+        except TypeError:
+            raise UsageError(usage) from None
+    else:
+        if v.strip().startswith("-"):
             raise UsageError(f"{what} entry {v!r} is negative: {what}s count from 0")
-        if hi < lo:
-            raise UsageError(f"{what} range {v!r} is empty: write the lower end first "
-                             f"(\"{hi}-{lo}\")")
-        new = set(range(lo, hi + 1))
-        if new & out:
-            raise UsageError(f"{what} entry {v!r} overlaps another entry "
-                             f"({sorted(new & out)[:5]}): give each {what} once")
-        out |= new
-    return frozenset(out) if out else None
+        m = _ENTRY.fullmatch(v)
+        if m is None:
+            raise UsageError(usage)
+        if max(len(m.group(1)), len(m.group(2) or "")) > len(str(MAX_ID)):
+            raise UsageError(f"{what} entry {v[:40]!r}...: past the largest {what} "
+                             f"({MAX_ID})")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+    if lo < 0:
+        raise UsageError(f"{what} entry {v!r} is negative: {what}s count from 0")
+    if hi > MAX_ID:
+        raise UsageError(f"{what} entry {v!r} is past the largest {what} ({MAX_ID})")
+    if hi < lo:
+        raise UsageError(f"{what} range {v!r} is empty: write the lower end first "
+                         f"(\"{hi}-{lo}\")")
+    return lo, hi
 
 
 @dataclass(frozen=True)

@@ -253,6 +253,28 @@ def shared_seq(good: Path, dst: Path) -> Path:
     return _copy_and_edit(good, dst, edit)
 
 
+def shared_address(good: Path, dst: Path) -> Path:
+    """Two tensor rows claim one address (input 0 of op 0): `extract` met it as "name already
+    exists", half-way through its output file."""
+    def edit(f: h5py.File) -> None:
+        t = f["_index/tensors"][:]
+        t[1]["seq"], t[1]["io"], t[1]["idx"] = t[0]["seq"], t[0]["io"], t[0]["idx"]
+        f["_index/tensors"][:] = t
+    return _copy_and_edit(good, dst, edit)
+
+
+def replay_naming(good: Path, dst: Path, replayed_from: bytes) -> Path:
+    """A replay of `good` whose `replayed_from` attribute holds `replayed_from` (raw bytes: an
+    HDF5 string attribute can hold a NUL byte no path can)."""
+    from accuracy.replay.engine import replay
+
+    replay(good, dst, overwrite=True)
+
+    def edit(f: h5py.File) -> None:
+        f.attrs["replayed_from"] = np.bytes_(replayed_from)
+    return _copy_and_edit(dst, dst.with_name(dst.stem + ".crafted.h5"), edit)
+
+
 def unknown_dtype(good: Path, dst: Path) -> Path:
     """A stored tensor's row names a dtype no reader knows how many bytes a value takes."""
     def edit(f: h5py.File) -> None:

@@ -14,6 +14,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from accuracy import PrecisionDebugger, dumper, load_dump, schedule
+from accuracy.debugger import config as _config
 from accuracy.errors import UsageError
 from accuracy.examples import lm_batch, lm_step, tiny_lm
 from accuracy.steps import ACTIVE, parse_ids
@@ -100,11 +101,16 @@ def test_schedule_records_the_steps_torch_profiler_records(kw):
 
 
 def test_step_lists_with_ranges_and_their_refusals():
-    assert parse_ids([0, 2, "4-6"]) == {0, 2, 4, 5, 6}
+    ids = parse_ids([0, 2, "4-6"])
+    assert [s for s in range(10) if s in ids] == [0, 2, 4, 5, 6]
+    assert ids.describe() == [0, 2, "4-6"] and parse_ids([3, "0-2"]).describe() == ["0-3"]
+    assert parse_ids(torch.tensor([0, 2]).numpy()).describe() == [0, 2]  # numpy's ints too
     assert parse_ids([]) is None and parse_ids(None) is None
     for bad, word in [([1, "0-3"], "overlaps"), ([2, 2], "overlaps"), ([-1], "negative"),
                       (["-2"], "negative"), (["6-4"], "empty"), (["a"], "range"),
-                      ([1.5], "range")]:
+                      ([1.5], "range"), (["\u00b2"], "digits 0-9"), (["1-\u0663"], "digits"),
+                      ([2**63], "past the largest"), (["9" * 5000], "past the largest"),
+                      (range(0, 40_000, 2), "more than 10000 entries")]:
         with pytest.raises(UsageError, match=word):
             parse_ids(bad)
     for bad in (dict(wait=-1), dict(active=0), dict(repeat=-2)):
@@ -132,6 +138,77 @@ def test_bad_config_is_one_line_naming_the_field(tmp_path, change, words):
     assert "\n" not in msg and "config.json" in msg
     for w in words:
         assert w in msg
+
+
+def test_a_range_of_a_billion_steps_stays_a_range(tmp_path):
+    """msprobe's "0-1000000000" once became a set of a billion numbers (42 s, 6 GB, then
+    MemoryError): it is one range, and membership is a lookup."""
+    from accuracy.steps import IdRanges
+
+    cfg = _config.load(_write(tmp_path, {**MSPROBE_EXAMPLE, "step": [0, "2-1000000000"]}))
+    assert isinstance(cfg.steps, IdRanges) and cfg.steps.describe() == [0, "2-1000000000"]
+    assert 1_000_000_000 in cfg.steps and 1 not in cfg.steps
+    assert 1_000_000_001 not in cfg.steps and cfg.wants(999_999_999, 0)
+
+
+_DEEP = '{"step": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+
+@pytest.mark.parametrize("raw,words", [
+    (_DEEP.encode(), ["nested deeper than 16 levels"]),
+    (json.dumps({**MSPROBE_EXAMPLE, "step": ["\u00b2"]}).encode(), ["step entry", "digits"]),
+    (b'{"task": "statistics", "dump_path": "caf\xe9"}',
+     ["not UTF-8 text (byte 0xe9", "save it as UTF-8"]),
+    (json.dumps({**MSPROBE_EXAMPLE, "step": list(range(2_000_000))}).encode(),
+     ["bytes; a config is at most 1048576 bytes"]),
+    (json.dumps({**MSPROBE_EXAMPLE, "step": [f"{i}" for i in range(0, 40_000, 2)]}).encode(),
+     ["more than 10000 entries", "ranges"]),
+    (json.dumps({**MSPROBE_EXAMPLE, "rank": [2**64]}).encode(), ["rank entry", "largest"]),
+    (json.dumps({"statistics": {"list": ["x"] * 20_000}}).encode(), ["list holds 20000"]),
+    (b"{\"step\": [1, 2", ["invalid JSON"]),
+])
+def test_hostile_config_is_one_line(tmp_path, raw, words):
+    p = tmp_path / "config.json"
+    p.write_bytes(raw)
+    with pytest.raises(UsageError) as e:
+        PrecisionDebugger(config_path=p)
+    msg = str(e.value)
+    assert "\n" not in msg and str(p) in msg, msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_a_config_that_is_no_regular_file_is_refused(tmp_path):
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer
+    with pytest.raises(UsageError, match="not a regular file"):
+        PrecisionDebugger(config_path=fifo)
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(MSPROBE_EXAMPLE).encode())
+    assert PrecisionDebugger(config_path=tmp_path / "bom.json").config.task == "statistics"
+
+
+def test_step_keywords_are_bounded_like_the_file(tmp_path):
+    with pytest.raises(UsageError, match="more than 10000 entries"):
+        PrecisionDebugger(dump_path=tmp_path / "d", step=list(range(2_000_000)))
+    with pytest.raises(UsageError, match="more than 10000 entries"):
+        dumper(tmp_path / "x.h5", steps=list(range(0, 40_000, 2)))
+
+
+def test_dumper_steps_take_msprobe_ranges(tmp_path):
+    model, batch = tiny_lm(), lm_batch()
+    with dumper(tmp_path / "r.h5", "statistics", steps=[0, "2-3"]) as d:
+        for _ in range(5):
+            lm_step(model, batch)
+            d.step()
+    with load_dump(tmp_path / "r.h5") as dd:
+        assert {r.step for r in dd.records} == {0, 2, 3}
+        assert dd.attrs["filter"]["steps"] == [0, "2-3"]
+    with dumper(tmp_path / "b.h5", "statistics", steps=range(1, 10**12)) as d:
+        lm_step(model, batch)
+        d.step()
+        lm_step(model, batch)
+    with load_dump(tmp_path / "b.h5") as dd:
+        assert {r.step for r in dd.records} == {1}
 
 
 def test_call_order_mistakes_are_one_line_each_and_training_goes_on(tmp_path, caplog):

@@ -40,6 +40,10 @@ REFUSED_AT_OPEN = {
         g, p, offset=2**62, nbytes=2**62)),
     "negative_shape": ("negative dimension", lambda g, p, d: C.negative_shape(g, p)),
     "shared_seq": ("two op rows share a sequence number", lambda g, p, d: C.shared_seq(g, p)),
+    "shared_address": ("tensor rows 0 and 1 are both input 0 of op 0",
+                       lambda g, p, d: C.shared_address(g, p)),
+    "replayed_from_nul": ("attribute 'replayed_from' is not a file name (it holds a NUL byte)",
+                          lambda g, p, d: C.replay_naming(g, p, b"/runs/good\0.h5")),
     "unknown_dtype": ("unknown tensor dtype 'float99'", lambda g, p, d: C.unknown_dtype(g, p)),
     "op_text_outside_data": ("text lies outside", lambda g, p, d: C.op_text_outside(g, p)),
     "op_text_overflowing": ("text lies outside", lambda g, p, d: C.op_text_outside(

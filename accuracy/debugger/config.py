@@ -6,7 +6,8 @@ The mapping (also in docs/long-runs.md):
 - level: we record ATen ops (below msprobe's L1 APIs) with the module each runs in, so the
   report has op rows and module rows at every level. `level` says how `list` is read:
   L0 module names, L1 API names, mix either (names starting "Module." are modules).
-- rank, step: lists with ranges ("4-6"); empty means all. `schedule` (ours): torch.profiler's.
+- rank, step: lists with ranges ("4-6"), kept as ranges (`steps.IdRanges`); empty means all.
+  `schedule` (ours): torch.profiler's. The file is read by `configfile.read_json`.
 - data_mode: the dumper's data_mode words (all, forward, backward, input, output).
 - summary_mode: statistics or md5 (our statistics always carry a checksum per tensor).
 - async_dump: accepted either way; our writes always run on a background thread.
@@ -15,15 +16,15 @@ Imports no torch.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accuracy.errors import InputNotFoundError, UsageError
-from accuracy.steps import Schedule, parse_ids
+from accuracy.configfile import check_list, read_json
+from accuracy.errors import UsageError
+from accuracy.steps import IdRanges, Schedule, parse_ids
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,8 @@ class DebugConfig:
     task: str = "statistics"
     dump_path: Path = Path("./dump_path")
     level: str = "L1"
-    ranks: frozenset[int] | None = None
-    steps: frozenset[int] | Schedule | None = None
+    ranks: IdRanges | None = None
+    steps: IdRanges | Schedule | None = None
     ops: tuple[str, ...] = ()
     modules: tuple[str, ...] = ()
     data_mode: tuple[str, ...] = ("all",)
@@ -89,9 +90,7 @@ def _check_keys(data: dict[str, Any], allowed: tuple[str, ...], no_effect: tuple
 
 
 def _str_list(v: Any, name: str, where: str) -> list[str]:
-    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise _fail(where, f"{name} must be a list of names, not {v!r}")
-    return v
+    return check_list(v, name, where)
 
 
 def split_list(names: list[str], level: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -190,16 +189,6 @@ def build(data: dict[str, Any], where: str = "config", **overrides: Any) -> Debu
 
 
 def load(path: str | os.PathLike[str], **overrides: Any) -> DebugConfig:
-    """Read and check msprobe's config.json."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputNotFoundError(f"config {p}: no such file") from None
-    except OSError as e:
-        raise UsageError(f"config {p}: {e.strerror or e}") from None
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise UsageError(f"config {p}: not JSON ({e})") from None
-    return build(data, f"config {p}", **overrides)
+    """Read (configfile.read_json: size, depth, UTF-8 bounded) and check msprobe's
+    config.json."""
+    return build(read_json(path, "config"), f"config {Path(path)}", **overrides)

@@ -102,8 +102,9 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     mode: "tensor" stores every tensor plus statistics; "statistics" stores statistics only.
     ops / exclude_ops / modules: glob patterns (`aten.mm`, `aten.*norm*`, `encoder.layers.0.*`).
     data_mode: "all", or any of "input", "output", "forward", "backward", "optimizer".
-    steps: step numbers to record when the block spans several steps (advance with `step()`),
-    or `accuracy.schedule(wait=, warmup=, active=, repeat=, skip_first=)`; on other steps no
+    steps: step numbers to record when the block spans several steps (advance with `step()`):
+    an int, a list with msprobe's ranges ([0, "10-20"], kept ranges) or a `range`, or
+    `accuracy.schedule(wait=, warmup=, active=, repeat=, skip_first=)`; on other steps no
     dispatch mode is installed.
     stack: also store each op's full user stack. overwrite: replace an existing file.
     strict: raise if writing fails (disk full...) instead of carrying on without the dump.
@@ -131,7 +132,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         exclude_ops: str | Iterable[str] | None = None,
         modules: str | Iterable[str] | None = None,
         data_mode: str | Iterable[str] = "all",
-        steps: int | Iterable[int] | Schedule | None = None,
+        steps: int | Iterable[int | str] | Schedule | None = None,
         stack: bool = False,
         overwrite: bool = False,
         strict: bool = False,
@@ -309,9 +310,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
                 "ops": list(self.filter.ops), "exclude_ops": list(self.filter.exclude_ops),
                 "modules": list(self.filter.modules), "io": sorted(self.filter.io),
                 "phases": sorted(self.filter.phases),
-                "steps": (None if self.filter.steps is None else self.filter.steps.describe()
-                          if isinstance(self.filter.steps, Schedule)
-                          else sorted(self.filter.steps)),
+                "steps": None if self.filter.steps is None else self.filter.steps.describe(),
             },
         }
         if self._sim is not None:

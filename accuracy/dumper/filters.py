@@ -11,7 +11,7 @@ from pathlib import Path
 
 from accuracy.dumpfile.schema import SELECTION_FORMAT
 from accuracy.patterns import module_matches, op_matches
-from accuracy.steps import Schedule
+from accuracy.steps import IdRanges, Schedule, parse_ids
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class Filter:
     modules: tuple[str, ...] = ()
     io: frozenset[str] = frozenset(_IO_WORDS)
     phases: frozenset[str] = frozenset(_PHASE_WORDS)
-    steps: frozenset[int] | Schedule | None = None
+    steps: IdRanges | Schedule | None = None
 
     @classmethod
     def build(
@@ -46,7 +46,7 @@ class Filter:
         exclude_ops: str | Iterable[str] | None = None,
         modules: str | Iterable[str] | None = None,
         data_mode: str | Iterable[str] = "all",
-        steps: int | Iterable[int] | Schedule | None = None,
+        steps: int | Iterable[int | str] | Schedule | None = None,
     ) -> Filter:
         words = set(_as_tuple(data_mode)) - {"all"}
         unknown = words - _IO_WORDS - _PHASE_WORDS
@@ -57,16 +57,16 @@ class Filter:
             )
         io = frozenset(words & _IO_WORDS) or frozenset(_IO_WORDS)
         phases = frozenset(words & _PHASE_WORDS) or frozenset(_PHASE_WORDS)
-        if isinstance(steps, int):
-            steps = [steps]
+        if steps is not None and not isinstance(steps, Schedule):
+            # msprobe's lists ("4-6" kept a range, never expanded); an empty list: no step
+            steps = parse_ids(steps, "steps") or IdRanges(())
         return cls(
             ops=_as_tuple(ops),
             exclude_ops=_as_tuple(exclude_ops),
             modules=_as_tuple(modules),
             io=io,
             phases=phases,
-            steps=(steps if steps is None or isinstance(steps, Schedule)
-                   else frozenset(steps)),
+            steps=steps,
         )
 
     def wants_step(self, step: int) -> bool:

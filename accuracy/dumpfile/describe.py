@@ -135,28 +135,61 @@ def list_ops(path: str | os.PathLike[str], *, op: str | None = None,
 
 @dataclass
 class Verification:
-    """What `accuracy verify` found in one dump: problems (empty when whole) and the counts."""
+    """What `accuracy verify` found in one dump: problems (empty when whole), the counts, and
+    `incomplete`, a sentence when the run stopped before the dumper closed it (killed,
+    crashed, disk full): every byte kept may be sound while ops are missing."""
 
     path: str
     problems: list[str]
     n_ops: int = 0
     n_stored: int = 0
     bytes_checked: int = 0
+    incomplete: str | None = None
+    allow_incomplete: bool = False
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and (self.incomplete is None or self.allow_incomplete)
 
     def format(self) -> str:
         if self.problems:
             return "\n".join(self.problems)
-        return (f"{self.path}: ok ({self.n_ops} ops, {self.n_stored} stored tensors, "
-                f"{self.bytes_checked} bytes checked)")
+        counts = (f"{self.n_ops} ops, {self.n_stored} stored tensors, {self.bytes_checked} "
+                  "bytes checked")
+        if self.incomplete is None:
+            return f"{self.path}: ok ({counts})"
+        if self.allow_incomplete:
+            return f"{self.path}: ok but INCOMPLETE ({counts}): {self.incomplete}"
+        return (f"{self.path}: INCOMPLETE ({counts}): {self.incomplete}; pass "
+                "--allow-incomplete to accept what it kept")
 
 
-def verify_file(path: str | os.PathLike[str]) -> Verification:
+def _incomplete(d: Any) -> str | None:
+    """Why a dump is not whole, and what it lacks (ops seen against ops kept, the last op
+    kept), or None for a dump its dumper closed as complete."""
+    if bool(d.attrs.get("complete")) and d.closed_cleanly:
+        return None
+    recs = d.records
+    last = (f"the last op kept is {recs[-1].seq} ({shown(recs[-1].op)})" if recs
+            else "it kept no op")
+    seen = d.attrs.get("ops_seen")
+    if not d.closed_cleanly:
+        return (f"the dumper never closed it (the process was killed or crashed, or the disk "
+                f"was too full for the close): it kept {len(recs)} ops, {last}; how many ops "
+                "the run saw after those is not recorded")
+    if isinstance(seen, int) and not isinstance(seen, bool):
+        lacks = f"{seen - len(recs)} of the {seen} ops seen are not in it" if seen > len(recs) \
+            else f"it kept all {seen} ops seen"
+        return (f"the dumper stopped recording (a full disk, a write error or an exception in "
+                f"the recorded block): {lacks}; {last}")
+    return f"the dumper closed it as incomplete: it kept {len(recs)} ops, {last}"
+
+
+def verify_file(path: str | os.PathLike[str], *,
+                allow_incomplete: bool = False) -> Verification:
     """Check a dump's layout, index and every stored byte range once; a dump refused at open
-    (layout, links, index, damaged metadata) is one problem, not an exception."""
+    (layout, links, index, damaged metadata) is one problem, not an exception. A dump the run
+    did not finish is not `ok` unless `allow_incomplete`."""
     from accuracy.dumpfile.reader import DumpError
 
     try:
@@ -164,7 +197,8 @@ def verify_file(path: str | os.PathLike[str]) -> Verification:
             n_ops = len(d.records)  # parses every op row (JSON included)
             problems = d.verify()
             stored = [t for t in d.tensors if t.has_data and not t.is_link]
+            incomplete = _incomplete(d)
     except DumpError as e:
         return Verification(str(path), [str(e)])
     return Verification(str(path), list(problems), n_ops, len(stored),
-                        sum(t.nbytes for t in stored))
+                        sum(t.nbytes for t in stored), incomplete, allow_incomplete)

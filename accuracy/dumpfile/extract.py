@@ -24,9 +24,15 @@ import numpy as np
 import torch
 
 from accuracy.dumpfile import schema
-from accuracy.dumpfile.reader import Dump, DumpError, load_dump, require_regular_file
+from accuracy.dumpfile.reader import (
+    Dump,
+    DumpError,
+    OpRecord,
+    load_dump,
+    require_regular_file,
+)
 from accuracy.dumpfile.writer import check_dump_path
-from accuracy.errors import NoMatchError
+from accuracy.errors import NoMatchError, OutputExistsError
 
 FORMAT_NAME = schema.EXTRACT_FORMAT_NAME
 _RAW_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -51,32 +57,69 @@ def extract(
     module: str | None = None,
     overwrite: bool = False,
 ) -> int:
-    """Copy the matching ops into `out_path`; returns how many ops were written."""
+    """Copy the matching ops into `out_path`; returns how many ops were written.
+
+    The file is written under a temporary name beside `out_path` and renamed when whole, so a
+    failure half-way (a damaged tensor, a full disk, Ctrl-C) leaves no partial file and the
+    file it would have replaced untouched."""
     out = check_dump_path(out_path, overwrite)
     records = list(dump.select(op=op, module=module, seq=seq))
     if not records:
         raise NoMatchError(f"no op in {dump.path} matches op={op!r} seq={seq} module={module!r}")
-    written: dict[int, str] = {}  # first row -> dataset path, for hard links
-    with h5py.File(Path(out), "w") as f:
-        f.attrs.update({"source_dump": str(dump.path), "format": FORMAT_NAME})
-        for rec in records:
-            g = f.create_group(f"{rec.op}/{rec.seq}")
-            g.attrs.update({"phase": rec.phase, "module": rec.module, "source": rec.source,
-                            "args": rec.args_json, "n_in": len(rec.inputs),
-                            "n_out": len(rec.outputs)})
-            for t in rec.tensors:
-                if not t.has_data:
-                    continue
-                name = t.address
-                if t.first in written:
-                    f[name] = f[written[t.first]]  # hard link: same bytes, stored once
-                    continue
-                ds = f.create_dataset(name, data=_as_numpy(t.load()))
-                ds.attrs["dtype"] = t.dtype
-                for k, v in t.stats.items():
-                    ds.attrs[k] = v
-                written[t.first] = name
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    try:
+        with h5py.File(tmp, "w") as f:
+            _write_ops(dump, f, records)
+        _publish(tmp, out, overwrite)
+    finally:
+        tmp.unlink(missing_ok=True)
     return len(records)
+
+
+def _write_ops(dump: Dump, f: h5py.File, records: list[OpRecord]) -> None:
+    written: dict[int, str] = {}  # first row -> dataset path, for hard links
+    f.attrs.update({"source_dump": str(dump.path), "format": FORMAT_NAME})
+    for rec in records:
+        if "/" in rec.op or rec.op in ("", ".", ".."):  # would land at another op's address
+            raise DumpError(f"{dump.path}: op {rec.seq} is named {rec.op!r}, which cannot be "
+                            "an HDF5 group name; extract the other ops with --op or --seq")
+        g = f.create_group(f"{rec.op}/{rec.seq}")
+        g.attrs.update({"phase": rec.phase, "module": rec.module, "source": rec.source,
+                        "args": rec.args_json, "n_in": len(rec.inputs),
+                        "n_out": len(rec.outputs)})
+        for t in rec.tensors:
+            if not t.has_data:
+                continue
+            name = t.address
+            if t.first in written:
+                f[name] = f[written[t.first]]  # hard link: same bytes, stored once
+                continue
+            ds = f.create_dataset(name, data=_as_numpy(t.load()))
+            ds.attrs["dtype"] = t.dtype
+            for k, v in t.stats.items():
+                ds.attrs[k] = v
+            written[t.first] = name
+
+
+def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Move the finished file to `out`; without `overwrite`, never over a file that appeared
+    there meanwhile (a hard link fails if the name exists; file systems without hard links
+    get the check and the rename)."""
+    if overwrite:
+        os.replace(tmp, out)
+        return
+    try:
+        os.link(tmp, out)
+    except FileExistsError:
+        raise OutputExistsError(f"{out} appeared while the ops were written; pass "
+                                "overwrite=True (CLI: --overwrite) or choose another path"
+                                ) from None
+    except OSError:
+        if out.exists():
+            raise OutputExistsError(f"{out} appeared while the ops were written; pass "
+                                    "overwrite=True (CLI: --overwrite) or choose another "
+                                    "path") from None
+        os.replace(tmp, out)
 
 
 @dataclass

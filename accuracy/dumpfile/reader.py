@@ -347,6 +347,8 @@ class Dump:
                 except validate.LayoutError as e:
                     if "nested deeper" in str(e):
                         raise
+            if k in schema.PATH_ATTRS:
+                validate.check_path_text(v, f"attribute {k!r}")
             out[k] = v
         out["complete"] = bool(out.get("complete", False))
         return out

@@ -27,6 +27,9 @@ OLDEST_READABLE = 1
 # its bytes are those the replayed dump (root attribute `replayed_from`, found beside the
 # replay) stores at the same address, with the same content hash (see docs/dump-format.md).
 IN_SOURCE = -2
+# Root attributes that name a file, which some reader opens or stats (`replayed_from`: beside
+# the replay; `load_file_path`: shown): checked as path text on open, like any file's data.
+PATH_ATTRS = ("replayed_from", "load_file_path")
 UNKNOWN_EPOCH = -1  # an op row of a version-1 dump, or one written outside a dumper
 # The two-tier flow's selection file (written by `accuracy suspects`, read by dumper(select=))
 SELECTION_FORMAT = "accuracy-selection/1"

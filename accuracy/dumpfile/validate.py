@@ -10,12 +10,12 @@ reader turns it into a `DumpError` naming the file. The rules are listed in docs
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import h5py
 import numpy as np
 
+from accuracy import jsonsafe
 from accuracy.dumpfile import dtypes, schema
 from accuracy.errors import AccuracyError
 
@@ -38,36 +38,28 @@ MAX_JSON_CHARS = 64 << 20
 MAX_CHUNK_BYTES = 64 << 20  # one chunk of any dataset (the writer uses 1 MiB)
 MAX_ROWS = 1 << 40
 MAX_NUMEL = 1 << 53  # elements of one tensor: more than any device holds
+MAX_PATH_CHARS = 4096  # PATH_MAX on Linux: a longer name is no file's
 
 
 class LayoutError(AccuracyError, ValueError):
     """The file is HDF5 but not laid out as our writer lays out a dump."""
 
 
+class NestingError(LayoutError):
+    """JSON text nested deeper than any writer of ours nests it (not merely invalid text)."""
+
+
 # -- JSON ------------------------------------------------------------------------------------
 
 def parse_json(text: str, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """`json.loads` that refuses text nested deeper than `max_depth` (ValueError naming `what`).
-
-    Python's JSON parser recurses: 100k nested brackets raise RecursionError, and shallower
-    text still overflows the recursive code that walks the result. Text with few brackets is
-    passed straight through (one `str.count` each); the rest is measured after parsing.
-    """
-    if len(text) > MAX_JSON_CHARS:
-        raise LayoutError(f"{what}: JSON text of {len(text)} characters (limit {MAX_JSON_CHARS})")
-    if text.count("[") + text.count("{") <= max_depth:
-        try:
-            return json.loads(text)
-        except ValueError as e:
-            raise LayoutError(f"{what}: invalid JSON ({e})") from None
+    """`json.loads` that refuses text nested deeper than `max_depth` (NestingError) or longer
+    than MAX_JSON_CHARS (LayoutError), naming `what` (jsonsafe.loads_bounded)."""
     try:
-        value = json.loads(text)
-    except RecursionError:
-        raise LayoutError(f"{what}: JSON nested deeper than {max_depth} levels") from None
+        return jsonsafe.loads_bounded(text, what, max_depth, MAX_JSON_CHARS)
+    except jsonsafe.NestingError as e:
+        raise NestingError(str(e)) from None
     except ValueError as e:
-        raise LayoutError(f"{what}: invalid JSON ({e})") from None
-    _check_depth(value, what, max_depth)
-    return value
+        raise LayoutError(str(e)) from None
 
 
 def check_json_column(texts: list[str], what: str) -> None:
@@ -77,22 +69,24 @@ def check_json_column(texts: list[str], what: str) -> None:
             parse_json(text, f"{what} of op row {i}")
 
 
-def _check_depth(value: Any, what: str, max_depth: int) -> None:
-    stack = [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, dict):
-            v = list(v.values())
-        elif not isinstance(v, list):
-            continue
-        if d > max_depth:
-            raise LayoutError(f"{what}: JSON nested deeper than {max_depth} levels")
-        stack.extend((x, d + 1) for x in v if isinstance(x, list | dict))
+def check_path_text(value: Any, what: str) -> str:
+    """A value read from a file that some code uses as a file name: text a path can hold
+    (no NUL byte, which every OS call refuses with a ValueError, and no longer than a path
+    can be). Returns it; raises LayoutError naming `what`."""
+    if not isinstance(value, str) or not value:
+        raise LayoutError(f"{what} is not a file name ({type(value).__name__})")
+    if "\x00" in value or len(value) > MAX_PATH_CHARS:
+        why = "holds a NUL byte" if "\x00" in value else f"is {len(value)} characters long"
+        raise LayoutError(f"{what} is not a file name (it {why}); the file was altered or "
+                          "damaged")
+    return value
 
 
 # -- structure -------------------------------------------------------------------------------
 
-def _check_attrs(obj: h5py.Group | h5py.Dataset, where: str) -> None:
+def check_attrs(obj: h5py.Group | h5py.Dataset, where: str) -> None:
+    """At most MAX_ATTRS attributes, each a plain scalar of bounded size (read from metadata:
+    no attribute's value is read)."""
     names = list(obj.attrs)
     if len(names) > MAX_ATTRS:
         raise LayoutError(f"{where} has {len(names)} attributes (limit {MAX_ATTRS})")
@@ -105,7 +99,10 @@ def _check_attrs(obj: h5py.Group | h5py.Dataset, where: str) -> None:
             raise LayoutError(f"attribute {name!r} of {where} is not a plain scalar")
 
 
-def _check_dataset(ds: h5py.Dataset, where: str) -> None:
+def check_storage(ds: h5py.Dataset, where: str) -> None:
+    """The dataset's bytes are plain and in this file: no virtual dataset, no external raw
+    storage, no filter (a compressed dataset can expand without bound), a known layout. Read
+    from its creation properties, before any of its data."""
     dcpl = ds.id.get_create_plist()
     layout = dcpl.get_layout()
     if layout == h5py.h5d.VIRTUAL or ds.is_virtual:
@@ -120,19 +117,34 @@ def _check_dataset(ds: h5py.Dataset, where: str) -> None:
             names.append(dcpl.get_filter(i)[3].decode("ascii", "replace") or "?")
         raise LayoutError(f"{where} uses filters the writer never uses ({', '.join(names)}): "
                           "a compressed dataset can expand without bound")
+
+
+def check_link(group: h5py.Group, name: str, where: str) -> None:
+    """`group[name]` is reached by a hard link: an external link would open another file and
+    a soft link another object, on the first access. Read from the link itself, without
+    following it."""
+    link = group.get(name, getlink=True)
+    if isinstance(link, h5py.ExternalLink):
+        raise LayoutError(f"{where} is an external link to {link.filename!r}")
+    if not isinstance(link, h5py.HardLink):
+        raise LayoutError(f"{where} is a {type(link).__name__}, not a plain object")
+
+
+def _check_dataset(ds: h5py.Dataset, where: str) -> None:
+    check_storage(ds, where)
     if ds.ndim != 1:
         raise LayoutError(f"{where} has {ds.ndim} dimensions, expected 1")
     if ds.chunks is not None and ds.chunks[0] * ds.dtype.itemsize > MAX_CHUNK_BYTES:
         raise LayoutError(f"{where} has {ds.chunks[0] * ds.dtype.itemsize}-byte chunks "
                           f"(limit {MAX_CHUNK_BYTES})")
-    _check_attrs(ds, where)
+    check_attrs(ds, where)
 
 
 def _walk(f: h5py.File) -> None:
     """Every object is one of ours, reached by a hard link (soft and external links refused)."""
     for group, members in LAYOUT.items():
         g = f[group]
-        _check_attrs(g, group)
+        check_attrs(g, group)
         names = set(g.keys())
         optional = OPTIONAL.get(group, {})
         unknown = sorted(names - set(members) - set(optional))
@@ -144,11 +156,7 @@ def _walk(f: h5py.File) -> None:
             path = f"{group.rstrip('/')}/{name}"
             if name not in names:
                 raise LayoutError(f"missing {path.lstrip('/')!r}")
-            link = g.get(name, getlink=True)
-            if isinstance(link, h5py.ExternalLink):
-                raise LayoutError(f"{path} is an external link to {link.filename!r}")
-            if not isinstance(link, h5py.HardLink):
-                raise LayoutError(f"{path} is a {type(link).__name__}, not a plain object")
+            check_link(g, name, path)
             # by name, without opening it
             otype = h5py.h5o.get_info(g.id, name.encode()).type
             expected = h5py.h5o.TYPE_GROUP if kind == "group" else h5py.h5o.TYPE_DATASET
@@ -282,6 +290,26 @@ def check_tensor_rows(t: np.ndarray, blob_len: int, in_source: bool = False) -> 
         for name, size in sizes.items():
             itemsize[t["dtype"] == name] = size
         refuse(sized & (numel * itemsize != nb), "byte count does not match dtype and shape")
+    _check_unique_addresses(t)
+
+
+def _check_unique_addresses(t: np.ndarray) -> None:
+    """Each (seq, io, idx) names one tensor: the writer gives each one row. Two rows at one
+    address would each be read by some reader and shadowed in others (and `extract` cannot
+    write both at the Ascend address), so such a file is refused as damaged, not renamed."""
+    seq, io, idx = t["seq"], t["io"], t["idx"]
+    later = (seq[1:] > seq[:-1]) | ((seq[1:] == seq[:-1]) & (
+        (io[1:] > io[:-1]) | ((io[1:] == io[:-1]) & (idx[1:] > idx[:-1]))))
+    if later.all():  # the writer's order: strictly increasing, so no two rows share one
+        return
+    order = np.lexsort((idx, io, seq))
+    s, i, x = seq[order], io[order], idx[order]
+    same = (s[1:] == s[:-1]) & (i[1:] == i[:-1]) & (x[1:] == x[:-1])
+    if same.any():
+        k = int(np.argmax(same))
+        a, b = sorted((int(order[k]), int(order[k + 1])))
+        raise LayoutError(f"tensor rows {a} and {b} are both {schema.IO_NAMES[int(i[k])]} "
+                          f"{int(x[k])} of op {int(s[k])}: the file was altered or damaged")
 
 
 def check_op_rows(o: np.ndarray, blob_len: int) -> None:

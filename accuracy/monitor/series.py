@@ -42,6 +42,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from accuracy.dumpfile import validate
 from accuracy.errors import AccuracyError, InputNotFoundError, OutputExistsError
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,9 @@ _STR = h5py.string_dtype("utf-8")
 MAX_COLUMNS = 1_000_000
 MAX_ROWS = 100_000_000
 MAX_EVENT_BYTES = 64 << 20
+MAX_EVENTS = 100_000
+MAX_JSON_DEPTH = 16  # the writer's layout is 2 deep, its events 3 or 4
+_MAX_MEMBERS = 64  # objects in a group of ours: six at the top, one in module/ and param/
 
 
 class MonitorFileError(AccuracyError, ValueError):
@@ -207,22 +211,64 @@ class Series:
         return names, table[name]
 
 
-def _names(f: h5py.File, name: str) -> list[str]:
+def _check_links(f: h5py.File) -> None:
+    """Every object of the file, down to the groups our writer makes, is reached by a hard
+    link: checked from the links themselves before any is followed (an external link would
+    open another file on the first access), with the dump reader's rules."""
+    for name in list(f.keys())[:_MAX_MEMBERS + 1]:
+        validate.check_link(f, name, f"/{name}")
+    if len(f) > _MAX_MEMBERS:
+        raise MonitorFileError(f"{f.filename}: more than {_MAX_MEMBERS} objects at the top")
+    for kind in ("module", "param"):
+        g = f.get(kind)
+        if isinstance(g, h5py.Group):
+            for name in list(g.keys())[:_MAX_MEMBERS]:
+                validate.check_link(g, name, f"/{kind}/{name}")
+
+
+def _dataset(f: h5py.File, name: str, rows: int | None = None) -> h5py.Dataset:
+    """The dataset `name`, whose bytes are in this file, unfiltered (validate.check_storage);
+    with `rows`, the first `rows` rows must be stored: a few KB of file cannot claim GBs of
+    never-written rows that reading would allocate."""
     ds = f.get(name)
-    if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.shape[0] > MAX_COLUMNS:
+    if not isinstance(ds, h5py.Dataset):
+        raise MonitorFileError(f"{f.filename}: /{name} is missing or malformed")
+    validate.check_storage(ds, f"/{name}")
+    if rows is not None:  # a kill may leave the last chunk unwritten: one chunk of slack
+        slack = min(ds.chunks[0], _CHUNK) if ds.chunks else 0
+        need = (max(0, rows - slack) * int(np.prod(ds.shape[1:], dtype=np.int64))
+                * ds.dtype.itemsize)
+        if ds.id.get_storage_size() < need:
+            raise MonitorFileError(f"{f.filename}: /{name} claims {rows} rows it does not "
+                                   "store")
+    return ds
+
+
+def _json(text: Any, what: str) -> Any:
+    """JSON from the file, nested no deeper than our writer ever writes it (the dump
+    reader's parser and limits)."""
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return validate.parse_json(text, what, MAX_JSON_DEPTH)
+    except UnicodeDecodeError:
+        raise MonitorFileError(f"{what} is not UTF-8 text") from None
+    except validate.LayoutError as e:
+        raise MonitorFileError(str(e)) from None
+
+
+def _names(f: h5py.File, name: str) -> list[str]:
+    ds = _dataset(f, name)
+    if ds.ndim != 1 or ds.shape[0] > MAX_COLUMNS or ds.dtype.kind not in "OSU":
         raise MonitorFileError(f"{f.filename}: {name} is missing or malformed")
     return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in ds[()]]
 
 
 def _layout(f: h5py.File, width: int) -> dict[str, tuple[int, int]]:
-    ds = f.get("layout")
-    if not isinstance(ds, h5py.Dataset) or ds.shape != ():
+    ds = _dataset(f, "layout")
+    if ds.shape != () or ds.dtype.kind not in "OSU":
         raise MonitorFileError(f"{f.filename}: /layout is missing or malformed")
-    raw = ds[()]
-    try:
-        lay = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
-    except (ValueError, UnicodeDecodeError):
-        raise MonitorFileError(f"{f.filename}: /layout is not JSON") from None
+    lay = _json(ds[()], f"{f.filename}: /layout")
     if not isinstance(lay, dict):
         raise MonitorFileError(f"{f.filename}: /layout is not a mapping")
     out = {}
@@ -240,6 +286,7 @@ def _events(f: h5py.File) -> list[dict[str, Any]]:
     ev = f.get("events")
     if not isinstance(ev, h5py.Dataset) or ev.ndim != 1:
         return []
+    validate.check_storage(ev, "/events")
     try:
         if ev.dtype == np.uint8:
             lines = ev[: min(ev.shape[0], MAX_EVENT_BYTES)].tobytes().split(b"\n")
@@ -249,15 +296,39 @@ def _events(f: h5py.File) -> list[dict[str, Any]]:
         log.warning("%s: its events are unreadable (%s); the figures are read without them",
                     f.filename, e)
         return []
-    events = []
-    for raw in lines:
+    events: list[dict[str, Any]] = []
+    for i, raw in enumerate(lines):
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        if not isinstance(text, str) or not text.strip():
+            continue
         try:
-            item = json.loads(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw)
-        except (ValueError, TypeError):
+            item = validate.parse_json(text, f"{f.filename}: event {i}", MAX_JSON_DEPTH)
+        except validate.NestingError as e:  # no writer of ours nests so deep: altered
+            raise MonitorFileError(str(e)) from None
+        except ValueError:  # a line cut by a kill: that event is lost, not the file
             continue
         if isinstance(item, dict):
+            if len(events) >= MAX_EVENTS:
+                log.warning("%s: more than %d events; the later ones are not read",
+                            f.filename, MAX_EVENTS)
+                break
             events.append(item)
     return events
+
+
+def _open(p: Path) -> h5py.File:
+    """Open read-only; through SWMR only a file its writer still holds (or a killed job left
+    marked open): SWMR retries a metadata read whose checksum fails, so a damaged closed file
+    read that way took minutes to refuse, where a plain open refuses it at once."""
+    try:
+        return h5py.File(p, "r", locking="best-effort")
+    except OSError as exc:
+        if "already open for write" not in str(exc) and "consistency flags" not in str(exc):
+            raise MonitorFileError(f"{p} is not a readable HDF5 file ({exc})") from None
+    try:
+        return h5py.File(p, "r", swmr=True, locking="best-effort")
+    except OSError as exc:
+        raise MonitorFileError(f"{p} is not a readable HDF5 file ({exc})") from None
 
 
 def read_series(path: str | os.PathLike[str]) -> Series:
@@ -265,50 +336,56 @@ def read_series(path: str | os.PathLike[str]) -> Series:
     p = Path(path)
     if not p.is_file():
         raise InputNotFoundError(f"{p} not found: give a monitor file (*.monitor.h5)")
-    try:
-        f = h5py.File(p, "r", swmr=True)
-    except OSError as exc:
-        raise MonitorFileError(f"{p} is not a readable HDF5 file ({exc})") from exc
+    f = _open(p)
     with f:
-        if f.attrs.get("format") != FORMAT:
-            raise MonitorFileError(f"{p} is not a monitor file (format "
-                                   f"{f.attrs.get('format')!r}); give one written by "
-                                   "accuracy.monitor")
-        for name, obj in f.items():  # only what our writer makes: no links out of the file
-            if f.get(name, getlink=True).__class__ is not h5py.HardLink:
-                raise MonitorFileError(f"{p}: {name} is a link, not data this tool wrote")
-            del obj
-        step_ds = f.get("step")
-        if not isinstance(step_ds, h5py.Dataset) or step_ds.ndim != 1 \
-                or step_ds.shape[0] > MAX_ROWS:
-            raise MonitorFileError(f"{p}: /step is missing or malformed")
-        steps = np.asarray(step_ds[()], dtype=np.int64)
-        written = np.flatnonzero(steps < 0)
-        rows = int(written[0]) if written.size else steps.shape[0]
-        mod_names, par_names = _names(f, "module/names"), _names(f, "param/names")
-        vds = f.get("values")
-        if not isinstance(vds, h5py.Dataset) or vds.ndim != 2 or vds.dtype.kind != "f" \
-                or vds.shape[0] < rows or vds.shape[1] > MAX_COLUMNS:
-            raise MonitorFileError(f"{p}: /values is missing or malformed")
-        values = np.asarray(vds[:rows], dtype=np.float64)
-        tables: dict[str, dict[str, np.ndarray]] = {"module": {}, "param": {}, "state": {}}
-        width = {"module": len(mod_names), "param": len(par_names), "state": len(par_names)}
-        loss = grad = np.full(rows, np.nan)
-        for name, (a, b) in _layout(f, vds.shape[1]).items():
-            if name in ("loss", "grad_norm") and b - a == 1:
-                if name == "loss":
-                    loss = values[:, a]
-                else:
-                    grad = values[:, a]
-                continue
-            kind, _, fig = name.partition("/")
-            if kind not in tables or b - a != width[kind]:
-                raise MonitorFileError(f"{p}: /layout entry {name!r} does not fit its names")
-            tables[kind][fig] = values[:, a:b]
-        events = _events(f)
-        return Series(
-            path=p, attrs={k: (v.item() if hasattr(v, "item") else v)
-                           for k, v in f.attrs.items()},
-            step=steps[:rows], loss=loss, grad_norm=grad,
-            module_names=mod_names, param_names=par_names, module=tables["module"],
-            param=tables["param"], state=tables["state"], events=events)
+        try:
+            return _read(f, p)
+        except validate.LayoutError as e:
+            raise MonitorFileError(f"{p}: refused: {e}") from None
+        except MonitorFileError:
+            raise
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
+            raise MonitorFileError(f"{p}: damaged monitor file ({type(e).__name__}: {e})"
+                                   ) from None
+
+
+def _read(f: h5py.File, p: Path) -> Series:
+    validate.check_attrs(f, "/")
+    if f.attrs.get("format") != FORMAT:
+        raise MonitorFileError(f"{p} is not a monitor file (format "
+                               f"{f.attrs.get('format')!r}); give one written by "
+                               "accuracy.monitor")
+    _check_links(f)  # only what our writer makes: no links out of the file or around it
+    step_ds = _dataset(f, "step")
+    if step_ds.ndim != 1 or step_ds.dtype.kind not in "iu" or step_ds.shape[0] > MAX_ROWS:
+        raise MonitorFileError(f"{p}: /step is missing or malformed")
+    steps = np.asarray(_dataset(f, "step", step_ds.shape[0])[()], dtype=np.int64)
+    written = np.flatnonzero(steps < 0)
+    rows = int(written[0]) if written.size else steps.shape[0]
+    mod_names, par_names = _names(f, "module/names"), _names(f, "param/names")
+    vds = _dataset(f, "values")
+    if vds.ndim != 2 or vds.dtype.kind != "f" or vds.shape[0] < rows \
+            or vds.shape[1] > MAX_COLUMNS:
+        raise MonitorFileError(f"{p}: /values is missing or malformed")
+    values = np.asarray(_dataset(f, "values", rows)[:rows], dtype=np.float64)
+    tables: dict[str, dict[str, np.ndarray]] = {"module": {}, "param": {}, "state": {}}
+    width = {"module": len(mod_names), "param": len(par_names), "state": len(par_names)}
+    loss = grad = np.full(rows, np.nan)
+    for name, (a, b) in _layout(f, vds.shape[1]).items():
+        if name in ("loss", "grad_norm") and b - a == 1:
+            if name == "loss":
+                loss = values[:, a]
+            else:
+                grad = values[:, a]
+            continue
+        kind, _, fig = name.partition("/")
+        if kind not in tables or b - a != width[kind]:
+            raise MonitorFileError(f"{p}: /layout entry {name!r} does not fit its names")
+        tables[kind][fig] = values[:, a:b]
+    events = _events(f)
+    return Series(
+        path=p, attrs={k: (v.item() if hasattr(v, "item") else v)
+                       for k, v in f.attrs.items()},
+        step=steps[:rows], loss=loss, grad_norm=grad,
+        module_names=mod_names, param_names=par_names, module=tables["module"],
+        param=tables["param"], state=tables["state"], events=events)

@@ -16,6 +16,7 @@ import fcntl
 import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
     Float,
@@ -48,6 +49,11 @@ class Base(DeclarativeBase):
 
 # Tables whose rows belong to one data directory (report rows follow their report).
 OWNED_TABLES = ("runs", "reports", "jobs")
+# Columns holding text a dump or a client gives (names, op, phase, dtype...): TEXT, whatever
+# its length (PostgreSQL refuses a longer value for a VARCHAR(n) and fails the whole job;
+# SQLite never checked). Databases made when they were VARCHAR(n) are widened at startup.
+TEXT_COLUMNS = {"runs": ("name", "backend", "profile"), "reports": ("name",),
+                "report_rows": ("op", "phase", "verdict", "dtype_my"), "jobs": ("stage",)}
 
 
 def _owner_column() -> Mapped[str | None]:
@@ -60,13 +66,13 @@ class Run(Base):
     __tablename__ = "runs"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(Text)
     source: Mapped[str] = mapped_column(String(16))  # upload | register
     path: Mapped[str] = mapped_column(Text)  # absolute; never shown to clients
     created: Mapped[str] = mapped_column(String(40), default=utcnow)
     ops: Mapped[int] = mapped_column(Integer, default=0)
-    backend: Mapped[str | None] = mapped_column(String(40), nullable=True)
-    profile: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    backend: Mapped[str | None] = mapped_column(Text, nullable=True)
+    profile: Mapped[str | None] = mapped_column(Text, nullable=True)
     complete: Mapped[bool] = mapped_column(default=False)
     file_bytes: Mapped[int] = mapped_column(Integer, default=0)
     summary: Mapped[str] = mapped_column(Text, default="{}")  # JSON, paths removed
@@ -77,7 +83,7 @@ class Report(Base):
     __tablename__ = "reports"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(Text)
     dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     my_run_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
     golden_run_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
@@ -95,13 +101,13 @@ class ReportRow(Base):
     report_id: Mapped[str] = mapped_column(
         String(32), ForeignKey("reports.id", ondelete="CASCADE"))
     idx: Mapped[int] = mapped_column(Integer)
-    op: Mapped[str] = mapped_column(String(200), default="")
-    phase: Mapped[str] = mapped_column(String(16), default="")
+    op: Mapped[str] = mapped_column(Text, default="")
+    phase: Mapped[str] = mapped_column(Text, default="")
     module: Mapped[str] = mapped_column(Text, default="")
     # the module path without its root class name (what users type: encoder.layers.0)
     module_tail: Mapped[str] = mapped_column(Text, default="")
-    verdict: Mapped[str] = mapped_column(String(16), default="")
-    dtype_my: Mapped[str] = mapped_column(String(32), default="")
+    verdict: Mapped[str] = mapped_column(Text, default="")
+    dtype_my: Mapped[str] = mapped_column(Text, default="")
     cosine: Mapped[float | None] = mapped_column(Float, nullable=True)
     max_abs_err: Mapped[float | None] = mapped_column(Float, nullable=True)
     max_rel_err: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -135,7 +141,7 @@ class Job(Base):
     kind: Mapped[str] = mapped_column(String(16), default="compare")
     status: Mapped[str] = mapped_column(String(16), default="queued")
     progress: Mapped[float] = mapped_column(Float, default=0.0)
-    stage: Mapped[str] = mapped_column(String(200), default="")
+    stage: Mapped[str] = mapped_column(Text, default="")
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     my_run_id: Mapped[str] = mapped_column(String(32))
     golden_run_id: Mapped[str] = mapped_column(String(32))
@@ -187,6 +193,19 @@ def _create_schema(engine: Engine) -> None:
             con.execute(text(f"ALTER TABLE {table} ADD COLUMN data_dir TEXT"))
             con.execute(text(f"CREATE INDEX IF NOT EXISTS ix_{table}_data_dir "
                              f"ON {table} (data_dir)"))
+        if engine.dialect.name == "postgresql":
+            _widen_text_columns(con)
+
+
+def _widen_text_columns(con: Any) -> None:
+    """VARCHAR(n) columns of TEXT_COLUMNS (a database made by an older server) become TEXT:
+    on PostgreSQL a change from VARCHAR to TEXT rewrites nothing."""
+    for table, columns in TEXT_COLUMNS.items():
+        lengths = {c["name"]: getattr(c["type"], "length", None)
+                   for c in inspect(con).get_columns(table)}
+        for column in columns:
+            if lengths.get(column) is not None:
+                con.execute(text(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE TEXT"))
 
 
 @contextlib.contextmanager

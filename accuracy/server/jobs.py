@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 
 from accuracy.server.db import Job, Report, Run, utcnow
@@ -43,6 +44,20 @@ PR_SET_PDEATHSIG = 1
 _ID = re.compile(r"^[0-9a-f]{32}$")
 DEFAULT_MAX_QUEUED_JOBS = 8
 RETRY_AFTER_S = 30
+
+
+MAX_ERROR_CHARS = 2000
+
+
+def job_error(e: BaseException, *paths: str | Path) -> str:
+    """What a client reads of a job's failure: one line, server paths scrubbed. A database
+    error says only that (its text holds the SQL and the row's values: the server log has
+    them)."""
+    if isinstance(e, SQLAlchemyError):
+        return ("the server's database refused to store the result "
+                f"({type(getattr(e, 'orig', None) or e).__name__}); see the server log")
+    text = " ".join(scrub(f"{type(e).__name__}: {e}", *paths).split())
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "..."
 
 
 class QueueFull(HTTPException):
@@ -118,7 +133,7 @@ def _child(my: str, golden: str, out_dir: str, replay_out: str | None,
         events.put(("done", 0.9, "written"))
     except BaseException as e:  # noqa: BLE001 - everything must reach the parent as a message
         logging.getLogger(__name__).debug("compare job failed:\n%s", traceback.format_exc())
-        events.put(("error", 0.0, scrub(f"{type(e).__name__}: {e}", my, golden, out_dir)))
+        events.put(("error", 0.0, job_error(e, my, golden, out_dir)))
 
 
 class JobManager:
@@ -227,9 +242,9 @@ class JobManager:
         except ApiError as e:
             self._set(job_id, status="failed", error=e.message, stage="failed")
         except Exception as e:  # noqa: BLE001 - a job's failure is recorded, not raised
-            log.exception("job %s failed", job_id)
+            log.exception("job %s failed", job_id)  # the whole error, SQL included: the log
             self._set(job_id, status="failed", stage="failed",
-                      error=scrub(f"{type(e).__name__}: {e}", self.storage.data_dir))
+                      error=job_error(e, self.storage.data_dir))
         finally:
             self._cancel.pop(job_id, None)
 

@@ -50,15 +50,14 @@ def monitor_view(request: Request, path: str = Query(..., max_length=4096),
     if not _authorized(request, svc):
         return _login(request)
     from accuracy.errors import AccuracyError
-    from accuracy.monitor.plot import render_html
-    from accuracy.monitor.series import read_series
+    from accuracy.server.isolated import monitor_page
 
     p = svc.storage.allowed_path(path)
     if p.stat().st_size > MAX_FILE_BYTES:
         raise ApiError(413, f"the series is over {MAX_FILE_BYTES >> 20} MiB: draw it with "
                             "`accuracy monitor plot FILE -o plot.html`")
-    try:
-        page = render_html(read_series(p))
+    try:  # in a child with a time limit: HDF5 can loop forever on damaged metadata
+        page = monitor_page(p)
     except AccuracyError as exc:
-        raise ApiError(400, str(exc)) from None
+        raise ApiError(400, " ".join(str(exc).split())) from None
     return HTMLResponse(page)
