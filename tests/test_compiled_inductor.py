@@ -1,9 +1,9 @@
 """Inductor on CPU under the dumper: kernels recorded as they run, compared against eager.
 
 The issue's fault: a post-grad pass scales the `blocks.1.fc1` matmul by 1.05, as a wrong fused
-kernel would. Before accuracy/compiled/, the compiled model ran eager inside the dumper and the
-compare said PASS. Each model is compiled once per module, with Inductor's cache in the test's
-temporary folder.
+kernel would. Before the compiled recording (accuracy/dumper/compiled/), the compiled model ran
+eager inside the dumper and the compare said PASS. Each model is compiled once per module, with
+Inductor's cache in the test's temporary folder.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def test_repro_script_shows_the_culprit_kernels_divergence(runs, tmp_path):
     import subprocess
     import sys
 
-    from accuracy.compiled.repro import write_repro
+    from accuracy.repro.script import write_repro
 
     eager, comp = runs["fault"]
     cul = compare(comp, eager).culprit
@@ -239,7 +239,7 @@ def test_a_kernel_that_cannot_be_rebuilt_says_why(runs, tmp_path):
 def test_kernel_rows_name_modules_as_eager_rows_do(spelled, named):
     """A kernel row's module must read as the eager row's, or compiled and eager values are
     never paired (a tiny Llama compiled: 64 of 67 kernel outputs 'only in my run', PASS)."""
-    from accuracy.compiled.inductor import _module_path
+    from accuracy.dumper.compiled.kernels import _module_path
 
     assert _module_path({"nn_module_stack": {"k": (spelled, torch.nn.Linear)}}) == \
         (named, "Linear")

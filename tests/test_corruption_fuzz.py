@@ -199,10 +199,10 @@ def test_compiled_graph_fields_never_run_code(tmp_path, monkeypatch):
     from test_compiled_inductor import _dumps
     from test_dump_never_code import forward_is_ours
 
-    from accuracy.compiled.repro import write_repro
     from accuracy.errors import AccuracyError
     from accuracy.replay.cache import TensorCache
     from accuracy.replay.ops import replay_op
+    from accuracy.repro.script import write_repro
 
     @torch.library.custom_op("accuracy_fuzz::touch", mutates_args=())
     def touch(x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,9 @@
 """Online overflow checking inside `dumper(check_overflow=True)`: find where inf/nan is born.
 
-An observer of the dump loop (accuracy/dumper/opcall.py) that writes through the recorder.
+An observer of the loop (accuracy/dumper/loop.py) that writes through the recorder. A compiled
+kernel's launch (a `KernelCall`) is judged as an op is: its inputs' states from the cache
+(Inductor hands buffers over as fresh views, which the cache does not hold, so they are
+probed), its outputs probed.
 
 Each tensor's state (finite, saturated, non-finite) comes from one reduction (`probe`) and is
 cached by tensor identity and `_version`, so an op's inputs are usually already known when it
@@ -48,10 +51,11 @@ from accuracy.dumper.finite_probe import (
 from accuracy.dumper.identity import TensorStates, same_elements
 from accuracy.dumper.overflow_lineage import CONFIRM, Lineage, version_of
 from accuracy.dumper.source import user_source
+from accuracy.dumpfile import schema
 from accuracy.errors import RaisedForTheUser
 
 if TYPE_CHECKING:
-    from accuracy.dumper.opcall import OpCall
+    from accuracy.dumper.calls import Call
     from accuracy.dumper.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -103,7 +107,7 @@ class OverflowEvent:
 class _Pending:
     """An op whose probes may still live on the device."""
 
-    call: OpCall
+    call: Call
     ins: list[torch.Tensor]  # inputs, pre-op copies of those the op writes
     outs: list[torch.Tensor]
     in_vals: list[Any]
@@ -177,7 +181,7 @@ class OverflowChecker:
 
     # -- observer ----------------------------------------------------------------------------
 
-    def before(self, call: OpCall) -> None:
+    def before(self, call: Call) -> None:
         self._current = None
         if call.plan.amp:  # GradScaler's own ops: watched even after stopping
             self.amp_ops += 1
@@ -207,7 +211,7 @@ class OverflowChecker:
                 ins = [t.clone() if id(t) in written and checkable(t) else t for t in ins]
         self._current = _Pending(call, ins, [], in_vals, [], masked, keys, self.ops_checked)
 
-    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+    def after(self, call: Call, outputs: list[torch.Tensor]) -> None:
         p, self._current = self._current, None
         if p is None or p.call is not call:
             return
@@ -243,13 +247,6 @@ class OverflowChecker:
             if len(self._pending) >= self.interval:
                 self.resolve()
 
-    def kernel(self, call: Any, outputs: list[torch.Tensor]) -> None:
-        """A compiled kernel's launch (`accuracy/compiled/source.py`), judged as an op is:
-        its inputs' states from the cache (Inductor hands buffers over as fresh views, which
-        the cache does not hold, so they are probed), its outputs probed."""
-        self.before(call)
-        self.after(call, outputs)
-
     def finish(self) -> dict[str, Any]:
         """Judge what is still pending; the summary attributes for the dump's root."""
         if not self.done:
@@ -265,7 +262,7 @@ class OverflowChecker:
         else:
             log.info("overflow check: no inf/nan born in %d ops that lasted%s",
                      self.ops_checked, dropped)
-        return {"overflow": {
+        return {schema.ROOT_OVERFLOW: {
             **self.describe(), "ops_checked": self.ops_checked, "stopped_early": self.done,
             "events": [asdict(e) for e in self.events], "amp_ops": self.amp_ops,
             "skipped_steps": self.skipped_steps,
@@ -434,8 +431,8 @@ class OverflowChecker:
                            self._nonfinite_outputs(p, h.out_states),
                            f"contained: {h.lineage.absorbed_by} dropped it")
         self.contained.append(ev)
-        self._write(p, {"overflow": {"kind": "overflow", "born": True, "outputs": ev.outputs,
-                                     "contained": ev.label}})
+        self._write(p, {schema.EXTRA_OVERFLOW: {"kind": "overflow", "born": True,
+                                                "outputs": ev.outputs, "contained": ev.label}})
         log.info("%s (%s)", ev.message(), ev.label)
 
     # -- events ------------------------------------------------------------------------------
@@ -459,7 +456,7 @@ class OverflowChecker:
                            FROM_COLLECTIVE if is_collective(c.name) else "")
         self.events.append(ev)
         self._window.append((ev, frozenset(id(t) for t in p.ins) if in_ids is None else in_ids))
-        extra: dict[str, Any] = {"overflow": {"kind": kind, "born": True,
+        extra: dict[str, Any] = {schema.EXTRA_OVERFLOW: {"kind": kind, "born": True,
                                               "outputs": outputs}}
         self._write(p, extra)
         msg = ev.message()
@@ -493,14 +490,14 @@ class OverflowChecker:
         """GradScaler's deliberate checks: labelled, recorded, never culprits."""
         c = p.call
         small = c.name == AMP_UPDATE_OP
-        extra: dict[str, Any] = {"amp": amp_label(c.name)}
+        extra: dict[str, Any] = {schema.EXTRA_AMP: amp_label(c.name)}
         if small:
             self.resolve()
             self._settle(final=True)  # this step's births are judged before its verdict
             found_inf = c.args[2] if len(c.args) > 2 else c.kwargs["found_inf"]
             with torch._C._DisableTorchDispatch():
                 skipped = float(found_inf.item()) > 0  # GradScaler itself synced on it
-            extra["step_skipped"] = skipped
+            extra[schema.EXTRA_STEP_SKIPPED] = skipped
             if skipped:
                 self.skipped_steps.append(c.step)
                 scale = id(c.args[0]) if c.args else id(c.kwargs.get("self"))

@@ -1,5 +1,5 @@
 """What a dump says about what it could not see: compiled regions (root attributes
-`compiled_watch` and `compiled_regions`, written by accuracy/compiled/watch.py), tensor
+`compiled_watch` and `compiled_regions`, written by accuracy/dumper/compiled/watch.py), tensor
 subclasses it cannot see into (`tensor_subclasses`, dumper/subclass_watch.py) and ops the
 dumper failed on (`ops_not_recorded`, dumper/core.py), as sentences
 every reader shows first: `accuracy info`, compare's summary, the report files and the web UI."""

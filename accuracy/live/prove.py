@@ -26,7 +26,7 @@ import torch
 
 from accuracy.errors import UsageError
 from accuracy.jsonsafe import jsonable
-from accuracy.live.select import Selection
+from accuracy.live.select import CallSelection
 from accuracy.live.substitute import Call, Substitute
 from accuracy.replay.ops import is_movement
 
@@ -60,7 +60,7 @@ class Culprit:
         return self.op + (f" in {self.module}" if self.module else "")
 
     def matches(self, call: Call) -> bool:
-        sel = Selection.build(self.op, self.module)
+        sel = CallSelection.build(self.op, self.module)
         return sel.wants(call.seq, call.op, call.module, call.phase)
 
 

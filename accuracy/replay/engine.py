@@ -27,6 +27,7 @@ from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
 from accuracy.errors import AccuracyError, OutputExistsError
 from accuracy.outputs import writable_folder
 from accuracy.patterns import op_matches
+from accuracy.records import CallSite
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.emulate import Emulation
 from accuracy.replay.kernels import kernel_references, references
@@ -207,10 +208,9 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
                                        device=t.device, stats=_stats_of(t)))
     extra = dict(rec.extra)
     extra["replay"] = outcome.replay_extra()
-    writer.add_op(OpEntry(seq=rec.seq, op=rec.op, phase=rec.phase, module=rec.module,
-                          source=rec.source, stack=rec.stack, args=rec.args_json, step=rec.step,
-                          n_in=len(rec.inputs), n_out=n_out, extra=extra, epoch=rec.epoch),
-                   entries)
+    site = CallSite(rec.seq, rec.op, rec.phase, rec.module, rec.source, rec.step)
+    writer.add_op(OpEntry(site, stack=rec.stack, args=rec.args_json, n_in=len(rec.inputs),
+                          n_out=n_out, extra=extra, epoch=rec.epoch), entries)
     return held
 
 

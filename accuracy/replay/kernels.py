@@ -1,7 +1,7 @@
 """Replay of an Inductor kernel row: its local error, like an eager op's.
 
-A kernel row (`inductor.<kernel>`, accuracy/compiled/source.py) holds the buffers the kernel
-read and the buffers it materialised. Its reference (accuracy/compiled/reference.py, in
+A kernel row (`inductor.<kernel>`, accuracy/dumper/compiled/source.py) holds the buffers the kernel
+read and the buffers it materialised. Its reference (accuracy/dumper/compiled/reference.py, in
 `extra.reference` of the launch site's first row) lists the ATen ops the kernel stands for,
 taken from the graph Inductor was given. Replay runs those ops on the recorded inputs, once in
 the kernel's dtype and once upcast (fp64), and measures each output exactly as an eager op's

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accuracy.compiled import graphform
 from accuracy.errors import InputNotFoundError, NoMatchError, OutputExistsError, UsageError
+from accuracy.repro import graphform
 
 KERNEL_PREFIX = "inductor."
 MAX_BYTES = 64 << 20  # tensors embedded in one script
