@@ -73,6 +73,30 @@ class OverflowFinding:
     def step(self) -> int:
         return self.site.step
 
+    def message(self) -> str:
+        """The sentence the online check says (its warning and, raised, its error)."""
+        what = "produced inf/nan from finite inputs" if self.kind == "overflow" else (
+            "produced values near the float16/bfloat16 limit from unsaturated inputs")
+        outs = "; ".join(
+            f"output {o['idx']} {o['dtype']}{o['shape']}: {o['nan']} nan, {o['inf']} inf"
+            f" of {o['numel']}, max |finite| {o['max_abs_finite']:.4g}" for o in self.outputs)
+        outs = outs.replace("max |finite| nan", "no finite value")
+        s = self.site
+        return (f"{self.kind} born at step {s.step}, op {s.seq} {s.op} ({s.phase}, "
+                f"module {s.module or '-'}) at {s.source or 'unknown source'}: {what}. "
+                f"{outs}" + (f" ({self.label})" if self.label else ""))
+
+    def line(self) -> str:
+        """One line of `accuracy overflow`'s table."""
+        outs = ", ".join(f"out{o['idx']} {o['dtype']}{o['shape']} nan {o['nan']} inf {o['inf']}"
+                         for o in self.outputs)
+        s = self.site
+        text = (f"{s.seq:6d}  {s.op}  [{s.phase}, step {s.step}] {s.module or '-'}  "
+                f"{s.source or '?'}  {outs}")
+        if self.label:
+            text += f"  ({self.label})"
+        return text
+
     def as_dict(self, *, kind: bool = True, confirmation: bool = True) -> dict[str, Any]:
         """The record as flat JSON-ready data: the site's per-row fields, then the finding's
         (`kind` and `confirmation` left out where a writer never had them)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -53,6 +53,7 @@ from accuracy.dumper.overflow_lineage import CONFIRM, Lineage, version_of
 from accuracy.dumper.source import user_source
 from accuracy.dumpfile import schema
 from accuracy.errors import RaisedForTheUser
+from accuracy.records import OverflowFinding
 
 if TYPE_CHECKING:
     from accuracy.dumper.calls import Call
@@ -68,7 +69,7 @@ LINEAGE_WINDOW = 64
 class OverflowDetected(RaisedForTheUser, RuntimeError):  # noqa: N818 - reads as what happened
     """Raised at the first overflow when `overflow_raise=True`; the traceback is the user's."""
 
-    def __init__(self, message: str, event: OverflowEvent) -> None:
+    def __init__(self, message: str, event: OverflowFinding) -> None:
         super().__init__(message)
         self.event = event
 
@@ -77,30 +78,14 @@ class OverflowWarning(RuntimeWarning):
     """Shown once per overflow birth, so it is seen even without logging configured."""
 
 
-@dataclass
-class OverflowEvent:
-    """One op where non-finite (or saturated) values were born."""
+# One op where non-finite (or saturated) values were born: the record the offline scan makes
+# too (accuracy.records.OverflowFinding); written into the dump's root summary flat, without
+# the scan's `confirmation`.
+OverflowEvent = OverflowFinding
 
-    seq: int
-    op: str
-    phase: str
-    module: str
-    source: str
-    step: int
-    kind: str  # "overflow" | "saturation"
-    outputs: list[dict[str, Any]] = field(default_factory=list)
-    label: str = ""
 
-    def message(self) -> str:
-        what = "produced inf/nan from finite inputs" if self.kind == "overflow" else (
-            "produced values near the float16/bfloat16 limit from unsaturated inputs")
-        outs = "; ".join(
-            f"output {o['idx']} {o['dtype']}{o['shape']}: {o['nan']} nan, {o['inf']} inf"
-            f" of {o['numel']}, max |finite| {o['max_abs_finite']:.4g}" for o in self.outputs)
-        outs = outs.replace("max |finite| nan", "no finite value")
-        return (f"{self.kind} born at step {self.step}, op {self.seq} {self.op} ({self.phase}, "
-                f"module {self.module or '-'}) at {self.source or 'unknown source'}: {what}. "
-                f"{outs}" + (f" ({self.label})" if self.label else ""))
+def _event_dict(e: OverflowFinding) -> dict[str, Any]:
+    return e.as_dict(confirmation=False)
 
 
 @dataclass(slots=True)
@@ -152,7 +137,7 @@ class OverflowChecker:
         self.saturation = Saturation.build(saturation)
         self.interval = interval
         self._defer = defer  # None: defer only for tensors off the CPU (tests force True)
-        self.events: list[OverflowEvent] = []
+        self.events: list[OverflowFinding] = []
         self.amp_ops = 0
         self.skipped_steps: list[int] = []
         self.ops_checked = 0
@@ -163,9 +148,9 @@ class OverflowChecker:
         self._masks = TensorStates()  # tensors holding intended values: attention masks
         self._pending: list[_Pending] = []
         self._held: list[_Held] = []  # births whose values may yet be dropped
-        self.contained: list[OverflowEvent] = []
+        self.contained: list[OverflowFinding] = []
         # births since GradScaler's last update, with the ids of their inputs
-        self._window: list[tuple[OverflowEvent, frozenset[int]]] = []
+        self._window: list[tuple[OverflowFinding, frozenset[int]]] = []
         self._n_overflow = 0
         self._n_saturation = 0
         self._current: _Pending | None = None  # between before() and after()
@@ -264,9 +249,9 @@ class OverflowChecker:
                      self.ops_checked, dropped)
         return {schema.ROOT_OVERFLOW: {
             **self.describe(), "ops_checked": self.ops_checked, "stopped_early": self.done,
-            "events": [asdict(e) for e in self.events], "amp_ops": self.amp_ops,
+            "events": [_event_dict(e) for e in self.events], "amp_ops": self.amp_ops,
             "skipped_steps": self.skipped_steps,
-            "contained": [asdict(e) for e in self.contained],
+            "contained": [_event_dict(e) for e in self.contained],
         }}
 
     # -- states ------------------------------------------------------------------------------
@@ -427,9 +412,8 @@ class OverflowChecker:
     def _contain(self, h: _Held) -> None:
         p = h.pending
         c = p.call
-        ev = OverflowEvent(c.seq, c.name, c.phase, c.module, c.source, c.step, "overflow",
-                           self._nonfinite_outputs(p, h.out_states),
-                           f"contained: {h.lineage.absorbed_by} dropped it")
+        ev = OverflowFinding(c.site, self._nonfinite_outputs(p, h.out_states), "overflow",
+                             f"contained: {h.lineage.absorbed_by} dropped it")
         self.contained.append(ev)
         self._write(p, {schema.EXTRA_OVERFLOW: {"kind": "overflow", "born": True,
                                                 "outputs": ev.outputs, "contained": ev.label}})
@@ -452,8 +436,8 @@ class OverflowChecker:
                in_ids: frozenset[int] | None = None) -> None:
         c = p.call
         outputs = self._nonfinite_outputs(p, out_states)
-        ev = OverflowEvent(c.seq, c.name, c.phase, c.module, c.source, c.step, kind, outputs,
-                           FROM_COLLECTIVE if is_collective(c.name) else "")
+        ev = OverflowFinding(c.site, outputs, kind,
+                             FROM_COLLECTIVE if is_collective(c.name) else "")
         self.events.append(ev)
         self._window.append((ev, frozenset(id(t) for t in p.ins) if in_ids is None else in_ids))
         extra: dict[str, Any] = {schema.EXTRA_OVERFLOW: {"kind": kind, "born": True,

@@ -52,12 +52,13 @@ from accuracy.replay.ops import (
     OK,
     SKIPPED,
     OpOutcome,
-    _needs_upcast,
     dropout_reference,
     guarded,
+    needs_upcast,
     rerun,
 )
 from accuracy.replay.rebuild import UPCASTS, Unreplayable, build_call
+from accuracy.replay.refcall import Reference, ReferenceCall
 from accuracy.replay.registry import lookup_reference
 
 log = logging.getLogger(__name__)
@@ -418,13 +419,13 @@ class LiveCheck:
         def build(up: str) -> tuple[list[Any], dict[str, Any]]:
             return build_call(call, inputs, self.device, up, mutable)  # type: ignore[arg-type]
 
-        want = _needs_upcast(inputs, [t.dtype for _, t in host],
+        want = needs_upcast(inputs, [t.dtype for _, t in host],
                              _has_dtype((args, kwargs)), self.upcast)
         scratch = workspace_outputs(name)  # kernel workspaces are not data: never measured
         measured = [(i, t) for i, t in host if i not in scratch]
         with torch._C._DisableTorchDispatch():  # the reference runs below no mode (sim...)
-            return rerun(result.seq, name, fn, build, measured, self.device, self.upcast, want,
-                         note=note, keep=False)
+            return rerun(ReferenceCall(result.seq, name, fn, build, note), measured,
+                         Reference(self.device, self.upcast, keep=False), want)
 
     def _check_stacking(self) -> None:
         if self._warned_stack:

@@ -30,33 +30,13 @@ from accuracy.aten import (
 )
 from accuracy.dumpfile import Dump, load_dump
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
+from accuracy.records import CallSite, OverflowFinding
 
 FILL_PREFIXES = tuple(FILL_VALUE_ARGS)
 
 
-@dataclass
-class Finding:
-    """One op with non-finite outputs."""
-
-    seq: int
-    op: str
-    phase: str
-    module: str
-    source: str
-    step: int
-    outputs: list[dict[str, Any]]
-    label: str = ""
-    confirmation: dict[str, Any] | None = None
-
-    def line(self) -> str:
-        outs = ", ".join(f"out{o['idx']} {o['dtype']}{o['shape']} nan {o['nan']} inf {o['inf']}"
-                         for o in self.outputs)
-        text = (f"{self.seq:6d}  {self.op}  [{self.phase}, step {self.step}] "
-                f"{self.module or '-'}  "
-                f"{self.source or '?'}  {outs}")
-        if self.label:
-            text += f"  ({self.label})"
-        return text
+# One op of the scan's lists: the record the online check writes too.
+Finding = OverflowFinding
 
 
 @dataclass
@@ -80,7 +60,11 @@ class OverflowReport:
         return [b for b in self.births if b.label != HANDLED]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The report as JSON-ready data (`accuracy overflow --json`): each finding flat."""
+        d = asdict(self)
+        for name in ("births", "inherited", "amp", "intended", "contained"):
+            d[name] = [f.as_dict(kind=False) for f in getattr(self, name)]
+        return d
 
     def format(self, limit: int = 20) -> str:
         """The text `accuracy overflow` prints."""
@@ -128,7 +112,8 @@ def _outputs(r: OpRecord) -> list[dict[str, Any]]:
 
 
 def _finding(r: OpRecord, label: str = "") -> Finding:
-    return Finding(r.seq, r.op, r.phase, r.module, r.source, r.step, _outputs(r), label)
+    return OverflowFinding(CallSite(r.seq, r.op, r.phase, r.module, r.source, r.step),
+                           _outputs(r), label=label)
 
 
 def _found_inf(r: OpRecord) -> bool:

@@ -29,6 +29,7 @@ from accuracy.dumpfile.argcodec import decode_call
 from accuracy.dumpfile.reader import OpRecord
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.rebuild import Unreplayable, _map, check_inputs, upcast_dtype
+from accuracy.replay.refcall import Reference, ReferenceCall
 
 MAX_NODES = 5000
 SYM = "sym"  # a reference node holding a symbolic size (its `expr`), not an op
@@ -240,8 +241,8 @@ def replay_kernel(rec: OpRecord, device: torch.device, upcast: str,
         return ([t.to(upcast_dtype(t.dtype, up), copy=True) for t in tensors], {"upcast": up})
 
     note = "; ".join(["compiled kernel re-run as its ATen ops"] + notes)
-    outcome = rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast,
-                    upcast != "none", note=note)
+    outcome = rerun(ReferenceCall(rec.seq, rec.op, fn, build, note), device_outputs,
+                    Reference(device, upcast), upcast != "none")
     for m in outcome.outputs:  # which graph each ratio is against: compare judges by
         i = m.get("idx")       # "given" ones only (a passed graph holds the pass's fault)
         if isinstance(i, int) and 0 <= i < len(how):

@@ -36,6 +36,7 @@ from accuracy.replay.rebuild import (
     stand_in,
     uninitialised_inputs,
 )
+from accuracy.replay.refcall import Reference, ReferenceCall
 from accuracy.replay.registry import lookup_reference
 
 log = logging.getLogger(__name__)
@@ -231,8 +232,8 @@ def _run(fn: Any, args: list[Any], kwargs: dict[str, Any], on: str) -> list[torc
     return [o for o in flat if isinstance(o, torch.Tensor)]
 
 
-def _needs_upcast(inputs: list[torch.Tensor], output_dtypes: list[Any], dtype_arg: bool,
-                  upcast: str) -> bool:
+def needs_upcast(inputs: list[torch.Tensor], output_dtypes: list[Any], dtype_arg: bool,
+                 upcast: str) -> bool:
     """Whether an upcast run can change anything: low-precision floats in or out, or a dtype
     argument (factories and casts produce low-precision values from nothing)."""
     if upcast == "none":
@@ -318,8 +319,8 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache
     device_outputs: list[tuple[int, Any]] = [
         (t.idx, StoredOutput(t, cache) if t.has_data else None) for t in rec.outputs
         if t.idx not in scratch]
-    want_upcast = _needs_upcast(inputs, [t.dtype for t in rec.outputs],
-                                '"__dtype__"' in rec.args_json, upcast)
+    want_upcast = needs_upcast(inputs, [t.dtype for t in rec.outputs],
+                               '"__dtype__"' in rec.args_json, upcast)
     quant = rec.extra.get("quant")
     if isinstance(quant, list) and quant and not note:
         return _rerun_quantised(rec, fn, build, device_outputs, device, upcast, quant)
@@ -330,14 +331,13 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache
     if rule is not None and upcast != "none":
         def emulate() -> tuple[Any, list[torch.Tensor]]:
             return rule, emulated_outputs(rec, fn, rule, inputs, device, upcast, _run_quiet)
+    call = ReferenceCall(rec.seq, rec.op, fn, build, note)
     if "dtensor" not in rec.extra:
-        return rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
-                     note=note, keep=keep, emulate=emulate)
+        return rerun(call, device_outputs, Reference(device, upcast, keep), want_upcast, emulate)
     # An op on DTensors ran its kernel on the local shards (recorded), unless DTensor moved
     # data between ranks inside the op: then the local call fails or gives other shapes.
     try:
-        out = rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
-                    note=note, emulate=emulate)
+        out = rerun(call, device_outputs, Reference(device, upcast), want_upcast, emulate)
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
         raise Unreplayable(f"{DTENSOR_REASON} ({str(e).splitlines()[0][:120]})") from None
     if out.status == FAILED:
@@ -369,28 +369,28 @@ def _rerun_quantised(rec: OpRecord, fn: Any, build: Any,
         count[0] = n
         return args, kwargs
 
-    out = rerun(rec.seq, rec.op, fn, qbuild, device_outputs, device, upcast, upcast != "none",
-                note="references on honestly re-quantised operands (fp8/MX)")
+    out = rerun(ReferenceCall(rec.seq, rec.op, fn, qbuild,
+                              "references on honestly re-quantised operands (fp8/MX)"),
+                device_outputs, Reference(device, upcast), upcast != "none")
     if count[0]:
         out.emulated = "quant"
     return out
 
 
-def rerun(seq: int, op: str, fn: Any, build: Any,
-          device_outputs: list[tuple[int, Any]], device: torch.device,
-          upcast: str, want_upcast: bool, note: str = "", keep: bool = True,
+def rerun(call: ReferenceCall, device_outputs: list[tuple[int, Any]], ref: Reference,
+          want_upcast: bool,
           emulate: Callable[[], tuple[Any, list[torch.Tensor]]] | None = None) -> OpOutcome:
     """Re-run one op call on the reference and measure the device's outputs against it.
 
-    The part of a replay that replay and the live check (`accuracy.live`) share: `build(up)`
-    gives (args, kwargs) on the reference for `up` in ("none", upcast); `device_outputs` are
-    (output index, device value on the host, a `StoredOutput`, or None when not available).
-    Runs the same-dtype call, and the upcast one unless the op only moves values or the
-    device is bit-exact. keep: the outcome carries the same-dtype outputs (contiguous, on
-    the host). Raises Unreplayable (and the kernel's errors) like `_run`. `emulate()`:
-    (rule, outputs of the emulated reference), run when the device is not bit-exact
-    (replay/emulate.py).
+    The part of a replay that replay and the live check (`accuracy.live`) share:
+    `device_outputs` are (output index, device value on the host, a `StoredOutput`, or None
+    when not available). Runs the same-dtype call, and the upcast one (`want_upcast`: it can
+    change anything) unless the op only moves values or the device is bit-exact. Raises
+    Unreplayable (and the kernel's errors) like `_run`. `emulate()`: (rule, outputs of the
+    emulated reference), run when the device is not bit-exact (replay/emulate.py).
     """
+    seq, op, fn, build, note = call.seq, call.op, call.fn, call.build, call.note
+    device, upcast, keep = ref.device, ref.upcast, ref.keep
     same = _run(fn, *build("none"), str(device))
     reasons = [note] if note else []
     high = same

@@ -131,7 +131,7 @@ def _check_value(k: int, v: Any, depth: int) -> None:
     memory formats and layouts real torch objects by name lookup)."""
     import torch
 
-    from accuracy.dumpfile.argcodec import _LAYOUTS, _MEMORY_FORMATS
+    from accuracy.dumpfile.argcodec import LAYOUTS, MEMORY_FORMATS
 
     if v is None or type(v) in (bool, float, complex):
         return
@@ -148,8 +148,8 @@ def _check_value(k: int, v: Any, depth: int) -> None:
         for x in v:
             _check_value(k, x, depth + 1)
         return
-    if isinstance(v, torch.dtype | torch.device) or v in _MEMORY_FORMATS.values() \
-            or v in _LAYOUTS.values():
+    if isinstance(v, torch.dtype | torch.device) or v in MEMORY_FORMATS.values() \
+            or v in LAYOUTS.values():
         return
     raise _fail(f"node {k} holds a {type(v).__name__}, not a number, word or tensor")
 
@@ -195,9 +195,9 @@ def _lit(v: Any) -> str:
 
 
 def _tables() -> tuple[dict[str, Any], ...]:
-    from accuracy.dumpfile.argcodec import _LAYOUTS, _MEMORY_FORMATS
+    from accuracy.dumpfile.argcodec import LAYOUTS, MEMORY_FORMATS
 
-    return (_MEMORY_FORMATS, _LAYOUTS)
+    return (MEMORY_FORMATS, LAYOUTS)
 
 
 def python(graph: Graph, name: str = "forward") -> str:
