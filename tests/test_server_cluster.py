@@ -43,7 +43,7 @@ def test_compare_job_runs_on_the_servers_cluster(tmp_path):
     from _server_data import make_runs
 
     from accuracy.compare import load_report
-    from accuracy.server.jsonsafe import jsonable
+    from accuracy.jsonsafe import jsonable
 
     files = make_runs(tmp_path / "runs")
     with socket.socket() as s:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from accuracy import safeops
-from accuracy.dumpfile import symsizes
+from accuracy.dumpfile import schema, symsizes
 from accuracy.dumpfile.argcodec import decode_call
 from accuracy.dumpfile.reader import OpRecord
 from accuracy.replay.cache import TensorCache
@@ -40,8 +40,8 @@ def references(records: Any) -> dict[int, dict[str, Any]]:
     """Kernel launch site id -> its reference, from the rows that carry one."""
     out: dict[int, dict[str, Any]] = {}
     for r in records:
-        ref = r.extra.get("reference") if r.extra.get("compiled") else None
-        kid = r.extra.get("kid")
+        ref = r.extra.get(schema.EXTRA_REFERENCE) if r.extra.get(schema.EXTRA_COMPILED) else None
+        kid = r.extra.get(schema.EXTRA_KID)
         if isinstance(ref, dict) and isinstance(kid, int) and kid not in out:
             out[kid] = ref
     return out
@@ -59,9 +59,9 @@ def kernel_references(refs: dict[int, dict[str, Any]]) -> Iterator[None]:
 
 
 def _reference(rec: OpRecord) -> dict[str, Any]:
-    ref = rec.extra.get("reference")
+    ref = rec.extra.get(schema.EXTRA_REFERENCE)
     if not isinstance(ref, dict) and _active is not None:
-        ref = _active.get(rec.extra.get("kid"))  # type: ignore[arg-type]
+        ref = _active.get(rec.extra.get(schema.EXTRA_KID))  # type: ignore[arg-type]
     if not isinstance(ref, dict):
         raise Unreplayable("compiled kernel without a reference: the dump holds no ATen ops "
                            "for it (dumped before kernel replay existed, or its launch "
@@ -208,7 +208,7 @@ def replay_kernel(rec: OpRecord, device: torch.device, upcast: str,
         check_inputs(rec, compiled_ok=True)
     except Unreplayable as e:
         raise Unreplayable(f"compiled kernel: {e}") from None
-    names = rec.extra.get("inputs")
+    names = rec.extra.get(schema.EXTRA_INPUTS)
     if not isinstance(names, list) or len(names) != len(rec.inputs):
         raise Unreplayable("compiled kernel whose recorded inputs do not match its buffer "
                            "names (a buffer that is not a tensor)")

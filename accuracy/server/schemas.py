@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
 from accuracy.server.db import Job, Report, Run
-from accuracy.server.jsonsafe import jsonable
+from accuracy.jsonsafe import jsonable
 
 T = TypeVar("T")
 

@@ -36,7 +36,7 @@ from accuracy.server.db import (
 )
 from accuracy.server.errors import ApiError, not_found, scrub
 from accuracy.server.isolated import dump_summary
-from accuracy.server.jsonsafe import jsonable
+from accuracy.jsonsafe import jsonable
 
 log = logging.getLogger(__name__)
 
