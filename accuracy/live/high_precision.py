@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from accuracy.device_backend.simulator import module_matches, sim
+from accuracy.device_backend.simulator import any_module_matches, sim
 from accuracy.errors import UsageError
 from accuracy.live.prove import (
     Arm,
@@ -41,7 +41,7 @@ def _choose(seen: dict[str, dict[str, float]], modules: Iterable[str] | None,
             over: dict[str, float] | None) -> list[str]:
     if modules is not None:
         pats = list(modules)
-        return sorted(m for m in seen if any(module_matches(p, [m]) for p in pats))
+        return sorted(m for m in seen if any(any_module_matches(p, [m]) for p in pats))
     return sorted(m for m, figs in seen.items()
                   if any(figs.get(k, 0.0) > v for k, v in (over or {}).items()))
 
