@@ -1,9 +1,9 @@
 """A kernel's fused graph read from a dump: validated into a closed form, printed as Python.
 
 `accuracy repro` writes a script that people run. What the dump holds for it is data (the
-`fused_graph` form of dumper/compiled/reference.py: input names, nodes of an op name and arguments in
-the dump's argument encoding, output value indices), and the script's code is printed here,
-by this module, from the validated form: every identifier is ours (`v3`, `torch.ops`,
+`fused_graph` form of dumper/compiled/reference.py: input names, nodes of an op name and
+arguments in the dump's argument encoding, output value indices), and the script's code is
+printed here, by this module, from the validated form: every identifier is ours (`v3`, `torch.ops`,
 `torch.device`) or an op name that `safeops.compute_op` resolved to a real ATen/prims
 `OpOverload` on the allow-list; every literal is the `repr` of a validated number, bool, None
 or word, or our own spelling of a dtype, device, memory format or layout looked up by name.

@@ -8,8 +8,8 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
-from accuracy.server.db import Job, Report, Run
 from accuracy.jsonsafe import jsonable
+from accuracy.server.db import Job, Report, Run
 
 T = TypeVar("T")
 

@@ -23,6 +23,7 @@ from sqlalchemy.orm import sessionmaker
 
 from accuracy.dumpfile import DumpError, load_dump
 from accuracy.dumpfile.reader import Dump
+from accuracy.jsonsafe import jsonable
 from accuracy.lru import BoundedLRU
 from accuracy.server.db import (
     Job,
@@ -36,7 +37,6 @@ from accuracy.server.db import (
 )
 from accuracy.server.errors import ApiError, not_found, scrub
 from accuracy.server.isolated import dump_summary
-from accuracy.jsonsafe import jsonable
 
 log = logging.getLogger(__name__)
 
