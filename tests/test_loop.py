@@ -15,6 +15,7 @@ from torch import nn
 
 from accuracy import dumper, load_dump
 from accuracy.dumper.calls import KernelCall, OpCall
+from accuracy.dumpfile import schema
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `torch.compile")
 
@@ -83,6 +84,10 @@ def test_one_observer_sees_every_eager_op_and_kernel_launch_with_the_same_site(t
         assert dump.attrs["ops_seen"] == len(calls) == len(dump.records)
         rows = [(r.seq, r.op, r.phase, r.module, r.source, r.step) for r in dump.records]
         rank = dump.attrs["rank"]
+        # kernels' notes and the compiled watch's attributes are names schema.py declares
+        assert {k for r in dump.records for k in r.extra} - set(schema.EXTRA) == set()
+        assert set(dump.attrs) - set(schema.ROOT) == set()
+        assert any(schema.EXTRA_FUSED_GRAPH in r.extra for r in dump.records)
     # the same call-site fields as the rows the dumper wrote, for ops and kernels alike
     assert [(s.seq, s.op, s.phase, s.module, s.source, s.step) for _, s, _ in calls] == rows
     assert {s.rank for _, s, _ in calls} == {rank}

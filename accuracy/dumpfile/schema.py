@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 
 # Dtype by name lives in dtypes.py (numpy decoding, torch only on request); kept here for callers.
+from accuracy.dumpfile.checksum import ATTRS_HASH
 from accuracy.dumpfile.dtypes import dtype_name, torch_dtype  # noqa: F401
 
 FORMAT_NAME = "accuracy-dump"
@@ -283,6 +284,9 @@ ROOT_OVERFLOW = _root("overflow", "object", "check_overflow=True: the check's su
                       "its events (records.OverflowFinding without confirmation)")
 ROOT_BYTES_WRITTEN = _root("bytes_written", "int", "tensor bytes stored")
 ROOT_BYTES_LINKED = _root("bytes_linked", "int", "tensor bytes shared with earlier rows")
+ROOT_ATTRS_HASH = _root(ATTRS_HASH, "uint64", "XXH3-64 of the other root attributes, written "
+                        "at close (checksum.attrs_hash, which leaves this one out): checked on "
+                        "open")
 # a replay's file
 ROOT_REPLAYED_FROM = _root("replayed_from", "str", "a replay: the dump it replayed")
 ROOT_REFERENCE = _root("reference", "str", "a replay: the reference device")
