@@ -171,7 +171,8 @@ SPLIT: dict[str, dict[str, str]] = {
             "tests/dumper/test_core_training.py",
         "test_custom_autograd_function_forward_and_backward": "tests/dumper/test_core_training.py",
         "test_max_pending_bytes_blocks_the_training_thread": "tests/dumpfile/test_staging.py",
-        "test_transformers_gpt2_dump_compare_and_culprit": "tests/scenarios/test_stranger_models.py",
+        "test_transformers_gpt2_dump_compare_and_culprit":
+            "tests/scenarios/test_stranger_models.py",
     },
     "tests/test_dist_stacks.py": {
         "test_views_of_an_empty_buffer_are_not_data_until_a_copy_fills_them":

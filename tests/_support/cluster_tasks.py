@@ -1,7 +1,7 @@
 """A Dask task for tests/test_cluster.py that kills its worker process the first time it runs.
 
-It lives in its own module so the spawned Dask workers import it by name (tests/ is on their
-sys.path, inherited from pytest).
+It lives in its own module so the spawned Dask workers import it by name
+(`tests._support.cluster_tasks`: the checkout is on their sys.path, inherited from pytest).
 """
 
 import errno

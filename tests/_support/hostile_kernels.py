@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import _crafted as C
+from tests._support import crafted as C
 
 KERNEL = "inductor.cpp_fused_mm_0"
 INPUTS = ["arg0_1", "arg1_1"]

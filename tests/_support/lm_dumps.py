@@ -36,3 +36,21 @@ def faulty_lm_pair(folder: Path) -> tuple[Path, Path]:
     with sim(profile="fp16-cube", faults=[fault]), dumper(str(folder / "device.h5")):
         lm_step(tiny_lm(), lm_batch())
     return folder / "device.h5", folder / "golden.h5"
+
+
+def addmm_fault():
+    """The faulty kernel of `addmm_fault_runs`: a 0.05 bias on the first addmm of encoder
+    layer 1's linear1."""
+    return sim.fault("aten.addmm.default", module="encoder.layers.1.linear1", kind="bias",
+                     value=0.05, occurrence=0)
+
+
+def addmm_fault_runs(folder: Path) -> tuple[Path, dict]:
+    """A golden CPU step (`gold.h5`) and the same step on `sim` with `addmm_fault()`
+    (`dev.h5`), batch 2, sequence 8: (folder, the batch)."""
+    batch = lm_batch(batch=2, seq=8)
+    with dumper(folder / "gold.h5"):
+        lm_step(tiny_lm(), batch)
+    with sim(profile="exact", faults=[addmm_fault()]), dumper(folder / "dev.h5"):
+        lm_step(tiny_lm(), batch)
+    return folder, batch

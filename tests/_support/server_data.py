@@ -46,7 +46,7 @@ def runs_or_skip(root: Path) -> dict[str, Path]:
 @contextlib.contextmanager
 def postgres_or_skip() -> Iterator[str]:
     """A throwaway PostgreSQL server's SQLAlchemy URL, or skip with the reason it cannot run."""
-    from _postgres import postgres_url, unavailable
+    from tests._support.postgres import postgres_url, unavailable
 
     why = unavailable()
     if why:

@@ -13,7 +13,7 @@ from accuracy.compare import compare, load_report
 from accuracy.dumper.core import dumper
 from accuracy.dumpfile import DumpError, load_dump
 from accuracy.examples import lm_batch, lm_step, tiny_lm
-from tests._lm_dumps import faulty_lm_pair
+from tests._support.lm_dumps import faulty_lm_pair
 
 
 class Block(nn.Module):

@@ -12,7 +12,7 @@ import accuracy.compare.api as api
 from accuracy.compare import compare
 from accuracy.compare.blas import single_threaded_blas
 from accuracy.compare.engine import BlobReader, compare_refs
-from tests._lm_dumps import faulty_lm_pair
+from tests._support.lm_dumps import faulty_lm_pair
 
 
 @pytest.fixture(scope="module")

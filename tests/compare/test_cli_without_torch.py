@@ -21,7 +21,7 @@ from accuracy.compare import engine as E
 from accuracy.dumper.core import dumper
 from accuracy.dumpfile import dtypes as D
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _torch_decode(raw: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndarray:

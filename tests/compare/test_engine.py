@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _native import PATHS, take_path
-from test_content_hash import _as_schema_2
 
 from accuracy import dumper
 from accuracy.compare import compare
 from accuracy.compare.metrics import DEFAULT_ALGORITHMS, StreamingMetrics
+from tests._support.native import PATHS, take_path
+from tests.dumpfile.test_checksum import _as_schema_2
 
 
 def _dump(path: Path, scale: float) -> Path:

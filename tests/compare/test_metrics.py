@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-from _native import PATHS, take_path
 
 from accuracy.compare.metrics import (
     ALL_ALGORITHMS,
@@ -15,6 +14,7 @@ from accuracy.compare.metrics import (
     resolve_algorithms,
     statistics_metrics,
 )
+from tests._support.native import PATHS, take_path
 
 EPS32 = float(np.finfo(np.float32).eps)
 

@@ -138,3 +138,25 @@ def test_ranks_mostly_not_compared_fail_a_pipeline():
     assert merged.exit_code("error") == 1
     text = format_ranks(merged.summary)
     assert "16 of 20 tensors of my run not compared" in text, text
+
+
+def _rank_report(culprit: dict | None, first_div: dict | None):
+    summary = {"counts": {"error": 1 if culprit else 0}, "my": "m", "golden": "g",
+               "verdict": "error", "rows": 0, "culprit": culprit, "first_divergence": first_div}
+    return Report([], summary)
+
+
+def test_diverged_first_is_where_a_rank_kernel_fault_starts_not_where_error_grows():
+    """Rank 1's kernel is wrong at epoch 0 (its output not yet an accumulated error); the
+    error grows into one on both ranks at epoch 1, rank 0's a little earlier in seq: rank 1
+    diverged first."""
+    def row(seq: int, op: str = "aten.add.Tensor") -> dict:
+        return {"index": seq, "seq_my": seq, "op": op, "kind": "op", "io": "output",
+                "local_verdict": "error"}
+
+    reports = {0: _rank_report(None, row(50)), 1: _rank_report(row(10), row(60))}
+    epochs = {0: {50: 1}, 1: {10: 0, 60: 1}}
+    s = merge(reports, epochs, {}).summary
+    assert s["first_rank"] == 1
+    assert s["ranks"][1]["label"] == "culprit" and s["culprit"]["rank"] == 1
+

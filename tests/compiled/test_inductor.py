@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _miscompile import ScaleMatmul, inductor_cache
-from test_compiled_watch import Block, Net
 
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
+from tests._support.miscompile import ScaleMatmul, inductor_cache
+from tests.compiled.test_watch import Block, Net
 
 LINE = f"test_compiled_watch.py:{Block.forward.__code__.co_firstlineno + 1}"  # its return
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _miscompile import ScaleMatmul, inductor_cache
 from torch import nn
 
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
+from tests._support.miscompile import ScaleMatmul
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.timeout(900)]
 
@@ -50,7 +50,7 @@ def _step(model: nn.Module) -> None:
     F.cross_entropy(model(x), y).backward()
 
 
-def _dumps(folder, fault: bool) -> dict:
+def make_dumps(folder, fault: bool) -> dict:
     folder.mkdir()
     torch.manual_seed(0)
     state = Net().state_dict()
@@ -68,22 +68,6 @@ def _dumps(folder, fault: bool) -> dict:
             _step(torch.compile(m))
     torch._dynamo.reset()
     return out
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    with inductor_cache(tmp_path_factory.mktemp("cnn_bn")) as folder:
-        yield folder
-
-
-@pytest.fixture(scope="module")
-def clean(cache):
-    return _dumps(cache / "clean", False)
-
-
-@pytest.fixture(scope="module")
-def fault(cache):
-    return _dumps(cache / "fault", True)
 
 
 def _inner_sums(comp) -> list[tuple[int, int]]:

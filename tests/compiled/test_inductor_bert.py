@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _miscompile import inductor_cache
 
 from accuracy import dumper, load_dump
 from accuracy.aten import VIEW_PREFIXES
 from accuracy.compare import compare
 from accuracy.compare.compiled_align import compiled_pairs
+from tests._support.miscompile import inductor_cache
 
 transformers = pytest.importorskip("transformers")
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _miscompile import inductor_cache
 
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
 from accuracy.compare.checks import OWN_RANDOM
+from tests._support.miscompile import inductor_cache
 
 transformers = pytest.importorskip("transformers")
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _miscompile import inductor_cache
 
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
 from accuracy.compare.compiled_align import compiled_pairs
+from tests._support.miscompile import inductor_cache
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _miscompile import inductor_cache
 
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
+from tests._support.miscompile import inductor_cache
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `torch.compile")
 

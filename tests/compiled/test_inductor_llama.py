@@ -26,11 +26,11 @@ import sys
 
 import pytest
 import torch
-from _miscompile import ScaleMatmul, inductor_cache
 
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
 from accuracy.compare.compiled_align import compiled_pairs
+from tests._support.miscompile import ScaleMatmul
 
 transformers = pytest.importorskip("transformers")
 
@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:Using `torch.compile", "ignore:
 ROPE = "inductor.cpp_fused__to_copy__unsafe_view_add_arange_cat_cos_mul_neg_sin_slice"
 
 
-def _dumps(folder, fault: bool) -> tuple:
+def make_dumps(folder, fault: bool) -> tuple:
     folder.mkdir()
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -61,22 +61,6 @@ def _dumps(folder, fault: bool) -> tuple:
             compiled(ids, labels=ids).loss.backward()
     torch._dynamo.reset()
     return eager, comp
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    with inductor_cache(tmp_path_factory.mktemp("llama")) as folder:
-        yield folder
-
-
-@pytest.fixture(scope="module")
-def clean(cache):
-    return _dumps(cache / "clean", False)
-
-
-@pytest.fixture(scope="module")
-def fault(cache):
-    return _dumps(cache / "fault", True)
 
 
 def _replay(comp, out):

@@ -21,13 +21,12 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from _miscompile import inductor_cache
-from test_compiled_watch import Net
 
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
 from accuracy.compare.report import coverage
 from accuracy.compiled.names import RegionCall
+from tests.compiled.test_watch import Net
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Using `torch.compile", "ignore::UserWarning"),
               pytest.mark.timeout(900)]
@@ -83,12 +82,6 @@ def _eager(folder, model, step) -> object:
         step(model).backward()
     model.zero_grad()
     return path
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    with inductor_cache(tmp_path_factory.mktemp("names")) as folder:
-        yield folder
 
 
 # -- aot_eager ------------------------------------------------------------------------------

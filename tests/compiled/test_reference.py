@@ -15,11 +15,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _miscompile import ScaleMatmul, inductor_cache, torch_threads
 from torch import nn
 
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
+from tests._support.miscompile import ScaleMatmul, torch_threads
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.timeout(900)]
 
@@ -50,7 +50,7 @@ def _step(model: nn.Module) -> None:
     F.cross_entropy(model(x), y).backward()
 
 
-def _dumps(folder, fault: bool, threads: int = 2, eager: bool = True) -> dict:
+def make_dumps(folder, fault: bool, threads: int = 2, eager: bool = True) -> dict:
     """The eager (with `eager`), amax-pooled eager and compiled dumps of one step, and the
     compiled one's replay, with torch at `threads` CPU threads (the program depends on it)."""
     folder.mkdir()
@@ -85,24 +85,8 @@ def _run(folder, fault: bool, eager: bool) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    with inductor_cache(tmp_path_factory.mktemp("cnn_gn")) as folder:
-        yield folder
-
-
-@pytest.fixture(scope="module")
-def clean(cache):
-    return _dumps(cache / "clean", False)
-
-
-@pytest.fixture(scope="module")
-def fault(cache):
-    return _dumps(cache / "fault", True)
-
-
-@pytest.fixture(scope="module")
 def one_thread(cache):
-    return _dumps(cache / "one_thread", False, threads=1, eager=False)
+    return make_dumps(cache / "one_thread", False, threads=1, eager=False)
 
 
 def _relu_kernel(comp) -> tuple[int, int, int]:

@@ -19,7 +19,7 @@ from accuracy.errors import UsageError
 from accuracy.examples import lm_batch, lm_step, tiny_lm
 from accuracy.steps import ACTIVE, parse_ids
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # msprobe's own example config (its docs, task statistics), with a step list holding a range
 MSPROBE_EXAMPLE = {

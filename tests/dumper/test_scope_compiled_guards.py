@@ -56,10 +56,10 @@ def test_dumped_bare_dumped_steps_record_kernels_each_time_without_recompiling(t
     """Leaving the dumper removed the global hooks the compiled program is guarded on: the
     bare step after it recompiled (seconds), and the next dumper reused that hookless
     program: its region read BLIND "made before the dumper started", 0 kernels."""
-    from _miscompile import inductor_cache
     from torch._inductor.compile_fx import compile_fx
 
     from accuracy import load_dump
+    from tests._support.miscompile import inductor_cache
 
     compiles = []
 

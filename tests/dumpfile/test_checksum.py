@@ -10,11 +10,11 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from _crafted import as_vlen_op_table, edit_op_texts, stored_op_texts
 
 from accuracy import dumper
 from accuracy.cli import main
 from accuracy.dumpfile import DumpError, load_dump, schema
+from tests._support.crafted import as_vlen_op_table, edit_op_texts, stored_op_texts
 
 
 def _dump(path: Path, scale: float = 1.0) -> Path:

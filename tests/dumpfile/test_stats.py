@@ -12,11 +12,11 @@ import shutil
 
 import pytest
 import torch
-from _native import PATHS, take_path
 
 from accuracy import native
 from accuracy.dumpfile.checksum import checksum, part_size
 from accuracy.dumpfile.stats import _SMALL, tensor_stats
+from tests._support.native import PATHS, take_path
 
 
 def _reference(t: torch.Tensor) -> tuple[int, torch.Tensor]:

@@ -12,19 +12,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from _crafted import heap_collections
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accuracy import DumpError, dumper, load_dump
 from accuracy.cli import main as cli_main
 from accuracy.examples import lm_batch, lm_step, tiny_lm
+from tests._support.crafted import heap_collections
 
 # 25 kills at random moments in make test (each lands between other writes than the last);
 # the soak run (ACCURACY_SLOW=1) kills 200 times
 KILLS = int(os.environ.get("ACCURACY_KILLS", "200" if os.environ.get("ACCURACY_SLOW") else "25"))
 BASE = torch.arange(64, dtype=torch.float32)
-RUNNER = Path(__file__).with_name("_kill_runner.py")
+RUNNER = Path(__file__).parents[1] / "_support" / "kill_runner.py"
 _CASE = itertools.count()
 
 

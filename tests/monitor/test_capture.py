@@ -11,11 +11,11 @@ import textwrap
 from pathlib import Path
 
 import torch
-from _ranks import run_ranks
 
 import accuracy.monitor as am
 from accuracy.aten import FROM_COLLECTIVE
 from accuracy.overflow.scan import Finding, OverflowReport
+from tests._support.ranks import run_ranks
 
 BOOM = 5  # the step whose backward overflows
 

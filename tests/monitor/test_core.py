@@ -21,7 +21,7 @@ from accuracy.examples import lm_batch, lm_step, tiny_lm
 from accuracy.monitor.capture import same_bits
 from accuracy.monitor.triggers import GradNormJump, LossSpike, NonFinite, StepFigures
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _setup(seed: int = 0):
@@ -226,9 +226,8 @@ def test_monitor_events_go_to_the_file_without_the_hdf5_heap(tmp_path):
     """Events (triggers, captures) are written while the file is live (SWMR): not as HDF5
     strings, whose heap grows in place unordered, so a kill right after a trigger (when jobs
     die) cannot leave the heap, and the file's events, unreadable."""
-    from _crafted import heap_collections
-
     from accuracy.monitor.series import SeriesWriter, read_series
+    from tests._support.crafted import heap_collections
 
     path = tmp_path / "ev.monitor.h5"
     w = SeriesWriter(path)

@@ -7,9 +7,9 @@ import sys
 import textwrap
 
 import numpy as np
-from _ranks import run_ranks
 
 import accuracy.monitor as am
+from tests._support.ranks import run_ranks
 
 WORKER = textwrap.dedent("""
     import os, sys, torch, torch.distributed as dist

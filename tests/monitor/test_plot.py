@@ -17,7 +17,7 @@ from torch import nn
 
 import accuracy.monitor as am
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EVIL = "x</script><img src=q onerror=alert(1)>"
 CHROMIUM = next((p for p in (os.environ.get("CHROMIUM"), shutil.which("chromium"))
                  if p and Path(p).exists()), None)

@@ -23,11 +23,12 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from test_hostile_inputs import HOSTILE_MONITOR, hostile_monitor
 from torch import nn
 
+from tests.scenarios.test_hostile_inputs import HOSTILE_MONITOR, hostile_monitor
+
 CASES = int(os.environ.get("ACCURACY_FUZZ_CASES", "60"))
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = "secret0"  # a name only the file outside holds (test_hostile_inputs' outside.h5)
 IN_FILE = "TEXT-IN-THE-FILE"  # what the mutations write into the file itself
 

@@ -14,7 +14,7 @@ from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
 from accuracy.examples import lm_batch, lm_step, tiny_lm
 from accuracy.replay import ReplayError, register_reference, replay, unregister_reference
 from accuracy.replay import engine as engine_mod
-from tests._lm_dumps import lm_dump
+from tests._support.lm_dumps import lm_dump
 
 KEYS = {"idx", "err_device", "err_reference", "error_ratio", "max_abs", "cosine", "bit_exact"}
 

@@ -24,9 +24,9 @@ from accuracy.dumpfile.describe import describe, verify_file
 from accuracy.dumpfile.extract import extract_file
 from accuracy.dumpfile.reader import DamagedDataError
 from accuracy.replay import replay
-from tests._lm_dumps import lm_dump
+from tests._support.lm_dumps import lm_dump
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _offsets(path):
@@ -318,7 +318,7 @@ def test_an_uploaded_replay_never_reads_another_run(pair, tmp_path):
     """Uploads sit in the server's runs/ under ids, beside other users' runs: a replay whose
     replayed_from names another stored run (crafted, or by chance) reads nothing from it."""
     from accuracy.server.storage import Storage
-    from tests._crafted import reseal
+    from tests._support.crafted import reseal
 
     dev, rep = pair
     storage = Storage(tmp_path / "data")

@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
-from _native import PATHS, take_path
 
 from accuracy.replay.metrics import compare
+from tests._support.native import PATHS, take_path
 
 
 @pytest.fixture(autouse=True, params=PATHS)

@@ -12,15 +12,15 @@ import sys
 import zipfile
 from pathlib import Path
 
-import _crafted as C
 import h5py
 import pytest
 import torch
 
 from accuracy import DumpError, dumper, load_dump
 from accuracy.compare.api import compare
+from tests._support import crafted as C
 
-HERE = Path(__file__).parent
+REPO = Path(__file__).resolve().parents[2]
 
 REFUSED_AT_OPEN = {
     "external_storage": ("external files", lambda g, p, d: C.external_storage(
@@ -331,7 +331,7 @@ print("training finished", float(loss.detach()))
 
 
 def test_disk_filled_under_a_running_dump_training_exits_0(tmp_path):
-    from test_reliability import _mount_tmpfs
+    from tests.dumpfile.test_writer_reliability import _mount_tmpfs
 
     disk = tmp_path / "disk"
     if os.geteuid() != 0 or not _mount_tmpfs(disk, "64m"):
@@ -339,7 +339,7 @@ def test_disk_filled_under_a_running_dump_training_exits_0(tmp_path):
     try:
         script = tmp_path / "train.py"
         script.write_text(_FILL_DURING_DUMP)
-        env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+        env = dict(os.environ, PYTHONPATH=str(REPO))
         p = subprocess.run([sys.executable, str(script), str(disk / "run.h5")],
                            capture_output=True, text=True, timeout=240, env=env,
                            start_new_session=True)

@@ -19,14 +19,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import _crafted as C
-import _hostile_kernels as K
 import pytest
 import torch
-from _hostile_kernels import BENIGN, T, form, node, reference
 
 from accuracy import load_dump
 from accuracy.errors import UsageError
+from tests._support import crafted as C
+from tests._support import hostile_kernels as K
+from tests._support.hostile_kernels import BENIGN, T, form, node, reference
 
 MARK = "PWNED"
 

@@ -13,15 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import _crafted as C
 import h5py
 import numpy as np
 import pytest
 
 from accuracy import load_dump
 from accuracy.cli import main
+from tests._support import crafted as C
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -310,7 +310,7 @@ def _kept(path: Path) -> tuple[int, int]:
         return len(d.records), d.records[-1].seq
 
 def test_verify_says_a_killed_dump_is_incomplete_and_what_it_kept(tmp_path, capsys):
-    from test_reliability import _kill_children
+    from tests.dumpfile.test_writer_reliability import _kill_children
 
     (path,) = _kill_children(tmp_path, 1, seed=7)
     n, last = _kept(path)
@@ -353,7 +353,7 @@ def test_verify_says_a_dump_stopped_by_a_full_disk_lacks_ops(tmp_path, monkeypat
 
 
 def test_verify_on_a_dump_whose_close_the_disk_refused(tmp_path, monkeypatch, capsys):
-    from test_dump_space_held import _disk_filled_after_first_commit, _dump_under
+    from tests.dumpfile.test_reserve import _disk_filled_after_first_commit, _dump_under
 
     path = _dump_under(monkeypatch, tmp_path, _disk_filled_after_first_commit())
     monkeypatch.undo()

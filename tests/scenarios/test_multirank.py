@@ -16,8 +16,6 @@ from pathlib import Path
 import h5py
 import pytest
 import torch
-from _crafted import as_vlen_op_table
-from _ranks import run_ranks
 
 from accuracy.cli import main
 from accuracy.compare.multirank import compare_ranks
@@ -26,6 +24,8 @@ from accuracy.dumpfile import schema
 from accuracy.dumpfile.reader import load_dump
 from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
 from accuracy.replay.collectives import check_collectives, replay_ranks
+from tests._support.crafted import as_vlen_op_table
+from tests._support.ranks import run_ranks
 
 WORLD = 2
 SCENARIOS = ("functional,dtensor,fsdp,ranks,ddp-golden,ddp-fault,ddp-fp16,fsdp-gold-a,"
@@ -37,7 +37,8 @@ SCENARIOS = ("functional,dtensor,fsdp,ranks,ddp-golden,ddp-fault,ddp-fp16,fsdp-g
 def runs(tmp_path_factory) -> Path:
     """Both ranks run every scenario once; each rank in its own process group, bounded."""
     out = tmp_path_factory.mktemp("ranks")
-    run_ranks([[sys.executable, "-m", "tests._multirank_worker", SCENARIOS, str(out)]] * WORLD)
+    worker = [sys.executable, "-m", "tests._support.multirank_worker", SCENARIOS, str(out)]
+    run_ranks([worker] * WORLD)
     return out
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from accuracy import load_dump
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 pytest.importorskip("lightning")
@@ -36,8 +36,9 @@ def _run(argvs: list[list[str]], envs: list[dict[str, str]], timeout: int = 240)
     procs = []
     try:
         for argv, extra in zip(argvs, envs, strict=True):
-            procs.append(subprocess.Popen([sys.executable, "-m", "tests._integration_worker",
-                                           *argv], env={**env, **extra}, cwd=ROOT,
+            procs.append(subprocess.Popen([sys.executable, "-m",
+                                           "tests._support.integration_worker", *argv],
+                                          env={**env, **extra}, cwd=ROOT,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           start_new_session=True))
         for p in procs:

@@ -20,7 +20,7 @@ from accuracy.compare import compare
 from accuracy.device_backend import sim
 from accuracy.dumper import dumper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_detection as bench  # noqa: E402
 
 

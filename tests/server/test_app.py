@@ -14,11 +14,11 @@ import h5py
 import pytest
 
 pytest.importorskip("fastapi")
-from _server_data import LOCAL, postgres_or_skip, runs_or_skip, wait_job  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from accuracy.server import create_app  # noqa: E402
 from accuracy.server.cli import is_loopback  # noqa: E402
+from tests._support.server_data import LOCAL, postgres_or_skip, runs_or_skip, wait_job  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,6 @@ try:
 except ImportError:
     HAVE_COMPARE = False
 
-HERE = Path(__file__).parent
 JOB_TIMEOUT_S = 120
 LEAKS = ("Traceback", 'File "', "/work/", "site-packages")
 
@@ -51,8 +50,7 @@ LEAKS = ("Traceback", 'File "', "/work/", "site-packages")
 def files(tmp_path_factory):
     if not HAVE_COMPARE:
         pytest.skip("accuracy.compare is not installed")
-    sys.path.insert(0, str(HERE))
-    from _server_data import make_runs
+    from tests._support.server_data import make_runs
 
     return make_runs(tmp_path_factory.mktemp("conc") / "data" / "src")
 

@@ -18,7 +18,6 @@ import sys
 import time
 from collections import Counter
 from datetime import timedelta
-from pathlib import Path
 from urllib.parse import quote, unquote, unquote_plus
 
 import pytest
@@ -64,10 +63,8 @@ def served(tmp_path_factory):
     from fastapi.testclient import TestClient
     from schemathesis.python import asgi
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from _server_data import make_runs
-
     from accuracy.server.db import Job
+    from tests._support.server_data import make_runs
 
     data = tmp_path_factory.mktemp("fuzzdata")
     files = make_runs(data / "src")  # inside the data dir: the default allowed root

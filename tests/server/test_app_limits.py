@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("accuracy.compare")
-from test_server_security import WAIT_S, _read_all, _small_dump, serving  # noqa: E402
+from tests.server.test_guard import WAIT_S, _read_all, _small_dump, serving  # noqa: E402
 
 MAX_QUEUED = 2
 

@@ -9,16 +9,17 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-import _crafted as C
 import h5py
 import pytest
 
+from tests._support import crafted as C
+
 pytest.importorskip("fastapi")
-from _server_data import LOCAL, postgres_or_skip, wait_job  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import create_engine, inspect, text  # noqa: E402
 
 from accuracy.server import create_app  # noqa: E402
+from tests._support.server_data import LOCAL, postgres_or_skip, wait_job  # noqa: E402
 
 LONG_PHASE = "backward-recompiled-kernel-" + "x" * 40  # the columns held 16 characters
 LONG_BACKEND = "npu-" + "y" * 120  # 40

@@ -11,11 +11,11 @@ from contextlib import contextmanager
 import pytest
 
 pytest.importorskip("fastapi")
-from _server_data import LOCAL, postgres_or_skip, runs_or_skip, wait_job  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 
 from accuracy.server import create_app  # noqa: E402
+from tests._support.server_data import LOCAL, postgres_or_skip, runs_or_skip, wait_job  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +178,7 @@ def test_servers_starting_at_once_create_the_schema_once(backend, tmp_path):
     and migrating them is serialised, not a race that fails some of them."""
     import multiprocessing as mp
 
-    from _schema_start import start_engine
+    from tests._support.schema_start import start_engine
 
     ctx = mp.get_context("spawn")
     failures = []

@@ -14,12 +14,12 @@ import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("xlsxwriter")
-from _crafted import edit_op_texts, reseal  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from accuracy import dumper  # noqa: E402
 from accuracy.compare import compare  # noqa: E402
 from accuracy.server import create_app  # noqa: E402
+from tests._support.crafted import edit_op_texts, reseal  # noqa: E402
 
 LOCAL = {"base_url": "http://127.0.0.1", "headers": {"X-Accuracy-Request": "1"}}
 FORMULAS = ('=HYPERLINK("http://x","y")', "+cmd|' /C calc'!A0", "@SUM(1,2)", "-1+2")

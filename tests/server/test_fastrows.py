@@ -31,7 +31,7 @@ ROUTER_ONLY = [  # refused, or coerced by the route: the router answers these
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from test_server_rowindex import _rows
+    from tests.server.test_reportindex import _rows
 
     data = tmp_path_factory.mktemp("data")
     app = create_app(data)
@@ -62,7 +62,7 @@ def test_fast_lane_answers_as_the_route_does(served, qs):
 
 
 def test_unknown_report_and_token_go_to_the_route(tmp_path):
-    from test_server_rowindex import _rows
+    from tests.server.test_reportindex import _rows
 
     app = create_app(tmp_path / "d", token="s3cret", protect_reads=True)
     rid = index_report(app.state.services.storage, {}, _rows(50, seed=4), name="r").id

@@ -39,12 +39,12 @@ from accuracy.server.errors import ApiError
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 psutil = pytest.importorskip("psutil")
-from _crafted import op_texts, reseal  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from accuracy.server import create_app  # noqa: E402
+from tests._support.crafted import op_texts, reseal  # noqa: E402
 
-HERE = Path(__file__).parent
+REPO = Path(__file__).resolve().parents[2]
 LOCAL = {"base_url": "http://127.0.0.1", "headers": {"X-Accuracy-Request": "1"}}
 BUDGET_MB = 64
 BOMB_ELEMENTS = 16 * 1024 * 1024  # float32: 64 MiB of values (~600 MiB to view whole)
@@ -118,7 +118,7 @@ class Served:
             [sys.executable, "-m", "accuracy.cli", "serve", "--data", str(data), "--host",
              "127.0.0.1", "--port", str(self.port), *args],
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+            env={**os.environ, "PYTHONPATH": str(REPO)})
         try:
             deadline = time.monotonic() + WAIT_S
             with self.client() as c:
@@ -248,7 +248,7 @@ def test_cross_site_writes_are_refused(app_client, tmp_path):
 
 
 def test_ui_sends_the_header_with_its_writes():
-    js = (HERE.parent / "accuracy" / "server" / "static" / "runs.js").read_text()
+    js = (REPO / "accuracy" / "server" / "static" / "runs.js").read_text()
     assert '"x-accuracy-request": "1"' in js
 
 
@@ -511,8 +511,7 @@ def test_client_disconnect_mid_upload_logs_one_line(bomb_server, caplog):
 @pytest.fixture(scope="module")
 def job_files(tmp_path_factory):
     pytest.importorskip("accuracy.compare")
-    sys.path.insert(0, str(HERE))
-    from _server_data import make_runs
+    from tests._support.server_data import make_runs
 
     return make_runs(tmp_path_factory.mktemp("jobruns"))
 

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("fastapi")
 distributed = pytest.importorskip("distributed")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HEADERS = {"X-Accuracy-Request": "1", "Content-Type": "application/json"}
 
 
@@ -40,10 +40,9 @@ def _group_alive(pgid: int) -> bool:
 
 
 def test_compare_job_runs_on_the_servers_cluster(tmp_path):
-    from _server_data import make_runs
-
     from accuracy.compare import load_report
     from accuracy.server.jsonsafe import jsonable
+    from tests._support.server_data import make_runs
 
     files = make_runs(tmp_path / "runs")
     with socket.socket() as s:

@@ -5,7 +5,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("mutate_tool", ROOT / "tools" / "mutate.py")
 mutate = importlib.util.module_from_spec(_spec)
 sys.modules["mutate_tool"] = mutate
@@ -40,3 +40,27 @@ def test_every_mutant_in_the_list_still_applies():
     """The list is in step with the code: CI's partial runs would not notice a stale one."""
     for m in mutate.load_mutants():
         mutate.check_applies(m, ROOT)
+
+
+def test_every_mutant_names_tests_that_exist():
+    """Each test id of the list names a file and a test function in it: a test moved or renamed
+    leaves no mutant whose run finds nothing (tools/retarget_tests.py maps old ids)."""
+    import ast
+    import re
+
+    defined: dict[str, set[str]] = {}
+    stale = []
+    for m in mutate.load_mutants():
+        for node in m.tests:
+            path, _, rest = node.partition("::")
+            if not (ROOT / path).is_file():
+                stale.append(f"{m.name}: {node} (no such file)")
+                continue
+            if path not in defined:
+                tree = ast.parse((ROOT / path).read_text())
+                defined[path] = {n.name for n in ast.walk(tree)
+                                 if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+            name = re.split(r"[\[:]", rest, maxsplit=1)[0]
+            if rest and name not in defined[path]:
+                stale.append(f"{m.name}: {node} (no such test)")
+    assert not stale, "\n".join(stale)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.browser
 CHROMIUM = next((p for p in (os.environ.get("CHROMIUM"), shutil.which("chromium"),
                              shutil.which("chromium-browser"), "/usr/bin/chromium")
                  if p and Path(p).exists()), None)
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts"
 
 
 def _free_port() -> int:
@@ -44,10 +44,10 @@ def served(tmp_path_factory):
     if CHROMIUM is None:
         pytest.skip("headless Chromium not found (apt-get install chromium; see DEVELOPERS.md)")
     pytest.importorskip("accuracy.compare")
-    from _server_data import make_runs
     from fastapi.testclient import TestClient
 
     from accuracy.server import create_app
+    from tests._support.server_data import make_runs
 
     files = make_runs(tmp_path_factory.mktemp("runs"))
     data = tmp_path_factory.mktemp("data")
