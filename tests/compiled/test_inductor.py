@@ -16,7 +16,7 @@ from accuracy.compare import compare
 from tests._support.miscompile import ScaleMatmul, inductor_cache
 from tests.compiled.test_watch import Block, Net
 
-LINE = f"test_compiled_watch.py:{Block.forward.__code__.co_firstlineno + 1}"  # its return
+LINE = f"test_watch.py:{Block.forward.__code__.co_firstlineno + 1}"  # its return
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `torch.compile")
 

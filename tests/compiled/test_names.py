@@ -126,7 +126,7 @@ def test_aot_eager_rows_carry_the_eager_dumps_module_paths(aot):
     back = [r for r in load_dump(aot["clean"]).records if r.phase == "backward"
             and r.op == "aten.gelu_backward.default"]
     assert [r.module for r in back] == ["Net.blocks.2", "Net.blocks.1", "Net.blocks.0"]
-    assert all(r.source.endswith("test_compiled_watch.py:30") for r in back)
+    assert all(r.source.endswith("test_watch.py:30") for r in back)
 
 
 def test_aot_eager_against_eager_has_no_error_and_names_the_wrong_backward_op(aot):

@@ -64,7 +64,7 @@ def test_an_overflow_inside_compiled_code_is_born_at_its_kernel(tmp_path, no_com
     rep = scan(tmp_path / "bad.h5")
     line = inspect.getsourcelines(_Net.forward)[1] + 3
     assert len(rep.births) == 1 and rep.births[0].op.startswith("inductor.cpp_fused")
-    assert rep.births[0].source.endswith(f"test_compiled_overflow.py:{line}")
+    assert rep.births[0].source.endswith(f"test_source_overflow.py:{line}")
     assert rep.ops_scanned > 1  # the kernels were judged, not only written
     with load_dump(tmp_path / "bad.h5") as d:
         assert [r.op for r in d.records] == [rep.births[0].op]  # only the birth is written

@@ -5,7 +5,7 @@ Dynamo declined every frame while the dumper's TorchDispatchMode was active, so 
 region ran its eager code and a compare of such dumps printed a bare PASS over compiled code
 nobody saw. Now the dumper's mode steps aside while dynamo compiles; a region whose compiled
 program the dumper cannot see into (here: a backend it does not know) is reported by name.
-Small custom backends keep these tests fast (Inductor's are in test_compiled_inductor.py).
+Small custom backends keep these tests fast (Inductor's are in test_inductor.py).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def test_online_records_only_the_birth(tmp_path):
         recs = d.records
         assert [r.op for r in recs] == ["aten.mm.default"]
         r = recs[0]
-        assert r.source.endswith(f"test_overflow.py:{_line_of(_chain, 'x @ w')}")
+        assert r.source.endswith(f"test_scan.py:{_line_of(_chain, 'x @ w')}")
         assert r.extra["overflow"]["born"] is True
         assert r.outputs[0].stats["inf_count"] == 16
         assert all(t.stats["inf_count"] == 0 for t in r.inputs)
@@ -97,7 +97,7 @@ def test_real_fp16_linear_overflow_module_and_phase(tmp_path):
     assert len(rep.births) == 1
     b = rep.births[0]
     assert b.op == "aten.mm.default" and b.module == "_Net.proj.fc" and b.phase == "forward"
-    assert b.source.endswith(f"test_overflow.py:{_line_of(_Proj.forward, 'self.fc(x)')}")
+    assert b.source.endswith(f"test_scan.py:{_line_of(_Proj.forward, 'self.fc(x)')}")
 
 
 def _three_births() -> None:
@@ -123,9 +123,9 @@ def test_raise_at_first_with_user_line(tmp_path):
         with dumper(path, check_overflow=True, overflow_raise=True):
             _chain()
     line = _line_of(_chain, "x @ w")
-    assert ei.value.event.source.endswith(f"test_overflow.py:{line}")
-    assert f"test_overflow.py:{line}" in str(ei.value)
-    assert any(e.lineno + 1 == line and e.path.name == "test_overflow.py"
+    assert ei.value.event.source.endswith(f"test_scan.py:{line}")
+    assert f"test_scan.py:{line}" in str(ei.value)
+    assert any(e.lineno + 1 == line and e.path.name == "test_scan.py"
                for e in ei.traceback)  # the user's own frame is in the stack
     with load_dump(path) as d:  # readable, marked incomplete, birth recorded
         assert not d.attrs["complete"] and [r.op for r in d.records] == ["aten.mm.default"]

@@ -5,8 +5,9 @@
   has all its rows, the SQLite index is in WAL mode and passes its integrity check, and no
   file is left behind or written outside the data directory.
 - Bad uploads (not HDF5, another program's HDF5, a truncated dump, over the cap with and
-  without Content-Length, path names, empty): each a 4xx with a message. test_server.py has the
-  first of each kind one at a time; here they run among the good ones, with more variants.
+  without Content-Length, path names, empty): each a 4xx with a message. tests/server/test_app.py
+  has the first of each kind one at a time; here they run among the good ones, with more
+  variants.
 - A server process SIGKILLed while a compare job runs: the next server on the same data marks
   that job failed (not lost, not still "running"), its index is intact and it runs new jobs.
 
