@@ -1,9 +1,10 @@
-"""Worker for tests/test_integrations.py: a real Trainer (transformers or Lightning) on a tiny
-random-init model, driven by AccuracyTrainerCallback / AccuracyLightningCallback.
+"""Worker for tests/scenarios/test_trainer_and_lightning_ranks.py: a real Trainer (transformers
+or Lightning) on a tiny random-init model, driven by AccuracyTrainerCallback /
+AccuracyLightningCallback.
 
-`python -m tests._integration_worker hf OUT STEPS` under RANK/WORLD_SIZE/MASTER_* env (one
-process per rank, gloo); `python -m tests._integration_worker pl OUT STEPS DEVICES` (Lightning
-spawns its own ranks with ddp_spawn when DEVICES > 1).
+`python -m tests._support.integration_worker hf OUT STEPS` under RANK/WORLD_SIZE/MASTER_* env
+(one process per rank, gloo); `python -m tests._support.integration_worker pl OUT STEPS DEVICES`
+(Lightning spawns its own ranks with ddp_spawn when DEVICES > 1).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Worker for tests/test_multirank.py: one gloo rank running a scenario inside the dumper.
+"""Worker for tests/scenarios/test_multirank.py: one gloo rank running a scenario inside the dumper.
 
-Run as `python -m tests._multirank_worker SCENARIO[,SCENARIO...] OUT_DIR` under a launcher that sets
-RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (the test starts one process per rank).
+Run as `python -m tests._support.multirank_worker SCENARIO[,SCENARIO...] OUT_DIR` under a
+launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (the test starts one process
+per rank).
 """
 
 from __future__ import annotations

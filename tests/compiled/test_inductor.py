@@ -141,7 +141,8 @@ def test_repro_script_shows_the_culprit_kernels_divergence(runs, tmp_path):
     cul = compare(comp, eager).culprit
     out = tmp_path / "repro.py"
     r = write_repro(comp, cul["op"], out, golden=eager, seq=cul["seq_my"])
-    # the pass's node, printed from the dump's validated form (tests/test_dump_never_code.py)
+    # the pass's node, printed from the dump's validated form
+    # (tests/scenarios/test_hostile_dumps_never_run.py)
     assert r.golden >= 1 and "torch.ops.aten.mul.Tensor(" in out.read_text()
     run = subprocess.run([sys.executable, str(out)], capture_output=True, text=True,
                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -249,7 +250,7 @@ def test_blocks_compiled_in_place_name_their_kernels_by_layer(tmp_path, monkeypa
     """`block.compile()` per layer: the region is entered before the block's own forward
     hooks, where the module path is still the parent's. Kernels were named `Net.ln` (no
     layer index), paired with nothing, and the blocks were one region of 3 calls. (Blocks
-    sharing one compiled program: tests/test_compiled_names.py.)"""
+    sharing one compiled program: tests/compiled/test_names.py.)"""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
     torch.manual_seed(0)

@@ -2,8 +2,9 @@
 
 Before, a flush that met ENOSPC half-way left index entries past the end-of-allocation the
 superblock records, and the dump's committed rows read as "actual len exceeds EOA" (about one
-run in five of tests/test_security_files.py's disk-filling test, which fills a real tmpfs;
-here the disk's answers are simulated, so every ordering is tried on any file system).
+run in five of tests/scenarios/test_crafted_dump_files.py's disk-filling test, which fills a
+real tmpfs; here the disk's answers are simulated, so every ordering is tried on any file
+system).
 """
 
 import errno

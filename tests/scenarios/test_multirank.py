@@ -1,7 +1,7 @@
 """Many ranks: 2 CPU ranks with gloo record collectives truly, replay skips and checks them,
 and the merged compare names the faulty rank while the healthy one only inherits.
 
-One pair of rank processes (tests/_multirank_worker.py) runs every scenario, started once
+One pair of rank processes (tests/_support/multirank_worker.py) runs every scenario, started once
 for the module: importing torch in a fresh process dominates the cost here.
 """
 

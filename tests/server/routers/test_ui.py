@@ -1,6 +1,6 @@
 """The web UI's defaults without a browser: the chart's data, the table's source and bound, the
-compare form's sides, and the API docs served from the package (tests/test_browser.py renders
-them in Chromium)."""
+compare form's sides, and the API docs served from the package
+(tests/server/routers/test_ui_browser.py renders them in Chromium)."""
 
 from __future__ import annotations
 
