@@ -1,9 +1,8 @@
 """Inductor on CPU under the dumper: kernels recorded as they run, compared against eager.
 
 The issue's fault: a post-grad pass scales the `blocks.1.fc1` matmul by 1.05, as a wrong fused
-kernel would. Before accuracy/compiled/, the compiled model ran eager inside the dumper and the
-compare said PASS. Each model is compiled once per module, with Inductor's cache in the test's
-temporary folder.
+kernel would; the compare must name that kernel, not pass the step. Each model is compiled
+once per module, with Inductor's cache in the test's temporary folder.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """A compiled conv-BatchNorm-ReLU-max pool-linear step against eager (a stranger's trial,
 `t1_cnn_bn.py`): clean, it has no error; with a fault in one kernel, that kernel is named.
 
-Before, the clean step gave a false error: the kernel that fuses BatchNorm's backward writes
-`sum_5`, the sum of grad * (x - mean) inside `native_batch_norm_backward`'s decomposition
-(only that call's grad_weight and grad_input use it), and it was paired "by origin" with the
-eager op's grad_bias output (cosine 0.51). It is now recorded as inside the decomposition and
-pairs with no eager value. Compiled once per module (clean and faulty), Inductor's cache in the
+The trap: the kernel that fuses BatchNorm's backward writes `sum_5`, the sum of
+grad * (x - mean) inside `native_batch_norm_backward`'s decomposition (only that call's
+grad_weight and grad_input use it); paired "by origin" with the eager op's grad_bias output
+(cosine 0.51) it gave the clean step a false error. It is recorded as inside the decomposition
+and pairs with no eager value. Compiled once per module (clean and faulty), Inductor's cache in the
 test's temporary folder.
 """
 

@@ -1,8 +1,8 @@
 """A compiled training step with dropout against the same step eager: under the dumper, the
 compiled program draws its random numbers with eager's generator (Inductor's
 `fallback_random`), so its dropout masks are eager's and the two runs compare like with like.
-Before, a tiny GPT-2 in train mode (dropout 0.1, transformers' defaults) lost another loss
-compiled, and the compare blamed an honest matmul (amplification 2e7) for the masks."""
+With Inductor's own generator a tiny GPT-2 in train mode (dropout 0.1, transformers' defaults)
+gets other masks compiled, and the compare blames an honest matmul (amplification 2e7) for them."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
 """A tiny `transformers` GPT-2 step compiled with Inductor (CPU) against the same step eager,
 fp32: 0 errors, and each kernel buffer paired with the eager value computed where it was.
 
-Before, buffers were paired by module and nearest statistics: with head size == sequence
-length, k and its transpose have the same shape and statistics; the decomposed LayerNorm
-backward's `add`s met the residual gradient's `add`s; the variance Inductor keeps, seen
-through a view of `var_mean`, met `native_layer_norm`'s mean; and buffers Inductor's C++
-kernels wrote in place (no version bump) were recorded as links to their stale earlier values.
+What pairing by module and nearest statistics got wrong, and these tests hold: with head
+size == sequence length, k and its transpose have the same shape and statistics; the
+decomposed LayerNorm backward's `add`s met the residual gradient's `add`s; the variance
+Inductor keeps, seen through a view of `var_mean`, met `native_layer_norm`'s mean; and buffers
+Inductor's C++ kernels wrote in place (no version bump) were recorded as links to their stale
+earlier values.
 The model is compiled once for this module, with Inductor's cache in the test's temp folder.
 """
 

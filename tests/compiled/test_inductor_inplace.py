@@ -2,8 +2,8 @@
 running statistics) are recorded: each written buffer is an output of the kernel's row, its
 value before the launch an input, so compare and replay can judge them.
 
-Before, a kernel with no fresh output buffer was never recorded: a compiled AdamW step left
-0 kernel rows, its region read "made before the dumper started", and a fault in it passed.
+A kernel with no fresh output buffer is recorded all the same: otherwise a compiled AdamW step
+leaves 0 kernel rows and a fault in it passes.
 """
 
 from __future__ import annotations

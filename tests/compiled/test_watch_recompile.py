@@ -1,8 +1,5 @@
 """A recompilation inside the dumped step is recorded: which region, which frame, the step,
-and dynamo's guard-failure reason; `accuracy info` and compare's summary say so.
-
-Before, the dump held both programs' values with nothing saying the compiled program changed
-in the middle of the step."""
+and dynamo's guard-failure reason; `accuracy info` and compare's summary say so."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """A FIFO, a device or a directory given where a dump file is expected is refused with one
-line before anything opens it (opening a FIFO blocks until a writer comes: it used to hang
-every command)."""
+line before anything opens it (opening a FIFO blocks until a writer comes)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """Disk space held ahead of HDF5's writes: a disk another program fills never breaks a dump.
 
-Before, a flush that met ENOSPC half-way left index entries past the end-of-allocation the
-superblock records, and the dump's committed rows read as "actual len exceeds EOA" (about one
-run in five of tests/scenarios/test_crafted_dump_files.py's disk-filling test, which fills a
-real tmpfs; here the disk's answers are simulated, so every ordering is tried on any file
-system).
+A flush that meets ENOSPC half-way would leave index entries past the end-of-allocation the
+superblock records, and the dump's committed rows would read as "actual len exceeds EOA". Here
+the disk's answers are simulated, so every ordering is tried on any file system
+(tests/scenarios/test_crafted_dump_files.py fills a real tmpfs).
 """
 
 import errno
