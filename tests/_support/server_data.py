@@ -64,3 +64,20 @@ def wait_job(client, job_id: int, until=("done", "failed", "cancelled"), timeout
             return j
         assert time.monotonic() < deadline, f"job {job_id} still {j['status']} after {timeout}s"
         time.sleep(0.05)
+
+
+def fresh_database(backend: str | None, folder: Path) -> str:
+    """The URL of a new, empty database: a SQLite file in `folder` when `backend` is None,
+    else a new database on the PostgreSQL server at `backend`."""
+    if backend is None:
+        return f"sqlite:///{folder / 'index.sqlite'}"
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(backend, isolation_level="AUTOCOMMIT")
+    with admin.connect() as con:
+        con.execute(text(f"CREATE DATABASE {name}"))
+    admin.dispose()
+    return backend.rsplit("/", 1)[0] + "/" + name

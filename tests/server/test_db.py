@@ -5,7 +5,6 @@ client (one line; the SQL goes to the server log)."""
 
 from __future__ import annotations
 
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import create_engine, inspect, text  # noqa: E402
 
 from accuracy.server import create_app  # noqa: E402
-from tests._support.server_data import LOCAL, postgres_or_skip, wait_job  # noqa: E402
+from tests._support.server_data import LOCAL, wait_job  # noqa: E402
 
 LONG_PHASE = "backward-recompiled-kernel-" + "x" * 40  # the columns held 16 characters
 LONG_BACKEND = "npu-" + "y" * 120  # 40
@@ -36,27 +35,6 @@ def files(tmp_path_factory) -> dict[str, Path]:
         f.attrs["backend"] = LONG_BACKEND
     return {"my": C._copy_and_edit(good, d / "my.h5", edit),
             "golden": C._copy_and_edit(good, d / "golden.h5", edit)}
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def backend(request):
-    if request.param == "sqlite":
-        yield None
-        return
-    with postgres_or_skip() as url:
-        yield url
-
-
-@pytest.fixture
-def db_url(backend, tmp_path):
-    if backend is None:
-        return f"sqlite:///{tmp_path / 'index.sqlite'}"
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(backend, isolation_level="AUTOCOMMIT")
-    with admin.connect() as con:
-        con.execute(text(f"CREATE DATABASE {name}"))
-    admin.dispose()
-    return backend.rsplit("/", 1)[0] + "/" + name
 
 
 @contextmanager

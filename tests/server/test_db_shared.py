@@ -5,7 +5,6 @@ takes one server."""
 from __future__ import annotations
 
 import threading
-import uuid
 from contextlib import contextmanager
 
 import pytest
@@ -15,36 +14,12 @@ from fastapi.testclient import TestClient  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 
 from accuracy.server import create_app  # noqa: E402
-from tests._support.server_data import LOCAL, postgres_or_skip, runs_or_skip, wait_job  # noqa: E402
+from tests._support.server_data import LOCAL, fresh_database, runs_or_skip, wait_job  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     return runs_or_skip(tmp_path_factory.mktemp("runs"))
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def backend(request):
-    """None for SQLite; the URL of a throwaway PostgreSQL server (one per module)."""
-    if request.param == "sqlite":
-        yield None
-        return
-    with postgres_or_skip() as url:
-        yield url
-
-
-@pytest.fixture
-def db_url(backend, tmp_path):
-    """A fresh shared database for each test: a SQLite file outside both data directories, or
-    a new database on the PostgreSQL server."""
-    if backend is None:
-        return f"sqlite:///{tmp_path / 'shared.sqlite'}"
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(backend, isolation_level="AUTOCOMMIT")
-    with admin.connect() as con:
-        con.execute(text(f"CREATE DATABASE {name}"))
-    admin.dispose()
-    return backend.rsplit("/", 1)[0] + "/" + name
 
 
 @contextmanager
@@ -186,7 +161,7 @@ def test_servers_starting_at_once_create_the_schema_once(backend, tmp_path):
         if backend is None:
             url = f"sqlite:///{tmp_path / f'fresh{trial}.sqlite'}"
         else:
-            url = db_url.__wrapped__(backend, tmp_path / str(trial))
+            url = fresh_database(backend, tmp_path / str(trial))
         barrier, results = ctx.Barrier(4), ctx.Queue()
         procs = [ctx.Process(target=start_engine, args=(url, barrier, results), daemon=True)
                  for _ in range(4)]
