@@ -55,7 +55,7 @@ bench: $(STAMP)
 browser-deps:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 
-# PostgreSQL for the server tests (they start a throwaway server: tests/_postgres.py)
+# PostgreSQL for the server tests (they start a throwaway server: tests/_support/postgres.py)
 postgres-deps:
 	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq postgresql)
 
