@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean browser-deps mutate mutate-ci postgres-deps
+.PHONY: demo test test-quick lint bench clean browser-deps mutate mutate-ci postgres-deps
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ lint: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP) lint
 	$(PY) -m pytest -q -rs $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
+# The suite without its slow families (tests/_support/families.py: compiled models, the PostgreSQL
+# cases, the browser): every package's core tests, run first; `make test` runs everything.
+QUICK := not compiled and not postgres and not browser
+test-quick: $(STAMP) lint
+	$(PY) -m pytest -q -rs -m "$(QUICK)" $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # Curated bugs in core rules, one at a time (tools/mutants.toml): every one must make its tests
 # fail. The working tree is never modified (mutants are applied to a temporary copy).

@@ -5,8 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests._support.families import mark_families
+
 
 def pytest_collection_modifyitems(config, items):
+    mark_families(items)  # compiled, postgres: the families `make test-quick` leaves out
     if not os.environ.get("ACCURACY_SLOW"):
         skip = pytest.mark.skip(reason="long soak/fuzz run: set ACCURACY_SLOW=1")
         for item in items:
