@@ -162,8 +162,13 @@ def _row_html(r: Row) -> str:
 def render(report: Report) -> str:
     s = report.summary
     rows = Markup("".join(map(_row_html, report.rows)))  # every value in it escaped above
+    culprit, first = s.get("culprit"), s.get("first_divergence")
+    # the same row twice is one box that says so, not two identical boxes
+    same = (isinstance(culprit, dict) and isinstance(first, dict)
+            and culprit.get("index") == first.get("index"))
+    boxes = ([("Culprit (also the first divergence)", culprit)] if same
+             else [("Culprit", culprit), ("First divergence", first)])
     return template().render(
         css=Markup(_CSS), js=Markup(_JS), summary=s, colours=COLOURS, cols=TABLE_COLS,
-        rows_html=rows, chart=chart(report.rows, s.get("culprit")), fmt=_fmt,
-        boxes=[("Culprit", s.get("culprit")), ("First divergence", s.get("first_divergence"))],
+        rows_html=rows, chart=chart(report.rows, culprit), fmt=_fmt, boxes=boxes,
     )
