@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -176,7 +177,7 @@ class Collector:
         self.compiled_modules: set[int] = set()  # hooks seen inside torch.compile regions
         self._act = _Reductions()               # this step's activation reductions
         self._acts: dict[int, list[int]] = {}   # module -> its entries in self._act
-        self._seen: dict[tuple, range] = {}     # an output already reduced -> its entries
+        self._seen: dict[tuple, tuple[tuple, range]] = {}  # an output reduced: (refs, entries)
         self._before: list[torch.Tensor] | None = None
         self._buffers: list[torch.Tensor] | None = None
         self._grads: tuple[list[int], _Reductions] | None = None
@@ -207,12 +208,17 @@ class Collector:
                 ts = _float_leaves(output)
             if not ts:
                 return
-            key = tuple((t.data_ptr(), t.shape, t._version) for t in ts)
+            # a container returning its child's output gets the child's entries: the same
+            # tensor objects, unchanged since. Identity is checked through weak references
+            # (an address or an id is reused once its tensor is freed, and the next output
+            # put there would take the freed one's figure); nothing here keeps a tensor alive
+            key = tuple((id(t), t._version) for t in ts)
             seen = self._seen.get(key)
-            if seen is None:  # else a container returning its child's output: measured
+            if seen is None or not all(r() is t for r, t in zip(seen[0], ts, strict=True)):
                 with _NoDispatch():
-                    seen = self._seen[key] = self._act.add(ts)
-            self._acts.setdefault(idx, []).extend(seen)
+                    entries = self._act.add(ts)
+                seen = self._seen[key] = (tuple(weakref.ref(t) for t in ts), entries)
+            self._acts.setdefault(idx, []).extend(seen[1])
         except Exception:  # never break the user's forward
             log.exception("monitor: activation figures of %s failed",
                           self.module_names[idx])
