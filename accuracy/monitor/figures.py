@@ -223,12 +223,43 @@ class Collector:
             log.exception("monitor: activation figures of %s failed",
                           self.module_names[idx])
 
-    def _pre_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
+    def _pre_step(self, _opt: Any, args: Any, kwargs: Any) -> Any:
         if not self.recording:
-            return
+            return None
+        closure = kwargs.get("closure") if kwargs else None
+        if closure is None and args:
+            closure = args[0]
         try:
+            if callable(closure):
+                # forward and backward run inside step(closure) (Lightning, LBFGS): the
+                # gradients exist only once the closure has run; read them then
+                self._keep_parameters()
+                wrapped = self._after(closure)
+                if kwargs and "closure" in kwargs:
+                    return tuple(args), {**kwargs, "closure": wrapped}
+                return (wrapped, *args[1:]), dict(kwargs or {})
             with _NoDispatch():
                 self._grad_figures()
+            self._keep_parameters()
+        except Exception:
+            log.exception("monitor: reading gradients before the optimizer step failed")
+        return None
+
+    def _after(self, closure: Any) -> Any:
+        def measured_closure() -> Any:
+            out = closure()
+            try:
+                with _NoDispatch():
+                    self._grad_figures()  # a closure called again (LBFGS): its last call's
+            except Exception:
+                log.exception("monitor: reading gradients after the closure failed")
+            return out
+        return measured_closure
+
+    def _keep_parameters(self) -> None:
+        """The parameters before the update, into buffers reused step to step."""
+        try:
+            with _NoDispatch():
                 ps = [_local(p).detach() for p in self.params]
                 bufs = self._buffers
                 if bufs is None or any(b.shape != p.shape or b.dtype != p.dtype
@@ -238,7 +269,7 @@ class Collector:
                 torch._foreach_copy_(bufs, ps)  # reused buffers: no allocation per step
                 self._before = bufs
         except Exception:
-            log.exception("monitor: reading gradients before the optimizer step failed")
+            log.exception("monitor: keeping the parameters before the optimizer step failed")
 
     def _post_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
         if not self.recording or self._before is None:
@@ -345,7 +376,8 @@ class Collector:
                                                if not math.isnan(states[k][i])))
                                  if any(not math.isnan(states[k][i]) for k in keys) else NAN
                                  for i in range(p)]
-        return {"module": mod, "param": par, "state": states, "grad_norm": total}
+        return {"module": mod, "param": par, "state": states, "grad_norm": total,
+                "grads": len(have)}
 
     def close(self) -> None:
         for h in self._handles:

@@ -190,6 +190,17 @@ class Store:
         self.batches[step] = (_clone(batch), _nbytes(batch))
         self._evict()
 
+    def add_part(self, step: int, part: Any) -> None:
+        """One more micro-batch of `step`: its kept batch is `(([part, ...],), {})`, the
+        argument of a step function that runs every micro-batch of an optimizer step."""
+        if self.disabled or not self.snapshots:
+            return
+        kept = self.batches.get(step)
+        parts, nbytes = (kept[0][0][0], kept[1]) if kept is not None else ([], 0)
+        parts.append(_clone(part))
+        self.batches[step] = ((parts,), {}), nbytes + _nbytes(part)
+        self._evict()
+
     def _evict(self) -> None:
         if self.budget is None:
             return
