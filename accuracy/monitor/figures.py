@@ -62,26 +62,31 @@ class _NoDispatch:
         self._a.__exit__(*exc)
 
 
-def _counts(t: torch.Tensor, norm: torch.Tensor) -> tuple[Any, Any] | None:
-    """(nan, inf) counts of `t`, or None where there are none to count. On CPU they are
-    computed only where the norm is not finite (a finite norm proves there is none);
-    elsewhere always, so the step never waits on the device."""
-    if t.device.type == "cpu" and math.isfinite(float(norm)):
-        return None
-    return torch.isnan(t).sum(), torch.isinf(t).sum()
+def _len_dispatch_stack() -> int:
+    """How many Python dispatch modes are active (a dumper, `sim`): with none, reductions of
+    detached plain tensors reach no mode and record no graph, so the guards are skipped."""
+    return torch._C._len_torch_dispatch_stack()
 
 
-def _read_back(floats: list[torch.Tensor], ints: list[torch.Tensor]
-               ) -> tuple[list[float], list[float]]:
+Value = Any  # a 0-d tensor still on its device, or a float read already (CPU)
+
+
+def _read_back(floats: list[Value], ints: list[Value]) -> tuple[list[float], list[float]]:
     """0-d tensors as Python floats: stacked per device (dtypes promoted), one copy to the host
-    per device; counts (ints) kept apart so they stay exact."""
+    per device; counts (ints) kept apart so they stay exact. Floats pass through."""
     out_f: list[float] = [NAN] * len(floats)
     out_i: list[float] = [NAN] * len(ints)
     groups: dict[torch.device, tuple[list[int], list[int]]] = {}
     for i, t in enumerate(floats):
-        groups.setdefault(t.device, ([], []))[0].append(i)
+        if isinstance(t, float):
+            out_f[i] = t
+        else:
+            groups.setdefault(t.device, ([], []))[0].append(i)
     for i, t in enumerate(ints):
-        groups.setdefault(t.device, ([], []))[1].append(i)
+        if isinstance(t, float):
+            out_i[i] = t
+        else:
+            groups.setdefault(t.device, ([], []))[1].append(i)
     for fi, ii in groups.values():
         parts = []
         if fi:
@@ -97,12 +102,14 @@ def _read_back(floats: list[torch.Tensor], ints: list[torch.Tensor]
 
 
 class _Reductions:
-    """Norm, min, max and (nan, inf) counts of a list of tensors, kept as 0-d tensors on
-    their device until `_read_back`: one `_foreach_norm`, one `aminmax` per tensor."""
+    """Norm, min, max and (nan, inf) counts of a list of tensors: one `_foreach_norm`, one
+    `aminmax` per tensor. On an accelerator they stay 0-d tensors on their device until
+    `_read_back` (the step never waits); on CPU, where reading one is a load from memory and
+    the norm is read anyway to decide on the counts, they are read at once."""
 
     def __init__(self) -> None:
-        self.floats: list[torch.Tensor] = []   # norm, min, max per entry
-        self.ints: list[torch.Tensor] = []     # nan, inf of the entries that have counts
+        self.floats: list[Value] = []   # norm, min, max per entry
+        self.ints: list[Value] = []     # nan, inf of the entries that have counts
         self.counted: dict[int, int] = {}      # entry -> position of its nan count in ints
         self.n = 0
 
@@ -113,12 +120,18 @@ class _Reductions:
             return range(first, first)
         norms = torch._foreach_norm(ts)
         for t, nrm in zip(ts, norms, strict=True):
-            lo, hi = torch.aminmax(t) if t.numel() else (nrm.new_full((), NAN),) * 2
-            self.floats += (nrm, lo, hi)
-            c = _counts(t, nrm)
-            if c is not None:
+            if t.device.type == "cpu":
+                n = float(nrm)
+                lo, hi = (float(x) for x in torch.aminmax(t)) if t.numel() else (NAN, NAN)
+                self.floats += (n, lo, hi)
+                if not math.isfinite(n):  # a finite norm proves there is no nan or inf
+                    self.counted[self.n] = len(self.ints)
+                    self.ints += (float(torch.isnan(t).sum()), float(torch.isinf(t).sum()))
+            else:
+                lo, hi = torch.aminmax(t) if t.numel() else (nrm.new_full((), NAN),) * 2
+                self.floats += (nrm, lo, hi)
                 self.counted[self.n] = len(self.ints)
-                self.ints += c
+                self.ints += (torch.isnan(t).sum(), torch.isinf(t).sum())
             self.n += 1
         return range(first, self.n)
 
@@ -189,19 +202,24 @@ class Collector:
     # -- hooks ---------------------------------------------------------------------------
 
     def _forward_hook(self, idx: int) -> Any:
+        measure = self._measure
+
         def hook(_mod: nn.Module, _args: Any, output: Any) -> None:
             if not self.recording:
                 return
-            if torch.compiler.is_compiling():  # inside torch.compile: said once, not measured
+            # inside torch.compile (dynamo tracing this hook): said once, not measured; so
+            # `_measure` only ever runs eagerly
+            if torch.compiler.is_compiling():
                 self.compiled_modules.add(idx)
                 return
-            self._measure(idx, output)
+            measure(idx, output)
         return hook
 
-    @torch.compiler.disable  # a frame resumed after a graph break runs this eagerly
     def _measure(self, idx: int, output: Any) -> None:
         try:
-            if isinstance(output, torch.Tensor):  # the common case, without a tree walk
+            if type(output) is torch.Tensor:  # the common case: no unwrapping, no tree walk
+                ts = [output] if output.is_floating_point() and output.numel() > 0 else []
+            elif isinstance(output, torch.Tensor):
                 out = _local(output)
                 ts = [out] if out.is_floating_point() and out.numel() > 0 else []
             else:
@@ -215,8 +233,11 @@ class Collector:
             key = tuple((id(t), t._version) for t in ts)
             seen = self._seen.get(key)
             if seen is None or not all(r() is t for r, t in zip(seen[0], ts, strict=True)):
-                with _NoDispatch():
-                    entries = self._act.add(ts)
+                if _len_dispatch_stack() == 0:  # no mode to hide from: detached suffices
+                    entries = self._act.add([t.detach() for t in ts])
+                else:
+                    with _NoDispatch():
+                        entries = self._act.add(ts)
                 seen = self._seen[key] = (tuple(weakref.ref(t) for t in ts), entries)
             self._acts.setdefault(idx, []).extend(seen[1])
         except Exception:  # never break the user's forward
