@@ -124,3 +124,18 @@ def test_every_module_figure_of_a_transformers_qwen2_is_its_own(tmp_path):
     n_bad, checked, bad = _mismatches(model, step, batches, tmp_path)
     assert checked >= 30 * 20
     assert n_bad == 0, bad[:5]
+
+
+def test_a_step_without_gradients_is_not_flagged_non_finite(tmp_path):
+    """A step with no gradient at all (a forward-only step, an optimizer step whose closure
+    never ran) has its gradient norm not measured, not NaN."""
+    model = _Stack()
+    watched = am.watch(lambda x: model(x).sum(), model, None, path=tmp_path / "g.monitor.h5",
+                       snapshot_every=None)
+    with torch.no_grad():
+        for _ in range(3):
+            watched(torch.randn(2, 16))
+    watched.monitor.close()
+    s = am.read_series(tmp_path / "g.monitor.h5")
+    assert np.isnan(s.grad_norm).all() and np.isfinite(s.loss).all()
+    assert not [e for e in s.events if e["kind"] == "trigger"]

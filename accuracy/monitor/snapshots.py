@@ -16,6 +16,7 @@ import logging
 import random
 import sys
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,9 +51,9 @@ def _nbytes(obj: Any) -> int:
 def _clone(obj: Any) -> Any:
     """A copy no dispatch mode sees; a DTensor is copied through its own dispatch (shard by
     shard, no collective): with all Python dispatch off, reading it crashes the process."""
-    if torch._C._len_torch_dispatch_stack() == 0:  # no mode to hide the copies from
-        return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, obj)
-    with _disable_current_modes(), torch.no_grad():
+    # the modes are popped only when there are some (a dumper, `sim`): popping none costs
+    modes = _disable_current_modes() if torch._C._len_torch_dispatch_stack() else nullcontext()
+    with modes, torch.no_grad():
         return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, obj)
 
 
