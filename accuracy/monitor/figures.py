@@ -101,6 +101,21 @@ def _read_back(floats: list[Value], ints: list[Value]) -> tuple[list[float], lis
     return out_f, out_i
 
 
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _norms(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """L2 norms, of 16-bit tensors accumulated and returned in float32: a bf16 norm keeps 3
+    significant digits (an output of norm 31.94 read 32.0), a figure off by up to 0.4%."""
+    low = [t.dtype in _LOW for t in ts]
+    if not any(low):
+        return list(torch._foreach_norm(ts))
+    if all(low):
+        return list(torch._foreach_norm(ts, 2, dtype=torch.float32))
+    return [torch._foreach_norm([t], 2, dtype=torch.float32)[0] if lo else
+            torch._foreach_norm([t])[0] for t, lo in zip(ts, low, strict=True)]
+
+
 class _Reductions:
     """Norm, min, max and (nan, inf) counts of a list of tensors: one `_foreach_norm`, one
     `aminmax` per tensor. On an accelerator they stay 0-d tensors on their device until
@@ -118,7 +133,7 @@ class _Reductions:
         first = self.n
         if not ts:
             return range(first, first)
-        norms = torch._foreach_norm(ts)
+        norms = _norms(ts)
         for t, nrm in zip(ts, norms, strict=True):
             if t.device.type == "cpu":
                 n = float(nrm)
