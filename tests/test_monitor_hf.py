@@ -11,8 +11,8 @@ transformers = pytest.importorskip("transformers")
 
 import accuracy.monitor as am  # noqa: E402
 from accuracy.device_backend import sim  # noqa: E402
-from accuracy.monitor.capture import same_bits  # noqa: E402
 from accuracy.integrations import AccuracyTrainerCallback  # noqa: E402
+from accuracy.monitor.capture import same_bits  # noqa: E402
 
 
 def test_trainer_callback_captures_the_faulted_step(tmp_path):
