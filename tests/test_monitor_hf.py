@@ -46,10 +46,7 @@ def test_trainer_callback_captures_the_faulted_step(tmp_path):
     assert caps[0].culprit["module"].endswith("lm_head")
 
 
-def test_the_old_import_path_still_works_and_says_where_it_moved(tmp_path):
-    from accuracy.monitor.hf import MonitorCallback
 
-    with pytest.warns(DeprecationWarning, match="AccuracyTrainerCallback"):
-        cb = MonitorCallback(None, path=tmp_path / "x.monitor.h5")
-    assert isinstance(cb, AccuracyTrainerCallback) and cb.monitor_options["path"] == \
-        tmp_path / "x.monitor.h5"
+def test_the_old_import_path_says_what_to_write_instead():
+    with pytest.raises(ImportError, match="AccuracyTrainerCallback\\(monitor="):
+        import accuracy.monitor.hf  # noqa: F401

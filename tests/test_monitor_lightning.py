@@ -77,9 +77,7 @@ def test_monitor_is_a_probe_of_the_debugger_callback(tmp_path, caplog):
     assert not [e for e in s.events if e["kind"] == "trigger"]
 
 
-def test_the_old_import_path_still_works_and_says_where_it_moved(tmp_path):
-    from accuracy.monitor.lightning import MonitorLightningCallback
 
-    with pytest.warns(DeprecationWarning, match="AccuracyLightningCallback"):
-        cb = MonitorLightningCallback(path=tmp_path / "x.monitor.h5")
-    assert isinstance(cb, AccuracyLightningCallback)
+def test_the_old_import_path_says_what_to_write_instead():
+    with pytest.raises(ImportError, match="AccuracyLightningCallback\\(monitor="):
+        import accuracy.monitor.lightning  # noqa: F401

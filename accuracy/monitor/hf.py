@@ -1,21 +1,10 @@
 """Moved: the Trainer callback is `accuracy.integrations.AccuracyTrainerCallback`.
 
-`MonitorCallback(trainer, **options)` is `AccuracyTrainerCallback(monitor=options,
-trainer=trainer)`; this name stays for scripts written against it and warns once."""
+Importing this module says what to write instead. It does not re-export the callback: that
+would be an import from the monitor back to the adapters that drive it (a circle between the
+two parts), for a change of two lines in a script."""
 
-from __future__ import annotations
-
-import warnings
-from typing import Any
-
-from accuracy.integrations.hf_trainer import AccuracyTrainerCallback
-
-
-class MonitorCallback(AccuracyTrainerCallback):
-    """Deprecated: `AccuracyTrainerCallback(monitor={...}, trainer=trainer)`."""
-
-    def __init__(self, trainer: Any = None, **options: Any) -> None:
-        warnings.warn("accuracy.monitor.hf.MonitorCallback moved: use accuracy.integrations."
-                      "AccuracyTrainerCallback(monitor={...}, trainer=trainer)",
-                      DeprecationWarning, stacklevel=2)
-        super().__init__(monitor=options, trainer=trainer)
+raise ImportError(
+    "accuracy.monitor.hf.MonitorCallback moved: write `from accuracy.integrations import "
+    "AccuracyTrainerCallback` and `AccuracyTrainerCallback(monitor={...your options...}, "
+    "trainer=trainer)` (it drives the debugger too: docs/monitor.md)")

@@ -1,21 +1,11 @@
 """Moved: the Lightning callback is `accuracy.integrations.AccuracyLightningCallback`.
 
-`MonitorLightningCallback(**options)` is `AccuracyLightningCallback(monitor=options)`; this
-name stays for scripts written against it and warns once."""
+Importing this module says what to write instead. It does not re-export the callback: that
+would be an import from the monitor back to the adapters that drive it (a circle between the
+two parts), for a change of two lines in a script."""
 
-from __future__ import annotations
-
-import warnings
-from typing import Any
-
-from accuracy.integrations.pl_callback import AccuracyLightningCallback
-
-
-class MonitorLightningCallback(AccuracyLightningCallback):
-    """Deprecated: `AccuracyLightningCallback(monitor={...})`."""
-
-    def __init__(self, **options: Any) -> None:
-        warnings.warn("accuracy.monitor.lightning.MonitorLightningCallback moved: use "
-                      "accuracy.integrations.AccuracyLightningCallback(monitor={...})",
-                      DeprecationWarning, stacklevel=2)
-        super().__init__(monitor=options)
+raise ImportError(
+    "accuracy.monitor.lightning.MonitorLightningCallback moved: write `from "
+    "accuracy.integrations import AccuracyLightningCallback` and "
+    "`AccuracyLightningCallback(monitor={...your options...})` (it drives the debugger too: "
+    "docs/monitor.md)")
