@@ -42,9 +42,9 @@ from accuracy.compare.quant import judge_quant
 from accuracy.compare.report import Report, analyse
 from accuracy.compare.row import Row, Verdict
 from accuracy.compare.writers import warm
+from accuracy.dumpfile import Dump, OpRecord, TensorRecord, TensorRef, load_dump
 from accuracy.dumpfile.compiled import blind_lines, recompile_lines
 from accuracy.dumpfile.dtypes import decodable
-from accuracy.dumpfile.reader import Dump, OpRecord, TensorRecord, TensorRef, load_dump
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from accuracy import safeops
-from accuracy.dumpfile import Dump
+from accuracy.dumpfile import Dump, OpRecord
 from accuracy.dumpfile.argcodec import decode_call
-from accuracy.dumpfile.reader import OpRecord
 
 log = logging.getLogger(__name__)
 
