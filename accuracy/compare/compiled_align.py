@@ -44,7 +44,7 @@ def has_kernels(recs: list[OpRecord]) -> bool:
 @dataclass
 class Sides:
     """Which two tensors a row compares (my tensor of `my_op`, the golden tensor it matches),
-    and why one is missing; compare's row specs (`compare/api.py`) extend it too."""
+    and why one is missing; compare's pair specs (`compare/pairs.py`) extend it too."""
 
     my_op: OpRecord | None
     golden_op: OpRecord | None
