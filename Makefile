@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean browser-deps mutate mutate-ci postgres-deps
+.PHONY: demo test test-quick lint bench clean browser-deps mutate mutate-ci postgres-deps
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ TEST_WORKERS ?= 2
 test: $(STAMP) lint
 	$(PY) -m pytest -q -rs $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
+# The suite without its slow families (tests/_support/families.py: compiled models, the PostgreSQL
+# cases, the browser): every package's core tests, run first; `make test` runs everything.
+QUICK := not compiled and not postgres and not browser
+test-quick: $(STAMP) lint
+	$(PY) -m pytest -q -rs -m "$(QUICK)" $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 # Curated bugs in core rules, one at a time (tools/mutants.toml): every one must make its tests
 # fail. The working tree is never modified (mutants are applied to a temporary copy).
 # Two mutants at once (each in its own copy of the tree). `make mutate` runs every mutant and,
@@ -55,7 +61,7 @@ bench: $(STAMP)
 browser-deps:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 
-# PostgreSQL for the server tests (they start a throwaway server: tests/_postgres.py)
+# PostgreSQL for the server tests (they start a throwaway server: tests/_support/postgres.py)
 postgres-deps:
 	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq postgresql)
 

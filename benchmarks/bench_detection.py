@@ -511,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
         return dist_main(args.verbose, args.check)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    try:  # called as a function (tests/test_verdicts.py): the caller's thread count comes back
+    # called as a function (tests/scenarios/test_verdicts_on_trial_models.py): the caller's
+    # thread count comes back
+    try:
         return _one_thread_main(args)
     finally:
         torch.set_num_threads(threads)

@@ -40,12 +40,11 @@ log = logging.getLogger("bench_server")
 
 def build_report(work: Path, n_rows: int) -> tuple[Path, str]:
     """Dump, compare, tile to n_rows and index into a fresh data dir; returns (data, report)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from _server_data import make_runs
-
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests._support
     from accuracy.compare import load_report
     from accuracy.server.reportindex import index_report
     from accuracy.server.storage import Storage
+    from tests._support.server_data import make_runs
 
     files = make_runs(work / "runs")
     data = load_report(files["report"])

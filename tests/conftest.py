@@ -1,11 +1,15 @@
 import contextlib
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
+from tests._support.families import mark_families
+
 
 def pytest_collection_modifyitems(config, items):
+    mark_families(items)  # compiled, postgres: the families `make test-quick` leaves out
     if not os.environ.get("ACCURACY_SLOW"):
         skip = pytest.mark.skip(reason="long soak/fuzz run: set ACCURACY_SLOW=1")
         for item in items:
@@ -18,18 +22,38 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+TESTDEVICE_TESTS = Path(__file__).resolve().parent / "testdevice"
+
+
 # The npu test device (accuracy/testdevice) must be registered before the process's first
 # backward(): torch's autograd engine sizes its per-device threads then, once. When its tests
-# are collected, load it (building it on a clean clone) before any test runs; where it cannot
-# be had, its tests' fixture says why (load() raises the same reason again).
+# (tests/testdevice/) are collected, load it (building it on a clean clone) before any test
+# runs; each pytest-xdist worker collects every test, so each loads it before its first test.
+# Where it cannot be had, its tests' fixture says why (load() raises the same reason again).
 def pytest_collection_finish(session):
-    if not any(item.path.name == "test_testdevice.py" for item in session.items):
+    if not any(item.path.resolve().is_relative_to(TESTDEVICE_TESTS) for item in session.items):
         return
     from accuracy.errors import ExtensionUnavailableError
     from accuracy.testdevice import load
 
     with contextlib.suppress(ExtensionUnavailableError):
         load()
+
+
+@pytest.fixture()
+def in_tmp(tmp_path, monkeypatch):
+    """The test runs in its own temporary folder (relative paths land there)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def lm_runs(tmp_path_factory):
+    """The tiny LM's step dumped on CPU and on `sim` with one faulty addmm, once per module:
+    (folder holding gold.h5 and dev.h5, the batch); see tests/_support/lm_dumps.py."""
+    from tests._support.lm_dumps import addmm_fault_runs
+
+    return addmm_fault_runs(tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture(autouse=True)

@@ -70,3 +70,14 @@ def test_an_uninitialised_factory_is_no_overflow_birth(tmp_path):
     with load_dump(tmp_path / "uninit.h5") as d:
         # the add inherits the NaN: not born there either
         assert [r.op for r in d.records] == []
+
+
+def test_partly_filled_outputs_are_a_registry_fact_users_extend():
+    assert aten.PARTLY_FILLED_OUTPUTS["fsdp.all_gather_copy_in.default"] == (1,)
+    aten.register("mylib.pack.default", partly_filled=(0, 2))
+    try:
+        assert aten.PARTLY_FILLED_OUTPUTS["mylib.pack.default"] == (0, 2)
+    finally:
+        aten.register("mylib.pack.default", partly_filled=())
+    assert "mylib.pack.default" not in aten.PARTLY_FILLED_OUTPUTS
+

@@ -9,6 +9,9 @@ an existing output without --overwrite. Each must answer with exactly one line, 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -18,6 +21,8 @@ import torch
 from accuracy import dumper
 from accuracy.cli import main
 from accuracy.errors import AccuracyError
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -318,3 +323,49 @@ def test_help_opens_with_what_the_tool_does(capsys):
     text = out.split("\n\n", 1)[1]  # after the usage block
     assert text.startswith("Find the op that broke the numbers"), text[:200]
     assert "argument parsing" not in out and "accuracy compare -m" in out
+
+
+# -- a closed pipe, a missing run file, a file where a report folder goes ---
+
+
+def _cli(*argv: str, close_stdout: bool = False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.Popen([sys.executable, "-m", "accuracy.cli", *argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, start_new_session=True)
+    if close_stdout:  # the reader of the pipe is gone before anything is written
+        p.stdout.close()
+        err = p.stderr.read()
+        p.wait(timeout=120)
+        return subprocess.CompletedProcess(p.args, p.returncode, b"", err)
+    out, err = p.communicate(timeout=120)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+@pytest.mark.parametrize("command", ["info", "ls", "replay"])
+def test_closed_pipe_ends_quietly(lm_runs, in_tmp, command):
+    d, _ = lm_runs
+    argv = [command, str(d / "gold.h5")] + (["-o", "r.h5", "-q", "--op", "aten.addmm*"]
+                                            if command == "replay" else [])
+    r = _cli(*argv, close_stdout=True)
+    assert b"Traceback" not in r.stderr and b"BrokenPipe" not in r.stderr, r.stderr
+    assert r.returncode == 141
+
+
+def test_serve_names_the_missing_run_file(in_tmp, capsys):
+    assert main(["serve", "--data", "data", "--run", "nope.h5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "accuracy serve: error: --run nope.h5: no such file"
+
+
+def test_compare_to_an_existing_file_says_so(lm_runs, in_tmp, capsys):
+    d, _ = lm_runs
+    Path("taken").write_text("someone's notes")
+    for extra in ([], ["--overwrite"]):
+        code = main(["compare", "-m", str(d / "dev.h5"), "-g", str(d / "gold.h5"), "-o",
+                     "taken", *extra])
+        err = capsys.readouterr().err.strip()
+        assert code == 2
+        assert "taken is a file, not a report folder" in err and "Errno" not in err
+        assert "\n" not in err
+    assert Path("taken").read_text() == "someone's notes"
+

@@ -73,9 +73,8 @@ def test_compare_on_cluster_gives_the_local_rows_and_culprit(dumps, client, smal
 
 def test_killed_worker_batch_is_rerun_and_report_is_complete(dumps, client, small_batches,
                                                             tmp_path):
-    from _cluster_tasks import die_once_then_compare, killed_pid
-
     from accuracy.cluster import map_in_order
+    from tests._support.cluster_tasks import die_once_then_compare, killed_pid
 
     marker = str(tmp_path / "killed")
     pids_before = set(client.run(os.getpid).values())
@@ -141,11 +140,10 @@ def whole(dumps):
 def test_replay_killed_worker_redoes_only_its_batch(dumps, client, whole, tmp_path):
     """A worker SIGKILLed inside a replay batch: the scheduler reruns that batch elsewhere,
     no other op is replayed twice, and the output is the one of an uninterrupted replay."""
-    from _cluster_tasks import replay_logged
-
     from accuracy.cluster import map_in_order
     from accuracy.dumpfile import load_dump
     from accuracy.replay import engine
+    from tests._support.cluster_tasks import replay_logged
 
     whole, whole_path = whole
     logs = tmp_path / "logs"
@@ -203,7 +201,7 @@ def _rank_copy(src, dst, rank, world_size=2):
     shutil.copy(src, dst)
     with h5py.File(dst, "r+") as f:
         f.attrs["rank"], f.attrs["world_size"] = rank, world_size
-        from _crafted import reseal
+        from tests._support.crafted import reseal
 
         reseal(f)  # the attributes' hash, recomputed for the new rank
     return str(dst)
@@ -214,12 +212,12 @@ def test_each_rank_goes_to_the_workers_that_can_read_its_files(dumps, client, sm
     """Two ranks' dumps, each on one worker's 'disk' only: every batch of a multi-rank
     compare runs on the worker that can read its rank's files; a pair no single worker can
     read is refused with a clear error before anything runs."""
-    from _cluster_tasks import hide, unhide
     from distributed import get_task_stream
 
     from accuracy.cluster import ClusterError
     from accuracy.compare.cluster import DaskRunner
     from accuracy.compare.multirank import compare_ranks
+    from tests._support.cluster_tasks import hide, unhide
 
     client.wait_for_workers(2, timeout=60)
     w1, w2 = sorted(client.scheduler_info()["workers"])
@@ -393,10 +391,9 @@ def test_opening_ahead_never_closes_a_file_a_task_may_be_reading(tmp_path):
 def test_a_failed_first_answer_is_asked_again(dumps, client):
     """When the question asked as compare() starts failed, placement asks the workers again
     (as it did before it was asked early) and the compare completes with the local rows."""
-    from _cluster_tasks import refuse_to_answer
-
     from accuracy.cluster import Asked
     from accuracy.compare.cluster import DaskRunner
+    from tests._support.cluster_tasks import refuse_to_answer
 
     failed: list[Asked] = []
 

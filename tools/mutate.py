@@ -32,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LIST = Path(__file__).with_name("mutants.toml")
 BASELINE = ROOT / ".ci" / "mutate-baseline"  # the commit of the last full run, all killed
-COPY = ("accuracy", "tests", "benchmarks", "pyproject.toml")  # tests import benchmarks/ too
+COPY = ("accuracy", "tests", "benchmarks", "pyproject.toml",  # tests import benchmarks/ too
+        "README.md", "docs", "Makefile")  # tests that read the examples and make targets
 
 
 @dataclass(frozen=True)

@@ -160,8 +160,13 @@ def render(rows: list[Row], summary: dict[str, Any]) -> str:
     """A report's page from its rows and summary."""
     s = summary
     rows_html = Markup("".join(map(_row_html, rows)))  # every value in it escaped above
+    culprit, first = s.get("culprit"), s.get("first_divergence")
+    # the same row twice is one box that says so, not two identical boxes
+    same = (isinstance(culprit, dict) and isinstance(first, dict)
+            and culprit.get("index") == first.get("index"))
+    boxes = ([("Culprit (also the first divergence)", culprit)] if same
+             else [("Culprit", culprit), ("First divergence", first)])
     return template().render(
         css=Markup(_CSS), js=Markup(_JS), summary=s, colours=COLOURS, cols=TABLE_COLS,
-        rows_html=rows_html, chart=chart(rows, s.get("culprit")), fmt=_fmt,
-        boxes=[("Culprit", s.get("culprit")), ("First divergence", s.get("first_divergence"))],
+        rows_html=rows_html, chart=chart(rows, culprit), fmt=_fmt, boxes=boxes,
     )

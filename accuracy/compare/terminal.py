@@ -84,7 +84,8 @@ def format_summary(s: dict[str, Any], top: int = 5) -> str:
                    + ", ".join(f"{k} {judged[k]}" for k in ("pass", "warning", "error")))
     gbps = s.get("gb_per_s")
     out.append(f"  {s['bytes_compared'] / 1e6:.1f} MB of tensor data in {s['seconds']:.2f} s"
-               + (f" ({gbps:.2f} GB/s)" if gbps else ""))
+               + ((f" ({gbps:.2f} GB/s)" if gbps >= 0.1 else f" ({gbps * 1e3:.3g} MB/s)")
+                  if gbps else ""))
     said = str(s.get("warning") or "")
     for w in s.get("refusals") or []:  # already a WARNING line above
         said = said.replace(w, "").strip()

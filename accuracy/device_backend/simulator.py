@@ -68,7 +68,7 @@ def any_module_matches(pattern: str, modules: Iterable[str]) -> bool:
 
 
 # The name live/high_precision.py imports until the seam branch of #45 uses the public one;
-# the lead removes it at merge (tests/test_private_names.py lists that import).
+# the lead removes it at merge (tests/structure/test_private_names.py lists that import).
 _module_matches = any_module_matches
 
 

@@ -95,7 +95,7 @@ class _ForwardTracker(ModuleTracker):
 # The global module hooks are two module-level functions under fixed keys, installed while a
 # tracker is active: dynamo guards compiled regions on the global hook dicts' keys, so hooks
 # registered anew per dumper (new handle ids) made every dumper context recompile every
-# compiled region it entered (benchmarks/README.md, "Compiled step, fair compile time").
+# compiled region it entered (benchmarks/HISTORY.md, "Compiled step, fair compile time").
 # Once a dumper entered a compiled region, the hooks stay installed (no-ops with no tracker
 # active): removing them failed those guards, so the first bare step after the dumper
 # recompiled, and the next dumper reused that hookless program and recorded none of its

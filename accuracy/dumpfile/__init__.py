@@ -1,8 +1,9 @@
 """The dump file format: one writer, one lazy reader (see docs/dump-format.md).
 
-The public face the other parts import (tests/test_layering.py keeps them to it): the reader
-(`load_dump`, `Dump`, its records and errors) and the modules that name the format itself
-(`schema`, `dtypes`, `checksum`, ...), listed in `__all__`. The rest are this package's own.
+The public face the other parts import (tests/structure/test_layering.py keeps them to it):
+the reader (`load_dump`, `Dump`, its records and errors) and the modules that name the format
+itself (`schema`, `dtypes`, `checksum`, ...), listed in `__all__`. The rest are this package's
+own.
 """
 
 from accuracy.dumpfile.errors import DamagedDataError, DumpError

@@ -72,7 +72,7 @@ def checksum(raw: np.ndarray, part: int) -> int:
 def content_hash(raw: np.ndarray) -> int:
     """XXH3-64 of an array's bytes, as stored in a schema-3 tensor row (never 0). (xxhash's
     one-shot digest is faster on buffers in cache, but on a dump's tensors, read from memory,
-    it measured slower than the running state: benchmarks/README.md.)"""
+    it measured slower than the running state: benchmarks/HISTORY.md.)"""
     h = ContentHash()
     h.update(raw)
     return h.value

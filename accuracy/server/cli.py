@@ -27,7 +27,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     s = subparsers.add_parser("serve", help="REST API and web UI to browse runs and reports")
-    s.add_argument("--data", required=True, help="data directory (dumps, reports, index)")
+    s.add_argument("--data", help="data directory (uploaded dumps, reports, index, jobs); "
+                                   "without it the index is a temporary folder deleted when "
+                                   "the server stops")
     s.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; anything but loopback needs --token")
     s.add_argument("--port", type=port, default=8000)

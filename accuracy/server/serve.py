@@ -12,7 +12,9 @@ import errno
 import ipaddress
 import logging
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,7 @@ class Serving:
     indexed: list[str] = field(default_factory=list)
     log_level: str = "warning"
     sock: socket.socket | None = None  # bound by serve(), so a busy port is refused up front
+    temporary_data: str | None = None  # no --data given: this folder goes when run() ends
 
     @property
     def url(self) -> str:
@@ -57,16 +60,25 @@ class Serving:
 
         from accuracy.server.guard import http_protocol
 
-        if self.sock is None:
-            uvicorn.run(self.app, host=self.host, port=self.port, log_level=self.log_level,
-                        http=http_protocol())
-            return
-        config = uvicorn.Config(self.app, host=self.host, port=self.port,
-                                log_level=self.log_level, http=http_protocol())
         try:
-            uvicorn.Server(config).run(sockets=[self.sock])
+            if self.sock is None:
+                uvicorn.run(self.app, host=self.host, port=self.port, log_level=self.log_level,
+                            http=http_protocol())
+                return
+            config = uvicorn.Config(self.app, host=self.host, port=self.port,
+                                    log_level=self.log_level, http=http_protocol())
+            try:
+                uvicorn.Server(config).run(sockets=[self.sock])
+            finally:
+                self.sock.close()
         finally:
-            self.sock.close()
+            self.close()
+
+    def close(self) -> None:
+        """Remove the temporary data directory (when serve() made one); idempotent."""
+        if self.temporary_data is not None:
+            shutil.rmtree(self.temporary_data, ignore_errors=True)
+            self.temporary_data = None
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -91,10 +103,10 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _check_paths(data: str | os.PathLike[str], runs: Sequence[str],
+def _check_paths(data: str | os.PathLike[str] | None, runs: Sequence[str],
                  reports: Sequence[str]) -> None:
     """The operator's own paths: name each one that cannot be used (no placeholder)."""
-    if Path(data).exists() and not Path(data).is_dir():
+    if data is not None and Path(data).exists() and not Path(data).is_dir():
         raise UsageError(f"--data {data}: is a file; give the server's data directory (it is "
                          "created if missing)")
     for path in runs:
@@ -109,7 +121,7 @@ def _check_paths(data: str | os.PathLike[str], runs: Sequence[str],
 
 
 def serve(
-    data: str | os.PathLike[str],
+    data: str | os.PathLike[str] | None,
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
@@ -130,7 +142,9 @@ def serve(
     """Check the request against the serve policy, build the app and index `runs`/`reports`.
 
     `token` defaults to $ACCURACY_TOKEN; `cluster` (local:N or a scheduler's tcp:// address)
-    runs compare and replay jobs on Dask. Raises UsageError (or InputNotFoundError) for a bind
+    runs compare and replay jobs on Dask. `data` None (no --data) keeps the index in a
+    temporary folder that `Serving.run()` removes when the server stops: browsing a report
+    needs no data directory of its own. Raises UsageError (or InputNotFoundError) for a bind
     address without a token, unusable paths, or a data directory another server holds.
     """
     token = token or os.environ.get("ACCURACY_TOKEN") or None
@@ -139,16 +153,25 @@ def serve(
                          "ACCURACY_TOKEN); only loopback addresses may run without one")
     _check_paths(data, runs, reports)
     sock = bind(host, port)
+    temporary = tempfile.mkdtemp(prefix="accuracy-serve-") if data is None else None
     try:
-        return _build(sock, data, host=host, port=port, token=token, db_url=db_url,
-                      allow_roots=allow_roots, allowed_hosts=allowed_hosts,
-                      max_upload_mb=max_upload_mb, max_json_kb=max_json_kb,
-                      read_timeout_s=read_timeout_s, view_memory_mb=view_memory_mb, runs=runs,
-                      reports=reports, verbose=verbose, cluster=cluster,
-                      max_queued_jobs=max_queued_jobs)
+        serving = _build(sock, data if temporary is None else temporary, host=host, port=port,
+                         token=token, db_url=db_url, allow_roots=allow_roots,
+                         allowed_hosts=allowed_hosts, max_upload_mb=max_upload_mb,
+                         max_json_kb=max_json_kb, read_timeout_s=read_timeout_s,
+                         view_memory_mb=view_memory_mb, runs=runs, reports=reports,
+                         verbose=verbose, cluster=cluster, max_queued_jobs=max_queued_jobs)
     except BaseException:
         sock.close()
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
         raise
+    if temporary is not None:
+        serving.temporary_data = temporary
+        serving.indexed.append(f"accuracy serve: no --data, so the index is kept in {temporary} "
+                               "and deleted when the server stops (--data DIR keeps uploads "
+                               "and jobs)")
+    return serving
 
 
 def _build(sock: socket.socket, data: str | os.PathLike[str], *, host: str, port: int,

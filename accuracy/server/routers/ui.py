@@ -12,9 +12,10 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup, escape
 from starlette.concurrency import run_in_threadpool
 
-from accuracy.server.db import Run
+from accuracy.server.db import Report, Run
 from accuracy.server.deps import TOKEN_COOKIE, Services, presented_token, services
 from accuracy.server.errors import ApiError
 from accuracy.server.reportindex import RowQuery
@@ -30,6 +31,10 @@ templates.env.globals["run_rank"] = run_rank  # the rank column of the runs list
 # cosine near 1 needs 8 digits to show how far from 1 it is (6 print 0.9999999 as "1")
 templates.env.filters["cosine"] = lambda v: f"{v:.8g}" if isinstance(v, float) else (v or "")
 templates.env.filters["num3"] = lambda v: f"{v:.3g}" if isinstance(v, float | int) else ""
+# op and module names break after their dots first (aten.mm.<wbr>default), so the ops table
+# fits the window (app.css: td.name)
+templates.env.filters["dotbreak"] = lambda v: Markup(".<wbr>").join(
+    escape(part) for part in str(v or "").split("."))
 templates.env.filters["shortsrc"] = lambda v: Path(str(v)).name if v else ""  # file.py:line
 
 
@@ -79,11 +84,65 @@ def home(request: Request, svc: Services = Depends(services)) -> Response:
     jobs = svc.storage.jobs(limit=50)
     runs = svc.storage.runs()
     my, golden = compare_defaults(runs)
+    briefs = report_briefs(svc.storage.reports(), runs)
     return _page(request, svc, "runs.html", {
-        "title": "runs", "runs": runs, "reports": svc.storage.reports(),
+        "title": "runs", "runs": runs, "reports": briefs,
+        "last_report": last_report_of_runs(briefs),
         "jobs": jobs, "auth": svc.token is not None,
         "default_my": my, "default_golden": golden,
     })
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def report_briefs(reports: list[Report], runs: list[Run]) -> list[dict[str, Any]]:
+    """What the reports list shows of each report (newest first): its verdict, its culprit and
+    the two runs it compared, named as the runs list names them (or by the dump files the
+    report names when those runs are not indexed here). A summary is the report's own file:
+    only strings and ints are taken from it."""
+    names = {r.id: r.name for r in runs}
+    briefs = []
+    for rep in reports:
+        try:
+            summary = json.loads(rep.summary or "{}")
+        except ValueError:
+            summary = {}
+        summary = summary if isinstance(summary, dict) else {}
+        culprit = summary.get("culprit") if isinstance(summary.get("culprit"), dict) else {}
+        index = culprit.get("index")
+
+        briefs.append({
+            "id": rep.id, "name": rep.name, "n_rows": rep.n_rows, "created": rep.created,
+            "verdict": _text(summary.get("verdict")) or "unknown",
+            "recorded_only": bool(summary.get("blind")),
+            "culprit": ({"op": _text(culprit.get("op")) or "?",
+                         "module": _text(culprit.get("module")) or "",
+                         "index": index if isinstance(index, int) else None}
+                        if culprit else None),
+            "my": _side(names, rep.my_run_id, summary.get("my")),
+            "golden": _side(names, rep.golden_run_id, summary.get("golden")),
+            "run_ids": (rep.my_run_id, rep.golden_run_id),
+        })
+    return briefs
+
+
+def _side(names: dict[str, str], run_id: str | None, path: Any) -> str:
+    """A compared run by its name in the runs list, else by the dump file the report names."""
+    path = _text(path)
+    return names.get(run_id or "") or (Path(path).name if path else "?")
+
+
+def last_report_of_runs(briefs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """run id -> the newest report that compared it (on either side): the runs list shows
+    its verdict and culprit."""
+    last: dict[str, dict[str, Any]] = {}
+    for brief in briefs:  # newest first
+        for run_id in brief["run_ids"]:
+            if run_id:
+                last.setdefault(run_id, brief)
+    return last
 
 
 def is_reference(run: Run) -> bool:

@@ -8,6 +8,16 @@
   let plot = null;
   let series = null;
 
+  // a name that may break after each dot first (as the server's `dotbreak` filter)
+  function dotBreak(name) {
+    const frag = document.createDocumentFragment();
+    String(name ?? "").split(".").forEach((part, i) => {
+      if (i) { frag.append("."); frag.append(document.createElement("wbr")); }
+      frag.append(part);
+    });
+    return frag;
+  }
+
   function fmt(v) {
     if (v === null || v === undefined) return "";
     if (typeof v === "number") return Number.isInteger(v) ? String(v) : v.toPrecision(6);
@@ -204,11 +214,13 @@
       tr.className = "v-" + r.verdict;
       const a = document.createElement("a");
       a.href = `/ui/reports/${rid}/rows/${r.index}`; a.textContent = r.index;
-      const cells = [a, r.op, `${r.io} ${r.tensor_index}`, r.phase, r.module, shortSource(r.source),
+      const cells = [a, dotBreak(r.op), `${r.io} ${r.tensor_index}`, r.phase, dotBreak(r.module),
+                     shortSource(r.source),
                      r.verdict, r.cosine, r.max_abs_err, r.max_rel_err, ratioCell(r), r.message, r.quant];
       cells.forEach((c, i) => {
         const td = document.createElement("td");
         if (c instanceof Node) td.appendChild(c); else td.textContent = fmt(c);
+        if (i === 1 || i === 4) td.className = "name";
         if (i === 5) { td.className = "src"; td.title = r.source || ""; }
         if (i === 10) { td.className = "ratio"; if (typeof r.local_bound === "number") td.title = boundNote(r); }
         if (i === 11) td.className = "msg";

@@ -1,0 +1,1 @@
+"""What several test modules share: crafted files, workers started by path or module, servers."""

@@ -1,0 +1,174 @@
+"""Monitor plots: the CLI's self-contained HTML page and the server's monitor pages; untrusted
+module names never become markup."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+import torch
+from torch import nn
+
+import accuracy.monitor as am
+
+ROOT = Path(__file__).resolve().parents[2]
+EVIL = "x</script><img src=q onerror=alert(1)>"
+CHROMIUM = next((p for p in (os.environ.get("CHROMIUM"), shutil.which("chromium"))
+                 if p and Path(p).exists()), None)
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mon")
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module(EVIL, nn.Linear(8, 8))
+    model.add_module("out", nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(x):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    path = d / "evil.monitor.h5"
+    step = am.watch(step, model, opt, path=path, snapshot_every=None,
+                    triggers=[am.Predicate(lambda s: s.step == 3, name=EVIL)])
+    for i in range(6):
+        step(torch.randn(4, 8) * (100 if i == 3 else 1))
+    step.monitor.close()
+    return path
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "accuracy.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_writes_a_self_contained_page_with_names_escaped(series, tmp_path):
+    out = tmp_path / "plot.html"
+    r = _cli("monitor", "plot", str(series), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    assert "uPlot" in page and "module/act_norm" in page
+    assert not re.search(r"https?://(?!www\.w3\.org)", page.split("<script>")[0])  # no fetch
+    assert EVIL not in page and "<img" not in page
+    assert "x\\u003c/script\\u003e\\u003cimg" in page  # the name is there, as JSON text
+    again = _cli("monitor", "plot", str(series), "-o", str(out))
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+def test_cli_refuses_a_file_that_is_not_a_monitor_series(tmp_path):
+    bad = tmp_path / "other.h5"
+    with h5py.File(bad, "w") as f:
+        f["x"] = [1, 2]
+    r = _cli("monitor", "show", str(bad))
+    assert r.returncode == 2 and "is not a monitor file" in r.stderr
+    assert r.stderr.count("\n") == 1
+
+
+def test_show_lists_the_trigger(series):
+    r = _cli("monitor", "show", str(series))
+    assert r.returncode == 0, r.stderr
+    assert "6 rows" in r.stdout and "step 3: trigger" in r.stdout
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not found")
+@pytest.mark.browser
+def test_the_page_draws_in_a_browser_without_running_the_names(series, tmp_path):
+    from accuracy.monitor.plot import write_plot
+
+    out = write_plot(series, tmp_path / "p.html")
+    r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                        f"--user-data-dir={tmp_path / 'prof'}", "--virtual-time-budget=5000",
+                        "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=90)
+    dom = r.stdout
+    assert 'class="uplot' in dom  # the charts were drawn
+    assert "step 3 \u2014 trigger" in dom  # the event line, as text
+    assert "<img" not in dom  # no element was made from a name
+    assert "&lt;img src=q onerror=alert(1)&gt;</div>" in dom  # shown as text
+
+
+def test_server_lists_and_draws_series_and_keeps_to_its_roots(series, tmp_path):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from accuracy.server import create_app
+
+    local = {"base_url": "http://127.0.0.1", "headers": {"X-Accuracy-Request": "1"}}
+    other = tmp_path / "elsewhere.monitor.h5"
+    shutil.copy(series, other)
+    app = create_app(tmp_path / "data", allowed_roots=[series.parent, tmp_path / "data"])
+    with TestClient(**local, app=app) as c:
+        listing = c.get("/monitor")
+        assert listing.status_code == 200 and "evil.monitor.h5" in listing.text
+        assert "elsewhere" not in listing.text
+        page = c.get("/monitor/view", params={"path": str(series)})
+        assert page.status_code == 200 and "module/act_norm" in page.text
+        assert EVIL not in page.text and "<img" not in page.text
+        assert c.get("/monitor/view", params={"path": str(other)}).status_code == 403
+        bad = series.parent / "bad.monitor.h5"
+        with h5py.File(bad, "w") as f:
+            f["x"] = [1]
+        r = c.get("/monitor/view", params={"path": str(bad)})
+        assert r.status_code == 400 and "not a monitor file" in r.text
+
+
+def test_every_page_links_to_the_monitor_list(series, tmp_path):
+    """The monitor list is reachable from the UI's navigation, not only by typing its URL."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from accuracy.server import create_app
+
+    local = {"base_url": "http://127.0.0.1", "headers": {"X-Accuracy-Request": "1"}}
+    app = create_app(tmp_path / "data", allowed_roots=[series.parent])
+    with TestClient(**local, app=app) as c:
+        home = c.get("/")
+        assert home.status_code == 200 and '<a href="/monitor">monitor</a>' in home.text
+        listing = c.get(re.search(r'<a href="(/monitor)">monitor</a>', home.text).group(1))
+        assert listing.status_code == 200 and "evil.monitor.h5" in listing.text
+
+
+def test_a_run_whose_loss_went_nan_plots_and_serves(tmp_path):
+    """The step a user most wants to see (the loss went NaN) is recorded in the events: the
+    page is still strict JSON, in the CLI and on the server."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x, bad):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean() * (float("nan") if bad else 1.0)
+        loss.backward()
+        opt.step()
+        return loss
+
+    path = tmp_path / "nan.monitor.h5"
+    step = am.watch(step, model, opt, path=path, snapshot_every=None)
+    for i in range(6):
+        step(torch.randn(8, 4), i == 3)
+    step.monitor.close()
+    out = tmp_path / "nan.html"
+    r = _cli("monitor", "plot", str(path), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert '"loss":"nan"' in out.read_text()
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from accuracy.server import create_app
+
+    local = {"base_url": "http://127.0.0.1", "headers": {"X-Accuracy-Request": "1"}}
+    app = create_app(tmp_path / "data", allowed_roots=[tmp_path])
+    with TestClient(**local, app=app) as c:
+        page = c.get("/monitor/view", params={"path": str(path)})
+        assert page.status_code == 200 and "loss is nan" in page.text
