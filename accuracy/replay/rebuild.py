@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from accuracy.dumpfile.reader import OpRecord, TensorRecord
+from accuracy.dumpfile import OpRecord, TensorRecord
 from accuracy.errors import AccuracyError
 
 UPCASTS = ("fp64", "fp32", "none")

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from sqlalchemy import insert, select
 
-from accuracy.compare.row import Verdict
+from accuracy.compare import Verdict
 from accuracy.lru import BoundedLRU
 from accuracy.patterns import strip_root
 from accuracy.server.db import METRIC_COLUMNS, Report, ReportRow, ReportRowData
