@@ -30,7 +30,7 @@ _PART_CLIS = (
     "accuracy.server.cli",
     "accuracy.live.cli",
     "accuracy.demo",
-    "accuracy.compiled.cli",
+    "accuracy.repro.cli",
     "accuracy.monitor.cli",
 )
 
@@ -53,7 +53,7 @@ _PART_COMMANDS: dict[str, tuple[str, str]] = {
     "prove": ("accuracy.live.cli", "prove a culprit: substitute it by the reference and "
                                    "measure how much of the loss/gradient gap closes"),
     "demo": ("accuracy.demo", "run the end-to-end demo on the emulated accelerator"),
-    "repro": ("accuracy.compiled.cli",
+    "repro": ("accuracy.repro.cli",
               "write a standalone script reproducing one recorded Inductor kernel"),
     "monitor": ("accuracy.monitor.cli", "plots and summaries of a monitor series "
                                         "(accuracy.monitor)"),

@@ -1,5 +1,6 @@
 """JSON-safe values: dumps, reports and monitor files hold nan and inf, which strict JSON
-cannot carry. Torch-free: the server, the live check and the monitor's page share it."""
+cannot carry. Torch-free: the server, the live check and the monitor's page share it (the
+server's index columns read numbers through `as_float`)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,15 @@ def jsonable(value: Any, _depth: int = 0) -> Any:
     if value is None or isinstance(value, (str, int, bool)):
         return value
     return str(value)
+
+
+def as_float(value: Any) -> float | None:
+    """A finite float for an index column, or None (nan, inf, strings and missing values)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
 
 
 def loads_bounded(text: str, what: str, max_depth: int, max_chars: int) -> Any:

@@ -58,7 +58,7 @@ _PART_OF_INPUT = tuple(f"aten.{n}" for m in (
     "select", "slice", "narrow", "as_strided", "diagonal", "unfold", "split",
     "split_with_sizes", "unbind", "chunk", "index_select", "gather", "index", "take",
     "masked_select") for n in (m, f"{m}_copy"))
-KERNEL_PREFIX = "inductor."  # compiled kernel rows (accuracy/compiled/source.py)
+KERNEL_PREFIX = "inductor."  # compiled kernel rows (accuracy/dumper/compiled/source.py)
 MIN_GROUP = 4  # fewer calls of an op type than this: no outlier score
 EMULATION_GROUP = 3  # ops of a compute precision whose median says how the device rounds
 

@@ -135,9 +135,9 @@ class PrecisionDebugger:
     @property
     def rank(self) -> int:
         if self._rank is None:
-            from accuracy.dumper.core import _rank
+            from accuracy.dumper.loop import current_rank
 
-            self._rank = _rank()[0]
+            self._rank = current_rank()[0]
         return self._rank
 
     def path_for(self, step: int, rank: int) -> Path:

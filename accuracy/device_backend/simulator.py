@@ -67,10 +67,6 @@ def any_module_matches(pattern: str, modules: Iterable[str]) -> bool:
     return False
 
 
-# The name live/high_precision.py imports until the seam branch of #45 uses the public one;
-# the lead removes it at merge (tests/structure/test_private_names.py lists that import).
-_module_matches = any_module_matches
-
 
 _TAG = "accuracy_sim_modules"
 
@@ -80,8 +76,8 @@ def _warn_if_inside_dumper() -> None:
     and will not say sim, its profile or its faults. Say so now, where the mistake is."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-    if any(type(m).__module__.startswith("accuracy.dumper") for m in
-           _get_current_dispatch_mode_stack()):
+    # the dumper's loop mode says whom it serves (the live tools run the same loop)
+    if any(getattr(m, "label", None) == "dumper" for m in _get_current_dispatch_mode_stack()):
         msg = ("sim(...) entered inside dumper(...): the dump records backend 'cpu' without the "
                "sim profile or faults; enter sim first: `with sim(...), dumper(...):`")
         log.warning(msg)

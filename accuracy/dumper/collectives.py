@@ -11,18 +11,29 @@ Three facts make a naive recorder wrong on many ranks (measured with gloo, see i
 
 Every op gets the *collective epoch* it runs in: how many collectives this rank had issued
 before it. Ranks running the same program agree on epochs, which is what lines them up.
+
+`CollectiveWatch` is the loop's observer for all of it (accuracy/dumper/loop.py): shown every
+call, it gives each its epoch, waits for a shown collective's data before the observers after
+it read the outputs, forgets what an unrecorded collective overwrote, and describes the
+DTensor meshes of an op on DTensors.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from accuracy.aten import collective_kind
+from accuracy.dumper.calls import KernelCall, OpCall
+from accuracy.dumpfile import schema
+
+if TYPE_CHECKING:
+    from accuracy.dumper.calls import Call
+    from accuracy.dumper.identity import TensorStates
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +250,8 @@ class Collectives:
 
     def attrs(self) -> dict[str, Any]:
         """Root attributes written at close."""
-        return {"collectives": self.epoch, "process_groups": self.groups,
-                "device_meshes": self.meshes}
+        return {schema.ROOT_COLLECTIVES: self.epoch, schema.ROOT_PROCESS_GROUPS: self.groups,
+                schema.ROOT_DEVICE_MESHES: self.meshes}
 
 
 def process_group_attrs() -> dict[str, Any]:
@@ -249,13 +260,58 @@ def process_group_attrs() -> dict[str, Any]:
 
     attrs: dict[str, Any] = {}
     local = os.environ.get("LOCAL_RANK")
-    attrs["local_rank"] = int(local) if local is not None and local.isdigit() else -1
+    attrs[schema.ROOT_LOCAL_RANK] = int(local) if local is not None and local.isdigit() else -1
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         try:
-            attrs["process_group"] = {"backend": str(dist.get_backend()),
+            attrs[schema.ROOT_PROCESS_GROUP] = {"backend": str(dist.get_backend()),
                                       "world_size": dist.get_world_size(),
                                       "group_name": str(dist.group.WORLD.group_name)}
         except (RuntimeError, ValueError, AttributeError) as e:
             log.debug("default process group not described: %s", e)
     return attrs
+
+
+class CollectiveWatch:
+    """Observer of every call (see the module's docstring). `states`: the recorder's tensor
+    states, whose records of memory an unrecorded collective overwrote (no version bump
+    says so) are forgotten; None where nothing is deduplicated."""
+
+    def __init__(self, coll: Collectives, states: TensorStates | None = None) -> None:
+        self.coll = coll
+        self.states = states
+
+    def before(self, call: Call) -> None:
+        coll = self.coll
+        if type(call) is KernelCall:  # a launch runs in the epoch of the op before it
+            call.epoch = coll.current
+            return
+        epoch = coll.current = coll.epoch
+        call.epoch = epoch
+        kind = call.plan.collective
+        if kind is not None and kind != "wait":
+            coll.epoch = epoch + 1
+
+    def after(self, call: Call, outputs: list[torch.Tensor]) -> None:
+        kind = call.plan.collective
+        if kind is not None and type(call) is OpCall:
+            if call.shown:  # waited: the outputs hold the collective's result
+                call.collective = self.coll.settle(kind, call.func, call.args, call.kwargs,
+                                                   call.result)
+            elif self.states is not None:  # it wrote its tensors, version unchanged
+                for t in call.inputs:
+                    self.states.forget_aliases(t)
+        if not call.shown:
+            return
+        for t in call.inputs:
+            if type(t) is not torch.Tensor:
+                meshes = [m for t in call.inputs if type(t) is not torch.Tensor
+                          and (m := self.coll.note_mesh(t)) is not None]
+                if meshes:  # an op on DTensors: recorded on the local shards
+                    call.extra[schema.EXTRA_DTENSOR] = meshes
+                    if dtensor_runs_locally(call.func, call.args, call.kwargs):
+                        call.extra[schema.EXTRA_DTENSOR_LOCAL] = True  # its kernel saw these
+                break
+
+    def finish(self) -> dict[str, Any]:
+        return self.coll.attrs()

@@ -1,10 +1,13 @@
 """`dumper(...)`: record every ATen op run inside a `with` block into one HDF5 dump.
 
-A TorchDispatchMode sees each op after autograd, in forward, backward and optimizer alike.
-The dispatch loop (`_on_op`) builds an `OpCall` per op it watches and hands it to its
-observers (accuracy/dumper/opcall.py): the golden feeder (load mode), then the recorder, or
-the overflow watcher instead of the recorder. Everything written goes through
-`Recorder.write`; HDF5 work happens on the writer's background thread.
+The dumper runs the one loop (accuracy/dumper/loop.py): its TorchDispatchMode sees each op
+after autograd, in forward, backward and optimizer alike, and the Inductor launch hook
+(accuracy/dumper/compiled/) hands it each compiled kernel's launch. Every call is placed
+(phase, module, source line, step, rank) and shown to the observers, in order: the collective
+and memory watchers (every call), the golden feeder (load mode), the optimizer namer, the
+quant and subclass watchers, the user's own (`dumper.observe`), then the recorder, or the
+overflow watcher instead of the recorder. Everything written goes through `Recorder.write`;
+HDF5 work happens on the writer's background thread.
 """
 
 from __future__ import annotations
@@ -13,55 +16,29 @@ import datetime as _dt
 import logging
 import os
 import platform
-import sys
 from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import accuracy
-from accuracy import hops
-from accuracy.aten import OpPlan, plan_of
-from accuracy.compiled.inductor import _running_extern
 from accuracy.dumper import collectives, guide_args
-from accuracy.dumper.filters import Filter, Selection
-from accuracy.dumper.flatten import tensors_in
-from accuracy.dumper.opcall import Observer, OpCall
+from accuracy.dumper.calls import Call, Observer
+from accuracy.dumper.filters import Filter, SuspectSelection
+from accuracy.dumper.loop import Loop, current_rank
+from accuracy.dumper.optimizer_names import OptimizerNames
 from accuracy.dumper.quant_observer import QuantFigures
 from accuracy.dumper.recorder import Recorder
-from accuracy.dumper.scope import BACKWARD, FORWARD, OPTIMIZER, Scope
-from accuracy.dumper.source import _internal, user_source
+from accuracy.dumper.sites import Sites
 from accuracy.dumper.subclass_watch import SubclassWatch
+from accuracy.dumper.uninit import MemoryWatch
 from accuracy.dumpfile import schema
 from accuracy.dumpfile.writer import DumpWriteError, DumpWriter
-from accuracy.errors import RaisedForTheUser
 from accuracy.steps import Schedule
 
 log = logging.getLogger(__name__)
 
 MODES = ("tensor", "statistics")
-# Raised by an observer on purpose, for the user: overflow_raise=True, strict=True
-_DELIBERATE = RaisedForTheUser
-_INFRA_MODES = tuple(getattr(torch._C._TorchDispatchModeKey, k) for k in ("FAKE", "PROXY")
-                     if hasattr(torch._C._TorchDispatchModeKey, k))
-
-
-def _compile_machinery(args: tuple[Any, ...]) -> bool:
-    """Whether a call is compile machinery's, not the step's: tracing under a fake or proxy
-    mode, or on fake tensors (DDP's graph splitter runs the user's layers on fake parameters
-    while our mode is still on the stack). Such calls compute nothing real: not recorded."""
-    if any(torch._C._get_dispatch_mode(k) is not None for k in _INFRA_MODES):
-        return True
-    return any(isinstance(a, FakeTensor) for a in args)
-
-
-def _rank() -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 def _active_sim():
@@ -71,29 +48,6 @@ def _active_sim():
         return None
     active = getattr(sim_mod, "active", None)
     return active() if active is not None else None
-
-
-class _DumpMode(TorchDispatchMode):
-    def __init__(self, owner: dumper) -> None:
-        super().__init__()
-        # torch wraps __torch_dispatch__ with _disable_dynamo, which imports torch._dynamo
-        # (about 2 s) at the first op: pay it here, at the dumper's start, not inside the step.
-        import torch._dynamo  # noqa: F401
-        self.owner = owner
-
-    supports_higher_order_operators = True  # FlexAttention, torch.cond...: accuracy/hops.py
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if hops.is_hop(func):  # its ATen ops come back here one by one
-            return hops.run(self, func, args, kwargs, self.owner._hop_not_seen)
-        return self.owner._on_op(func, args, kwargs)
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        """Off while dynamo/Inductor compile, on while compiled code runs: compiled regions
-        run compiled under the dumper (accuracy/compiled/ records their kernels)."""
-        return True
 
 
 class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.dumper
@@ -121,6 +75,11 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     ranks: the ranks that record (e.g. [0, 3]); the others record nothing and write no file.
     select: a file from `accuracy suspects`: record only those ops, under their first-run seq
     numbers (the two-tier flow, see docs/cluster.md).
+
+    `observe(observer)` shows your own observer (`before(call)`, `after(call, outputs)`,
+    `finish()`: see accuracy/dumper/calls.py) every call the dumper records: eager ops and
+    compiled kernel launches alike, each with its `site` (seq, op, phase, module, source,
+    step, rank).
     """
 
     def __init__(
@@ -152,7 +111,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-        self.rank, self.world_size = _rank()
+        self.rank, self.world_size = current_rank()
         plan = guide_args.resolve(dump_path, self.rank, use_dump=use_dump, use_load=use_load,
                                   load_file_path=load_file_path,
                                   load_with_acl_dump=load_with_acl_dump,
@@ -166,7 +125,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             self.active = False  # a rank outside `ranks=`: no file, no interception
         self.mode = mode
         self.filter = Filter.build(ops, exclude_ops, modules, data_mode, steps)
-        self.select = Selection.load(select) if select is not None else None
+        self.select = SuspectSelection.load(select) if select is not None else None
         self.stack = stack
         self.overwrite = overwrite
         self.strict = strict
@@ -175,24 +134,44 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         self.flush_seconds = flush_seconds
         self.load_file_path = load_file_path
         self._loader = None
-        self.current_step = 0
-        self._seq = 0
+        self._step = 0
         self._writer: DumpWriter | None = None
         self._recorder: Recorder | None = None
-        self._observers: tuple[Observer, ...] = ()
-        self._failed_ops: dict[str, Any] = {}  # ops an observer failed on: count, first error
-        self._hops_not_seen: dict[str, int] = {}  # higher-order ops run without their ops seen
-        f = self.filter
-        # no filter at all: the loop skips the per-op checks
-        self._everything = (not (f.ops or f.exclude_ops or f.modules) and f.steps is None
-                            and f.phases == Filter().phases and self.select is None)
-        self._op_wanted: dict[str, bool] = {}
+        self._loop: Loop | None = None
+        self._compiled: Any = None  # the compiled-region watch (dumper/compiled/watch.py)
+        self._user_observers: list[Observer] = []
         self._overflow = None
         if check_overflow:  # record only the ops where inf/nan is born
             from accuracy.dumper.overflow_watch import OverflowChecker
             self._overflow = OverflowChecker(overflow_nums, overflow_raise, saturation)
 
     # -- public ----------------------------------------------------------------------------
+
+    @property
+    def current_step(self) -> int:
+        """The step being run (for the `steps` window; a driver may set it)."""
+        return self._step
+
+    @current_step.setter
+    def current_step(self, step: int) -> None:
+        self._step = step
+        if self._loop is not None:
+            self._loop.sites.step = step
+
+    @property
+    def loop(self) -> Loop | None:
+        """The dumper's loop (None before the block, or when the dumper is inactive)."""
+        return self._loop
+
+    def observe(self, observer: Observer) -> Observer:
+        """Show `observer` every call the dumper records (see the class docstring). Given
+        before the block, it comes before the recorder, so what its `before`/`after` put in
+        `call.extra` is written with the row; given inside, it sees the calls from then on."""
+        if self._loop is not None:
+            self._loop.observe(observer)
+        else:
+            self._user_observers.append(observer)
+        return observer
 
     def step(self) -> None:
         """Mark the end of a training step (for the `steps` window). Between recorded steps
@@ -207,7 +186,6 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
                 log.info("rank %d is not in ranks=%s: not recording", self.rank, self.ranks)
             return self
         self._sim = _active_sim()
-        self._coll = collectives.Collectives()
         if self.load_file_path is not None:  # load mode: feed golden inputs
             from accuracy.dumper.golden_feed import GoldenFeeder
             self._loader = GoldenFeeder(self.load_file_path)
@@ -219,27 +197,37 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             flush_seconds=self.flush_seconds,
             max_pending_bytes=self.max_pending_bytes,
         )
-        self._recorder = Recorder(self._writer, self.mode, self.filter.io, self._coll,
-                                  sim=self._sim, strict=self.strict,
-                                  # it sees every op of a recorded step, so it can wait
-                                  # before each write (idle steps wait on leaving)
-                                  defer_stats=self._sees_every_op())
-        observers: list[Observer] = [] if self._loader is None else [self._loader]
-        observers.append(QuantFigures())  # before the recorder: fills extra["quant"]
-        observers.append(SubclassWatch())  # tensor subclasses it cannot see into: said first
+        memory = MemoryWatch()
+        self._recorder = rec = Recorder(self._writer, self.mode, self.filter.io,
+                                        memory=memory.memory, sim=self._sim,
+                                        strict=self.strict,
+                                        # it sees every op of a recorded step, so it can wait
+                                        # before each write (idle steps wait on leaving)
+                                        defer_stats=self._sees_every_op())
+        sites = Sites(stack=self.stack, rank=self.rank, step=self.current_step)
+        self._loop = loop = Loop(sites, compiled=True, wants=self._wants_of(rec))
+        # every call, recorded or not: epochs and collectives' writes, unfilled memory
+        loop.observe(collectives.CollectiveWatch(collectives.Collectives(), rec.seen),
+                     every_call=True)
+        loop.observe(memory, every_call=True)
+        if self._loader is not None:
+            loop.observe(self._loader)
+        loop.observe(OptimizerNames(sites.optimizer_tensor_name))  # before the recorder:
+        loop.observe(QuantFigures())  # what these put in call.extra is written
+        loop.observe(SubclassWatch())  # tensor subclasses it cannot see into: said first
+        for o in self._user_observers:
+            loop.observe(o)
         if self._overflow is not None:  # records only births, through the recorder
-            self._overflow.attach(self._recorder, str(self.path))
-            observers.append(self._overflow)
+            self._overflow.attach(rec, str(self.path))
+            loop.observe(self._overflow)
         else:
-            observers.append(self._recorder)
-        self._observers = tuple(observers)
-        self._mode = _DumpMode(self)
+            loop.observe(rec)
         # load and select mode match ops by their seq, which counts every op of every step:
         # they keep the mode installed; otherwise it is off on the steps the window skips
         self._idle_allowed = self._loader is None and self.select is None
         self._set_installed(not self._idle_allowed or self.filter.wants_step(self.current_step))
-        from accuracy.compiled.watch import watch_dumper  # compiled regions: never blind
-        self._compiled = watch_dumper(self)
+        from accuracy.dumper.compiled.watch import watch_dumper  # compiled regions: never blind
+        self._compiled = watch_dumper(loop, rec.seen, self._recording)
         log.info("dumping %s mode to %s", self.mode, self.path)
         return self
 
@@ -266,47 +254,40 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         """Install the dispatch mode and module scope for a recorded step, or take them off
         for an idle one. Taken off only when ours is the innermost mode (another mode entered
         inside the block stays, and ours with it: recording then goes on, said once)."""
+        loop = self._loop
         if on == self._installed:
             return
         if on:
-            self._scope = Scope().__enter__()
-            self._recorder.tensor_name = self._scope.optimizer_tensor_name
-            self._mode.__enter__()
+            loop.install()
             self._installed = True
             return
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-        if exit_info is None and _get_current_dispatch_mode() is not self._mode:  # idle step
+        if exit_info is None and not loop.is_innermost():  # idle step
             log.warning("another dispatch mode was entered inside the dumper's block: the "
                         "dumper stays installed on idle steps (slower, records nothing more)")
             self._idle_allowed = False
             return
         self._installed = False
         self._recorder.drain()  # unwatched ops follow: no statistics may still be pending
-        exit_info = exit_info or (None, None, None)
-        try:
-            self._mode.__exit__(*exit_info)
-        finally:
-            self._scope.__exit__(*exit_info)
+        loop.uninstall(*(exit_info or (None, None, None)))
 
     # -- internals -------------------------------------------------------------------------
 
     def _start_attrs(self) -> dict[str, Any]:
         attrs: dict[str, Any] = {
-            "mode": self.mode,
+            schema.ROOT_MODE: self.mode,
             **({schema.SUMS_ATTR: schema.SUMS_OMITTED} if self.mode == "tensor" else {}),
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "torch_version": torch.__version__,
-            "accuracy_version": accuracy.__version__,
-            "python_version": platform.python_version(),
-            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "host": platform.node(),
+            schema.ROOT_RANK: self.rank,
+            schema.ROOT_WORLD_SIZE: self.world_size,
+            schema.ROOT_TORCH_VERSION: torch.__version__,
+            schema.ROOT_ACCURACY_VERSION: accuracy.__version__,
+            schema.ROOT_PYTHON_VERSION: platform.python_version(),
+            schema.ROOT_CREATED: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            schema.ROOT_HOST: platform.node(),
             **collectives.process_group_attrs(),
-            "ranks_recorded": self.ranks if self.ranks is not None else "all",
-            "check_overflow": self._overflow is not None,
-            "select": self.select.source if self.select is not None else "",
-            "filter": {
+            schema.ROOT_RANKS_RECORDED: self.ranks if self.ranks is not None else "all",
+            schema.ROOT_CHECK_OVERFLOW: self._overflow is not None,
+            schema.ROOT_SELECT: self.select.source if self.select is not None else "",
+            schema.ROOT_FILTER: {
                 "ops": list(self.filter.ops), "exclude_ops": list(self.filter.exclude_ops),
                 "modules": list(self.filter.modules), "io": sorted(self.filter.io),
                 "phases": sorted(self.filter.phases),
@@ -314,42 +295,10 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             },
         }
         if self._sim is not None:
-            attrs["backend"] = "sim"
-            attrs["profile"] = self._sim.profile_name
-            attrs["sim"] = self._sim.describe()
+            attrs[schema.ROOT_BACKEND] = "sim"
+            attrs[schema.ROOT_PROFILE] = self._sim.profile_name
+            attrs[schema.ROOT_SIM] = self._sim.describe()
         return attrs
-
-    def _observe(self, call: OpCall, outputs: list[torch.Tensor] | None) -> bool:
-        """Every observer's `before` (outputs None) or `after`. An error of ours is logged
-        and counted, the op left unrecorded, and the step goes on: the user's training
-        never dies because of the dumper (only the errors raised for the user pass)."""
-        try:
-            for o in self._observers:
-                if outputs is None:
-                    o.before(call)
-                else:
-                    o.after(call, outputs)
-            return True
-        except _DELIBERATE:
-            raise
-        except Exception as e:  # noqa: BLE001 - see the docstring
-            failed = self._failed_ops
-            if not failed:
-                log.warning("the dumper failed on %s (seq %d), which is left unrecorded; the "
-                            "step goes on (further failures are counted in the dump)",
-                            call.plan.name, call.seq, exc_info=True)
-                failed.update(count=0, first=f"{call.plan.name} seq {call.seq}: "
-                              f"{type(e).__name__}: {str(e)[:200]}")
-            failed["count"] += 1
-            return False
-
-    def _hop_not_seen(self, name: str) -> None:
-        """A higher-order op ran with no implementation our mode can run inside: its ATen
-        ops are not in the dump (said first by every reader: dumpfile/compiled.py)."""
-        if name not in self._hops_not_seen:
-            log.warning("higher-order op %s has no eager implementation the dumper can run "
-                        "inside: it runs unrecorded (said in the dump)", name)
-        self._hops_not_seen[name] = self._hops_not_seen.get(name, 0) + 1
 
     @property
     def ops_recorded(self) -> int:
@@ -361,25 +310,25 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         if writer is None:
             return
         attrs: dict[str, Any] = {}
+        loop = self._loop
         try:
             attrs.update(self._compiled.finish())  # which compiled regions ran, and how
-            for o in self._observers:  # the overflow watcher still writes its pending births
-                attrs.update(o.finish())
+            # every observer's: the overflow watcher still writes its pending births
+            attrs.update(loop.finish())
         finally:
             if self._loader is not None:
-                attrs["load_file_path"] = str(self.load_file_path)
+                attrs[schema.ROOT_LOAD_FILE_PATH] = str(self.load_file_path)
                 self._loader.close()
                 self._loader = None
         rec = self._recorder
-        attrs = {"ops_recorded": rec.ops_recorded, "ops_seen": self._seq,
-                 "steps": sorted(rec.steps_seen), **self._backend_attrs(), **self._coll.attrs(),
-                 **attrs}
+        attrs = {schema.ROOT_OPS_RECORDED: rec.ops_recorded, schema.ROOT_OPS_SEEN: loop.seq,
+                 schema.ROOT_STEPS: sorted(rec.steps_seen), **self._backend_attrs(), **attrs}
         if self._sim is not None:
-            attrs["faults_applied"] = list(self._sim.applied)
-        if self._failed_ops:
-            attrs["ops_not_recorded"] = dict(self._failed_ops)
-        if self._hops_not_seen:
-            attrs["higher_order_ops_not_recorded"] = dict(self._hops_not_seen)
+            attrs[schema.ROOT_FAULTS_APPLIED] = list(self._sim.applied)
+        if loop.failed:
+            attrs[schema.ROOT_OPS_NOT_RECORDED] = dict(loop.failed)
+        if loop.hops_not_seen:
+            attrs[schema.ROOT_HOPS_NOT_RECORDED] = dict(loop.hops_not_seen)
         try:
             writer.close(attrs, complete=complete and not rec.failed)
         except DumpWriteError as e:
@@ -396,84 +345,42 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         try:
             from accuracy.device_backend import get_backend
         except ImportError:
-            return {"backend": devices[0], "backend_version": "", "devices": devices}
+            return {schema.ROOT_BACKEND: devices[0], schema.ROOT_BACKEND_VERSION: "",
+                    schema.ROOT_DEVICES: devices}
         backend = get_backend(devices[0])
-        return {"backend": backend.name, "backend_version": backend.version() or "",
-                "devices": devices}
+        return {schema.ROOT_BACKEND: backend.name,
+                schema.ROOT_BACKEND_VERSION: backend.version() or "",
+                schema.ROOT_DEVICES: devices}
 
-    def _wants(self, plan: OpPlan, seq: int, phase: str, module: str) -> bool:
-        f = self.filter
-        wanted = self._op_wanted.get(plan.name)
-        if wanted is None:
-            wanted = self._op_wanted[plan.name] = f.wants_op(plan.name)
-        return (wanted and f.wants_step(self.current_step) and phase in f.phases
-                and f.wants_module(module)
-                and (self.select is None or self.select.wants(seq, plan.name)))
-
-    def _on_op(self, func, args, kwargs):
-        """The dispatch loop: one OpCall, every observer's before/after around the op."""
-        if _compile_machinery(args):
-            return func(*args, **kwargs)
-        plan = plan_of(func)
-        seq = self._seq
-        self._seq += 1
-        scope = self._scope
-        coll = self._coll
-        coll.current = coll.epoch  # the op's collective epoch
-        if plan.collective is not None and plan.collective != "wait":
-            coll.epoch += 1
-        scope.tag_pending()
-        fwd_seq = -1
-        if torch._C._current_graph_task_id() != -1:  # backward: the node tells everything
-            phase = BACKWARD
-            origin = scope.backward_origin()
-            if origin is not None:
-                module, fwd_seq, source = origin
-                stack = ""
-            else:
-                module = ""
-                source, stack = user_source(self.stack)
-        else:
-            phase, module = scope.op_phase(plan), scope.module
-            if phase == OPTIMIZER:  # optimizer rows name the parameter they update
-                module = scope.optimizer_param(args, kwargs) or module
-            source, stack = user_source(self.stack)
-        watch = getattr(self, "_compiled", None)
-        if watch is not None and getattr(watch, "aten_graphs", False):
-            # an op of an aot_eager/eager compiled graph: its FX node's module and line
-            site = watch.source.graph_site(phase == BACKWARD, sys._getframe(1), _internal)
-            if site is not None:
-                module, source = site[0], site[1] or source
-                fwd_seq = -1
-        if _running_extern[0]:  # an Inductor extern kernel call: its FX node's module
-            src = getattr(watch, "source", None)
-            site = src.extern_site(phase == BACKWARD) if src is not None else None
-            if site is not None:
-                module, source = site[0], site[1] or source
+    def _recording(self) -> bool:
+        """Whether compiled kernels launched now are recorded: the loop is on, the step is
+        one the dumper records (load and select modes keep the mode on every step: their
+        seqs count every op), and the writer has not failed."""
         rec = self._recorder
-        if rec is None or rec.failed or not (self._everything or self._wants(plan, seq, phase,
-                                                                              module)):
-            out = func(*args, **kwargs)
-            if plan.collective is not None and rec is not None:
-                # it wrote its tensors, version unchanged
-                for t in tensors_in(kwargs, tensors_in(args)):
-                    rec.seen.forget_aliases(t)
-            if rec is not None and (plan.uninitialised or rec.uninit):  # unrecorded fills too
-                rec.track(plan, args, kwargs, tensors_in(kwargs, tensors_in(args)),
-                          tensors_in(out))
-            outputs = None
-        else:
-            call = OpCall(func, plan, seq, phase, module, source, stack, self.current_step,
-                          coll.current, args, kwargs, tensors_in(kwargs, tensors_in(args)),
-                          fwd_seq)
-            observed = self._observe(call, None)
-            out = func(*call.args, **call.kwargs)
-            if plan.collective is not None:  # waited: the outputs hold the collective's result
-                call.collective = coll.settle(plan.collective, func, call.args, call.kwargs, out)
-            outputs = tensors_in(out)
-            if observed:
-                self._observe(call, outputs)
-        if phase == FORWARD:
-            scope.forward_outputs(tensors_in(out) if outputs is None else outputs,
-                                  (module, seq, source))
-        return out
+        return (rec is not None and not rec.failed and self._loop.is_on()
+                and self.filter.wants_step(self.current_step))
+
+    def _wants_of(self, rec: Recorder) -> Any:
+        """The loop's filter: which calls its observers are shown (kernel launches always:
+        the compiled source asks `_recording` before it emits one)."""
+        f = self.filter
+        select = self.select
+        if (not (f.ops or f.exclude_ops or f.modules) and f.steps is None
+                and f.phases == Filter().phases and select is None):  # no filter at all
+            return lambda call: not rec.failed
+        wanted_ops: dict[str, bool] = {}
+
+        def wants(call: Call) -> bool:
+            if rec.failed:
+                return False
+            if call.func is None:  # a kernel launch
+                return True
+            site = call.site
+            name = site.op
+            wanted = wanted_ops.get(name)
+            if wanted is None:
+                wanted = wanted_ops[name] = f.wants_op(name)
+            return (wanted and f.wants_step(site.step) and site.phase in f.phases
+                    and f.wants_module(site.module)
+                    and (select is None or select.wants(site.seq, name)))
+        return wants

@@ -81,7 +81,7 @@ class Filter:
         return not self.modules or any(module_matches(p, module) for p in self.modules)
 
 
-class Selection:
+class SuspectSelection:
     """The ops a two-tier second run records: seq -> op names, from `accuracy suspects`.
 
     Seq numbers count every op the dumper sees, recorded or not, so the same script records
@@ -96,7 +96,7 @@ class Selection:
         self._warned = False
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Selection:
+    def load(cls, path: str | os.PathLike[str]) -> SuspectSelection:
         """Read a selection file written by `accuracy suspects` (JSON)."""
         p = Path(path)
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from accuracy.compiled.names import module_path
+from accuracy.dumper.compiled.names import module_path
 
 
 def _path(entry: Any) -> str:

@@ -3,7 +3,7 @@
 Ascend's dumper had it as `load_file_path=`: the model runs on the device, but every matching
 op computes on the golden run's inputs, so its recorded output measures the device kernel's
 local error on real hardware. `dumper(load_file_path=...)` adds a `GoldenFeeder` as the first
-observer of its dump loop (accuracy/dumper/opcall.py): its `before` swaps the inputs in.
+observer of its loop (accuracy/dumper/loop.py): its `before` swaps the inputs in.
 The golden file is a whole dump, or an `accuracy extract` file of just the ops to load (also
 after h5copy, as in Ascend's guide): ops it lacks run on their live inputs.
 """
@@ -18,8 +18,9 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from accuracy.aten import plan_of, written_ids
+from accuracy.dumper.calls import Call, KernelCall
 from accuracy.dumper.flatten import tensors_in
-from accuracy.dumper.opcall import OpCall
+from accuracy.dumpfile import schema
 from accuracy.dumpfile.extract import ExtractedOp, ExtractedOps, is_extract_file
 from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, load_dump
 
@@ -82,18 +83,20 @@ class GoldenFeeder:
 
     # -- observer ----------------------------------------------------------------------------
 
-    def before(self, call: OpCall) -> None:
+    def before(self, call: Call) -> None:
+        if type(call) is KernelCall:  # a launch reaches the loop after it ran: nothing to feed
+            return
         args, kwargs, fed = self.feed(call.name, call.seq, call.func, call.args, call.kwargs)
         if fed:
             call.args, call.kwargs = args, kwargs
             call.inputs = tensors_in(kwargs, tensors_in(args))
-            call.extra["loaded"] = True
+            call.extra[schema.EXTRA_LOADED] = True
 
-    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+    def after(self, call: Call, outputs: list[torch.Tensor]) -> None:
         pass
 
     def finish(self) -> dict[str, Any]:
-        return {"ops_loaded": self.fed}
+        return {schema.ROOT_OPS_LOADED: self.fed}
 
     def close(self) -> None:
         self.dump.close()

@@ -1,6 +1,9 @@
 """Online overflow checking inside `dumper(check_overflow=True)`: find where inf/nan is born.
 
-An observer of the dump loop (accuracy/dumper/opcall.py) that writes through the recorder.
+An observer of the loop (accuracy/dumper/loop.py) that writes through the recorder. A compiled
+kernel's launch (a `KernelCall`) is judged as an op is: its inputs' states from the cache
+(Inductor hands buffers over as fresh views, which the cache does not hold, so they are
+probed), its outputs probed.
 
 Each tensor's state (finite, saturated, non-finite) comes from one reduction (`probe`) and is
 cached by tensor identity and `_version`, so an op's inputs are usually already known when it
@@ -17,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,10 +51,12 @@ from accuracy.dumper.finite_probe import (
 from accuracy.dumper.identity import TensorStates, same_elements
 from accuracy.dumper.overflow_lineage import CONFIRM, Lineage, version_of
 from accuracy.dumper.source import user_source
+from accuracy.dumpfile import schema
 from accuracy.errors import RaisedForTheUser
+from accuracy.records import OverflowFinding
 
 if TYPE_CHECKING:
-    from accuracy.dumper.opcall import OpCall
+    from accuracy.dumper.calls import Call
     from accuracy.dumper.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -64,7 +69,7 @@ LINEAGE_WINDOW = 64
 class OverflowDetected(RaisedForTheUser, RuntimeError):  # noqa: N818 - reads as what happened
     """Raised at the first overflow when `overflow_raise=True`; the traceback is the user's."""
 
-    def __init__(self, message: str, event: OverflowEvent) -> None:
+    def __init__(self, message: str, event: OverflowFinding) -> None:
         super().__init__(message)
         self.event = event
 
@@ -73,37 +78,21 @@ class OverflowWarning(RuntimeWarning):
     """Shown once per overflow birth, so it is seen even without logging configured."""
 
 
-@dataclass
-class OverflowEvent:
-    """One op where non-finite (or saturated) values were born."""
+# One op where non-finite (or saturated) values were born: the record the offline scan makes
+# too (accuracy.records.OverflowFinding); written into the dump's root summary flat, without
+# the scan's `confirmation`.
+OverflowEvent = OverflowFinding
 
-    seq: int
-    op: str
-    phase: str
-    module: str
-    source: str
-    step: int
-    kind: str  # "overflow" | "saturation"
-    outputs: list[dict[str, Any]] = field(default_factory=list)
-    label: str = ""
 
-    def message(self) -> str:
-        what = "produced inf/nan from finite inputs" if self.kind == "overflow" else (
-            "produced values near the float16/bfloat16 limit from unsaturated inputs")
-        outs = "; ".join(
-            f"output {o['idx']} {o['dtype']}{o['shape']}: {o['nan']} nan, {o['inf']} inf"
-            f" of {o['numel']}, max |finite| {o['max_abs_finite']:.4g}" for o in self.outputs)
-        outs = outs.replace("max |finite| nan", "no finite value")
-        return (f"{self.kind} born at step {self.step}, op {self.seq} {self.op} ({self.phase}, "
-                f"module {self.module or '-'}) at {self.source or 'unknown source'}: {what}. "
-                f"{outs}" + (f" ({self.label})" if self.label else ""))
+def _event_dict(e: OverflowFinding) -> dict[str, Any]:
+    return e.as_dict(confirmation=False)
 
 
 @dataclass(slots=True)
 class _Pending:
     """An op whose probes may still live on the device."""
 
-    call: OpCall
+    call: Call
     ins: list[torch.Tensor]  # inputs, pre-op copies of those the op writes
     outs: list[torch.Tensor]
     in_vals: list[Any]
@@ -148,7 +137,7 @@ class OverflowChecker:
         self.saturation = Saturation.build(saturation)
         self.interval = interval
         self._defer = defer  # None: defer only for tensors off the CPU (tests force True)
-        self.events: list[OverflowEvent] = []
+        self.events: list[OverflowFinding] = []
         self.amp_ops = 0
         self.skipped_steps: list[int] = []
         self.ops_checked = 0
@@ -159,9 +148,9 @@ class OverflowChecker:
         self._masks = TensorStates()  # tensors holding intended values: attention masks
         self._pending: list[_Pending] = []
         self._held: list[_Held] = []  # births whose values may yet be dropped
-        self.contained: list[OverflowEvent] = []
+        self.contained: list[OverflowFinding] = []
         # births since GradScaler's last update, with the ids of their inputs
-        self._window: list[tuple[OverflowEvent, frozenset[int]]] = []
+        self._window: list[tuple[OverflowFinding, frozenset[int]]] = []
         self._n_overflow = 0
         self._n_saturation = 0
         self._current: _Pending | None = None  # between before() and after()
@@ -177,7 +166,7 @@ class OverflowChecker:
 
     # -- observer ----------------------------------------------------------------------------
 
-    def before(self, call: OpCall) -> None:
+    def before(self, call: Call) -> None:
         self._current = None
         if call.plan.amp:  # GradScaler's own ops: watched even after stopping
             self.amp_ops += 1
@@ -207,7 +196,7 @@ class OverflowChecker:
                 ins = [t.clone() if id(t) in written and checkable(t) else t for t in ins]
         self._current = _Pending(call, ins, [], in_vals, [], masked, keys, self.ops_checked)
 
-    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+    def after(self, call: Call, outputs: list[torch.Tensor]) -> None:
         p, self._current = self._current, None
         if p is None or p.call is not call:
             return
@@ -243,13 +232,6 @@ class OverflowChecker:
             if len(self._pending) >= self.interval:
                 self.resolve()
 
-    def kernel(self, call: Any, outputs: list[torch.Tensor]) -> None:
-        """A compiled kernel's launch (`accuracy/compiled/source.py`), judged as an op is:
-        its inputs' states from the cache (Inductor hands buffers over as fresh views, which
-        the cache does not hold, so they are probed), its outputs probed."""
-        self.before(call)
-        self.after(call, outputs)
-
     def finish(self) -> dict[str, Any]:
         """Judge what is still pending; the summary attributes for the dump's root."""
         if not self.done:
@@ -265,11 +247,11 @@ class OverflowChecker:
         else:
             log.info("overflow check: no inf/nan born in %d ops that lasted%s",
                      self.ops_checked, dropped)
-        return {"overflow": {
+        return {schema.ROOT_OVERFLOW: {
             **self.describe(), "ops_checked": self.ops_checked, "stopped_early": self.done,
-            "events": [asdict(e) for e in self.events], "amp_ops": self.amp_ops,
+            "events": [_event_dict(e) for e in self.events], "amp_ops": self.amp_ops,
             "skipped_steps": self.skipped_steps,
-            "contained": [asdict(e) for e in self.contained],
+            "contained": [_event_dict(e) for e in self.contained],
         }}
 
     # -- states ------------------------------------------------------------------------------
@@ -430,12 +412,11 @@ class OverflowChecker:
     def _contain(self, h: _Held) -> None:
         p = h.pending
         c = p.call
-        ev = OverflowEvent(c.seq, c.name, c.phase, c.module, c.source, c.step, "overflow",
-                           self._nonfinite_outputs(p, h.out_states),
-                           f"contained: {h.lineage.absorbed_by} dropped it")
+        ev = OverflowFinding(c.site, self._nonfinite_outputs(p, h.out_states), "overflow",
+                             f"contained: {h.lineage.absorbed_by} dropped it")
         self.contained.append(ev)
-        self._write(p, {"overflow": {"kind": "overflow", "born": True, "outputs": ev.outputs,
-                                     "contained": ev.label}})
+        self._write(p, {schema.EXTRA_OVERFLOW: {"kind": "overflow", "born": True,
+                                                "outputs": ev.outputs, "contained": ev.label}})
         log.info("%s (%s)", ev.message(), ev.label)
 
     # -- events ------------------------------------------------------------------------------
@@ -455,11 +436,11 @@ class OverflowChecker:
                in_ids: frozenset[int] | None = None) -> None:
         c = p.call
         outputs = self._nonfinite_outputs(p, out_states)
-        ev = OverflowEvent(c.seq, c.name, c.phase, c.module, c.source, c.step, kind, outputs,
-                           FROM_COLLECTIVE if is_collective(c.name) else "")
+        ev = OverflowFinding(c.site, outputs, kind,
+                             FROM_COLLECTIVE if is_collective(c.name) else "")
         self.events.append(ev)
         self._window.append((ev, frozenset(id(t) for t in p.ins) if in_ids is None else in_ids))
-        extra: dict[str, Any] = {"overflow": {"kind": kind, "born": True,
+        extra: dict[str, Any] = {schema.EXTRA_OVERFLOW: {"kind": kind, "born": True,
                                               "outputs": outputs}}
         self._write(p, extra)
         msg = ev.message()
@@ -493,14 +474,14 @@ class OverflowChecker:
         """GradScaler's deliberate checks: labelled, recorded, never culprits."""
         c = p.call
         small = c.name == AMP_UPDATE_OP
-        extra: dict[str, Any] = {"amp": amp_label(c.name)}
+        extra: dict[str, Any] = {schema.EXTRA_AMP: amp_label(c.name)}
         if small:
             self.resolve()
             self._settle(final=True)  # this step's births are judged before its verdict
             found_inf = c.args[2] if len(c.args) > 2 else c.kwargs["found_inf"]
             with torch._C._DisableTorchDispatch():
                 skipped = float(found_inf.item()) > 0  # GradScaler itself synced on it
-            extra["step_skipped"] = skipped
+            extra[schema.EXTRA_STEP_SKIPPED] = skipped
             if skipped:
                 self.skipped_steps.append(c.step)
                 scale = id(c.args[0]) if c.args else id(c.kwargs.get("self"))

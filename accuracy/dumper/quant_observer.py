@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from accuracy.device_backend import quant_figures
-from accuracy.dumper.opcall import OpCall
+from accuracy.dumper.calls import Call
+from accuracy.dumpfile import schema
 
 
 class QuantFigures:
@@ -23,17 +24,17 @@ class QuantFigures:
         self._subscribed = True
         quant_figures.subscribe()
 
-    def before(self, call: OpCall) -> None:
+    def before(self, call: Call) -> None:
         quant_figures.take()  # figures of ops not recorded (filtered out) are not this op's
 
-    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+    def after(self, call: Call, outputs: list[torch.Tensor]) -> None:
         figs = quant_figures.take()
         if figs:
-            call.extra["quant"] = figs
+            call.extra[schema.EXTRA_QUANT] = figs
             self.ops += 1
 
     def finish(self) -> dict[str, Any]:
         if self._subscribed:
             self._subscribed = False
             quant_figures.unsubscribe()
-        return {"quant_ops": self.ops} if self.ops else {}
+        return {schema.ROOT_QUANT_OPS: self.ops} if self.ops else {}

@@ -1,32 +1,29 @@
-"""The recorder: the one write path into the dump, and the observer that records every op.
+"""The recorder: the one write path into the dump, and the observer that records every call.
 
-`Recorder.write` turns an op call and its tensors into the writer's `OpEntry`/`TensorEntry`
-rows; the overflow watcher writes its births through it too. As an observer (`before`,
-`after`), the recorder describes each op's inputs before it runs (in-place ops keep their
-pre-op values) and its outputs after. Each distinct tensor state (object identity plus
-`_version`) is stored once; later uses point at those bytes.
+`Recorder.write` turns a call and its tensors into the writer's `OpEntry`/`TensorEntry` rows;
+the overflow watcher writes its births through it too. As an observer (`before`, `after`),
+the recorder describes each eager op's inputs before it runs (in-place ops keep their pre-op
+values) and its outputs after, and each compiled kernel's launch (`KernelCall`) after it ran.
+Each distinct tensor state (object identity plus `_version`) is stored once; later uses point
+at those bytes. What it asks of the other observers: which bytes are not data yet
+(`MemoryWatch`, dumper/uninit.py); whether a collective's data arrived (`CollectiveWatch`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from accuracy.aten import (
-    OpPlan,
-    overwritten_ids,
-    returns_nothing,
-    workspace_outputs,
-    written_tensors,
-)
+from accuracy.aten import OpPlan, workspace_outputs
 from accuracy.dumper import collectives
+from accuracy.dumper.calls import Call, KernelCall, produced
 from accuracy.dumper.deferred_stats import DeferredStats
 from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.identity import TensorStates, same_memory
-from accuracy.dumper.opcall import OpCall
 from accuracy.dumper.uninit import Uninitialised
 from accuracy.dumpfile import schema
 from accuracy.dumpfile.argcodec import encode_call
@@ -96,23 +93,53 @@ def _contiguous(entry: TensorEntry) -> bool:
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class TensorUse:
+    """How `Recorder.entry` describes one tensor use.
+
+    skip: metadata only (bytes that are not data: uninitialised memory, an `empty*`'s
+    output, a wrapper with no local data). fresh: never deduplicated (written by this call:
+    an in-place op's output, whose version counter is bumped only after the mode returns).
+    alias: another tensor object over the same elements of the same memory counts as the
+    same state (`TensorStates.get_alias`). same_as: the input entry of a view-like op whose
+    output holds the same elements: its statistics are reused, and with `same_bytes` and
+    both tensors contiguous, its stored bytes too. link: the recorded state the tensor holds
+    (a copy taken before a kernel launch of memory another write filled).
+    """
+
+    skip: bool = False
+    fresh: bool = False
+    alias: bool = False
+    same_as: TensorEntry | None = None
+    same_bytes: bool = False
+    link: Any = None
+
+
+PLAIN = TensorUse()
+_USES = {(skip, fresh, alias): TensorUse(skip, fresh, alias)
+         for skip in (False, True) for fresh in (False, True) for alias in (False, True)}
+
+
+def use(skip: bool = False, fresh: bool = False, alias: bool = False) -> TensorUse:
+    """The shared `TensorUse` of these flags (no same_as, link)."""
+    return _USES[(skip, fresh, alias)]
+
+
 class Recorder:
-    """Writes op calls into one dump; as an observer, records every op it is shown."""
+    """Writes calls into one dump; as an observer, records every call it is shown."""
 
     def __init__(self, writer: DumpWriter, mode: str, io: frozenset[str] | set[str],
-                 coll: collectives.Collectives, sim: Any = None, strict: bool = False,
+                 memory: Uninitialised | None = None, sim: Any = None, strict: bool = False,
                  defer_stats: bool = False) -> None:
         self.writer = writer
         self.tensor_mode = mode == "tensor"
         self.want_inputs = "input" in io
         self.want_outputs = "output" in io
-        self.coll = coll
         self.sim = sim
         self.strict = strict
         self.seen = TensorStates(track_storage=True)
-        # optimizer tensor -> its parameter's name (set by the dumper from its Scope)
-        self.tensor_name: Any = None
-        self.uninit = Uninitialised()  # bytes no op has filled yet: never recorded as data
+        # bytes no op has filled yet: never recorded as data (kept by MemoryWatch)
+        self.memory = memory if memory is not None else Uninitialised()
         self._uninit_in: list[int] = []
         self.devices: set[str] = set()
         self._device_names: dict[torch.device, str] = {}
@@ -134,17 +161,14 @@ class Recorder:
 
     # -- the one write path ------------------------------------------------------------------
 
-    def write(self, call: OpCall, entries: list[TensorEntry], n_in: int, n_out: int,
+    def write(self, call: Call, entries: list[TensorEntry], n_in: int, n_out: int,
               extra: dict[str, Any]) -> None:
         """Queue one op record; a write failure stops the dump (or raises when strict)."""
         views = self._views.pop(call.seq, None) if self._views else None
         if views:  # tensor ("i<idx>") -> the row of the write it is a strided view of
-            extra["view_of"] = views
-        op = OpEntry(
-            seq=call.seq, op=call.plan.name, phase=call.phase, module=call.module,
-            source=call.source, stack=call.stack,
-            args=encode_call(call.args, call.kwargs), step=call.step,
-            n_in=n_in, n_out=n_out, extra=extra, epoch=call.epoch)
+            extra[schema.EXTRA_VIEW_OF] = views
+        op = OpEntry(call.site, stack=call.stack, args=encode_call(call.args, call.kwargs),
+                     n_in=n_in, n_out=n_out, extra=extra, epoch=call.epoch)
         try:
             self.writer.add_op(op, entries)
         except DumpWriteError as e:
@@ -156,7 +180,7 @@ class Recorder:
         self.ops_recorded += 1
         self.steps_seen.add(call.step)
 
-    def write_tensors(self, call: OpCall, inputs: list[torch.Tensor],
+    def write_tensors(self, call: Call, inputs: list[torch.Tensor],
                       outputs: list[torch.Tensor], extra: dict[str, Any],
                       written: bool = False, links: dict[int, Any] | None = None) -> None:
         """Write `call` with these input and output tensors described afresh (the overflow
@@ -169,10 +193,13 @@ class Recorder:
             # a buffer another launch wrote is handed over as a fresh reinterpreted view:
             # found by its memory, it links to that write
             links = links or {}
-            entries = [self.entry(call.seq, schema.INPUT, i, t, alias=True, link=links.get(i))
+            alias, out_use = use(alias=True), use(fresh=written)
+            entries = [self.entry(call.seq, schema.INPUT, i, t,
+                                  alias if i not in links else TensorUse(alias=True,
+                                                                         link=links[i]))
                        for i, t in enumerate(inputs)]
             for i, t in enumerate(outputs):
-                e = self.entry(call.seq, schema.OUTPUT, i, t, fresh=written)
+                e = self.entry(call.seq, schema.OUTPUT, i, t, out_use)
                 entries.append(e)
                 if written and e.stats is not None:
                     self.seen.forget_aliases(t)
@@ -181,27 +208,19 @@ class Recorder:
 
     # -- observer ----------------------------------------------------------------------------
 
-    def track(self, call_plan: OpPlan, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
-              outputs: list[torch.Tensor]) -> None:
-        """Follow uninitialised memory through one op (recorded or not): what it allocated
-        uninitialised, what it filled."""
-        if not (call_plan.uninitialised or self.uninit):
-            return
-        written = overwritten_ids(call_plan, args, kwargs)
-        with torch._C._DisableTorchDispatch():
-            self.uninit.after(call_plan, inputs, outputs, written)
-
     def drain(self) -> None:
         """Wait for the statistics still being computed (before memory may be written)."""
         if self._deferred is not None:
             self._deferred.drain()
 
-    def before(self, call: OpCall) -> None:
-        uninit = self.uninit
+    def before(self, call: Call) -> None:
+        if type(call) is KernelCall:  # described after the launch, in `after`
+            return
+        memory = self.memory
         self._uninit_in = []
-        if uninit:
+        if memory:
             with torch._C._DisableTorchDispatch():
-                self._uninit_in = [i for i, t in enumerate(call.inputs) if uninit.holds(t)]
+                self._uninit_in = [i for i, t in enumerate(call.inputs) if memory.holds(t)]
         if _is_out(call.plan):
             outs = out_positions(call.plan, call.args, call.kwargs)
             self._uninit_in = sorted({*self._uninit_in, *outs}) if outs else self._uninit_in
@@ -211,8 +230,10 @@ class Recorder:
             # an extern kernel reading Inductor's buffers; once a compiled program ran,
             # any op reading them (a fallback kernel, eager code given a compiled output)
             alias = _is_out(call.plan) or self.seen.has_memory()
+            plain, skipped = use(alias=alias), use(skip=True, alias=alias)
             with torch._C._DisableTorchDispatch():
-                self._in_entries = [entry(seq, schema.INPUT, i, t, skip=i in skip, alias=alias)
+                self._in_entries = [entry(seq, schema.INPUT, i, t,
+                                          skipped if i in skip else plain)
                                     for i, t in enumerate(call.inputs)]
         else:
             self._in_entries = []
@@ -224,11 +245,16 @@ class Recorder:
         if self.sim is not None:
             self._n_faults = len(self.sim.applied)
 
-    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+    def after(self, call: Call, outputs: list[torch.Tensor]) -> None:
+        if type(call) is KernelCall:
+            # A kernel writes through raw pointers (no version counter moves, even into
+            # reused memory): its outputs are described afresh, never linked to bytes
+            # recorded before.
+            self.write_tensors(call, call.inputs, outputs, call.extra, written=True,
+                               links=call.links)
+            return
         plan = call.plan
-        if not outputs and plan.mutable and returns_nothing(call.func):
-            # a fused/foreach op returns nothing: what it wrote is its result
-            outputs = written_tensors(call.func, call.args, call.kwargs)
+        outputs = produced(call, outputs)  # a fused/foreach op's results are its writes
         coll = call.collective
         entries, self._in_entries = self._in_entries, []
         mutable = plan.mutable or coll is not None
@@ -248,12 +274,11 @@ class Recorder:
                     local = collectives.local_tensor(t)
                     if local is not None:
                         seen.forget_aliases(local)
-        self.track(plan, call.args, call.kwargs, call.inputs, outputs)
-        uninit = self.uninit
+        memory = self.memory
         uninit_out: list[int] = []
-        if uninit and not plan.uninitialised:
+        if memory and not plan.uninitialised:
             with torch._C._DisableTorchDispatch():
-                uninit_out = [i for i, t in enumerate(outputs) if uninit.holds(t)]
+                uninit_out = [i for i, t in enumerate(outputs) if memory.holds(t)]
         if self.want_outputs:
             same = None
             if (plan.same_elements and entries and len(outputs) == 1 and not mutable
@@ -261,11 +286,15 @@ class Recorder:
                 same = entries[0]
             seq, entry = call.seq, self.entry
             out_op = coll is None and _is_out(plan) and not torch.is_inference_mode_enabled()
+            unfilled = use(skip=True, fresh=mutable)
+            if same is not None:
+                data = TensorUse(skip=plan.uninitialised, fresh=mutable, same_as=same,
+                                 same_bytes=plan.same_bytes)
+            else:
+                data = use(skip=plan.uninitialised, fresh=mutable)
             with torch._C._DisableTorchDispatch():
                 for i, t in enumerate(outputs):
-                    e = entry(seq, schema.OUTPUT, i, t,
-                              skip=plan.uninitialised or i in uninit_out, fresh=mutable,
-                              same_as=same, same_bytes=plan.same_bytes)
+                    e = entry(seq, schema.OUTPUT, i, t, unfilled if i in uninit_out else data)
                     entries.append(e)
                     if out_op and e.stats is not None:
                         # an `out=` buffer (Inductor's extern kernels write theirs): the
@@ -284,44 +313,24 @@ class Recorder:
 
         extra = call.extra
         if plan.uninitialised:
-            extra["uninitialized"] = True
+            extra[schema.EXTRA_UNINITIALIZED] = True
         if self._uninit_in or uninit_out:  # views of memory not filled yet: not data
-            extra["uninitialized_io"] = {"input": self._uninit_in, "output": uninit_out}
+            extra[schema.EXTRA_UNINITIALIZED_IO] = {"input": self._uninit_in,
+                                                    "output": uninit_out}
         if plan.rng:
-            extra["rng"] = True
+            extra[schema.EXTRA_RNG] = True
         scratch = workspace_outputs(plan.name)
         if scratch:  # kernel scratch memory: stored (its backward replays with it), never judged
-            extra["workspace"] = sorted(scratch)
+            extra[schema.EXTRA_WORKSPACE] = sorted(scratch)
         if mutable and coll is None:
-            extra["inplace"] = True
+            extra[schema.EXTRA_INPLACE] = True
         if coll is not None:
-            extra["collective"] = coll
-        for t in call.inputs:
-            if type(t) is not torch.Tensor:
-                meshes = [m for t in call.inputs if type(t) is not torch.Tensor
-                          and (m := self.coll.note_mesh(t)) is not None]
-                if meshes:  # an op on DTensors: recorded on the local shards
-                    extra["dtensor"] = meshes
-                    if collectives.dtensor_runs_locally(call.func, call.args, call.kwargs):
-                        extra["dtensor_local"] = True  # its kernel saw these shards
-                break
-        if self.tensor_name is not None and call.phase == "optimizer" and len(outputs) > 1:
-            self._name_tensors(call, outputs, extra)
+            extra[schema.EXTRA_COLLECTIVE] = coll
         if self.sim is not None and len(self.sim.applied) > self._n_faults:
-            extra["faults"] = list(self.sim.applied[self._n_faults:])
+            extra[schema.EXTRA_FAULTS] = list(self.sim.applied[self._n_faults:])
         if call.fwd_seq >= 0:
-            extra["fwd_seq"] = call.fwd_seq
+            extra[schema.EXTRA_FWD_SEQ] = call.fwd_seq
         self.write(call, entries, len(call.inputs), len(outputs), extra)
-
-    def _name_tensors(self, call: OpCall, outputs: list[torch.Tensor],
-                      extra: dict[str, Any]) -> None:
-        """A fused/foreach optimizer call updates many parameters: name each tensor by its
-        parameter, so each gets its own row (compare) and a fault its own culprit."""
-        name = self.tensor_name
-        names = {"input": [name(t) for t in call.inputs],
-                 "output": [name(t) for t in outputs]}
-        if len({n for n in names["output"] if n}) > 1:
-            extra["tensor_names"] = names
 
     def finish(self) -> dict[str, Any]:
         if self._deferred is not None:
@@ -331,18 +340,11 @@ class Recorder:
 
     # -- tensors -----------------------------------------------------------------------------
 
-    def entry(self, seq: int, io: int, idx: int, t: torch.Tensor, skip: bool = False,
-              fresh: bool = False, same_as: TensorEntry | None = None,
-              same_bytes: bool = False, alias: bool = False,
-              link: Any = None) -> TensorEntry:
-        """Describe one tensor use (call with python dispatch disabled).
-
-        `fresh` forbids dedupe (outputs of in-place ops, whose version counter is bumped only
-        after this mode returns). `same_as` is the input entry of a view-like op whose output
-        holds the same elements: its statistics are reused, and with `same_bytes` and both
-        tensors contiguous, its stored bytes too. `alias`: another tensor object over the
-        same elements of the same memory counts as the same state (`TensorStates.get_alias`).
-        """
+    def entry(self, seq: int, io: int, idx: int, t: torch.Tensor,
+              how: TensorUse = PLAIN) -> TensorEntry:
+        """Describe one tensor use of call `seq` (`io`: schema.INPUT/OUTPUT, `idx`: its
+        index there) as `how` says (see `TensorUse`); call with python dispatch disabled."""
+        skip, fresh = how.skip, how.fresh
         if type(t) is not torch.Tensor:  # wrapper subclasses: DTensor, async collective results
             local = collectives.local_tensor(t)
             t, skip = (t, True) if local is None else (local, skip)
@@ -356,8 +358,8 @@ class Recorder:
                             tuple(t.shape), tuple(t.stride()) if strided else (), device, None)
         if skip or not strided or t.dim() > schema.MAX_DIMS:
             return entry
-        seen = None if fresh else (link if link is not None else self.seen.get(t))
-        if seen is None and alias and not fresh:
+        seen = None if fresh else (how.link if how.link is not None else self.seen.get(t))
+        if seen is None and how.alias and not fresh:
             seen = self.seen.get_alias(t)
             if seen is None:
                 # part of what a launch wrote, seen through another view (`hidden[:, 0]`
@@ -368,10 +370,11 @@ class Recorder:
         if seen is not None:
             entry.first, entry.stats = seen
             return entry
+        same_as = how.same_as
         if same_as is not None and same_as.stats is not None and entry.dtype == same_as.dtype \
                 and t.numel() == _numel(same_as.shape):
             entry.stats = same_as.stats
-            if (self.tensor_mode and same_bytes and same_as.first >= 0
+            if (self.tensor_mode and how.same_bytes and same_as.first >= 0
                     and t.is_contiguous() and _contiguous(same_as)):
                 entry.first = same_as.first
                 self.seen.put(t, (entry.first, entry.stats))

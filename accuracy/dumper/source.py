@@ -31,7 +31,9 @@ _TORCH_SITE = os.sep + "site-packages" + os.sep + "torch" + os.sep
 _cache: dict[str, bool] = {}
 
 
-def _internal(filename: str) -> bool:
+def is_internal(filename: str) -> bool:
+    """Whether a frame of `filename` is torch's, ours (but the example models), the
+    standard library's or generated code: never the user's line."""
     hit = _cache.get(filename)
     if hit is None:
         hit = _cache[filename] = filename.startswith(_INTERNAL_PREFIXES) or (
@@ -41,7 +43,7 @@ def _internal(filename: str) -> bool:
 
 def _user_frames(frame: FrameType | None):
     while frame is not None:
-        if not _internal(frame.f_code.co_filename):
+        if not is_internal(frame.f_code.co_filename):
             yield frame
         frame = frame.f_back
 

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from accuracy.dumper.opcall import OpCall
+from accuracy.dumper.calls import Call
+from accuracy.dumpfile import schema
 
 # Wrapper subclasses whose inner tensors the dumper already records as what they are.
 UNDERSTOOD = frozenset({"DTensor", "FakeTensor", "FunctionalTensor", "AsyncCollectiveTensor"})
@@ -39,7 +40,7 @@ class SubclassWatch:
     def __init__(self) -> None:
         self.ops: Counter[str] = Counter()
 
-    def before(self, call: OpCall) -> None:
+    def before(self, call: Call) -> None:
         # call.inputs holds every tensor of the call (accuracy/dumper/flatten.py); nearly
         # always plain tensors, told apart by one type check each: no pytree walk per op
         plain = torch.Tensor
@@ -50,11 +51,11 @@ class SubclassWatch:
             return
         names = sorted({n for t in call.inputs if (n := unseen_subclass(t)) is not None})
         if names:
-            call.extra["tensor_subclasses"] = names
+            call.extra[schema.EXTRA_TENSOR_SUBCLASSES] = names
             self.ops.update(names)
 
-    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+    def after(self, call: Call, outputs: list[torch.Tensor]) -> None:
         pass
 
     def finish(self) -> dict[str, Any]:
-        return {"tensor_subclasses": dict(self.ops)} if self.ops else {}
+        return {schema.ROOT_TENSOR_SUBCLASSES: dict(self.ops)} if self.ops else {}

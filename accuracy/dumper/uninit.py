@@ -8,15 +8,18 @@ becomes a false divergence and a false culprit.
 
 `Uninitialised` keeps, per storage, the byte ranges no op has written yet. A tensor use whose
 bytes touch such a range is *not data*: the recorder stores its metadata only and names it in
-the op's `extra["uninitialised_io"]`, and compare and replay never judge it. What fills memory
+the op's `extra["uninitialized_io"]` (`schema.EXTRA_UNINITIALIZED_IO`), and compare and replay
+never judge it. What fills memory
 comes from the op registry (`accuracy.aten`): fresh outputs of ordinary ops, the written
 arguments of overwriting ops (`copy_`, `fill_`, `out=`), the outputs of collectives that
 receive data (all-gather, reduce-scatter, broadcast), and for ops returning a buffer they fill
 only partly (`aten.PARTLY_FILLED_OUTPUTS`), everything but that buffer.
 
-The live check (`accuracy/live/check.py`) follows memory with the same class and leaves an
-op unjudged when it reads such bytes or leaves an output touching them: one definition of
-"bytes that are not data" for the dump, compare, replay and the live check.
+`MemoryWatch` is the loop's observer that keeps one `Uninitialised` up to date through every
+call, shown or not to the others (accuracy/dumper/loop.py); the recorder asks it which inputs
+and outputs are not data, and the live check (`accuracy/live/check.py`), on its own loop,
+leaves an op unjudged when it reads such bytes or leaves an output touching them: one
+definition of "bytes that are not data" for the dump, compare, replay and the live check.
 
 A storage is identified by its StorageImpl and checked against a weak reference on every
 look-up (memory freed and its address reused is never taken for the old buffer). A storage
@@ -34,8 +37,12 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from accuracy.aten import overwritten_ids
+from accuracy.dumper.calls import produced
+
 if TYPE_CHECKING:
     from accuracy.aten import OpPlan
+    from accuracy.dumper.calls import Call
 
 log = logging.getLogger(__name__)
 
@@ -168,3 +175,29 @@ class Uninitialised:
                 continue
             if plan.collective is not None or not plan.alias_outputs:
                 self.fill(t)
+
+
+class MemoryWatch:
+    """Observer of every call of a loop (also those its filter leaves unshown to the others):
+    follows uninitialised memory through each eager op that ran, what it allocated
+    uninitialised and what it filled. Registered before the observers that ask it (`memory`),
+    so they see each op's effect after it. A kernel launch writes through raw pointers that
+    this does not follow: its buffers are Inductor's own, never an `empty*` the step made."""
+
+    def __init__(self) -> None:
+        self.memory = Uninitialised()
+
+    def before(self, call: Call) -> None:
+        pass
+
+    def after(self, call: Call, outputs: list[torch.Tensor]) -> None:
+        plan = call.plan
+        if not (plan.uninitialised or self.memory) or call.func is None:
+            return
+        outputs = produced(call, outputs)  # a fused op's results are its writes
+        written = overwritten_ids(plan, call.args, call.kwargs)
+        with torch._C._DisableTorchDispatch():
+            self.memory.after(plan, call.inputs, outputs, written)
+
+    def finish(self) -> dict[str, Any]:
+        return {}

@@ -1,5 +1,5 @@
 """What a dump says about what it could not see: compiled regions (root attributes
-`compiled_watch` and `compiled_regions`, written by accuracy/compiled/watch.py), tensor
+`compiled_watch` and `compiled_regions`, written by accuracy/dumper/compiled/watch.py), tensor
 subclasses it cannot see into (`tensor_subclasses`, dumper/subclass_watch.py) and ops the
 dumper failed on (`ops_not_recorded`, dumper/core.py), as sentences
 every reader shows first: `accuracy info`, compare's summary, the report files and the web UI."""
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from accuracy.dumpfile import schema
+
 RECORDED = "recorded-compiled"
 HOP_NOT_RECORDED = "higher-order op"  # a HOP run without its ops seen (accuracy/hops.py)
 NOT_RECORDED = "ran but were not recorded"  # ops the dumper failed on (`ops_not_recorded`)
@@ -15,7 +17,7 @@ NOT_RECORDED = "ran but were not recorded"  # ops the dumper failed on (`ops_not
 
 def regions(attrs: dict[str, Any]) -> list[dict[str, Any]]:
     """The compiled regions a dump's block entered (empty for an eager job or an old dump)."""
-    rs = attrs.get("compiled_regions")
+    rs = attrs.get(schema.ROOT_COMPILED_REGIONS)
     return [r for r in rs if isinstance(r, dict)] if isinstance(rs, list) else []
 
 
@@ -24,7 +26,7 @@ def blind_lines(attrs: dict[str, Any], side: str = "") -> list[str]:
     dumper could not watch for compiled regions at all; empty when nothing is unseen."""
     who = f"{side} dump: " if side else ""
     out = []
-    watch = attrs.get("compiled_watch")
+    watch = attrs.get(schema.ROOT_COMPILED_WATCH)
     if isinstance(watch, str) and watch != "on":
         out.append(f"{who}compiled regions were not watched ({watch}): a torch.compile'd "
                    "region in the block may have gone unseen")
@@ -35,13 +37,13 @@ def blind_lines(attrs: dict[str, Any], side: str = "") -> list[str]:
         out.append(f"{who}compiled region {r.get('name')!s} [backend {r.get('backend')!s}, "
                    f"{r.get('calls')} call(s), step(s) {steps}] {r.get('status')}: "
                    f"{r.get('reason')}")
-    unhooked = attrs.get("compiled_kernels_not_recorded")
+    unhooked = attrs.get(schema.ROOT_COMPILED_KERNELS_NOT_RECORDED)
     if isinstance(unhooked, dict):
         names = ", ".join(str(k) for k in unhooked.get("kernels") or [])
         out.append(f"{who}{unhooked.get('count')!s} compiled kernel launch site(s) were "
                    f"generated without a recording hook ({names}): {unhooked.get('why')!s}; "
                    "their writes are not in the dump")
-    failed = attrs.get("ops_not_recorded")
+    failed = attrs.get(schema.ROOT_OPS_NOT_RECORDED)
     if isinstance(failed, dict):
         out.append(f"{who}{failed.get('count')!s} op(s) {NOT_RECORDED}: the dumper "
                    f"failed on them (first: {failed.get('first')!s}); their values are not in "
@@ -65,12 +67,12 @@ def _counts(attrs: dict[str, Any], key: str) -> list[tuple[Any, Any]]:
 def seen_lines(attrs: dict[str, Any]) -> list[str]:
     """One line per compiled region the dump recorded as compiled (what `info` says beside
     the regions it did not see)."""
-    kernels = attrs.get("compiled_kernels_recorded")
+    kernels = attrs.get(schema.ROOT_COMPILED_KERNELS_RECORDED)
     out = [f"compiled region {r.get('name')!s} [backend {r.get('backend')!s}, "
            f"{r.get('calls')} call(s)] recorded as compiled"
            + (f" ({kernels} kernel launch(es) recorded in the dump)" if kernels else "")
            for r in regions(attrs) if r.get("status") == RECORDED]
-    rng = attrs.get("compiled_random")
+    rng = attrs.get(schema.ROOT_COMPILED_RANDOM)
     if rng == "eager":
         out.append("compiled kernels drew random numbers with eager's generator (Inductor's "
                    "fallback_random): dropout masks are an eager run's with the same seed")
@@ -82,12 +84,12 @@ def seen_lines(attrs: dict[str, Any]) -> list[str]:
 
 def blind_count(attrs: dict[str, Any]) -> int:
     """Compiled regions not recorded as compiled (plus one if they were not watched)."""
-    watch = attrs.get("compiled_watch")
+    watch = attrs.get(schema.ROOT_COMPILED_WATCH)
     return (sum(1 for r in regions(attrs) if r.get("status") != RECORDED)
             + (1 if isinstance(watch, str) and watch != "on" else 0)
-            + (1 if isinstance(attrs.get("ops_not_recorded"), dict) else 0)
-            + (1 if isinstance(attrs.get("higher_order_ops_not_recorded"), dict) else 0)
-            + (1 if isinstance(attrs.get("compiled_kernels_not_recorded"), dict) else 0))
+            + (1 if isinstance(attrs.get(schema.ROOT_OPS_NOT_RECORDED), dict) else 0)
+            + (1 if isinstance(attrs.get(schema.ROOT_HOPS_NOT_RECORDED), dict) else 0)
+            + (1 if isinstance(attrs.get(schema.ROOT_COMPILED_KERNELS_NOT_RECORDED), dict) else 0))
 
 
 def recompile_lines(attrs: dict[str, Any], side: str = "") -> list[str]:

@@ -6,10 +6,13 @@ See docs/dump-format.md for the prose description.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import h5py
 import numpy as np
 
 # Dtype by name lives in dtypes.py (numpy decoding, torch only on request); kept here for callers.
+from accuracy.dumpfile.checksum import ATTRS_HASH
 from accuracy.dumpfile.dtypes import dtype_name, torch_dtype  # noqa: F401
 
 FORMAT_NAME = "accuracy-dump"
@@ -136,3 +139,162 @@ def parse_address(addr: str) -> tuple[str, int, int, int]:
         return parts[0], int(parts[1]), IO_NAMES.index(parts[2]), int(parts[3])
     except ValueError:
         raise ValueError(f"bad tensor address {addr!r}: seq and index must be integers") from None
+
+
+# -- the names a dump's JSON carries: per-op `extra` keys and root attributes ----------------
+#
+# Declared here once (name, JSON type, meaning) and read and written through these constants
+# by the writer, the recorder and its observers, the reader, compare, replay, overflow and the
+# server. The names are what dumps on disk hold: a constant may be renamed, never its value
+# (old dumps stay readable); `EXTRA` and `ROOT` list them all (docs/dump-format.md).
+
+
+@dataclass(frozen=True)
+class Field:
+    """One name a dump's JSON carries: its JSON type and what it means."""
+
+    name: str
+    type: str
+    meaning: str
+
+
+EXTRA: dict[str, Field] = {}  # per-op `extra` keys
+ROOT: dict[str, Field] = {}  # root attributes
+
+
+def _extra(name: str, type_: str, meaning: str) -> str:
+    EXTRA[name] = Field(name, type_, meaning)
+    return name
+
+
+def _root(name: str, type_: str, meaning: str) -> str:
+    ROOT[name] = Field(name, type_, meaning)
+    return name
+
+
+# what the recorder writes of an eager op
+EXTRA_INPLACE = _extra("inplace", "bool", "the op wrote an argument (in-place or out=)")
+EXTRA_RNG = _extra("rng", "bool", "the op draws random numbers: not replayed bit-exactly")
+EXTRA_UNINITIALIZED = _extra(
+    "uninitialized", "bool", "an empty* factory: its outputs are whatever memory held")
+EXTRA_UNINITIALIZED_IO = _extra(
+    "uninitialized_io", "{input: [int], output: [int]}",
+    "tensor uses touching bytes no op has filled since an empty* (dumper/uninit.py): stored "
+    "as metadata only, never judged")
+EXTRA_WORKSPACE = _extra(
+    "workspace", "[int]", "outputs that are a kernel's scratch memory: stored, never judged")
+EXTRA_VIEW_OF = _extra(
+    "view_of", "{'i<idx>' | 'o<idx>': int}",
+    "tensor uses that are strided views of part of a remembered write: the row of that write")
+EXTRA_FWD_SEQ = _extra("fwd_seq", "int", "a backward op: the seq of the forward op it "
+                       "differentiates")
+EXTRA_FAULTS = _extra("faults", "[object]", "sim faults applied while the op ran")
+EXTRA_COLLECTIVE = _extra(
+    "collective", "object", "a collective's note: kind, reduce op, group, its index in that "
+    "group, wait times (dumper/collectives.py)")
+EXTRA_DTENSOR = _extra("dtensor", "[object]", "an op on DTensors: each argument's mesh and "
+                       "placements (recorded on the local shards)")
+EXTRA_DTENSOR_LOCAL = _extra(
+    "dtensor_local", "bool", "DTensor ran the same op on the local shards: replayable on them")
+EXTRA_TENSOR_NAMES = _extra(
+    "tensor_names", "{input: [str], output: [str]}",
+    "a fused/foreach optimizer call: the parameter each tensor belongs to")
+EXTRA_QUANT = _extra("quant", "object", "fp8/MX quantisation figures per GEMM operand")
+EXTRA_TENSOR_SUBCLASSES = _extra(
+    "tensor_subclasses", "[str]", "wrapper tensor subclasses the op took that the dumper "
+    "cannot see into")
+EXTRA_LOADED = _extra("loaded", "bool", "load mode: the op ran on the golden dump's inputs")
+# what the online overflow check writes
+EXTRA_OVERFLOW = _extra("overflow", "{kind, born, outputs, contained?}",
+                        "check_overflow=True: the birth this row records")
+EXTRA_AMP = _extra("amp", "str", "one of GradScaler's own ops: its label")
+EXTRA_STEP_SKIPPED = _extra("step_skipped", "bool", "GradScaler's update: it skipped the step")
+# what a compiled kernel's row carries (dumper/compiled/source.py)
+EXTRA_COMPILED = _extra("compiled", "str", "the row is a compiled kernel's launch: 'inductor'")
+EXTRA_KERNEL = _extra("kernel", "str", "the kernel's name in the generated code")
+EXTRA_GRAPH = _extra("graph", "str", "the kernel's graph: forward | backward | inference")
+EXTRA_FUSED_OPS = _extra("fused_ops", "[str]", "the ATen ops fused into the kernel")
+EXTRA_INPUTS = _extra("inputs", "[str]", "the kernel's input buffers ('<buf>_before': the "
+                      "value an output buffer held before the launch)")
+EXTRA_OUTPUTS = _extra(
+    "outputs", "[object]", "per output buffer: its origin node, op, module, source line, "
+    "fused ops, orig (the ATen op before decomposition), index, multi, inner")
+EXTRA_KID = _extra("kid", "int", "the launch site's id within the recorded process")
+EXTRA_FUSED_GRAPH = _extra("fused_graph", "object", "the kernel's fused FX subgraph as data "
+                           "(once per launch site): `accuracy repro` prints its script from it")
+EXTRA_REFERENCE = _extra("reference", "object", "the kernel's ATen ops for replay (once per "
+                         "launch site)")
+EXTRA_GRAPH_CODE = _extra("graph_code", "str", "written by older versions for "
+                          "`accuracy repro`: never run, refused")
+# what a replay writes on each replayed row
+EXTRA_REPLAY = _extra("replay", "object", "a replay's row: its status, reason and figures")
+
+# root attributes
+ROOT_FORMAT = _root("format", "str", "accuracy-dump (or accuracy-extract)")
+ROOT_SCHEMA_VERSION = _root("schema_version", "int", "the layout's version (SCHEMA_VERSION)")
+ROOT_COMPLETE = _root("complete", "bool", "closed cleanly: every op up to the end is in")
+ROOT_MODE = _root("mode", "str", "tensor | statistics (a replay: tensor | metrics)")
+ROOT_STAT_SUMS = _root(SUMS_ATTR, "str", "'omitted': statistics hold no bit-pattern sum")
+ROOT_RANK = _root("rank", "int", "the rank that wrote the file")
+ROOT_WORLD_SIZE = _root("world_size", "int", "ranks in the job")
+ROOT_LOCAL_RANK = _root("local_rank", "int", "LOCAL_RANK, -1 when unset")
+ROOT_PROCESS_GROUP = _root("process_group", "object", "the default process group")
+ROOT_TORCH_VERSION = _root("torch_version", "str", "torch.__version__")
+ROOT_ACCURACY_VERSION = _root("accuracy_version", "str", "accuracy.__version__")
+ROOT_PYTHON_VERSION = _root("python_version", "str", "platform.python_version()")
+ROOT_CREATED = _root("created", "str", "when the file was started (ISO 8601, UTC)")
+ROOT_HOST = _root("host", "str", "the machine's name")
+ROOT_RANKS_RECORDED = _root("ranks_recorded", "[int] | 'all'", "dumper(ranks=)")
+ROOT_CHECK_OVERFLOW = _root("check_overflow", "bool", "dumper(check_overflow=True)")
+ROOT_SELECT = _root("select", "str", "dumper(select=): the selection file, '' for none")
+ROOT_FILTER = _root("filter", "object", "the dumper's ops/exclude_ops/modules/io/phases/steps")
+ROOT_BACKEND = _root("backend", "str", "the backend the ops ran on (sim, cuda, npu...)")
+ROOT_BACKEND_VERSION = _root("backend_version", "str", "its version")
+ROOT_DEVICES = _root("devices", "[str]", "the device types the tensors were on")
+ROOT_PROFILE = _root("profile", "str", "sim: the numerics profile")
+ROOT_SIM = _root("sim", "object", "sim: its description")
+ROOT_FAULTS_APPLIED = _root("faults_applied", "[object]", "sim: the faults applied")
+ROOT_OPS_RECORDED = _root("ops_recorded", "int", "op rows written")
+ROOT_OPS_SEEN = _root("ops_seen", "int", "calls the dumper numbered (recorded or not)")
+ROOT_STEPS = _root("steps", "[int]", "the steps recorded")
+ROOT_OPS_NOT_RECORDED = _root("ops_not_recorded", "{count, first}",
+                              "calls an observer failed on: left unrecorded")
+ROOT_HOPS_NOT_RECORDED = _root("higher_order_ops_not_recorded", "{name: int}",
+                               "higher-order ops run with their ops unseen")
+ROOT_COLLECTIVES = _root("collectives", "int", "collectives this rank issued")
+ROOT_PROCESS_GROUPS = _root("process_groups", "object", "each group's description")
+ROOT_DEVICE_MESHES = _root("device_meshes", "[object]", "the DTensor meshes seen")
+ROOT_COMPILED_WATCH = _root("compiled_watch", "str", "'on', or why compiled regions could "
+                            "not be watched")
+ROOT_COMPILED_REGIONS = _root("compiled_regions", "[object]", "each compiled region entered "
+                              "and how it ran (dumper/compiled/watch.py)")
+ROOT_COMPILED_KERNELS_RECORDED = _root("compiled_kernels_recorded", "int",
+                                       "kernel launches recorded")
+ROOT_COMPILED_RANDOM = _root("compiled_random", "str", "whose generator compiled kernels "
+                             "drew random numbers with: eager | inductor")
+ROOT_COMPILED_KERNELS_NOT_RECORDED = _root(
+    "compiled_kernels_not_recorded", "{count, kernels, why}",
+    "launch sites generated without a recording hook")
+ROOT_LOAD_FILE_PATH = _root("load_file_path", "str", "load mode: the golden dump")
+ROOT_OPS_LOADED = _root("ops_loaded", "int", "load mode: ops fed golden inputs")
+ROOT_QUANT_OPS = _root("quant_ops", "int", "ops with quantisation figures")
+ROOT_TENSOR_SUBCLASSES = _root("tensor_subclasses", "{type: int}",
+                               "wrapper subclasses the dumper cannot see into, and their ops")
+ROOT_OVERFLOW = _root("overflow", "object", "check_overflow=True: the check's summary and "
+                      "its events (records.OverflowFinding without confirmation)")
+ROOT_BYTES_WRITTEN = _root("bytes_written", "int", "tensor bytes stored")
+ROOT_BYTES_LINKED = _root("bytes_linked", "int", "tensor bytes shared with earlier rows")
+ROOT_ATTRS_HASH = _root(ATTRS_HASH, "uint64", "XXH3-64 of the other root attributes, written "
+                        "at close (checksum.attrs_hash, which leaves this one out): checked on "
+                        "open")
+# a replay's file
+ROOT_REPLAYED_FROM = _root("replayed_from", "str", "a replay: the dump it replayed")
+ROOT_REFERENCE = _root("reference", "str", "a replay: the reference device")
+ROOT_UPCAST = _root("upcast", "str", "a replay: fp64 | fp32 | none")
+ROOT_SOURCE_BACKEND = _root("source_backend", "str", "a replay: the replayed dump's backend")
+ROOT_SOURCE_PROFILE = _root("source_profile", "str", "a replay: the replayed dump's profile")
+ROOT_OPS_OK = _root("ops_ok", "int", "a replay: ops replayed")
+ROOT_OPS_SKIPPED = _root("ops_skipped", "int", "a replay: ops not replayed")
+ROOT_OPS_FAILED = _root("ops_failed", "int", "a replay: ops that failed")
+# an extract file
+ROOT_SOURCE_DUMP = _root("source_dump", "str", "an extract: the dump it was taken from")

@@ -1,7 +1,7 @@
 """Symbolic sizes of a `dynamic=True` compiled program, as the dump stores them.
 
 A kernel compiled with dynamic shapes reads sizes that are symbols (`s0`, `s0*s1`): its
-reference (accuracy/compiled/reference.py) keeps them as expression text, and the symbolic
+reference (accuracy/dumper/compiled/reference.py) keeps them as expression text, and the symbolic
 size of each buffer it read and wrote. Replay binds the symbols of one launch from the shapes
 its buffers were recorded with, then evaluates the sizes the ops need.
 

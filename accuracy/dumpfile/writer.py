@@ -34,6 +34,7 @@ from accuracy.dumpfile.checksum import ATTRS_HASH, NO_HASH, attrs_hash, content_
 from accuracy.dumpfile.reserve import SpaceReserve, give_back
 from accuracy.errors import AccuracyError, OutputExistsError, RaisedForTheUser
 from accuracy.outputs import writable_folder
+from accuracy.records import CallSite
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +75,13 @@ class TensorEntry:
 
 @dataclass
 class OpEntry:
-    seq: int
-    op: str
-    phase: str
-    module: str
-    source: str
+    """One op row, as the dumper (or a replay) hands it to the writer: where it ran
+    (`site`; the rank is the file's), its stack and call arguments as text, how many tensor
+    rows follow, its `extra` (keys: `schema.EXTRA`) and its collective epoch."""
+
+    site: CallSite
     stack: str
     args: str
-    step: int
     n_in: int
     n_out: int
     extra: dict[str, Any] = field(default_factory=dict)
@@ -491,7 +491,8 @@ class DumpWriter:
         space.grow(size)
 
     def _write_op(self, op: OpEntry, tensors: list[TensorEntry], _size: int) -> None:
-        text = optext.encode((op.op, op.phase, op.module, op.source, op.stack, op.args,
+        site = op.site
+        text = optext.encode((site.op, site.phase, site.module, site.source, op.stack, op.args,
                               json.dumps(op.extra) if op.extra else ""))
         self._text_bytes += len(text)  # its room is kept before any of its tensors' bytes
         first_row = len(self._tensor_rows)
@@ -501,7 +502,7 @@ class DumpWriter:
         except BaseException:
             del self._tensor_rows[first_row:]  # an op is recorded whole or not at all
             raise
-        self._op_rows.append((op.seq, op.step, op.n_in, op.n_out, op.epoch))
+        self._op_rows.append((site.seq, site.step, op.n_in, op.n_out, op.epoch))
         self._op_texts.append(text)
 
     def _write_tensors(self, tensors: list[TensorEntry]) -> None:

@@ -7,10 +7,13 @@ the same local error figures, and the same rule as `accuracy compare` judges the
 (`accuracy.compare.verdict.judge_local`). Only the figures are kept: no tensor is stored, and
 inputs are copied to the reference one op at a time, so memory stays bounded.
 
-Bytes that are not data are followed as the dumper follows them (`accuracy/dumper/uninit.py`,
-one `Uninitialised` per block, updated by every op, checked or not): an op that reads bytes no
-op has written since an `empty*` (FSDP2's all-gather buffer before its collective, any buffer
-filled many calls after its allocation), or leaves an output touching them, is not judged.
+The check is an observer with no writer on the dumper's loop (accuracy/dumper/loop.py): the
+same numbering, the same placing (phase, module, source line: the rows of a dump and the live
+check's results name an op alike), and the same memory watcher: bytes that are not data are
+followed as the dumper follows them (`accuracy/dumper/uninit.py`, updated by every op, checked
+or not), so an op that reads bytes no op has written since an `empty*` (FSDP2's all-gather
+buffer before its collective, any buffer filled many calls after its allocation), or leaves an
+output touching them, is not judged.
 
 Under `sim`, enter `live_check` inside `sim(...)` (like the dumper): it then sees each op's
 real arguments and the sim's faulty result, as on hardware.
@@ -29,36 +32,33 @@ from typing import Any
 
 import torch
 
-from accuracy.aten import (
-    OpPlan,
-    overwritten_ids,
-    plan_of,
-    returns_nothing,
-    workspace_outputs,
-    written_tensors,
-)
+from accuracy.aten import OpPlan, overwritten_ids, workspace_outputs
 from accuracy.compare import verdict as V
 from accuracy.compare.precision import ComputePrecision
-from accuracy.compiled.watch import CompileWatch, mode_is_on
+from accuracy.dumper.calls import Call, produced
+from accuracy.dumper.compiled.watch import CompileWatch
 from accuracy.dumper.flatten import tensors_in
-from accuracy.dumper.uninit import Uninitialised
+from accuracy.dumper.loop import Loop, current_rank
+from accuracy.dumper.sites import Sites
+from accuracy.dumper.uninit import MemoryWatch
 from accuracy.dumpfile.compiled import blind_lines
 from accuracy.dumpfile.stats import fused_float_stats
-from accuracy.errors import AccuracyError
+from accuracy.errors import AccuracyError, RaisedForTheUser
 from accuracy.jsonsafe import jsonable
-from accuracy.live.select import Selection, Site, SiteMode, in_sample, unrunnable
+from accuracy.live.select import CallSelection, in_sample, unrunnable
 from accuracy.replay.engine import reference_device
 from accuracy.replay.ops import (
     FAILED,
     OK,
     SKIPPED,
     OpOutcome,
-    _needs_upcast,
     dropout_reference,
     guarded,
+    needs_upcast,
     rerun,
 )
 from accuracy.replay.rebuild import UPCASTS, Unreplayable, build_call
+from accuracy.replay.refcall import Reference, ReferenceCall
 from accuracy.replay.registry import lookup_reference
 
 log = logging.getLogger(__name__)
@@ -71,8 +71,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _fill(obj: Any, tensors: Iterable[Any]) -> Any:
-    """`obj` with its tensors replaced, in `tensors_in` order, by the next of `tensors`."""
+def fill_tensors(obj: Any, tensors: Iterable[Any]) -> Any:
+    """`obj` (call arguments, an op's result) with its tensors replaced, in `tensors_in`
+    order, by the next of `tensors`."""
     it = iter(tensors)
 
     def walk(o: Any) -> Any:
@@ -104,7 +105,7 @@ class _LiveCall:
         self.args, self.kwargs = args, kwargs
 
     def call(self, tensors: list[Any]) -> tuple[list[Any], dict[str, Any]]:
-        args, kwargs = _fill((list(self.args), self.kwargs), tensors)
+        args, kwargs = fill_tensors((list(self.args), self.kwargs), tensors)
         return args, kwargs
 
 
@@ -182,7 +183,7 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-class LiveCheckError(AccuracyError, RuntimeError):
+class LiveCheckError(AccuracyError, RaisedForTheUser, RuntimeError):
     """Raised by `live_check(stop_on=...)` at the first op judged at or above that level."""
 
     def __init__(self, result: OpResult) -> None:
@@ -191,7 +192,7 @@ class LiveCheckError(AccuracyError, RuntimeError):
 
 
 
-class LiveCheck(SiteMode):
+class LiveCheck:
     """Context manager: re-run each selected op on `on` and judge its local error.
 
     on: reference backend ("cpu", "cuda"...). upcast: "fp64" (default), "fp32" or "none", as
@@ -203,6 +204,9 @@ class LiveCheck(SiteMode):
     checked (1.0: all), a different set each step (`step`: the training step's number, when
     each step has its own block); the others run unchecked and are counted as sampled out.
     After the block: `results`, `report()`.
+
+    An observer of its own loop (`before`, `after`: see accuracy/dumper/calls.py), which
+    writes nothing: it judges each call it is shown and keeps the figures.
     """
 
     def __init__(self, on: str = "cpu", *, ops: str | Iterable[str] | None = None,
@@ -225,7 +229,7 @@ class LiveCheck(SiteMode):
         self.device = reference_device(on)
         self.upcast = upcast
         self.stop_on = stop_on
-        self.selection = Selection.build(ops, modules, exclude_ops, phases)
+        self.selection = CallSelection.build(ops, modules, exclude_ops, phases)
         self.cfg = V.load_config(config)
         self.keep = keep
         self.sample, self.step = float(sample), int(step)
@@ -234,121 +238,122 @@ class LiveCheck(SiteMode):
         self.checked = 0
         self._counts: Counter[str] = Counter()
         self._reasons: Counter[str] = Counter()
-        self.calls = 0
         self.notes: list[str] = []
         self._sim: Any = None
-        self._mode = None
-        self._site: Site | None = None
-        self._names: dict[Any, str] = {}
+        self._loop: Loop | None = None
+        self._memory = MemoryWatch()  # bytes no op has filled yet (as the dumper follows)
+        self._pending: tuple[OpResult, str | None, list[torch.Tensor] | None] | None = None
         self._warned_stack = False
-        self._uninit = Uninitialised()  # bytes no op has filled yet (as the dumper follows)
-        self.compiled: dict[str, Any] = {}  # compiled regions entered (accuracy/compiled/watch)
+        # compiled regions entered (accuracy/dumper/compiled/watch.py)
+        self.compiled: dict[str, Any] = {}
 
     # -- context ------------------------------------------------------------------------
+
+    @property
+    def calls(self) -> int:
+        """Calls the block ran (checked or not)."""
+        return self._loop.seq if self._loop is not None else 0
 
     def __enter__(self) -> LiveCheck:
         self._sim = _active_sim()
         attrs = {"sim": self._sim.describe()} if self._sim is not None else {}
         self.precision = ComputePrecision.from_sources(self.cfg, attrs)
-        self.results, self.calls, self.notes, self.checked = [], 0, [], 0
+        self.results, self.notes, self.checked = [], [], 0
         self.sampled_out = 0
         self._counts, self._reasons = Counter(), Counter()
-        self._uninit = Uninitialised()
-        self._start()
-        self._compiled = CompileWatch(
-            mode_is_on(lambda: self._mode),
-            module=lambda: self._site.scope.module if self._site is not None else "").start()
+        self._memory = MemoryWatch()
+        sites = Sites(rank=current_rank()[0], step=self.step)
+        self._loop = loop = Loop(sites, label="live check", wants=self._wants)
+        loop.observe(self._memory, every_call=True)  # unchecked ops fill memory too
+        loop.observe(self)
+        loop.install()
+        self._compiled = CompileWatch(loop.is_on, module=lambda: sites.module).start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.compiled = self._compiled.finish()
         self.notes[:0] = blind_lines(self.compiled)  # unseen compiled code comes first
-        self._stop(exc_type, exc, tb)
+        self._loop.uninstall(exc_type, exc, tb)
+        if self._loop.failed:
+            self.notes.append(f"{self._loop.failed['count']} call(s) not checked: the live "
+                              f"check failed on them (first: {self._loop.failed['first']})")
         log.info("live check: %s", self.counts())
         return False
 
-    # -- per op -------------------------------------------------------------------------
+    # -- per call: an observer of the loop -------------------------------------------------
 
-    def _op_name(self, func: Any) -> str:
-        name = self._names.get(func)
-        if name is None:
-            name = self._names[func] = str(func)
-        return name
-
-    def _on_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        seq = self.calls
-        self.calls += 1
-        site = self._site
-        assert site is not None
-        phase, module, source = site.locate()
-        name = self._op_name(func)
-        plan = plan_of(func)
-        wanted = self.selection.wants(seq, name, module, phase)
-        if wanted and not in_sample(seq, self.sample, self.step):
-            wanted = False
+    def _wants(self, call: Call) -> bool:
+        """The calls checked: the selection's, in the sample."""
+        site = call.site
+        if not self.selection.wants(site.seq, site.op, site.module, site.phase):
+            return False
+        if not in_sample(site.seq, self.sample, self.step):
             self.sampled_out += 1
-        if not wanted:
-            out = func(*args, **kwargs)
-            outs = tensors_in(out)
-            site.after(phase, module, seq, source, outs)
-            if plan.uninitialised or self._uninit:  # unchecked ops fill memory too
-                self._follow(func, plan, args, kwargs, tensors_in(kwargs, tensors_in(args)),
-                             outs)
-            return out
+            return False
+        return True
+
+    def before(self, call: Call) -> None:
+        self._pending = None
         self._check_stacking()
-        result = OpResult(seq, name, phase, module, source, SKIPPED)
-        inputs = tensors_in(kwargs, tensors_in(args))
-        reason = unrunnable(func, name, args, kwargs)
-        if reason is None and self._reads_unfilled(plan, args, kwargs, inputs):
+        site = call.site
+        result = OpResult(site.seq, site.op, site.phase, site.module, site.source, SKIPPED)
+        reason = unrunnable(call.func, site.op, call.args, call.kwargs)
+        if reason is None and self._reads_unfilled(call.plan, call.args, call.kwargs,
+                                                    call.inputs):
             reason = UNFILLED_REASON
         snapshot = None
         if reason is None:
-            snapshot = self._snapshot(func, args, kwargs, result)
-        out = func(*args, **kwargs)
-        outs = tensors_in(out)
-        site.after(phase, module, seq, source, outs)
-        if (plan.uninitialised or self._uninit) and \
-                self._follow(func, plan, args, kwargs, inputs, outs) and reason is None:
+            snapshot = self._snapshot(call.func, call.args, call.kwargs, result)
+        self._pending = (result, reason, snapshot)
+
+    def after(self, call: Call, outputs: list[torch.Tensor]) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        result, reason, snapshot = pending
+        if reason is None and self._left_unfilled(call, outputs):
             reason = UNFILLED_REASON  # it left (part of) an output unfilled: not data
         if reason is not None:
             result.reason = reason
         elif snapshot is not None:
             try:
-                self._measure(func, name, args, kwargs, snapshot, outs, result)
+                self._measure(call.func, result.op, call.args, call.kwargs, snapshot, outputs,
+                              result)
             except Exception as e:  # noqa: BLE001 - the user's step never fails because of us
-                log.debug("live check of %s (call %d) failed", name, seq, exc_info=True)
+                log.debug("live check of %s (call %d) failed", result.op, result.seq,
+                          exc_info=True)
                 result.status, result.reason = FAILED, f"{type(e).__name__}: {str(e)[:300]}"
                 result.outputs, result.verdict = [], None
         self._tally(result)
         if self.stop_on and _RANK.get(result.verdict, 0) >= _RANK[self.stop_on]:
             raise LiveCheckError(result)
-        return out
+
+    def finish(self) -> dict[str, Any]:
+        return {}
 
     def _reads_unfilled(self, plan: OpPlan, args: tuple, kwargs: dict,
                         inputs: list[torch.Tensor]) -> bool:
         """Whether the op reads bytes no op has written since an empty* made them (the
         dumper's rule, `accuracy/dumper/uninit.py`). An argument it overwrites without
         reading (`copy_`'s, `fill_`'s target, `out=`) does not count: what it held is
-        never used, and `_follow` sees whether the op filled it."""
-        uninit = self._uninit
-        if not uninit:
+        never used, and `_left_unfilled` sees whether the op filled it."""
+        memory = self._memory.memory
+        if not memory:
             return False
         skip = overwritten_ids(plan, args, kwargs)
         with torch._C._DisableTorchDispatch():
-            return any(uninit.holds(t) for t in inputs if id(t) not in skip)
+            return any(memory.holds(t) for t in inputs if id(t) not in skip)
 
-    def _follow(self, func: Any, plan: OpPlan, args: tuple, kwargs: dict,
-                inputs: list[torch.Tensor], outs: list[torch.Tensor]) -> bool:
-        """Follow uninitialised memory through one op that ran, as the dumper's recorder
-        does: what it allocated uninitialised, what it filled. True when an output (other
-        than an empty*'s own, which `unrunnable` names) still touches unfilled bytes."""
-        if not outs and plan.mutable and returns_nothing(func):
-            outs = written_tensors(func, args, kwargs)  # a fused op's results are its writes
-        uninit = self._uninit
+    def _left_unfilled(self, call: Call, outputs: list[torch.Tensor]) -> bool:
+        """Whether an output (other than an empty*'s own, which `unrunnable` names) still
+        touches unfilled bytes after the op ran (the memory watcher, shown the call before
+        this check, has followed it)."""
+        memory = self._memory.memory
+        if call.plan.uninitialised or not memory:
+            return False
+        outs = produced(call, outputs)  # a fused op's results are its writes
         with torch._C._DisableTorchDispatch():
-            uninit.after(plan, inputs, outs, overwritten_ids(plan, args, kwargs))
-            return not plan.uninitialised and bool(uninit) and any(uninit.holds(t)
-                                                                    for t in outs)
+            return any(memory.holds(t) for t in outs)
 
     def _snapshot(self, func: Any, args: tuple, kwargs: dict, result: OpResult
                   ) -> list[torch.Tensor] | None:
@@ -414,13 +419,13 @@ class LiveCheck(SiteMode):
         def build(up: str) -> tuple[list[Any], dict[str, Any]]:
             return build_call(call, inputs, self.device, up, mutable)  # type: ignore[arg-type]
 
-        want = _needs_upcast(inputs, [t.dtype for _, t in host],
+        want = needs_upcast(inputs, [t.dtype for _, t in host],
                              _has_dtype((args, kwargs)), self.upcast)
         scratch = workspace_outputs(name)  # kernel workspaces are not data: never measured
         measured = [(i, t) for i, t in host if i not in scratch]
         with torch._C._DisableTorchDispatch():  # the reference runs below no mode (sim...)
-            return rerun(result.seq, name, fn, build, measured, self.device, self.upcast, want,
-                         note=note, keep=False)
+            return rerun(ReferenceCall(result.seq, name, fn, build, note), measured,
+                         Reference(self.device, self.upcast, keep=False), want)
 
     def _check_stacking(self) -> None:
         if self._warned_stack:

@@ -15,9 +15,17 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from accuracy.device_backend.simulator import _module_matches, sim
+from accuracy.device_backend.simulator import any_module_matches, sim
 from accuracy.errors import UsageError
-from accuracy.live.prove import Arm, Proof, StepResult, _distance, _outcome, _pct, conclude
+from accuracy.live.prove import (
+    Arm,
+    Proof,
+    StepResult,
+    conclude,
+    grad_distance,
+    percent,
+    step_outcome,
+)
 
 
 def _run(step: Callable[[], StepResult], profile: str, faults: Iterable[Any],
@@ -25,7 +33,7 @@ def _run(step: Callable[[], StepResult], profile: str, faults: Iterable[Any],
     mode = sim(profile=profile, faults=list(faults), high_precision=high)
     with mode:
         mode.quantizer.survey = True  # the figures that choose and explain the culprits
-        loss, grads = _outcome(step())
+        loss, grads = step_outcome(step())
     return loss, grads, mode.quantizer.modules
 
 
@@ -33,7 +41,7 @@ def _choose(seen: dict[str, dict[str, float]], modules: Iterable[str] | None,
             over: dict[str, float] | None) -> list[str]:
     if modules is not None:
         pats = list(modules)
-        return sorted(m for m in seen if any(_module_matches(p, [m]) for p in pats))
+        return sorted(m for m in seen if any(any_module_matches(p, [m]) for p in pats))
     return sorted(m for m, figs in seen.items()
                   if any(figs.get(k, 0.0) > v for k, v in (over or {}).items()))
 
@@ -52,7 +60,7 @@ def prove_high_precision(step: Callable[[], StepResult], *,
     if (modules is None) == (over is None):
         raise UsageError("give modules=[patterns] or over={figure: threshold}, one of them")
     faults = list(faults)
-    g_loss, g_grads = _outcome(golden() if callable(golden) else golden)
+    g_loss, g_grads = step_outcome(golden() if callable(golden) else golden)
     d_loss, d_grads, seen = _run(step, profile, faults, [])
     if not seen:
         raise UsageError(f"profile {profile!r} quantised no GEMM in this step; use an fp8 or "
@@ -74,7 +82,7 @@ def prove_high_precision(step: Callable[[], StepResult], *,
                               **{k: v for k, v in seen[m].items() if k != "calls"}}
                              for m in mods])
         a.loss_gap = abs(loss - g_loss)
-        a.grad_gap = _distance(grads or [], g_grads)
+        a.grad_gap = grad_distance(grads or [], g_grads)
         return a
 
     dev = arm("device", [], (d_loss, d_grads))
@@ -84,11 +92,11 @@ def prove_high_precision(step: Callable[[], StepResult], *,
                   "high precision", profile, notes=notes)
 
     def sentence(p: Proof) -> str:
-        grads = (f" and {_pct(p.culprit.grad_closed)} of the gradient gap"
+        grads = (f" and {percent(p.culprit.grad_closed)} of the gradient gap"
                  if p.culprit.grad_closed is not None else "")
         return (f"Running the {profile} GEMMs of {', '.join(chosen)} in high precision closes "
-                f"{_pct(p.culprit.loss_closed)} of the loss gap{grads}; the control "
+                f"{percent(p.culprit.loss_closed)} of the loss gap{grads}; the control "
                 f"({len(control)} random other quantised module{'s' if len(control) != 1 else ''}"
-                f", seed {seed}) closes {_pct(p.control.loss_closed)}.")
+                f", seed {seed}) closes {percent(p.control.loss_closed)}.")
 
     return conclude(proof, sentence, report)

@@ -26,7 +26,7 @@ import torch
 
 from accuracy.errors import UsageError
 from accuracy.jsonsafe import jsonable
-from accuracy.live.select import Selection
+from accuracy.live.select import CallSelection
 from accuracy.live.substitute import Call, Substitute
 from accuracy.replay.ops import is_movement
 
@@ -60,7 +60,7 @@ class Culprit:
         return self.op + (f" in {self.module}" if self.module else "")
 
     def matches(self, call: Call) -> bool:
-        sel = Selection.build(self.op, self.module)
+        sel = CallSelection.build(self.op, self.module)
         return sel.wants(call.seq, call.op, call.module, call.phase)
 
 
@@ -131,7 +131,9 @@ def _grads(obj: Any) -> list[torch.Tensor]:
     return out
 
 
-def _outcome(result: StepResult) -> tuple[float, list[torch.Tensor]]:
+def step_outcome(result: StepResult) -> tuple[float, list[torch.Tensor]]:
+    """(loss, gradients) of what a step returned: a loss, or (loss, grads) as a Module, a
+    {name: tensor} or tensors."""
     if isinstance(result, tuple | list) and len(result) == 2:
         loss, grads = result
     else:
@@ -142,7 +144,8 @@ def _outcome(result: StepResult) -> tuple[float, list[torch.Tensor]]:
     return value, _grads(grads)
 
 
-def _distance(a: list[torch.Tensor], b: list[torch.Tensor]) -> float | None:
+def grad_distance(a: list[torch.Tensor], b: list[torch.Tensor]) -> float | None:
+    """The Euclidean distance between two lists of gradients (None when either is missing)."""
     if not a or not b:
         return None
     if len(a) != len(b) or any(x.numel() != y.numel() for x, y in zip(a, b, strict=True)):
@@ -161,7 +164,7 @@ def _run(step: Callable[[], StepResult], context: Callable[[], Any] | None,
          sub: Substitute) -> tuple[float, list[torch.Tensor]]:
     ctx = context() if context is not None else contextlib.nullcontext()
     with ctx, sub:
-        return _outcome(step())
+        return step_outcome(step())
 
 
 def _eligible(call: Call) -> bool:
@@ -188,7 +191,7 @@ def prove(step: Callable[[], StepResult], *, culprits: Iterable[str | Mapping[st
                                         else culprits)]
     if not specs:
         raise UsageError("prove needs at least one culprit (OP or OP@MODULE)")
-    g_loss, g_grads = _outcome(golden() if callable(golden) else golden)
+    g_loss, g_grads = step_outcome(golden() if callable(golden) else golden)
     survey = Substitute(calls=[], record=True)
     d_loss, d_grads = _run(step, context, survey)
     calls = survey.calls_seen
@@ -220,7 +223,7 @@ def prove(step: Callable[[], StepResult], *, culprits: Iterable[str | Mapping[st
                                   phase=by_seq[s].phase, substituted=s in moved)
                              for s in seqs if s in by_seq])
         a.loss_gap = abs(loss - g_loss)
-        a.grad_gap = _distance(grads or [], g_grads)
+        a.grad_gap = grad_distance(grads or [], g_grads)
         return a
 
     dev = arm("device", [], d_loss, d_grads)
@@ -253,7 +256,8 @@ def conclude(proof: Proof, sentence: Callable[[Proof], str],
     return proof
 
 
-def _pct(v: float | None) -> str:
+def percent(v: float | None) -> str:
+    """A share as the proof's sentences say it ("98%", "n/a")."""
     if v is None:
         return "n/a"
     pct = 100 * v
@@ -262,11 +266,11 @@ def _pct(v: float | None) -> str:
 
 def _sentence(p: Proof, specs: list[Culprit], n: int) -> str:
     what = " and ".join(f"{s.op}" + (f" in {s.module}" if s.module else "") for s in specs)
-    grads = (f" and {_pct(p.culprit.grad_closed)} of the gradient gap"
+    grads = (f" and {percent(p.culprit.grad_closed)} of the gradient gap"
              if p.culprit.grad_closed is not None else "")
-    cgrads = (f" and {_pct(p.control.grad_closed)}" if p.control.grad_closed is not None
+    cgrads = (f" and {percent(p.control.grad_closed)}" if p.control.grad_closed is not None
               else "")
     return (f"Substituting {what} ({n} call{'s' if n != 1 else ''}) closes "
-            f"{_pct(p.culprit.loss_closed)} of the loss gap{grads}; the control "
+            f"{percent(p.culprit.loss_closed)} of the loss gap{grads}; the control "
             f"({len(p.control.calls)} random call{'s' if len(p.control.calls) != 1 else ''}, "
-            f"seed {p.seed}) closes {_pct(p.control.loss_closed)}{cgrads}.")
+            f"seed {p.seed}) closes {percent(p.control.loss_closed)}{cgrads}.")

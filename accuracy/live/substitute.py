@@ -9,6 +9,10 @@ In-place and `out=` ops write their results back into the original tensors.
 Not substituted (they run on the device, and `skipped` says why): views (their result must
 alias the device tensor), collectives, rng draws and uninitialised factories.
 Under `sim`, enter `substitute` inside `sim(...)`: substituted calls then bypass the sim.
+
+It runs on the dumper's loop (accuracy/dumper/loop.py): the same numbering and placing as a
+dump and the live check, its runner choosing where each call runs, an observer keeping the
+calls it was asked about.
 """
 
 from __future__ import annotations
@@ -21,11 +25,15 @@ from typing import Any
 import torch
 
 from accuracy.aten import is_view, written_ids
+from accuracy.dumper.calls import Call as LoopCall
+from accuracy.dumper.calls import OpCall
 from accuracy.dumper.flatten import tensors_in
+from accuracy.dumper.loop import Loop, run_here
+from accuracy.dumper.sites import Sites
 from accuracy.dumpfile import dtypes
 from accuracy.errors import UsageError
-from accuracy.live.check import _fill
-from accuracy.live.select import Selection, Site, SiteMode, unrunnable
+from accuracy.live.check import fill_tensors
+from accuracy.live.select import CallSelection, unrunnable
 from accuracy.replay.engine import reference_device
 
 log = logging.getLogger(__name__)
@@ -95,7 +103,7 @@ def _tell_sim(op: str) -> None:
         device.ran_elsewhere(op)
 
 
-class Substitute(SiteMode):
+class Substitute:
     """Context manager running selected op calls on `on`, optionally at `dtype`.
 
     ops / exclude_ops / modules / phases: patterns as in the dumper (no ops and no modules:
@@ -113,64 +121,82 @@ class Substitute(SiteMode):
         self.on = on
         self.device = reference_device(on)
         self.dtype = _parse_dtype(dtype)
-        self.selection = Selection.build(ops, modules, exclude_ops, phases, calls)
+        self.selection = CallSelection.build(ops, modules, exclude_ops, phases, calls)
         self.record = record
-        self.calls = 0
         self.calls_seen: list[Call] = []
         self.substituted: list[Call] = []
         self.skipped: list[Call] = []
-        self._site: Site | None = None
-        self._mode = None
+        self._loop: Loop | None = None
+        # the call the runner ran last: (call, selected, why not moved, moved)
+        self._ran: tuple[OpCall, bool, str, bool] | None = None
+
+    @property
+    def calls(self) -> int:
+        """Calls the block ran."""
+        return self._loop.seq if self._loop is not None else 0
 
     def __enter__(self) -> Substitute:
-        self.calls, self.calls_seen, self.substituted, self.skipped = 0, [], [], []
-        self._start()
+        self.calls_seen, self.substituted, self.skipped = [], [], []
+        self._ran = None
+        self._loop = loop = Loop(Sites(with_source=False), label="substitute", runner=self._run)
+        loop.observe(self)
+        loop.install()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        self._stop(exc_type, exc, tb)
+        self._loop.uninstall(exc_type, exc, tb)
         log.info("substitute: %d calls run on %s%s, %d selected but kept on the device",
                  len(self.substituted), self.device,
                  f" at {self.dtype}" if self.dtype else "", len(self.skipped))
         return False
 
-    def _on_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        seq = self.calls
-        self.calls += 1
-        site = self._site
-        assert site is not None
-        phase, module, source = site.locate(with_source=False)
-        name = str(func)
-        wanted = self.selection.wants(seq, name, module, phase)
+    def _run(self, call: OpCall) -> Any:
+        """The loop's runner: a selected call that can move runs on `on`, the rest here."""
+        site = call.site
+        func, args, kwargs = call.func, call.args, call.kwargs
+        wanted = self.selection.wants(site.seq, site.op, site.module, site.phase)
         reason = ""
         out = None
         if wanted or self.record:  # recorded calls say whether they could be moved
-            reason = unrunnable(func, name, args, kwargs) or (VIEW_REASON if is_view(func)
-                                                               else "")
-        if wanted:
-            if not reason:
-                try:
-                    out = self._run_elsewhere(func, args, kwargs)
-                except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
-                    reason = f"failed on {self.device}: {str(e).splitlines()[0][:200]}" \
-                        if str(e) else type(e).__name__
-                    log.warning("substitute: %s (call %d) %s; it runs on the device", name,
-                                seq, reason)
+            reason = unrunnable(func, site.op, args, kwargs) or (VIEW_REASON if is_view(func)
+                                                                 else "")
+        if wanted and not reason:
+            try:
+                out = self._run_elsewhere(func, args, kwargs)
+            except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+                reason = f"failed on {self.device}: {str(e).splitlines()[0][:200]}" \
+                    if str(e) else type(e).__name__
+                log.warning("substitute: %s (call %d) %s; it runs on the device", site.op,
+                            site.seq, reason)
         done = wanted and not reason
         if done:
-            _tell_sim(name)
+            _tell_sim(site.op)
         else:
-            out = func(*args, **kwargs)
-        outs = tensors_in(out)
-        site.after(phase, module, seq, source, outs)
-        if self.record or wanted:
-            call = Call(seq, name, phase, module, done, reason,
-                        any(t.is_floating_point() for t in outs))
-            if self.record:
-                self.calls_seen.append(call)
-            if wanted:
-                (self.substituted if done else self.skipped).append(call)
+            out = run_here(call)
+        self._ran = (call, wanted, reason, done)
         return out
+
+    # -- an observer of the loop: what became of each call ---------------------------------
+
+    def before(self, call: LoopCall) -> None:
+        pass
+
+    def after(self, call: LoopCall, outputs: list[torch.Tensor]) -> None:
+        ran, self._ran = self._ran, None
+        if ran is None or ran[0] is not call:
+            return
+        _, wanted, reason, done = ran
+        if self.record or wanted:
+            site = call.site
+            seen = Call(site.seq, site.op, site.phase, site.module, done, reason,
+                        any(t.is_floating_point() for t in outputs))
+            if self.record:
+                self.calls_seen.append(seen)
+            if wanted:
+                (self.substituted if done else self.skipped).append(seen)
+
+    def finish(self) -> dict[str, Any]:
+        return {}
 
     def _cast(self, t: torch.Tensor, copy: bool) -> torch.Tensor:
         dtype = self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
@@ -181,7 +207,7 @@ class Substitute(SiteMode):
         written = _written(func, args, kwargs)
         with torch._C._DisableTorchDispatch(), torch.no_grad():
             ref = [self._cast(t, copy=i in written) for i, t in enumerate(inputs)]
-            r_args, r_kwargs = _fill((list(args), kwargs), ref)
+            r_args, r_kwargs = fill_tensors((list(args), kwargs), ref)
             r_args, r_kwargs = _map_devices((r_args, r_kwargs), self.device)
             meta = _meta_outputs(func, args, kwargs, inputs)
             out = func(*r_args, **r_kwargs)
@@ -200,7 +226,7 @@ class Substitute(SiteMode):
                     continue
                 m = meta[k] if meta is not None and k < len(meta) else None
                 converted.append(_return(t, m, target, self.dtype, first_float))
-            return _fill(out, converted)
+            return fill_tensors(out, converted)
 
 
 def _meta_outputs(func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor]
@@ -209,7 +235,7 @@ def _meta_outputs(func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tenso
     try:
         metas = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
                  for t in inputs]
-        m_args, m_kwargs = _fill((list(args), kwargs), metas)
+        m_args, m_kwargs = fill_tensors((list(args), kwargs), metas)
         m_args, m_kwargs = _map_devices((m_args, m_kwargs), torch.device("meta"))
         return tensors_in(func(*m_args, **m_kwargs))
     except (RuntimeError, NotImplementedError, TypeError, ValueError):

@@ -28,35 +28,15 @@ from accuracy.aten import (
     loss_scaled,
     shapes_mask,
 )
-from accuracy.dumpfile import Dump, load_dump
+from accuracy.dumpfile import Dump, load_dump, schema
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
+from accuracy.records import CallSite, OverflowFinding
 
 FILL_PREFIXES = tuple(FILL_VALUE_ARGS)
 
 
-@dataclass
-class Finding:
-    """One op with non-finite outputs."""
-
-    seq: int
-    op: str
-    phase: str
-    module: str
-    source: str
-    step: int
-    outputs: list[dict[str, Any]]
-    label: str = ""
-    confirmation: dict[str, Any] | None = None
-
-    def line(self) -> str:
-        outs = ", ".join(f"out{o['idx']} {o['dtype']}{o['shape']} nan {o['nan']} inf {o['inf']}"
-                         for o in self.outputs)
-        text = (f"{self.seq:6d}  {self.op}  [{self.phase}, step {self.step}] "
-                f"{self.module or '-'}  "
-                f"{self.source or '?'}  {outs}")
-        if self.label:
-            text += f"  ({self.label})"
-        return text
+# One op of the scan's lists: the record the online check writes too.
+Finding = OverflowFinding
 
 
 @dataclass
@@ -80,7 +60,11 @@ class OverflowReport:
         return [b for b in self.births if b.label != HANDLED]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The report as JSON-ready data (`accuracy overflow --json`): each finding flat."""
+        d = asdict(self)
+        for name in ("births", "inherited", "amp", "intended", "contained"):
+            d[name] = [f.as_dict(kind=False) for f in getattr(self, name)]
+        return d
 
     def format(self, limit: int = 20) -> str:
         """The text `accuracy overflow` prints."""
@@ -128,7 +112,8 @@ def _outputs(r: OpRecord) -> list[dict[str, Any]]:
 
 
 def _finding(r: OpRecord, label: str = "") -> Finding:
-    return Finding(r.seq, r.op, r.phase, r.module, r.source, r.step, _outputs(r), label)
+    return OverflowFinding(CallSite(r.seq, r.op, r.phase, r.module, r.source, r.step),
+                           _outputs(r), label=label)
 
 
 def _found_inf(r: OpRecord) -> bool:
@@ -137,8 +122,8 @@ def _found_inf(r: OpRecord) -> bool:
     found_inf is written by the unscale op without a `_version` bump, so a full dump may show
     its stale value; `scan_dump` also reads the unscale op's own (pre-op) gradient inputs.
     """
-    if "step_skipped" in r.extra:
-        return bool(r.extra["step_skipped"])
+    if schema.EXTRA_STEP_SKIPPED in r.extra:
+        return bool(r.extra[schema.EXTRA_STEP_SKIPPED])
     fi = [t for t in r.inputs if t.idx == 2]
     return bool(fi) and (fi[0].stats.get("max") or 0) > 0
 
@@ -188,14 +173,15 @@ class _Masks:
 def _ops_judged(d: Dump, online: bool) -> int:
     """How many ops the verdict covers: a check_overflow dump records only the births (often
     none), so its root summary's `ops_checked` counts, else the records walked."""
-    checked = (d.attrs.get("overflow") or {}).get("ops_checked") if online else None
+    checked = (d.attrs.get(schema.ROOT_OVERFLOW) or {}).get("ops_checked") if online else None
     return checked if isinstance(checked, int) and checked >= 0 else len(d.records)
 
 
 def scan_dump(d: Dump) -> OverflowReport:
     """Scan an opened dump."""
-    online = bool(d.attrs.get("check_overflow"))
-    rep = OverflowReport(str(d.path), str(d.attrs.get("mode", "?")), online, _ops_judged(d, online))
+    online = bool(d.attrs.get(schema.ROOT_CHECK_OVERFLOW))
+    rep = OverflowReport(str(d.path), str(d.attrs.get(schema.ROOT_MODE, "?")), online,
+                         _ops_judged(d, online))
     window: list[tuple[Finding, set[tuple]]] = []  # births, with their inputs' identities
     masks = _Masks()
     lineages: list[_Lineage] = []  # offline: where each birth's values went
@@ -213,7 +199,7 @@ def scan_dump(d: Dump) -> OverflowReport:
                             f.label = HANDLED
                 window, grads_bad = [], False
             continue
-        if r.extra.get("uninitialized"):
+        if r.extra.get(schema.EXTRA_UNINITIALIZED):
             continue
         if masks.intended(r):
             if any(_bad(t) for t in r.outputs):
@@ -223,7 +209,7 @@ def scan_dump(d: Dump) -> OverflowReport:
         if not any(_bad(t) for t in r.outputs):
             continue
         f = _finding(r)
-        ovf = r.extra.get("overflow")
+        ovf = r.extra.get(schema.EXTRA_OVERFLOW)
         ovf = ovf if isinstance(ovf, dict) else {}  # a crafted file's extra can be anything
         born = ovf.get("born") if online else not any(_bad(t) for t in r.inputs)
         if online and ovf.get("contained"):
@@ -247,7 +233,7 @@ def scan_dump(d: Dump) -> OverflowReport:
             rep.inherited = [f for f in rep.inherited if all(f is not g for g in lin.inherited)]
     if online:  # labels given online (after the op was written) live in the root summary
         labels = {e["seq"]: e.get("label", "") for e in
-                  (d.attrs.get("overflow") or {}).get("events", [])}
+                  (d.attrs.get(schema.ROOT_OVERFLOW) or {}).get("events", [])}
         for b in rep.births:
             b.label = labels[b.seq] if b.seq in labels else b.label
     return rep

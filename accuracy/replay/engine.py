@@ -26,6 +26,7 @@ from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
 from accuracy.errors import AccuracyError, OutputExistsError
 from accuracy.outputs import writable_folder
 from accuracy.patterns import op_matches
+from accuracy.records import CallSite
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.emulate import Emulation
 from accuracy.replay.kernels import kernel_references, references
@@ -103,7 +104,7 @@ def require_backend(on: str) -> None:
 
 def _open(dump: Dump | str | os.PathLike[str]) -> Dump:
     d = dump if isinstance(dump, Dump) else load_dump(dump)
-    if d.attrs.get("mode") == "statistics":
+    if d.attrs.get(schema.ROOT_MODE) == "statistics":
         raise ReplayError(
             f"{d.path} was dumped in statistics mode: replay needs the tensor values; dump "
             "again with dumper(..., mode=\"tensor\")")
@@ -206,10 +207,9 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
                                        device=t.device, stats=_stats_of(t)))
     extra = dict(rec.extra)
     extra["replay"] = outcome.replay_extra()
-    writer.add_op(OpEntry(seq=rec.seq, op=rec.op, phase=rec.phase, module=rec.module,
-                          source=rec.source, stack=rec.stack, args=rec.args_json, step=rec.step,
-                          n_in=len(rec.inputs), n_out=n_out, extra=extra, epoch=rec.epoch),
-                   entries)
+    site = CallSite(rec.seq, rec.op, rec.phase, rec.module, rec.source, rec.step)
+    writer.add_op(OpEntry(site, stack=rec.stack, args=rec.args_json, n_in=len(rec.inputs),
+                          n_out=n_out, extra=extra, epoch=rec.epoch), entries)
     return held
 
 
@@ -384,18 +384,22 @@ def replay(
         hashed = not metrics_only and d.checksum_kind == CONTENT_HASH_KIND
         source = _source_beside(d, out) if hashed else None
         attrs = {
-            "mode": "metrics" if metrics_only else "tensor", "replayed_from": str(d.path.resolve()),
-            "reference": str(reference_device(on)), "upcast": upcast,
-            "torch_version": torch.__version__, "accuracy_version": accuracy.__version__,
-            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "rank": d.attrs.get("rank", 0), "world_size": d.attrs.get("world_size", 1),
-            "source_backend": d.attrs.get("backend", ""),
-            "source_profile": d.attrs.get("profile", ""), "backend": on,
+            schema.ROOT_MODE: "metrics" if metrics_only else "tensor",
+            schema.ROOT_REPLAYED_FROM: str(d.path.resolve()),
+            schema.ROOT_REFERENCE: str(reference_device(on)), schema.ROOT_UPCAST: upcast,
+            schema.ROOT_TORCH_VERSION: torch.__version__,
+            schema.ROOT_ACCURACY_VERSION: accuracy.__version__,
+            schema.ROOT_CREATED: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            schema.ROOT_RANK: d.attrs.get(schema.ROOT_RANK, 0),
+            schema.ROOT_WORLD_SIZE: d.attrs.get(schema.ROOT_WORLD_SIZE, 1),
+            schema.ROOT_SOURCE_BACKEND: d.attrs.get(schema.ROOT_BACKEND, ""),
+            schema.ROOT_SOURCE_PROFILE: d.attrs.get(schema.ROOT_PROFILE, ""),
+            schema.ROOT_BACKEND: on,
         }
         if hashed:
             attrs[schema.SUMS_ATTR] = schema.SUMS_OMITTED
         if source is not None:  # rows may be held by the dump: a reader that knows them
-            attrs["schema_version"] = schema.SOURCE_ROWS_SCHEMA
+            attrs[schema.ROOT_SCHEMA_VERSION] = schema.SOURCE_ROWS_SCHEMA
         writer = DumpWriter(partial, attrs, overwrite=True)
         result = ReplayResult(path=out, on=on, upcast=upcast, dump=d.path.name)
         complete = False
@@ -427,8 +431,9 @@ def replay(
                     bar.update(1)
             complete = True
         finally:
-            writer.close({"ops_recorded": len(recs), "ops_ok": result.ok,
-                          "ops_skipped": result.skipped, "ops_failed": result.failed},
+            writer.close({schema.ROOT_OPS_RECORDED: len(recs), schema.ROOT_OPS_OK: result.ok,
+                          schema.ROOT_OPS_SKIPPED: result.skipped,
+                          schema.ROOT_OPS_FAILED: result.failed},
                          complete=complete)
         os.replace(partial, out)
         for p in sources:

@@ -1,7 +1,7 @@
 """Replay of an Inductor kernel row: its local error, like an eager op's.
 
-A kernel row (`inductor.<kernel>`, accuracy/compiled/source.py) holds the buffers the kernel
-read and the buffers it materialised. Its reference (accuracy/compiled/reference.py, in
+A kernel row (`inductor.<kernel>`, accuracy/dumper/compiled/source.py) holds the buffers the kernel
+read and the buffers it materialised. Its reference (accuracy/dumper/compiled/reference.py, in
 `extra.reference` of the launch site's first row) lists the ATen ops the kernel stands for,
 taken from the graph Inductor was given. Replay runs those ops on the recorded inputs, once in
 the kernel's dtype and once upcast (fp64), and measures each output exactly as an eager op's
@@ -24,10 +24,11 @@ from typing import Any
 import torch
 
 from accuracy import safeops
-from accuracy.dumpfile import OpRecord, symsizes
+from accuracy.dumpfile import OpRecord, schema, symsizes
 from accuracy.dumpfile.argcodec import decode_call
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.rebuild import Unreplayable, _map, check_inputs, upcast_dtype
+from accuracy.replay.refcall import Reference, ReferenceCall
 
 MAX_NODES = 5000
 SYM = "sym"  # a reference node holding a symbolic size (its `expr`), not an op
@@ -38,8 +39,8 @@ def references(records: Any) -> dict[int, dict[str, Any]]:
     """Kernel launch site id -> its reference, from the rows that carry one."""
     out: dict[int, dict[str, Any]] = {}
     for r in records:
-        ref = r.extra.get("reference") if r.extra.get("compiled") else None
-        kid = r.extra.get("kid")
+        ref = r.extra.get(schema.EXTRA_REFERENCE) if r.extra.get(schema.EXTRA_COMPILED) else None
+        kid = r.extra.get(schema.EXTRA_KID)
         if isinstance(ref, dict) and isinstance(kid, int) and kid not in out:
             out[kid] = ref
     return out
@@ -57,9 +58,9 @@ def kernel_references(refs: dict[int, dict[str, Any]]) -> Iterator[None]:
 
 
 def _reference(rec: OpRecord) -> dict[str, Any]:
-    ref = rec.extra.get("reference")
+    ref = rec.extra.get(schema.EXTRA_REFERENCE)
     if not isinstance(ref, dict) and _active is not None:
-        ref = _active.get(rec.extra.get("kid"))  # type: ignore[arg-type]
+        ref = _active.get(rec.extra.get(schema.EXTRA_KID))  # type: ignore[arg-type]
     if not isinstance(ref, dict):
         raise Unreplayable("compiled kernel without a reference: the dump holds no ATen ops "
                            "for it (dumped before kernel replay existed, or its launch "
@@ -206,7 +207,7 @@ def replay_kernel(rec: OpRecord, device: torch.device, upcast: str,
         check_inputs(rec, compiled_ok=True)
     except Unreplayable as e:
         raise Unreplayable(f"compiled kernel: {e}") from None
-    names = rec.extra.get("inputs")
+    names = rec.extra.get(schema.EXTRA_INPUTS)
     if not isinstance(names, list) or len(names) != len(rec.inputs):
         raise Unreplayable("compiled kernel whose recorded inputs do not match its buffer "
                            "names (a buffer that is not a tensor)")
@@ -239,8 +240,8 @@ def replay_kernel(rec: OpRecord, device: torch.device, upcast: str,
         return ([t.to(upcast_dtype(t.dtype, up), copy=True) for t in tensors], {"upcast": up})
 
     note = "; ".join(["compiled kernel re-run as its ATen ops"] + notes)
-    outcome = rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast,
-                    upcast != "none", note=note)
+    outcome = rerun(ReferenceCall(rec.seq, rec.op, fn, build, note), device_outputs,
+                    Reference(device, upcast), upcast != "none")
     for m in outcome.outputs:  # which graph each ratio is against: compare judges by
         i = m.get("idx")       # "given" ones only (a passed graph holds the pass's fault)
         if isinstance(i, int) and 0 <= i < len(how):

@@ -22,7 +22,7 @@ from accuracy.aten import (
     workspace_outputs,
     written_tensors,
 )
-from accuracy.dumpfile import dtypes
+from accuracy.dumpfile import dtypes, schema
 from accuracy.dumpfile.checksum import NO_HASH, content_hash
 from accuracy.dumpfile.reader import DamagedDataError, DumpError, OpRecord, TensorRecord
 from accuracy.replay import rnn as _rnn  # noqa: F401  (registers the RNN references)
@@ -36,6 +36,7 @@ from accuracy.replay.rebuild import (
     stand_in,
     uninitialised_inputs,
 )
+from accuracy.replay.refcall import Reference, ReferenceCall
 from accuracy.replay.registry import lookup_reference
 
 log = logging.getLogger(__name__)
@@ -155,10 +156,11 @@ def refused_for_sure(rec: OpRecord) -> bool:
     off (attention with dropout_p=0) or that has its own reference (dropout from its mask)
     is re-run: its outputs can be settled by their hash."""
     extra = rec.extra
-    if extra.get("compiled") or extra.get("uninitialized") or "collective" in extra \
+    if extra.get(schema.EXTRA_COMPILED) or extra.get(schema.EXTRA_UNINITIALIZED) \
+            or schema.EXTRA_COLLECTIVE in extra \
             or is_collective(rec.op) or rec.op.startswith("profiler."):
         return True
-    if not extra.get("rng") or lookup_reference(rec.op) is not None \
+    if not extra.get(schema.EXTRA_RNG) or lookup_reference(rec.op) is not None \
             or rec.op.startswith("aten._scaled_mm.") or rec.op == "aten.native_dropout.default":
         return False
     try:
@@ -168,7 +170,7 @@ def refused_for_sure(rec: OpRecord) -> bool:
 
 
 def _kernel(rec: OpRecord) -> tuple[Any, str]:
-    if is_collective(rec.op) or "collective" in rec.extra:
+    if is_collective(rec.op) or schema.EXTRA_COLLECTIVE in rec.extra:
         raise Unreplayable("collective: it needs the other ranks; give all ranks' dumps to "
                            "check it against their inputs (accuracy replay 'run_{rank}.h5')")
     fn = lookup_reference(rec.op)
@@ -182,7 +184,7 @@ def _kernel(rec: OpRecord) -> tuple[Any, str]:
     if rec.op.startswith("profiler."):  # optimizer.step()'s record_function markers
         raise Unreplayable("profiler marker (record_function enter/exit): no numerics to "
                            "replay")
-    if rec.extra.get("rng") and not _rng_disabled(rec):
+    if rec.extra.get(schema.EXTRA_RNG) and not _rng_disabled(rec):
         raise Unreplayable(RNG_REASON)
     fn = _allowed(rec)
     if returns_nothing(fn):
@@ -231,8 +233,8 @@ def _run(fn: Any, args: list[Any], kwargs: dict[str, Any], on: str) -> list[torc
     return [o for o in flat if isinstance(o, torch.Tensor)]
 
 
-def _needs_upcast(inputs: list[torch.Tensor], output_dtypes: list[Any], dtype_arg: bool,
-                  upcast: str) -> bool:
+def needs_upcast(inputs: list[torch.Tensor], output_dtypes: list[Any], dtype_arg: bool,
+                 upcast: str) -> bool:
     """Whether an upcast run can change anything: low-precision floats in or out, or a dtype
     argument (factories and casts produce low-precision values from nothing)."""
     if upcast == "none":
@@ -295,7 +297,7 @@ def guarded(seq: int, op: str, run: Callable[[], OpOutcome]) -> OpOutcome:
 
 def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache,
             keep: bool = True, emulation: Emulation | None = None) -> OpOutcome:
-    if rec.extra.get("compiled") == "inductor":  # a fused kernel: re-run its ATen ops
+    if rec.extra.get(schema.EXTRA_COMPILED) == "inductor":  # a fused kernel: re-run its ATen ops
         from accuracy.replay.kernels import replay_kernel
         return replay_kernel(rec, device, upcast, cache, rerun)
     check_inputs(rec)
@@ -304,7 +306,7 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache
     inputs = [stand_in(t, device) if t.idx in not_data else cache.input(t, device)
               for t in rec.inputs]
     # cached inputs are shared: anything that may write to them gets private copies
-    mutable = bool(note) or bool(rec.extra.get("inplace")) or _mutable(rec.op)
+    mutable = bool(note) or bool(rec.extra.get(schema.EXTRA_INPLACE)) or _mutable(rec.op)
 
     def build(up: str) -> tuple[list[Any], dict[str, Any]]:
         if up == "none":
@@ -318,26 +320,25 @@ def _replay(rec: OpRecord, device: torch.device, upcast: str, cache: TensorCache
     device_outputs: list[tuple[int, Any]] = [
         (t.idx, StoredOutput(t, cache) if t.has_data else None) for t in rec.outputs
         if t.idx not in scratch]
-    want_upcast = _needs_upcast(inputs, [t.dtype for t in rec.outputs],
-                                '"__dtype__"' in rec.args_json, upcast)
-    quant = rec.extra.get("quant")
+    want_upcast = needs_upcast(inputs, [t.dtype for t in rec.outputs],
+                               '"__dtype__"' in rec.args_json, upcast)
+    quant = rec.extra.get(schema.EXTRA_QUANT)
     if isinstance(quant, list) and quant and not note:
         return _rerun_quantised(rec, fn, build, device_outputs, device, upcast, quant)
-    if "dtensor" in rec.extra and not rec.extra.get("dtensor_local"):
+    if schema.EXTRA_DTENSOR in rec.extra and not rec.extra.get(schema.EXTRA_DTENSOR_LOCAL):
         raise Unreplayable(DTENSOR_MOVED)
     rule = emulation.rule_for(rec.op) if emulation is not None and not note else None
     emulate = None
     if rule is not None and upcast != "none":
         def emulate() -> tuple[Any, list[torch.Tensor]]:
             return rule, emulated_outputs(rec, fn, rule, inputs, device, upcast, _run_quiet)
-    if "dtensor" not in rec.extra:
-        return rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
-                     note=note, keep=keep, emulate=emulate)
+    call = ReferenceCall(rec.seq, rec.op, fn, build, note)
+    if schema.EXTRA_DTENSOR not in rec.extra:
+        return rerun(call, device_outputs, Reference(device, upcast, keep), want_upcast, emulate)
     # An op on DTensors ran its kernel on the local shards (recorded), unless DTensor moved
     # data between ranks inside the op: then the local call fails or gives other shapes.
     try:
-        out = rerun(rec.seq, rec.op, fn, build, device_outputs, device, upcast, want_upcast,
-                    note=note, emulate=emulate)
+        out = rerun(call, device_outputs, Reference(device, upcast), want_upcast, emulate)
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
         raise Unreplayable(f"{DTENSOR_REASON} ({str(e).splitlines()[0][:120]})") from None
     if out.status == FAILED:
@@ -369,28 +370,28 @@ def _rerun_quantised(rec: OpRecord, fn: Any, build: Any,
         count[0] = n
         return args, kwargs
 
-    out = rerun(rec.seq, rec.op, fn, qbuild, device_outputs, device, upcast, upcast != "none",
-                note="references on honestly re-quantised operands (fp8/MX)")
+    out = rerun(ReferenceCall(rec.seq, rec.op, fn, qbuild,
+                              "references on honestly re-quantised operands (fp8/MX)"),
+                device_outputs, Reference(device, upcast), upcast != "none")
     if count[0]:
         out.emulated = "quant"
     return out
 
 
-def rerun(seq: int, op: str, fn: Any, build: Any,
-          device_outputs: list[tuple[int, Any]], device: torch.device,
-          upcast: str, want_upcast: bool, note: str = "", keep: bool = True,
+def rerun(call: ReferenceCall, device_outputs: list[tuple[int, Any]], ref: Reference,
+          want_upcast: bool,
           emulate: Callable[[], tuple[Any, list[torch.Tensor]]] | None = None) -> OpOutcome:
     """Re-run one op call on the reference and measure the device's outputs against it.
 
-    The part of a replay that replay and the live check (`accuracy.live`) share: `build(up)`
-    gives (args, kwargs) on the reference for `up` in ("none", upcast); `device_outputs` are
-    (output index, device value on the host, a `StoredOutput`, or None when not available).
-    Runs the same-dtype call, and the upcast one unless the op only moves values or the
-    device is bit-exact. keep: the outcome carries the same-dtype outputs (contiguous, on
-    the host). Raises Unreplayable (and the kernel's errors) like `_run`. `emulate()`:
-    (rule, outputs of the emulated reference), run when the device is not bit-exact
-    (replay/emulate.py).
+    The part of a replay that replay and the live check (`accuracy.live`) share:
+    `device_outputs` are (output index, device value on the host, a `StoredOutput`, or None
+    when not available). Runs the same-dtype call, and the upcast one (`want_upcast`: it can
+    change anything) unless the op only moves values or the device is bit-exact. Raises
+    Unreplayable (and the kernel's errors) like `_run`. `emulate()`: (rule, outputs of the
+    emulated reference), run when the device is not bit-exact (replay/emulate.py).
     """
+    seq, op, fn, build, note = call.seq, call.op, call.fn, call.build, call.note
+    device, upcast, keep = ref.device, ref.upcast, ref.keep
     same = _run(fn, *build("none"), str(device))
     reasons = [note] if note else []
     high = same

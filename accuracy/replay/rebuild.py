@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from accuracy.dumpfile import OpRecord, TensorRecord
+from accuracy.dumpfile import OpRecord, TensorRecord, schema
 from accuracy.errors import AccuracyError
 
 UPCASTS = ("fp64", "fp32", "none")
@@ -56,7 +56,7 @@ def _non_overlapping(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
 def uninitialised_inputs(rec: OpRecord) -> set[int]:
     """Inputs the dumper saw as uninitialised memory (a buffer an op or collective fills
     later): not data, so the reference gets a zero-filled stand-in of their shape."""
-    io = rec.extra.get("uninitialized_io")
+    io = rec.extra.get(schema.EXTRA_UNINITIALIZED_IO)
     return set(io.get("input") or ()) if isinstance(io, dict) else set()
 
 
@@ -75,9 +75,9 @@ def check_inputs(rec: OpRecord, compiled_ok: bool = False) -> None:
     """Raise Unreplayable for ops whose call cannot be rebuilt faithfully; `compiled_ok`: a
     kernel row, whose call is its reference's ops (replay/kernels.py), not recorded args."""
     extra = rec.extra
-    if extra.get("compiled") and not compiled_ok:
+    if extra.get(schema.EXTRA_COMPILED) and not compiled_ok:
         raise Unreplayable(f"compiled kernel ({extra.get('compiled')}): no replay for it")
-    if extra.get("uninitialized"):
+    if extra.get(schema.EXTRA_UNINITIALIZED):
         raise Unreplayable("uninitialised factory: its output is whatever memory held")
     not_data = uninitialised_inputs(rec)
     missing = [t for t in rec.inputs if not t.has_data and t.idx not in not_data]

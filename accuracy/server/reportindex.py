@@ -24,11 +24,11 @@ import numpy as np
 from sqlalchemy import insert, select
 
 from accuracy.compare import Verdict
+from accuracy.jsonsafe import as_float, jsonable
 from accuracy.lru import BoundedLRU
 from accuracy.patterns import strip_root
 from accuracy.server.db import METRIC_COLUMNS, Report, ReportRow, ReportRowData
 from accuracy.server.errors import ApiError, not_found
-from accuracy.server.jsonsafe import as_float, jsonable
 from accuracy.server.storage import Storage, new_id
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from accuracy.dumpfile import OpRecord, TensorRecord
+from accuracy.jsonsafe import jsonable
 from accuracy.server.db import Job, Report, Run
-from accuracy.server.jsonsafe import jsonable
 
 T = TypeVar("T")
 

@@ -22,6 +22,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import sessionmaker
 
 from accuracy.dumpfile import Dump, DumpError, load_dump
+from accuracy.jsonsafe import jsonable
 from accuracy.lru import BoundedLRU
 from accuracy.server.db import (
     Job,
@@ -35,7 +36,6 @@ from accuracy.server.db import (
 )
 from accuracy.server.errors import ApiError, not_found, scrub
 from accuracy.server.isolated import dump_summary
-from accuracy.server.jsonsafe import jsonable
 
 log = logging.getLogger(__name__)
 

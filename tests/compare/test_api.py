@@ -342,7 +342,7 @@ def test_compare_of_two_ranks_files_is_refused_unless_any_rank(tmp_path, monkeyp
 
     core = importlib.import_module("accuracy.dumper.core")
     for name, rank in (("r0.h5", 0), ("r1.h5", 1)):
-        monkeypatch.setattr(core, "_rank", lambda rank=rank: (rank, 2))
+        monkeypatch.setattr(core, "current_rank", lambda rank=rank: (rank, 2))
         dump_net(tmp_path / name, Net())
     argv = ["compare", "-m", str(tmp_path / "r0.h5"), "-g", str(tmp_path / "r1.h5"), "-q"]
     assert main(argv) == 2

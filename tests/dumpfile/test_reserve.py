@@ -193,6 +193,7 @@ def test_tensor_bytes_leave_the_texts_room_and_a_failed_op_leaves_no_row(tmp_pat
     import h5py
 
     from accuracy.dumpfile.writer import DumpWriter, OpEntry
+    from accuracy.records import CallSite
 
     real, full = reserve.SpaceReserve.renew, []
 
@@ -206,9 +207,8 @@ def test_tensor_bytes_leave_the_texts_room_and_a_failed_op_leaves_no_row(tmp_pat
     w = DumpWriter(path, {"mode": "tensor"}, flush_ops=100_000, flush_seconds=3600)
 
     def op(seq: int, tensors: list) -> None:
-        w.add_op(OpEntry(seq=seq, op="aten.add.Tensor", phase="forward", module="m",
-                         source="t.py:1", stack="", args="{}", step=0, n_in=0,
-                         n_out=len(tensors)), tensors)
+        w.add_op(OpEntry(CallSite(seq, "aten.add.Tensor", "forward", "m", "t.py:1"),
+                         stack="", args="{}", n_in=0, n_out=len(tensors)), tensors)
     op(0, [_tensor(0, 0, 0, 1 << 20)])
     deadline = time.monotonic() + 60
     while w.bytes_written < 1 << 20 and time.monotonic() < deadline:

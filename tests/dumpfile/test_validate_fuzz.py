@@ -194,13 +194,13 @@ def _graph_mutation(g: dict, rng: random.Random) -> str:
 def test_compiled_graph_fields_never_run_code(tmp_path, monkeypatch):
     import json as _json
 
-    from accuracy.compiled.repro import write_repro
     from accuracy.errors import AccuracyError
     from accuracy.replay.cache import TensorCache
     from accuracy.replay.ops import replay_op
+    from accuracy.repro.script import write_repro
     from tests._support import crafted as C
     from tests._support.miscompile import inductor_cache
-    from tests.compiled.test_inductor import _dumps
+    from tests.dumper.compiled.test_source import _dumps
     from tests.scenarios.test_hostile_dumps_never_run import forward_is_ours
 
     @torch.library.custom_op("accuracy_fuzz::touch", mutates_args=())

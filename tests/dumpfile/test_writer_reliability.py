@@ -68,15 +68,16 @@ def test_recording_writes_nothing_to_the_hdf5_heap(tmp_path):
     SWMR does not order: a kill while a collection grew once left committed op texts past the
     end of file the superblock records ("actual len exceeds EOA": the dump unreadable)."""
     from accuracy.dumpfile.writer import DumpWriter, OpEntry
+    from accuracy.records import CallSite
 
     path = tmp_path / "live.h5"
     w = DumpWriter(path, {"mode": "statistics"}, flush_ops=16, flush_seconds=0.01)
     try:
         before = heap_collections(path)
         for seq in range(400):
-            w.add_op(OpEntry(seq=seq, op="aten.add.Tensor", phase="forward",
-                             module=f"Model.layers.{seq}.mlp", source=f"train.py:{seq}",
-                             stack="x" * 300, args="{}", step=0, n_in=0, n_out=0), [])
+            w.add_op(OpEntry(CallSite(seq, "aten.add.Tensor", "forward",
+                                      f"Model.layers.{seq}.mlp", f"train.py:{seq}"),
+                             stack="x" * 300, args="{}", n_in=0, n_out=0), [])
         deadline = time.monotonic() + 30
         while w._n_committed < 400 and time.monotonic() < deadline:  # all committed
             time.sleep(0.01)
@@ -108,6 +109,7 @@ def test_a_dump_being_written_reads_at_any_moment(tmp_path):
     read the tables before the counts, and a commit in between made it refuse the file as
     damaged ("/_status says 16384 ops, the table has 16128 rows", about 1 read in 8)."""
     from accuracy.dumpfile.writer import DumpWriter, OpEntry
+    from accuracy.records import CallSite
 
     path = tmp_path / "live.h5"
     w = DumpWriter(path, {"mode": "statistics"}, flush_ops=4, flush_seconds=0.001)
@@ -117,9 +119,8 @@ def test_a_dump_being_written_reads_at_any_moment(tmp_path):
         seq = 0
         while not stop.is_set() and seq < 200_000:
             for _ in range(8):
-                w.add_op(OpEntry(seq=seq, op="aten.add.Tensor", phase="forward", module="m",
-                                 source="t.py:1", stack="", args="{}", step=0, n_in=0,
-                                 n_out=0), [])
+                w.add_op(OpEntry(CallSite(seq, "aten.add.Tensor", "forward", "m", "t.py:1"),
+                                 stack="", args="{}", n_in=0, n_out=0), [])
                 seq += 1
             time.sleep(0.004)
 

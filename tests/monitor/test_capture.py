@@ -15,6 +15,7 @@ import torch
 import accuracy.monitor as am
 from accuracy.aten import FROM_COLLECTIVE
 from accuracy.overflow.scan import Finding, OverflowReport
+from accuracy.records import CallSite
 from tests._support.ranks import run_ranks
 
 BOOM = 5  # the step whose backward overflows
@@ -87,8 +88,9 @@ def test_non_finite_gradients_of_the_rerun_name_the_birth_without_the_non_finite
 
 
 def _finding(op: str, label: str = "") -> Finding:
-    return Finding(62, op, "backward", "DistributedDataParallel.module.0", "", 0,
-                   [{"idx": 0, "dtype": "float32", "shape": [484], "nan": 484, "inf": 0}], label)
+    return Finding(CallSite(62, op, "backward", "DistributedDataParallel.module.0", "", 0),
+                   [{"idx": 0, "dtype": "float32", "shape": [484], "nan": 484, "inf": 0}],
+                   label=label)
 
 
 def test_a_birth_in_a_collective_sends_the_user_to_the_other_ranks():

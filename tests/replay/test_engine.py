@@ -12,6 +12,7 @@ from accuracy.dumper.core import dumper
 from accuracy.dumpfile import load_dump
 from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
 from accuracy.examples import lm_batch, lm_step, tiny_lm
+from accuracy.records import CallSite
 from accuracy.replay import ReplayError, register_reference, replay, unregister_reference
 from accuracy.replay import engine as engine_mod
 from tests._support.lm_dumps import lm_dump
@@ -169,9 +170,9 @@ def _fake_fused_dump(path):
         entries.append(TensorEntry(row=row, seq=0, io=io, idx=0, dtype="float32", shape=(3, 8),
                                    stride=(8, 1), device="npu:0", stats=None, data=t, first=row,
                                    nbytes=t.numel() * 4))
-    w.add_op(OpEntry(seq=0, op="npu.npu_rms_norm.default", phase="forward", module="m",
-                     source="", stack="", args='{"args":[{"__tensor__":0},1e-06],"kwargs":{}}',
-                     step=0, n_in=1, n_out=1), entries)
+    w.add_op(OpEntry(CallSite(0, "npu.npu_rms_norm.default", "forward", "m", ""), stack="",
+                     args='{"args":[{"__tensor__":0},1e-06],"kwargs":{}}', n_in=1, n_out=1),
+             entries)
     w.close({}, complete=True)
 
 

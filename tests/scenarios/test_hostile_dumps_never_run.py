@@ -39,7 +39,7 @@ def good(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def benign_script(good, tmp_path_factory) -> str:
     """The script of the benign kernel, as `repro` writes it."""
-    from accuracy.compiled.repro import write_repro
+    from accuracy.repro.script import write_repro
 
     folder = tmp_path_factory.mktemp("benign")
     write_repro(K.kernel_dump(good, folder / "k.h5", fused_graph=BENIGN), K.KERNEL,
@@ -118,7 +118,7 @@ def forward_is_ours(text: str) -> None:
 
 
 def test_repro_prints_the_benign_kernel_and_the_script_runs_clean(good, tmp_path):
-    from accuracy.compiled.repro import write_repro
+    from accuracy.repro.script import write_repro
 
     dump = K.kernel_dump(good, tmp_path / "k.h5", fused_graph=BENIGN)
     r = write_repro(dump, K.KERNEL, tmp_path / "repro.py")
@@ -134,7 +134,7 @@ def test_repro_prints_the_benign_kernel_and_the_script_runs_clean(good, tmp_path
 def test_literals_are_printed_by_our_own_spelling(good, tmp_path):
     """Numbers, words, dtypes, devices, memory formats and non-finite floats of a real form
     come out as our spelling of the validated values."""
-    from accuracy.compiled import graphform
+    from accuracy.repro import graphform
 
     nodes = [node("aten.div.Tensor_mode", [T(0), T(1)], {"rounding_mode": "floor"}),
              node("aten._to_copy.default", [T(2)],
@@ -168,7 +168,7 @@ def _payload(name: str, folder: Path) -> str:
 
 def _repro_or_run(dump: Path, out: Path) -> str | None:
     """`repro`'s refusal, or None when it wrote a script (which is then run)."""
-    from accuracy.compiled.repro import write_repro
+    from accuracy.repro.script import write_repro
 
     try:
         write_repro(dump, K.KERNEL, out)
@@ -188,7 +188,7 @@ def test_graph_text_is_never_copied_into_the_script(payload, good, benign_script
     why = _repro_or_run(old, tmp_path / "repro.py")
     assert not (tmp_path / MARK).exists(), "the dump's graph text ran"
     assert why is not None and "record the step again" in why and "\n" not in why
-    from accuracy.compiled.repro import write_repro
+    from accuracy.repro.script import write_repro
 
     both = tmp_path / "both"
     both.mkdir()
@@ -481,7 +481,7 @@ def test_a_dtype_name_is_looked_up_not_reached_as_an_attribute(monkeypatch):
 
 
 def test_a_failed_write_leaves_no_partial_script(good, tmp_path, monkeypatch):
-    from accuracy.compiled import repro
+    from accuracy.repro import script as repro
 
     dump = K.kernel_dump(good, tmp_path / "k.h5", fused_graph=BENIGN)
 

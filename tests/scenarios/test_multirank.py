@@ -23,6 +23,7 @@ from accuracy.dumper.core import dumper
 from accuracy.dumpfile import schema
 from accuracy.dumpfile.reader import load_dump
 from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
+from accuracy.records import CallSite
 from accuracy.replay.collectives import check_collectives, replay_ranks
 from tests._support.crafted import as_vlen_op_table
 from tests._support.ranks import run_ranks
@@ -176,9 +177,8 @@ def _write_rank(path: Path, rank: int, x: torch.Tensor, y: torch.Tensor) -> None
                                    nbytes=t.numel() * 4))
     note = {"kind": "all_reduce", "reduce_op": "sum", "group": "0", "group_ranks": [0, 1],
             "group_index": 0}
-    w.add_op(OpEntry(seq=0, op="c10d.allreduce_.default", phase="backward", module="",
-                     source="", stack="", args="{}", step=0, n_in=1, n_out=1,
-                     extra={"collective": note}, epoch=0), entries)
+    w.add_op(OpEntry(CallSite(0, "c10d.allreduce_.default", "backward", "", ""), stack="",
+                     args="{}", n_in=1, n_out=1, extra={"collective": note}, epoch=0), entries)
     w.close({}, complete=True)
 
 

@@ -276,9 +276,9 @@ def test_torchvision_and_other_torch_packages_are_user_code():
     from accuracy.dumper import source
 
     site = "/venv/lib/python3.11/site-packages/"
-    assert source._internal(site + "torch/nn/modules/conv.py")
-    assert not source._internal(site + "torchvision/models/resnet.py")
-    assert not source._internal(site + "torchaudio/models/wav2vec2.py")
+    assert source.is_internal(site + "torch/nn/modules/conv.py")
+    assert not source.is_internal(site + "torchvision/models/resnet.py")
+    assert not source.is_internal(site + "torchaudio/models/wav2vec2.py")
 
 
 def test_replay_skips_profiler_markers_with_a_reason():

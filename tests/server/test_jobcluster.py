@@ -41,7 +41,7 @@ def _group_alive(pgid: int) -> bool:
 
 def test_compare_job_runs_on_the_servers_cluster(tmp_path):
     from accuracy.compare import load_report
-    from accuracy.server.jsonsafe import jsonable
+    from accuracy.jsonsafe import jsonable
     from tests._support.server_data import make_runs
 
     files = make_runs(tmp_path / "runs")

@@ -35,46 +35,22 @@ TORCH_PATCHES: list[tuple[str, str]] = [
     ("compile_fx._recursive_post_grad_passes", "compiled/reference: the graph before Inductor's "
      "post-grad passes is copied for the replay"),
     ("mod._recursive_post_grad_passes", "compiled/reference: the original put back"),
-    ("eval_frame._callback_from_stance", "compiled/watch: dynamo's frame callback, to see "
+    ("eval_frame._callback_from_stance", "dumper/compiled/watch: dynamo's frame callback, to see "
      "which frames compile inside a dumped block"),
-    ("convert_frame.CatchErrorsWrapper._handle_skip", "compiled/watch: frames dynamo skips"),
-    ("mod._callback_from_stance", "compiled/watch: the original put back"),
-    ("cls._handle_skip", "compiled/watch: the original put back"),
-    ("root._accuracy_import", "compiled/inductor: our mark on Inductor's wrapper codegen that "
-     "the generated module imports our hook once"),
+    ("convert_frame.CatchErrorsWrapper._handle_skip", "dumper/compiled/watch: frames dynamo skips"),
+    ("mod._callback_from_stance", "dumper/compiled/watch: the original put back"),
+    ("cls._handle_skip", "dumper/compiled/watch: the original put back"),
+    ("root._accuracy_import", "dumper/compiled/codegen: our mark on Inductor's wrapper "
+     "codegen that the generated module imports our hook once"),
 ]
 # torch attributes read under a name one of our parts also defines: (name, what it is)
 TORCH_NAMES: list[tuple[str, str]] = [
     ("_base", "torch.Tensor._base: the tensor a view was made from"),
 ]
-# Reaches that another branch of #45 removes (the seam helper: dumper/, compiled/, live/,
-# replay/ops.py); the lead empties these lists at merge, and a stale entry fails
-# test_known_lists_are_current. (file, what, why)
-KNOWN_IMPORTS: list[tuple[str, str, str]] = [
-    ("accuracy/compiled/graphform.py", "accuracy.dumpfile.argcodec._LAYOUTS",
-     "seam: argcodec.LAYOUTS is public now (drop argcodec's old alias with this entry)"),
-    ("accuracy/compiled/graphform.py", "accuracy.dumpfile.argcodec._MEMORY_FORMATS",
-     "seam: argcodec.MEMORY_FORMATS is public now (drop the alias with this entry)"),
-    ("accuracy/dumper/core.py", "accuracy.compiled.inductor._running_extern",
-     "seam: compiled kernels through the observer seam"),
-    ("accuracy/debugger/core.py", "accuracy.dumper.core._rank",
-     "seam: the dumper names the rank publicly, then the debugger imports that"),
-    ("accuracy/live/check.py", "accuracy.replay.ops._needs_upcast",
-     "seam: replay/ops.py names it publicly"),
-    ("accuracy/live/high_precision.py", "accuracy.device_backend.simulator._module_matches",
-     "seam: simulator.any_module_matches is public now (drop simulator's old alias too)"),
-]
-KNOWN_ASSIGNMENTS: list[tuple[str, str, str]] = [
-    ("accuracy/compiled/source.py", "owner._seq", "seam: kernels through the observer seam"),
-]
-KNOWN_READS: list[tuple[str, str, str]] = [
-    ("accuracy/compiled/source.py", "_recorder", "seam: kernels through the observer seam"),
-    ("accuracy/compiled/source.py", "_overflow", "seam: kernels through the observer seam"),
-    ("accuracy/compiled/source.py", "_scope", "seam: kernels through the observer seam"),
-    ("accuracy/compiled/source.py", "_coll", "seam: kernels through the observer seam"),
-    ("accuracy/compiled/watch.py", "_scope", "seam: kernels through the observer seam"),
-    ("accuracy/compiled/watch.py", "_mode", "seam: kernels through the observer seam"),
-]
+# Reaches allowed for now, each with why; a stale entry fails test_known_lists_are_current.
+KNOWN_IMPORTS: list[tuple[str, str, str]] = []  # (file, name, why); none today
+KNOWN_ASSIGNMENTS: list[tuple[str, str, str]] = []  # (file, name, why); none today
+KNOWN_READS: list[tuple[str, str, str]] = []  # (file, name, why); none today
 
 
 def _modules() -> dict[str, Path]:

@@ -25,8 +25,8 @@ import torch
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
 from accuracy.compare.report import coverage
-from accuracy.compiled.names import RegionCall
-from tests.compiled.test_watch import Net
+from accuracy.dumper.compiled.names import RegionCall
+from tests.dumper.compiled.test_watch import Net
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Using `torch.compile", "ignore::UserWarning"),
               pytest.mark.timeout(900)]
@@ -194,7 +194,7 @@ def test_aot_eager_blocks_sharing_one_program_name_their_own_backward(tmp_path):
                 {"L['a']": "Net", "L['b']": "Net"}), "G['n'].fc", "Net.fc"),
 ])
 def test_traced_variables_are_named_as_the_eager_dump_names_their_modules(call, spelled, named):
-    from accuracy.compiled.names import split_root
+    from accuracy.dumper.compiled.names import split_root
 
     root, rel = split_root(spelled)
     assert call.module(root, rel, "Net") == named

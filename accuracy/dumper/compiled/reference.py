@@ -29,7 +29,7 @@ import operator
 import weakref
 from typing import Any
 
-from accuracy.compiled.irnodes import copy_source, output_node
+from accuracy.dumper.compiled.irnodes import copy_source, output_node
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def _input_node(g: Any, src: str, fused: set[Any], placeholders: dict[str, Any])
 def _is_sym(n: Any) -> bool:
     """A node whose value is a symbolic size (a SymInt graph input, `sym_size`, `s0*s1`):
     replay evaluates it from the launch's recorded shapes instead of computing it."""
-    from accuracy.compiled.symbolic import is_symbolic
+    from accuracy.dumper.compiled.symbolic import is_symbolic
 
     return is_symbolic((getattr(n, "meta", None) or {}).get("val"))
 
@@ -170,7 +170,7 @@ class _Encoder:
 
     def sym_value(self, val: Any) -> int:
         """The value index of a symbolic size: a `sym` node holding its expression."""
-        from accuracy.compiled.symbolic import sym_text
+        from accuracy.dumper.compiled.symbolic import sym_text
 
         expr = sym_text(self.g, val)
         if expr not in self.sym_index:
@@ -185,7 +185,7 @@ class _Encoder:
         import torch
         import torch.fx as fx
 
-        from accuracy.compiled.symbolic import is_symbolic
+        from accuracy.dumper.compiled.symbolic import is_symbolic
         from accuracy.dumpfile.argcodec import encode_call
 
         for n in chosen:
@@ -243,7 +243,7 @@ def _with_sizes(g: Any, form: dict[str, Any], srcs: list[tuple[str, str]], names
                 outputs: list[int], enc: _Encoder) -> dict[str, Any]:
     """`form` with the symbolic size of each input and output buffer, for a dynamic-shape
     kernel: a reader binds the symbols from the recorded shapes."""
-    from accuracy.compiled.symbolic import sizes_of, symbolic
+    from accuracy.dumper.compiled.symbolic import sizes_of, symbolic
 
     in_sizes = [sizes_of(g, src) for _, src in srcs]
     out_sizes = [sizes_of(g, names[i]) for i in outputs]

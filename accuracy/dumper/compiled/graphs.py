@@ -21,7 +21,7 @@ import weakref
 from types import FrameType
 from typing import Any
 
-from accuracy.compiled.names import RegionCall
+from accuracy.dumper.compiled.names import RegionCall
 
 KEY = "accuracy_region"  # autograd node metadata: the RegionCall of its forward
 _LIMIT = 96  # frames walked at most

@@ -28,9 +28,14 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from accuracy.compiled.names import RegionCall, join_module
+from accuracy.dumper.compiled.names import RegionCall, join_module
+from accuracy.dumpfile import schema
+
+if TYPE_CHECKING:
+    from accuracy.dumper.identity import TensorStates
+    from accuracy.dumper.loop import Loop
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +209,7 @@ class CompileWatch:
                  seq: Callable[[], int] = lambda: -1,
                  module: Callable[[], str] = lambda: "",
                  name_of: Callable[[Any], str | None] | None = None) -> None:
-        self._active, self._step, self._seq, self._module = active, step, seq, module
+        self.active, self._step, self._seq, self._module = active, step, seq, module
         self._name_of = name_of  # a module's own path, where the caller's scope knows it
         self.regions: dict[tuple[str, str], Region] = {}
         self._pending: list[tuple[Any, Region]] = []  # (code dynamo will be asked about, region)
@@ -240,15 +245,16 @@ class CompileWatch:
     def finish(self) -> dict[str, Any]:
         """Stop, and give the root attributes: `compiled_watch` and `compiled_regions`."""
         self.stop()
-        return {"compiled_watch": "on" if self.error is None else f"unavailable: {self.error}",
-                "compiled_regions": [r.as_dict() for r in self.regions.values()]}
+        return {schema.ROOT_COMPILED_WATCH: "on" if self.error is None
+                else f"unavailable: {self.error}",
+                schema.ROOT_COMPILED_REGIONS: [r.as_dict() for r in self.regions.values()]}
 
     # -- events (called from the patched torch functions; never raise) ----------------------
 
     def _entered(self, fn: Any, callback: Any, args: tuple = (), kwargs: dict | None = None
                  ) -> None:
         self._current = None
-        if not self._active():
+        if not self.active():
             return
         name, kind, path = _describe(fn, self._module(), self._name_of)
         backend, options = _backend_of(callback)
@@ -430,56 +436,37 @@ def _uninstall() -> None:
         cf.get_and_maybe_log_recompilation_reasons = h
 
 
-def mode_is_on(mode: Any) -> Callable[[], bool]:
-    """A predicate: `mode` (a TorchDispatchMode, or a callable giving one) is on the stack."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    def active() -> bool:
-        m = mode() if callable(mode) and not hasattr(mode, "__torch_dispatch__") else mode
-        return m is not None and any(x is m for x in _get_current_dispatch_mode_stack())
-    return active
-
-
 class DumperWatch(CompileWatch):
-    """A dumper's watch, with the compiled source that records Inductor's kernels."""
+    """A dumper's watch: it also hooks Inductor, and its compiled source emits each kernel
+    launch into the dumper's loop, whose placing step names compiled work through it."""
 
-    def __init__(self, owner: Any) -> None:
-        mode_on = mode_is_on(lambda: getattr(owner, "_mode", None))
+    def __init__(self, loop: Loop, states: TensorStates,
+                 recording: Callable[[], bool]) -> None:
+        sites = loop.sites
+        super().__init__(recording, step=lambda: sites.step, seq=lambda: loop.seq,
+                         module=lambda: sites.module, name_of=sites.known_name)
+        from accuracy.dumper.compiled import codegen, launches
+        from accuracy.dumper.compiled.sites import CompiledSites
+        from accuracy.dumper.compiled.source import CompiledSource
 
-        def recording() -> bool:
-            """The mode is on and the step is one the dumper records (load and select modes
-            keep the mode on every step: their seqs count every op)."""
-            f = getattr(owner, "filter", None)
-            return mode_on() and (f is None or f.wants_step(int(getattr(owner,
-                                                                     "current_step", 0))))
-
-        super().__init__(
-            recording,
-            step=lambda: int(getattr(owner, "current_step", 0)),
-            seq=lambda: int(getattr(owner, "_seq", -1)),
-            module=lambda: str(getattr(getattr(owner, "_scope", None), "module", "") or ""),
-            name_of=lambda m: getattr(owner, "_scope", None) and owner._scope.known_name(m))
-        from accuracy.compiled import inductor
-        from accuracy.compiled.source import CompiledSource
-
-        self._owner = owner
-        self._inductor = inductor
-        self.source = CompiledSource(owner, self)
+        self._sites = sites
+        self._codegen = codegen
+        self._launches = launches
+        self.source = CompiledSource(loop, states, recording, self.recorded)
+        sites.compiled = CompiledSites(self, sites)
 
     def _entered(self, fn: Any, callback: Any, args: tuple = (), kwargs: dict | None = None
                  ) -> None:
         super()._entered(fn, callback, args, kwargs)
         if self._current is not None:  # compiled code guards on the scope's global hooks
-            keep = getattr(getattr(self._owner, "_scope", None), "keep_hooks", None)
-            if keep is not None:
-                keep()
+            self._sites.keep_hooks()
 
     def start(self) -> DumperWatch:
         """Watch; hook Inductor now if it is loaded, else when dynamo first turns on inside
         the block (importing Inductor costs 1.2-1.5 s: a dumper over eager code paid it at
         every start, and so did every forked or fresh process that opened one)."""
         super().start()
-        self._unhooked_from = self._inductor.unhooked_serial()
+        self._unhooked_from = self._launches.unhooked_serial()
         self._hooked = False
         if self.error is not None or _INDUCTOR_CODEGEN in sys.modules:
             self._hook_inductor()  # not watched: no later moment to hook it at
@@ -492,16 +479,17 @@ class DumperWatch(CompileWatch):
     def _hook_inductor(self) -> None:
         self._hooked = True
         try:
-            self._inductor.install()
-            self._inductor.SINKS.append(self.source)
+            self._codegen.install()
+            self._launches.SINKS.append(self.source)
         except Exception:  # noqa: BLE001 - recording compiled kernels is extra, never fatal
             log.exception("cannot hook Inductor's code generation")
 
     def finish(self) -> dict[str, Any]:
-        if self.source in self._inductor.SINKS:
-            self._inductor.SINKS.remove(self.source)
-            self._inductor.uninstall()
-        unhooked = self._inductor.unhooked_since(getattr(self, "_unhooked_from", 0))
+        if self.source in self._launches.SINKS:
+            self._launches.SINKS.remove(self.source)
+            self._codegen.uninstall()
+        self._sites.compiled = None
+        unhooked = self._launches.unhooked_since(getattr(self, "_unhooked_from", 0))
         for r in self.regions.values():
             if r.status != NOT_RECORDED or not r.compiled_here or r.reason != NOT_SEEN:
                 continue
@@ -514,16 +502,18 @@ class DumperWatch(CompileWatch):
                             "the dumper cannot see into: only the ATen calls it dispatched "
                             "reached the dump")
         attrs = super().finish()
-        attrs["compiled_kernels_recorded"] = self.source.kernels
+        attrs[schema.ROOT_COMPILED_KERNELS_RECORDED] = self.source.kernels
         if self.source.kernels:  # whose generator its kernels drew random numbers with
-            attrs["compiled_random"] = self._inductor.random_mode()
+            attrs[schema.ROOT_COMPILED_RANDOM] = self._codegen.random_mode()
         if unhooked:
-            attrs["compiled_kernels_not_recorded"] = {
+            attrs[schema.ROOT_COMPILED_KERNELS_NOT_RECORDED] = {
                 "count": len(unhooked), "kernels": [k for k, _ in unhooked][:16],
                 "why": unhooked[0][1]}
         return attrs
 
 
-def watch_dumper(owner: Any) -> CompileWatch:
-    """The watch for a `dumper` (its dispatch mode, step, seq and module path), started."""
-    return DumperWatch(owner).start()
+def watch_dumper(loop: Loop, states: TensorStates,
+                 recording: Callable[[], bool]) -> DumperWatch:
+    """The watch for a dumper's loop, started: `states` are its recorder's tensor states,
+    `recording()` whether kernels launched now are recorded."""
+    return DumperWatch(loop, states, recording).start()

@@ -174,10 +174,10 @@ def test_kernels_left_without_a_hook_are_named_and_the_region_says_it_compiled_h
         adamw, monkeypatch):
     """Where the writes of a kernel cannot be found, its launch is said as BLIND by name, and
     a region compiled inside the dumper does not read "made before the dumper started"."""
-    from accuracy.compiled import inductor
+    from accuracy.dumper.compiled import codegen
     from accuracy.dumpfile.compiled import blind_count, blind_lines
 
-    monkeypatch.setattr(inductor, "_kernel_writes", lambda *a: None)
+    monkeypatch.setattr(codegen, "_kernel_writes", lambda *a: None)
     with inductor_cache(adamw["folder"] / "unhooked"):
         torch._dynamo.reset()
         m = _model()
@@ -200,7 +200,7 @@ def test_kernels_left_without_a_hook_are_named_and_the_region_says_it_compiled_h
 def test_a_cpp_kernels_writes_are_its_non_const_pointers_without_kernel_args():
     """Where no code generator frame holds the kernel's arguments, a C++ call's argument
     types say which buffers it writes."""
-    from accuracy.compiled.inductor import _kernel_writes
+    from accuracy.dumper.compiled.codegen import _kernel_writes
 
     got = _kernel_writes(["arg0_1", "arg1_1", "buf0", "arg0_1", "ks0"],
                          ["const float*", "const float*", "float*", "float*", "const int64_t"])

@@ -1,9 +1,9 @@
 """A kernel's fused graph read from a dump: validated into a closed form, printed as Python.
 
 `accuracy repro` writes a script that people run. What the dump holds for it is data (the
-`fused_graph` form of compiled/reference.py: input names, nodes of an op name and arguments in
-the dump's argument encoding, output value indices), and the script's code is printed here,
-by this module, from the validated form: every identifier is ours (`v3`, `torch.ops`,
+`fused_graph` form of dumper/compiled/reference.py: input names, nodes of an op name and
+arguments in the dump's argument encoding, output value indices), and the script's code is
+printed here, by this module, from the validated form: every identifier is ours (`v3`, `torch.ops`,
 `torch.device`) or an op name that `safeops.compute_op` resolved to a real ATen/prims
 `OpOverload` on the allow-list; every literal is the `repr` of a validated number, bool, None
 or word, or our own spelling of a dtype, device, memory format or layout looked up by name.
@@ -22,7 +22,7 @@ from typing import Any
 
 from accuracy.errors import UsageError
 
-MAX_NODES = 2000  # as compiled/reference.py writes at most
+MAX_NODES = 2000  # as dumper/compiled/reference.py writes at most
 MAX_INPUTS = 1000
 MAX_LIST = 4096  # elements of one list argument
 MAX_DEPTH = 3  # lists nested in one argument (Tensor?[] is one)
@@ -63,7 +63,7 @@ def _fail(why: str) -> FormError:
 def validate(form: Any, n_outputs: int, env: dict[str, int] | None = None) -> Graph:
     """The closed form of `form` (the `fused_graph` of a dump's kernel row), with `sym` nodes
     evaluated under `env` (the launch's size bindings); FormError when anything in it is not
-    what compiled/reference.py writes."""
+    what dumper/compiled/reference.py writes."""
     if not isinstance(form, dict):
         raise _fail(f"it is a {type(form).__name__}, not a table")
     inputs, nodes, outputs = form.get("inputs"), form.get("nodes"), form.get("outputs")
@@ -131,7 +131,7 @@ def _check_value(k: int, v: Any, depth: int) -> None:
     memory formats and layouts real torch objects by name lookup)."""
     import torch
 
-    from accuracy.dumpfile.argcodec import _LAYOUTS, _MEMORY_FORMATS
+    from accuracy.dumpfile.argcodec import LAYOUTS, MEMORY_FORMATS
 
     if v is None or type(v) in (bool, float, complex):
         return
@@ -148,8 +148,8 @@ def _check_value(k: int, v: Any, depth: int) -> None:
         for x in v:
             _check_value(k, x, depth + 1)
         return
-    if isinstance(v, torch.dtype | torch.device) or v in _MEMORY_FORMATS.values() \
-            or v in _LAYOUTS.values():
+    if isinstance(v, torch.dtype | torch.device) or v in MEMORY_FORMATS.values() \
+            or v in LAYOUTS.values():
         return
     raise _fail(f"node {k} holds a {type(v).__name__}, not a number, word or tensor")
 
@@ -195,9 +195,9 @@ def _lit(v: Any) -> str:
 
 
 def _tables() -> tuple[dict[str, Any], ...]:
-    from accuracy.dumpfile.argcodec import _LAYOUTS, _MEMORY_FORMATS
+    from accuracy.dumpfile.argcodec import LAYOUTS, MEMORY_FORMATS
 
-    return (_MEMORY_FORMATS, _LAYOUTS)
+    return (MEMORY_FORMATS, LAYOUTS)
 
 
 def python(graph: Graph, name: str = "forward") -> str:

@@ -1,62 +1,39 @@
-"""Inductor's kernels as a source of records: a call after every kernel launch.
+"""What a compiled kernel's launch site is: its buffers and the FX nodes its outputs came from.
 
-Why this mechanism: Inductor's own `config.generate_intermediate_hooks` is emitted only by the
-SIMD (Triton) scheduling and for extern kernels, so a CPU step gets none for its C++ kernels;
-AOTInductor's value printer covers extern calls only. Every kernel launch, C++ or Triton, goes
-through one method of the Python wrapper code generator,
-`PythonWrapperCodegen.generate_kernel_call`. While a dumper records, that method is wrapped:
-after each launch line it emits one line calling `_hook(kernel_id, [buffers])`, and at code
-generation time it files, under `kernel_id`, what the buffers are (inputs or materialised
-outputs), and for each output the FX nodes it came from (`origins`: the ATen ops fused into
-it, their `nn_module_stack` and `stack_trace`). At run time the hook hands the live buffers to
-the recording source (`accuracy/compiled/source.py`), which writes one row per kernel through
-the dumper's recorder. Extern kernels (mm, addmm, convolution...) are ATen calls the dumper's
-dispatch mode already sees at run time (it ignores compile internals only while compiling).
-
-What a hook line needs at run time (the kernel's description) is written into the generated
-module itself, as one registration line per launch site at its top (`_register`), so a program
-Inductor's FX-graph or AOTAutograd cache hands back describes itself exactly as a fresh one:
-the caches stay on while the wrapper is installed. Hooked and plain programs must never be
-served for each other, so while installed the wrapper adds a tag to torch's cache keys
-(`torch.compiler.config.cache_key_tag`), one per version of the code that writes the lines.
+Described at code generation (accuracy/dumper/compiled/codegen.py calls `describe_launch` for
+each kernel launch Inductor generates), from the graph Inductor lowers (`V.graph`): which
+buffers the kernel reads and which it materialises or writes in place, and for each output
+the FX nodes fused into it (`origins`: their op, `nn_module_stack` and `stack_trace`), the
+node whose value it holds, the layout of memory it reuses, and its fused subgraph and replay
+reference (accuracy/dumper/compiled/reference.py). A description travels as JSON text inside
+the generated module (`kernel_text` / `kernel_from_text`), so a program Inductor's caches hand
+back describes itself exactly as a fresh one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import logging
 import operator
 import re
-import sys
-import threading
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from accuracy.compiled.irnodes import output_node
-from accuracy.compiled.names import split_root
-from accuracy.compiled.symbolic import layout_of, sizes_of
-from accuracy.errors import RaisedForTheUser
+from accuracy.dumper.compiled.irnodes import output_node
+from accuracy.dumper.compiled.names import split_root
+from accuracy.dumper.compiled.symbolic import layout_of, sizes_of
 
 log = logging.getLogger(__name__)
 
-_lock = threading.Lock()
-_users = 0
-_saved: dict[str, Any] = {}
-_ids = itertools.count(1)
-KERNELS: dict[int, KernelInfo] = {}  # kernel id (in generated code) -> what it is
-SINKS: list[Any] = []  # recording sources: `.kernel(info, tensors)`
-# extern kernel call site id -> (graph, the FX node it computes, compile id); the one running
-EXTERNS: dict[int, tuple[str, Origin, str]] = {}
-_running_extern: list[int] = [0]
-# kernel launch sites generated with no recording hook: (serial, kernel name, why); a dumper
-# says those compiled while it ran (never silently blind)
-UNHOOKED: list[tuple[int, str, str]] = []
-_unhooked_ids = itertools.count(1)
+_site_ids = itertools.count(1)  # launch sites described in this process (generated names)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def next_site_id() -> int:
+    """A fresh number for a launch site being generated (unique names in generated code)."""
+    return next(_site_ids)
 
 
 @dataclass
@@ -296,60 +273,6 @@ def _origin(node: Any) -> Origin:
                   inner=index < 0 and decomposition_inner(node))
 
 
-def _kernel_writes(call_args: Any, arg_types: Any) -> set[str] | None:
-    """The buffers the kernel being launched writes: its `KernelArgs`' output and in-place
-    buffers (under the names the call passes: a mutated graph input by its own name), found
-    on the code generator's `call_kernel` frame; else the non-const pointers of a C++ call's
-    `arg_types`. None when neither is there (then only fresh buffers count as written)."""
-    try:
-        from torch._inductor.codegen.common import KernelArgs, RemovedArg
-    except Exception:  # noqa: BLE001 - torch moved it: fall back on the argument types
-        KernelArgs = RemovedArg = None  # noqa: N806
-    frame = sys._getframe(1)
-    for _ in range(8):
-        frame = frame.f_back
-        if frame is None or KernelArgs is None:
-            break
-        args = getattr(frame.f_locals.get("self"), "args", None)
-        if isinstance(args, KernelArgs):
-            out = {k for k, v in args.output_buffers.items() if not isinstance(v, RemovedArg)}
-            for v in args.inplace_buffers.values():
-                if not isinstance(v, RemovedArg) and v.other_names:
-                    out.add(v.other_names[-1])
-            return out
-    if isinstance(arg_types, list | tuple) and len(arg_types) == len(call_args):
-        return {a for a, t in zip(call_args, arg_types, strict=True) if isinstance(a, str)
-                and isinstance(t, str) and t.endswith("*") and not t.startswith("const")}
-    return None
-
-
-def _launch_ops() -> set[str] | None:
-    """The scheduler operations (`op17`...) the kernel being launched computes, found on the
-    code generator's frames: a C++ kernel group's `scheduled_nodes` (one C++ function runs
-    the loops of several scheduler nodes), a SIMD kernel's `node_schedule`. None when neither
-    is there. A mutation among them (a scatter into the buffer a loop before it zero-fills:
-    the lowering of `scatter_add` when Inductor does not fall back to ATen's, e.g. with one
-    CPU thread) is finished by this very launch, not by a later one."""
-    try:
-        from torch._inductor.scheduler import BaseSchedulerNode
-    except Exception:  # noqa: BLE001 - torch moved it: no launch is known to finish a buffer
-        return None
-    frame = sys._getframe(1)
-    for _ in range(10):
-        frame = frame.f_back
-        if frame is None:
-            break
-        nodes = getattr(frame.f_locals.get("self"), "scheduled_nodes", None)
-        if nodes is None:
-            nodes = frame.f_locals.get("node_schedule")
-        if isinstance(nodes, list | tuple):
-            ops = {o for n in nodes if isinstance(n, BaseSchedulerNode)
-                   for o in n.get_operation_names()}
-            if ops:
-                return ops
-    return None
-
-
 def _mutation_buffer(g: Any, name: str, used: set[str]) -> Any:
     """The IR buffer of the next mutation written into `name` (a graph input or an earlier
     buffer), in graph order; None when Inductor names none."""
@@ -364,7 +287,7 @@ def _mutation_buffer(g: Any, name: str, used: set[str]) -> Any:
     return None
 
 
-def _describe(kernel_name: str, call_args: Any, seen: set[str],
+def describe_launch(kernel_name: str, call_args: Any, seen: set[str],
               reuses: dict[str, str] | None = None,
               writes: set[str] | None = None,
               launch: set[str] | None = None) -> KernelInfo | None:
@@ -412,8 +335,8 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
             held[a] = h
     if not outputs:
         return None
-    info = KernelInfo(next(_ids), kernel_name, graph, names, outputs, origins, primary, held,
-                      compile_id=_compile_id(), mutated=mutated)
+    info = KernelInfo(next_site_id(), kernel_name, graph, names, outputs, origins, primary, held,
+                      compile_id=compile_id(), mutated=mutated)
     reuses = {**(reuses or {}), **{a: a for a in mutated}}  # in place: its own value before
 
     def filled(old: str) -> bool:
@@ -431,7 +354,7 @@ def _describe(kernel_name: str, call_args: Any, seen: set[str],
             if any(isinstance(d, str) for d in layout[0] + layout[1]):
                 info.before_sizes[b] = sizes_of(g, b) or []
     irnames = [mutated.get(n, n) for n in names]  # an in-place output: its mutation's buffer
-    from accuracy.compiled.reference import fused_graph, reference_graph
+    from accuracy.dumper.compiled.reference import fused_graph, reference_graph
     try:
         info.fused_graph = fused_graph(g, irnames, outputs, {b: reuses[b] for b in info.before})
     except Exception as e:  # noqa: BLE001 - a reproducer is extra: the row stands without it
@@ -485,11 +408,12 @@ def _drop_partial(g: Any, info: KernelInfo, launch: set[str] | None = None) -> N
             ref["graph"][k] = PARTIAL
 
 
-def _compile_id() -> str:
+def compile_id() -> str:
+    """The id of the dynamo compile running now ('' outside one)."""
     try:
         from torch._guards import CompileContext
 
-        cid = CompileContext.current_compile_id()
+        cid = CompileContext.currentcompile_id()
         return "" if cid is None else str(cid)
     except Exception:  # noqa: BLE001 - torch moved it: every kernel shares one key
         return ""
@@ -502,34 +426,7 @@ def _layout(g: Any, name: str) -> tuple[tuple[int | str, ...], tuple[int | str, 
     return None if got is None else (tuple(got[0]), tuple(got[1]))
 
 
-def _notify(event: str, kid: int, tensors: list[Any]) -> None:
-    """Hand kernel `kid`'s live buffers to each sink's `event` method; never raises into
-    the user's step."""
-    info = KERNELS.get(kid)
-    if info is None or not SINKS:
-        return
-    for s in list(SINKS):
-        try:
-            getattr(s, event)(info, tensors)
-        except RaisedForTheUser:  # overflow_raise=True, strict=True: what the user asked for
-            raise
-        except Exception:  # noqa: BLE001 - the user's step must never die because of us
-            log.exception("%s of kernel %s failed", event, info.kernel)
-
-
-def _extern(eid: int) -> None:
-    """Called by generated code around an extern kernel call (`aten.mm.out`...): the ATen
-    ops the dumper sees until `_extern(0)` are that call's."""
-    _running_extern[0] = eid
-
-
-def current_extern() -> tuple[str, Origin, str] | None:
-    """(graph, origin node, compile id) of the extern kernel call running now, or None."""
-    eid = _running_extern[0]
-    return EXTERNS.get(eid) if eid else None
-
-
-def _describe_extern(node: Any) -> tuple[str, Origin, str] | None:
+def describe_extern(node: Any) -> tuple[str, Origin, str] | None:
     from torch._inductor.virtualized import V
 
     origins = sorted(getattr(node, "get_origins", lambda: ())(), key=lambda n: n.name)
@@ -544,219 +441,7 @@ def _describe_extern(node: Any) -> tuple[str, Origin, str] | None:
     g = V.graph
     graph = "backward" if getattr(g, "is_backward", False) else (
         "inference" if getattr(g, "is_inference", False) else "forward")
-    return graph, _origin(on), _compile_id()
-
-
-def _pre(kid: int, tensors: list[Any]) -> None:
-    """Called by generated code before kernel `kid` overwrites buffers in place."""
-    _notify("before", kid, tensors)
-
-
-def _hook(kid: int, tensors: list[Any]) -> None:
-    """Called by generated code after kernel `kid` ran."""
-    _notify("kernel", kid, tensors)
-
-
-def _unhooked(kernel: str, why: str) -> None:
-    UNHOOKED.append((next(_unhooked_ids), kernel, why))
-    del UNHOOKED[:-256]  # bounded: a dumper reads those compiled while it ran
-
-
-def unhooked_since(serial: int) -> list[tuple[str, str]]:
-    """(kernel, why) of the launch sites generated without a hook after `serial`."""
-    return [(k, w) for n, k, w in UNHOOKED if n > serial]
-
-
-def unhooked_serial() -> int:
-    """The serial of the latest unhooked launch site (0 if none)."""
-    return UNHOOKED[-1][0] if UNHOOKED else 0
-
-
-def install() -> None:
-    """Wrap the wrapper code generator (refcounted) and turn the compile caches off."""
-    global _users
-    with _lock:
-        _users += 1
-        if _users > 1:
-            return
-        try:
-            from torch._functorch import config as fconfig
-            from torch._inductor import config
-            from torch._inductor.codegen.wrapper import PythonWrapperCodegen
-        except Exception as e:  # noqa: BLE001 - no Inductor here: nothing to wrap
-            log.info("Inductor not available (%s): its kernels cannot be recorded", e)
-            return
-        orig = PythonWrapperCodegen.generate_kernel_call
-
-        def generate_kernel_call(self: Any, kernel_name: str, call_args: Any,
-                                 *args: Any, **kwargs: Any) -> Any:
-            var = ""
-            try:
-                seen = self.__dict__.setdefault("_accuracy_seen", set())
-                info = _describe(kernel_name, call_args, seen, getattr(self, "reuses", {}),
-                                 _kernel_writes(call_args, kwargs.get("arg_types")),
-                                 _launch_ops())
-                if info is None:
-                    _unhooked_line(self, kernel_name, "it writes no buffer Inductor names as "
-                                   "its output or as mutated")
-                else:
-                    var = f"_acc_k{info.kid}"
-                    _module_line(self, f"{var} = _acc_register({kernel_text(info)!r})")
-                    if info.before:
-                        self.writeline(f"_acc_pre({var}, [{', '.join(info.before)}])")
-            except Exception as e:  # noqa: BLE001 - codegen goes on without our line
-                log.exception("cannot hook kernel %s", kernel_name)
-                _unhooked_line(self, kernel_name,
-                               f"describing it failed ({type(e).__name__}: {e})")
-                var = ""
-            out = orig(self, kernel_name, call_args, *args, **kwargs)
-            if var:
-                self.writeline(f"_acc_hook({var}, [{', '.join(info.buffers)}])")
-            return out
-
-        def wrap_extern(name: str) -> None:
-            """Mark the lines of extern kernel calls with the FX node they compute: their
-            rows take its module and source line, as fused kernels' do."""
-            orig_ext = getattr(PythonWrapperCodegen, name, None)
-            if orig_ext is None:
-                return
-
-            def generate(self: Any, node: Any, *args: Any, **kwargs: Any) -> Any:
-                var = ""
-                try:
-                    site = _describe_extern(node)
-                    if site is not None:
-                        var = f"_acc_e{next(_ids)}"
-                        _module_line(self, f"{var} = _acc_register_extern("
-                                           f"{extern_text(site)!r})")
-                        self.writeline(f"_acc_extern({var})")
-                except Exception:  # noqa: BLE001 - codegen goes on without our line
-                    log.debug("cannot mark extern kernel", exc_info=True)
-                    var = ""
-                out = orig_ext(self, node, *args, **kwargs)
-                if var:
-                    self.writeline("_acc_extern(0)")
-                return out
-
-            _saved["ext_" + name] = orig_ext
-            setattr(PythonWrapperCodegen, name, generate)
-
-        for name in ("generate_extern_kernel_out", "generate_extern_kernel_alloc",
-                     "generate_fallback_kernel"):
-            wrap_extern(name)
-        _saved["gkc"] = (PythonWrapperCodegen, orig)
-        PythonWrapperCodegen.generate_kernel_call = generate_kernel_call
-        _tag_cache_keys(config, fconfig)
-        _saved["random"] = config.fallback_random
-        config.fallback_random = random_mode() == EAGER_RANDOM
-        from accuracy.compiled import reference
-        reference.install()
-
-
-def uninstall() -> None:
-    global _users
-    with _lock:
-        _users = max(0, _users - 1)
-        if _users or "gkc" not in _saved:
-            return
-        cls, orig = _saved.pop("gkc")
-        cls.generate_kernel_call = orig
-        for key in [k for k in _saved if k.startswith("ext_")]:
-            setattr(cls, key[4:], _saved.pop(key))
-        _running_extern[0] = 0
-        from accuracy.compiled import reference
-        reference.uninstall()
-        _untag_cache_keys()
-        if "random" in _saved:
-            from torch._inductor import config
-
-            config.fallback_random = _saved.pop("random")
-
-
-EAGER_RANDOM, INDUCTOR_RANDOM = "eager", "inductor"
-RANDOM_ENV = "ACCURACY_COMPILED_RANDOM"
-
-
-def random_mode() -> str:
-    """Whose generator programs compiled while a dumper records draw random numbers with.
-    "eager" (the default): Inductor's `fallback_random`, so a compiled dropout draws the masks
-    an eager run with the same seed draws, and compiled against eager compares like with like
-    (Inductor's own generator gives other masks: every value after a dropout differs, and the
-    compare blamed an honest matmul). "inductor" (`ACCURACY_COMPILED_RANDOM=inductor`): the
-    program's own generator, as it runs outside the dumper."""
-    import os
-
-    mode = os.environ.get(RANDOM_ENV, EAGER_RANDOM).strip().lower()
-    return mode if mode in (EAGER_RANDOM, INDUCTOR_RANDOM) else EAGER_RANDOM
-
-
-def hooks_tag() -> str:
-    """The cache-key tag of hooked programs: a digest of the code that writes the hook lines
-    and the descriptions they register, so a program cached by another version of it is
-    never served (its descriptions could be read wrongly)."""
-    if "tag" not in _TAG:
-        h = hashlib.sha256()
-        here = Path(__file__).resolve().parent
-        for f in sorted([*here.glob("*.py"), here.parent / "dumpfile" / "argcodec.py"]):
-            h.update(f.name.encode() + b"\0" + f.read_bytes())
-        _TAG["tag"] = f"accuracy-kernel-hooks-{h.hexdigest()[:16]}"
-    return _TAG["tag"]
-
-
-_TAG: dict[str, str] = {}
-
-
-def _tag_cache_keys(config: Any, fconfig: Any) -> None:
-    """Tag torch's compile cache keys while programs are generated with hook lines (the
-    user's own tag kept in front); a torch without the tag turns the two caches off instead,
-    as a cached plain program has no hook lines."""
-    try:
-        from torch.compiler import config as cconfig
-
-        old = cconfig.cache_key_tag
-        cconfig.cache_key_tag = f"{old}|{hooks_tag()}" if old else hooks_tag()
-        _saved["tag"] = (cconfig, old)
-    except Exception as e:  # noqa: BLE001 - torch moved it: no cache is safe then
-        log.info("cannot tag torch's compile cache keys (%s): FX-graph and AOTAutograd "
-                 "caches off while recording", e)
-        _saved["caches"] = (config, fconfig, config.fx_graph_cache,
-                            fconfig.enable_autograd_cache)
-        config.fx_graph_cache = False
-        fconfig.enable_autograd_cache = False
-
-
-def _untag_cache_keys() -> None:
-    if "tag" in _saved:
-        cconfig, old = _saved.pop("tag")
-        cconfig.cache_key_tag = old
-    if "caches" in _saved:
-        config, fconfig, fx, aot = _saved.pop("caches")
-        config.fx_graph_cache, fconfig.enable_autograd_cache = fx, aot
-
-
-_IMPORT = ("from accuracy.compiled.inductor import _register as _acc_register, "
-           "_register_extern as _acc_register_extern, _unhooked as _acc_unhooked, "
-           "_hook as _acc_hook, _pre as _acc_pre, _extern as _acc_extern")
-
-
-def _module_line(wrapper: Any, line: str) -> None:
-    """Write `line` at the top level of the generated module: into the root wrapper's header
-    (a subgraph's wrapper emits none of its own), after our import, written once."""
-    root = wrapper.get_root_graph() if hasattr(wrapper, "get_root_graph") else wrapper
-    if not root.__dict__.get("_accuracy_import"):
-        root.imports.writeline(_IMPORT)
-        root._accuracy_import = True
-    root.header.writeline(line)
-
-
-def _unhooked_line(wrapper: Any, kernel: str, why: str) -> None:
-    """Have the generated module report a launch site without a hook each time it is loaded
-    (a cached program too); reported now when the line cannot be written."""
-    try:
-        _module_line(wrapper, f"_acc_unhooked({kernel!r}, {why!r})")
-    except Exception:  # noqa: BLE001 - never silently blind: say it now
-        log.debug("cannot write the unhooked line", exc_info=True)
-        _unhooked(kernel, why)
+    return graph, _origin(on), compile_id()
 
 
 def kernel_text(info: KernelInfo) -> str:
@@ -777,33 +462,3 @@ def kernel_from_text(text: str) -> KernelInfo:
 def extern_text(site: tuple[str, Origin, str]) -> str:
     graph, origin, cid = site
     return json.dumps([graph, dataclasses.asdict(origin), cid], separators=(",", ":"))
-
-
-def _register(text: str) -> int:
-    """Called at the top of a generated module as it is loaded (just generated, or handed
-    back by Inductor's caches): file one launch site's description under a fresh id, which
-    its hook lines pass. The compile running now is the site's (a cached program's own
-    compile ran in another process). Never raises: a description that cannot be read makes
-    the site an unhooked one, said as such."""
-    try:
-        info = kernel_from_text(text)
-    except Exception as e:  # noqa: BLE001 - the user's compile must go on
-        _unhooked("?", f"its recorded description could not be read ({type(e).__name__})")
-        return 0
-    info.kid = next(_ids)
-    info.compile_id = _compile_id() or info.compile_id
-    KERNELS[info.kid] = info
-    return info.kid
-
-
-def _register_extern(text: str) -> int:
-    """`_register` for an extern kernel call site (its FX node)."""
-    try:
-        graph, origin, cid = json.loads(text)
-        site = (graph, Origin(**origin), _compile_id() or cid)
-    except Exception:  # noqa: BLE001 - the call runs unmarked: its ATen rows stand
-        log.debug("cannot read an extern call site's description", exc_info=True)
-        return 0
-    eid = next(_ids)
-    EXTERNS[eid] = site
-    return eid

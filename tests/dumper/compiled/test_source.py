@@ -13,7 +13,7 @@ import torch
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
 from tests._support.miscompile import ScaleMatmul, inductor_cache
-from tests.compiled.test_watch import Block, Net
+from tests.dumper.compiled.test_watch import Block, Net
 
 LINE = f"test_watch.py:{Block.forward.__code__.co_firstlineno + 1}"  # its return
 
@@ -134,7 +134,7 @@ def test_repro_script_shows_the_culprit_kernels_divergence(runs, tmp_path):
     import subprocess
     import sys
 
-    from accuracy.compiled.repro import write_repro
+    from accuracy.repro.script import write_repro
 
     eager, comp = runs["fault"]
     cul = compare(comp, eager).culprit
@@ -239,7 +239,7 @@ def test_a_kernel_that_cannot_be_rebuilt_says_why(runs, tmp_path):
 def test_kernel_rows_name_modules_as_eager_rows_do(spelled, named):
     """A kernel row's module must read as the eager row's, or compiled and eager values are
     never paired (a tiny Llama compiled: 64 of 67 kernel outputs 'only in my run', PASS)."""
-    from accuracy.compiled.inductor import _module_path
+    from accuracy.dumper.compiled.kernels import _module_path
 
     assert _module_path({"nn_module_stack": {"k": (spelled, torch.nn.Linear)}}) == \
         (named, "Linear")
@@ -249,7 +249,7 @@ def test_blocks_compiled_in_place_name_their_kernels_by_layer(tmp_path, monkeypa
     """`block.compile()` per layer: the region is entered before the block's own forward
     hooks, where the module path is still the parent's. Kernels were named `Net.ln` (no
     layer index), paired with nothing, and the blocks were one region of 3 calls. (Blocks
-    sharing one compiled program: tests/compiled/test_names.py.)"""
+    sharing one compiled program: tests/dumper/compiled/test_names.py.)"""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
     torch.manual_seed(0)

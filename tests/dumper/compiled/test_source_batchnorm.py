@@ -158,6 +158,6 @@ def _graph(uses: str, seq_nr: int | None = 5) -> torch.fx.Node:
     ("graph output", 5, False),
 ])
 def test_a_value_is_inner_only_when_its_own_call_alone_uses_it(uses, seq_nr, inner):
-    from accuracy.compiled.inductor import decomposition_inner
+    from accuracy.dumper.compiled.kernels import decomposition_inner
 
     assert decomposition_inner(_graph(uses, seq_nr)) is inner

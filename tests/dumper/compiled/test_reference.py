@@ -191,7 +191,7 @@ def test_repro_of_the_max_pool_kernel_runs_and_diverges(fault, tmp_path):
     import subprocess
     import sys
 
-    from accuracy.compiled.repro import write_repro
+    from accuracy.repro.script import write_repro
 
     seq, _, _ = _relu_kernel(fault["compiled"])
     with load_dump(fault["compiled"]) as d:

@@ -154,7 +154,7 @@ def test_replayed_compare_names_the_faulty_kernel_in_layers_1_mlp(fault, replay_
 
 
 def _repro(comp, eager, kernel: str, out) -> subprocess.CompletedProcess:
-    from accuracy.compiled.repro import write_repro
+    from accuracy.repro.script import write_repro
 
     write_repro(comp, kernel, out, golden=eager)
     return subprocess.run([sys.executable, str(out)], capture_output=True, text=True,

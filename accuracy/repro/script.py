@@ -9,7 +9,7 @@ and prints, per output, how far the recorded kernel output, the re-compiled outp
 graph's eager result are from each other and from the eager run's value; it exits 1 when the
 recorded output diverges, 2 when the graph does not run.
 
-The dump is untrusted and people run the script: its code is printed by compiled/graphform.py
+The dump is untrusted and people run the script: its code is printed by repro/graphform.py
 from the validated form (allow-listed ATen/prims ops, arguments as data); no text of the dump
 becomes code. Dumps from before this form filed the subgraph as Python text (`graph_code`):
 they are refused, with a line saying to record the step again.
@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accuracy.compiled import graphform
+from accuracy.dumpfile import schema
 from accuracy.errors import InputNotFoundError, NoMatchError, OutputExistsError, UsageError
+from accuracy.repro import graphform
 
 KERNEL_PREFIX = "inductor."
 MAX_BYTES = 64 << 20  # tensors embedded in one script
@@ -125,11 +126,13 @@ def _record(d: Any, kernel: str, seq: int | None) -> Any:
 def _graph(d: Any, rec: Any) -> graphform.Graph:
     """The kernel's fused subgraph, validated (graphform.validate), from the first row of its
     launch site that files it."""
-    kid = rec.extra.get("kid")
-    rows = [rec] + [r for r in d.records if kid is not None and r.extra.get("kid") == kid]
-    form = next((r.extra["fused_graph"] for r in rows if "fused_graph" in r.extra), None)
+    kid = rec.extra.get(schema.EXTRA_KID)
+    rows = [rec] + [r for r in d.records
+                    if kid is not None and r.extra.get(schema.EXTRA_KID) == kid]
+    form = next((r.extra[schema.EXTRA_FUSED_GRAPH] for r in rows
+                 if schema.EXTRA_FUSED_GRAPH in r.extra), None)
     if form is None:
-        if any("graph_code" in r.extra for r in rows):
+        if any(schema.EXTRA_GRAPH_CODE in r.extra for r in rows):
             raise UsageError(f"{rec.op}: this dump files the kernel's subgraph as Python text "
                              "(recorded by an older accuracy), and text from a dump is never "
                              "run: record the step again with this version to write a "
@@ -146,7 +149,7 @@ def _graph(d: Any, rec: Any) -> graphform.Graph:
 
 def _inputs_by_name(rec: Any) -> dict[str, Any]:
     """The row's input tensors by buffer name (`extra.inputs`)."""
-    names = rec.extra.get("inputs")
+    names = rec.extra.get(schema.EXTRA_INPUTS)
     if not isinstance(names, list) or len(names) != len(rec.inputs) \
             or not all(isinstance(n, str) for n in names):
         raise UsageError(f"{rec.op} at seq {rec.seq}: its input buffer names do not match "
@@ -224,7 +227,7 @@ def write_repro(dump: str | os.PathLike[str], kernel: str, out: str | os.PathLik
                     if tp.my_op is not None and tp.my_op.seq == rec.seq and tp.io == "output" \
                             and tp.golden is not None:
                         gold[tp.idx] = g.read_tensor(tp.golden)
-        outs = rec.extra.get("outputs")
+        outs = rec.extra.get(schema.EXTRA_OUTPUTS)
         outs = [o if isinstance(o, dict) else {} for o in outs] \
             if isinstance(outs, list) and len(outs) == len(recorded) else [{}] * len(recorded)
         names = [_safe(o.get("buffer", "")) for o in outs]
@@ -234,9 +237,9 @@ def write_repro(dump: str | os.PathLike[str], kernel: str, out: str | os.PathLik
                     "multi": multi},
                    buf)
         data = base64.b64encode(buf.getvalue()).decode()
-        fused = rec.extra.get("fused_ops")
+        fused = rec.extra.get(schema.EXTRA_FUSED_OPS)
         _write(out, _TEMPLATE.format(
-            kernel=_safe(rec.extra.get("kernel", rec.op)), dump=_safe(Path(dump).name),
+            kernel=_safe(rec.extra.get(schema.EXTRA_KERNEL, rec.op)), dump=_safe(Path(dump).name),
             seq=int(rec.seq), phase=_safe(rec.phase), module=_safe(rec.module or "-"),
             source=_safe(rec.source or "?"),
             fused=_safe(", ".join(map(str, fused if isinstance(fused, list) else []))),

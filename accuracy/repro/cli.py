@@ -8,7 +8,7 @@ from accuracy.cliargs import at_least
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
-    from accuracy.compiled.repro import write_repro
+    from accuracy.repro.script import write_repro
 
     print(write_repro(args.dump, args.kernel, args.output, golden=args.golden, seq=args.seq,
                       overwrite=args.overwrite).format())
