@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from accuracy.dumpfile.reader import DumpError, load_dump
+from accuracy.dumpfile import DumpError, load_dump
 from accuracy.errors import UsageError
 
 PLACEHOLDER = "{rank}"

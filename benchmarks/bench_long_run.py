@@ -112,6 +112,20 @@ def _debugger(tmp: Path, **kw: Any) -> Any:
     return PrecisionDebugger(dump_path=tmp, task="statistics", level="L1", overwrite=True, **kw)
 
 
+def _config_debugger(tmp: Path, step: list[int]) -> Any:
+    """A debugger reading msprobe's config.json: the file is looked at (one stat) after
+    every step, as msprobe's dynamic switch needs."""
+    import json
+
+    from accuracy import PrecisionDebugger
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    cfg = tmp / "config.json"
+    cfg.write_text(json.dumps({"task": "statistics", "dump_path": str(tmp / "dump"),
+                               "level": "L1", "step": step, "dump_enable": True}))
+    return PrecisionDebugger(config_path=cfg, overwrite=True)
+
+
 def _cases(steps: int) -> list[Case]:
     from accuracy import schedule
 
@@ -121,6 +135,8 @@ def _cases(steps: int) -> list[Case]:
         Case("bare", lambda tmp: _Bare(), lambda s: False),
         Case("PrecisionDebugger, idle (step list not reached)",
              lambda tmp: _debugger(tmp / "idle", step=never), lambda s: False),
+        Case("PrecisionDebugger from config.json, idle (the file re-checked each step)",
+             lambda tmp: _config_debugger(tmp / "cfg", never), lambda s: False),
         Case("PrecisionDebugger, schedule recording 2 steps",
              lambda tmp: _debugger(tmp / "sched", schedule=sched), lambda s: s in sched),
         Case("dumper(steps=[not reached]) around the run",

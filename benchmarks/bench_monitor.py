@@ -51,13 +51,38 @@ def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+MODEL = "bench"  # --model: "bench" (the benchmark step) or "qwen2" (many small modules)
+
+
+def _qwen2(seed: int):
+    """A tiny random-init `transformers` Qwen2 (2 layers, 33 modules: many small ops), batch 4
+    of 64 tokens: the model the issue measured the monitor's cost on."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=256,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=128)
+    model = transformers.Qwen2ForCausalLM(cfg)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 512, (4, 64), generator=g)
+    return model, (ids, ids.clone())
+
+
 def _trainer(seed: int = 0):
-    model, batch = bench_setup(seed)
+    if MODEL == "qwen2":
+        model, batch = _qwen2(seed)
+    else:
+        model, batch = bench_setup(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step(x, y):
         opt.zero_grad()
-        loss = bench_step(model, (x, y))
+        if MODEL == "qwen2":
+            loss = model(input_ids=x, labels=y).loss
+            loss.backward()
+        else:
+            loss = bench_step(model, (x, y))
         opt.step()
         return loss
 
@@ -75,14 +100,18 @@ def _against(mon: am.Monitor, figures_file: Path) -> None:
     mon.collector = mod.Collector(mon.model, mon.optimizer)
 
 
-def overhead(steps: int, folder: Path, against: Path | None = None) -> dict[str, float]:
-    """Median per-step seconds, bare vs monitored every step (no snapshots), interleaved; with
-    `against`, a third arm monitored by that figures.py's Collector."""
+def overhead(steps: int, folder: Path, against: Path | None = None,
+             defaults: bool = False) -> dict[str, float]:
+    """Median per-step seconds, bare vs monitored every step, interleaved; `defaults`: the
+    monitor as made with no options (snapshots every 10 steps, the batch kept each step),
+    else figures only (no snapshots). With `against`, a third arm monitored by that
+    figures.py's Collector."""
     m1, o1, b1, bare = _trainer()
     arms = {"bare": bare}
     m2, o2, b2, raw = _trainer()
+    snap = {} if defaults else {"snapshot_every": None}
     arms["monitor"] = mon = am.watch(raw, m2, o2, path=folder / "bench.monitor.h5",
-                                     snapshot_every=None, overwrite=True)
+                                     overwrite=True, **snap)
     if against is not None:
         m3, o3, b3, raw3 = _trainer()
         arms["against"] = am.watch(raw3, m3, o3, path=folder / "against.monitor.h5",
@@ -183,11 +212,15 @@ def main() -> None:
     ap.add_argument("--against", type=Path, help="another figures.py to A/B against")
     ap.add_argument("--profile", action="store_true",
                     help="print the thread CPU time of the monitor's parts and stop")
+    ap.add_argument("--model", choices=("bench", "qwen2"), default="bench",
+                    help="the benchmark step, or a tiny transformers Qwen2 (many small modules)")
     add_threads_arg(ap)
     args = ap.parse_args()
     if args.threads == "both":
         sys.exit(run_both_threads())
     logging.basicConfig(level=logging.ERROR)
+    global MODEL
+    MODEL = args.model
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -200,14 +233,17 @@ def main() -> None:
                                                  for lab, p in prof.items()))
             print(f"load {_load()}")
             return
-        o = overhead(args.steps, folder, args.against)
-        print(f"monitor every step: bare {o['bare_s'] * 1e3:.1f} ms, monitored "
-              f"{o['monitor_s'] * 1e3:.1f} ms, ratio {o['ratio']:.3f}x wall "
-              f"({verdict(o['ratio'], 1.10, what='<= 1.10x')}), {o['cpu_ratio']:.3f}x CPU time "
-              f"({o['modules']} modules, {o['params']} parameters), load {_load()}")
-        if args.against is not None:
-            print(f"  against {args.against}: {o['against_s'] * 1e3:.1f} ms, ratio "
-                  f"{o['against_ratio']:.3f}x wall, {o['against_cpu_ratio']:.3f}x CPU time")
+        print(f"model: {args.model}")
+        for defaults in (True, False):
+            o = overhead(args.steps, folder, args.against, defaults)
+            what = "at its defaults (snapshots every 10)" if defaults else "figures only"
+            print(f"monitor every step, {what}: bare {o['bare_s'] * 1e3:.1f} ms, monitored "
+                  f"{o['monitor_s'] * 1e3:.1f} ms, ratio {o['ratio']:.3f}x wall "
+                  f"({verdict(o['ratio'], 1.10, what='<= 1.10x')}), {o['cpu_ratio']:.3f}x CPU "
+                  f"time ({o['modules']} modules, {o['params']} parameters), load {_load()}")
+            if args.against is not None:
+                print(f"  against {args.against}: {o['against_s'] * 1e3:.1f} ms, ratio "
+                      f"{o['against_ratio']:.3f}x wall, {o['against_cpu_ratio']:.3f}x CPU time")
         s = snapshot_cost(10)
         print(f"snapshot: {s['snapshot_s'] * 1e3:.1f} ms, {s['snapshot_mb']:.1f} MB state + "
               f"{s['batch_mb']:.2f} MB per kept batch, load {_load()}")

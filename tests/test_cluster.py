@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from accuracy.compare import api, compare
+from accuracy.compare import batches, compare
 from accuracy.dumper import dumper
 from accuracy.examples import lm_batch, lm_step, tiny_lm
 from accuracy.replay import replay
@@ -47,7 +47,7 @@ def client():
 
 @pytest.fixture
 def small_batches(monkeypatch):
-    monkeypatch.setattr(api, "BATCH_BYTES", 256 << 10)  # many batches even on a tiny dump
+    monkeypatch.setattr(batches, "BATCH_BYTES", 256 << 10)  # many batches even on a tiny dump
 
 
 def _same_rows(a, b):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from pathlib import Path
 
-from accuracy.dumpfile.reader import OpRecord
+from accuracy.dumpfile import OpRecord
 from accuracy.errors import UsageError
 
 

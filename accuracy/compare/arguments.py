@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from accuracy.dumpfile.reader import OpRecord
+from accuracy.dumpfile import OpRecord
 from accuracy.dumpfile.validate import parse_json
 
 _SKIPPED_TAGS = ("__tensor__", "__device__", "__dtype__", "__repr__", "__generator__",

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from accuracy.dumpfile.reader import Dump
+from accuracy.dumpfile import Dump
 from accuracy.errors import UsageError
 
 log = logging.getLogger(__name__)

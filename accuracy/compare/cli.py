@@ -50,7 +50,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from accuracy.compare import compare
     from accuracy.compare.multirank import check_pair_ranks
     from accuracy.compare.report import check_formats, check_report_dir
-    from accuracy.dumpfile.reader import load_dump
+    from accuracy.dumpfile import load_dump
     from accuracy.ranks import is_multirank
 
     if args.output:  # refused before the compare runs, not after

@@ -1,7 +1,7 @@
 """Compare's pair batches on a Dask cluster: the same pure batch function, run by workers.
 
 `compare(..., runner=DaskRunner(client))` hands the batches of tensor pairs (about 32 MB each,
-built by `compare.api`) to the workers and takes the metric dicts back in batch order, so the
+built by `compare.batches`) to the workers and takes the metric dicts back in batch order, so the
 report is the one a local run makes, row for row. Each batch goes only to workers that can
 read both of its files (`cluster.Placement`: all of them on shared storage, that node's
 workers for a node's local disk). Each worker keeps its dump files open across tasks and runs

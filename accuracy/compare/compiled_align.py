@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from accuracy.aten import VIEW_PREFIXES
 from accuracy.compare.align import Mapping, Pair, align
-from accuracy.dumpfile.reader import OpRecord, TensorRecord
+from accuracy.dumpfile import OpRecord, TensorRecord
 
 MAX_DISTANCE = 1.0  # statistics further apart than this hold different values, not an error
 SAME_VALUE = 1e-3  # statistics this near (in golden RMS units) are one value, to rounding
@@ -44,7 +44,7 @@ def has_kernels(recs: list[OpRecord]) -> bool:
 @dataclass
 class Sides:
     """Which two tensors a row compares (my tensor of `my_op`, the golden tensor it matches),
-    and why one is missing; compare's row specs (`compare/api.py`) extend it too."""
+    and why one is missing; compare's pair specs (`compare/pairs.py`) extend it too."""
 
     my_op: OpRecord | None
     golden_op: OpRecord | None

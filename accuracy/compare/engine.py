@@ -12,9 +12,8 @@ from typing import Any
 import numpy as np
 
 from accuracy.compare.metrics import StreamingMetrics
-from accuracy.dumpfile import dtypes
+from accuracy.dumpfile import Dump, TensorRef, dtypes
 from accuracy.dumpfile.checksum import NO_HASH, Checksum, ContentHash
-from accuracy.dumpfile.reader import Dump, TensorRef
 from accuracy.numformats import FORMATS
 
 __all__ = ["BlobReader", "TensorRef", "compare_data", "compare_refs", "worker_run"]

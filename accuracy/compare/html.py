@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from markupsafe import Markup, escape
 
 from accuracy.compare.row import Row, Verdict
-
-if TYPE_CHECKING:
-    from accuracy.compare.report import Report
 
 COLOURS = {"pass": "#2e9d4f", "warning": "#e0a100", "error": "#d0342c", "unmatched": "#888888",
            "skipped": "#bbbbbb"}
@@ -159,9 +156,10 @@ def _row_html(r: Row) -> str:
     return f'<tr id="row-{escape(r.index)}" class="{escape(r.verdict)}">{cells}</tr>'
 
 
-def render(report: Report) -> str:
-    s = report.summary
-    rows = Markup("".join(map(_row_html, report.rows)))  # every value in it escaped above
+def render(rows: list[Row], summary: dict[str, Any]) -> str:
+    """A report's page from its rows and summary."""
+    s = summary
+    rows_html = Markup("".join(map(_row_html, rows)))  # every value in it escaped above
     culprit, first = s.get("culprit"), s.get("first_divergence")
     # the same row twice is one box that says so, not two identical boxes
     same = (isinstance(culprit, dict) and isinstance(first, dict)
@@ -170,5 +168,5 @@ def render(report: Report) -> str:
              else [("Culprit", culprit), ("First divergence", first)])
     return template().render(
         css=Markup(_CSS), js=Markup(_JS), summary=s, colours=COLOURS, cols=TABLE_COLS,
-        rows_html=rows, chart=chart(report.rows, culprit), fmt=_fmt, boxes=boxes,
+        rows_html=rows_html, chart=chart(rows, culprit), fmt=_fmt, boxes=boxes,
     )

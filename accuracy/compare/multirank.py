@@ -23,7 +23,7 @@ from accuracy.compare.api import compare
 from accuracy.compare.report import ALL_FORMATS, Report, check_report_dir
 from accuracy.compare.row import Row
 from accuracy.compare.terminal import format_ranks
-from accuracy.dumpfile.reader import Dump, load_dump
+from accuracy.dumpfile import Dump, load_dump
 from accuracy.errors import UsageError
 from accuracy.ranks import RankFiles, find_rank_files
 

@@ -248,7 +248,7 @@ class Report:
         paths: dict[str, Path] = {}
         dicts = functools.cache(lambda: [r.as_dict() for r in self.rows])  # once for all
         for f in formats:
-            p = WRITERS[f](self, out, dicts)
+            p = WRITERS[f](self.rows, self.summary, out, dicts)
             if p is not None:
                 paths[f] = p
         return paths

@@ -8,12 +8,10 @@ import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from accuracy.compare import html
-
-if TYPE_CHECKING:  # the report module reads WRITERS below; nothing here imports it back
-    from accuracy.compare.report import Report
+from accuracy.compare.row import Row
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +89,9 @@ def rows_json(dicts: list[dict[str, Any]]) -> str:
         return json.dumps([_plain_row(d) for d in dicts], default=str)
 
 
-def write_json(report: Report, out: Path, dicts: RowDicts) -> Path:
+def write_json(rows: list[Row], summary: dict[str, Any], out: Path, dicts: RowDicts) -> Path:
     p = out / "summary.json"
-    p.write_text(json.dumps(plain(report.summary), indent=2, default=str))
+    p.write_text(json.dumps(plain(summary), indent=2, default=str))
     (out / "rows.json").write_text(rows_json(dicts()))
     return p
 
@@ -145,9 +143,9 @@ def _csv_cells(values: Any) -> list[Any]:
     return [v if type(v) in _NUMBERS else "" if v is None else csv_cell(v) for v in values]
 
 
-def write_csv(report: Report, out: Path, dicts: RowDicts) -> Path:
+def write_csv(rows: list[Row], summary: dict[str, Any], out: Path, dicts: RowDicts) -> Path:
     p = out / "rows.csv"
-    extra = [k for k in (report.rows[0].keys() if report.rows else ()) if k not in CSV_COLUMNS]
+    extra = [k for k in (rows[0].keys() if rows else ()) if k not in CSV_COLUMNS]
     cols = list(CSV_COLUMNS) + extra
     with p.open("w", newline="") as f:
         w = csv.writer(f)
@@ -156,7 +154,8 @@ def write_csv(report: Report, out: Path, dicts: RowDicts) -> Path:
     return p
 
 
-def write_xlsx(report: Report, out: Path, dicts: RowDicts) -> Path | None:
+def write_xlsx(rows: list[Row], summary: dict[str, Any], out: Path, dicts: RowDicts
+               ) -> Path | None:
     """rows.xlsx with rows coloured by verdict; skipped (with a log line) without xlsxwriter."""
     try:
         import xlsxwriter
@@ -177,10 +176,10 @@ def write_xlsx(report: Report, out: Path, dicts: RowDicts) -> Path | None:
         ws.freeze_panes(1, 0)
         for i, r in enumerate(map(with_msprobe_cells, dicts()), start=1):
             ws.write_row(i, 0, [_cell(r.get(k)) for k in cols], fmts.get(r["verdict"]))
-        ws.autofilter(0, 0, len(report.rows), len(cols) - 1)
+        ws.autofilter(0, 0, len(rows), len(cols) - 1)
         s = wb.add_worksheet("summary")
         line = 0
-        for k, v in report.summary.items():
+        for k, v in summary.items():
             if isinstance(v, dict | list):
                 v = json.dumps(plain(v), default=str)[:30000]
             s.write_row(line, 0, [k, _cell(v)])
@@ -190,10 +189,10 @@ def write_xlsx(report: Report, out: Path, dicts: RowDicts) -> Path | None:
     return p
 
 
-def write_html(report: Report, out: Path, dicts: RowDicts) -> Path:
+def write_html(rows: list[Row], summary: dict[str, Any], out: Path, dicts: RowDicts) -> Path:
     del dicts  # the page reads the Row objects
     p = out / "index.html"
-    p.write_text(html.render(report), encoding="utf-8")
+    p.write_text(html.render(rows, summary), encoding="utf-8")
     return p
 
 
@@ -203,8 +202,9 @@ def warm() -> None:
     html.template()
 
 
-# Report format -> its writer (returns the file written, or None when it can't be written).
-WRITERS: dict[str, Callable[[Report, Path, RowDicts], Path | None]] = {
+# Report format -> its writer of a report's rows and summary (returns the file written, or
+# None when it can't be written). The report module calls them: nothing here imports it.
+WRITERS: dict[str, Callable[[list[Row], dict[str, Any], Path, RowDicts], Path | None]] = {
     "json": write_json, "csv": write_csv, "html": write_html, "xlsx": write_xlsx}
 FORMATS = tuple(WRITERS)
 # What `accuracy compare` writes unless --formats asks for more: rows.xlsx holds the CSV's

@@ -11,11 +11,14 @@ The mapping (also in docs/long-runs.md):
 - data_mode: the dumper's data_mode words (all, forward, backward, input, output).
 - summary_mode: statistics or md5 (our statistics always carry a checksum per tensor).
 - async_dump: accepted either way; our writes always run on a background thread.
+- dump_enable: msprobe's switch: false records no step, true (or absent) the steps above. The
+  debugger re-reads the file while training runs (debugger.core), so a job can be steered.
 Imports no torch.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -34,10 +37,11 @@ LEVELS = ("L0", "L1", "mix")
 # acc_check filled in) and are skipped; choosing one as `task` is refused
 OTHER_TASKS = ("acc_check", "run_ut", "free_benchmark", "grad_probe", "structure",
                "exception_dump", "nan_check", "kernel_dump")
-TOP_FIELDS = ("task", "dump_path", "rank", "step", "level", "async_dump", "schedule")
+TOP_FIELDS = ("task", "dump_path", "rank", "step", "level", "async_dump", "schedule",
+              "dump_enable")
 # msprobe fields that change nothing here (said once in the log)
 TOP_NO_EFFECT = ("extra_info", "seed", "is_deterministic", "enable_dataloader", "framework",
-                 "acl_config", "dump_enable", "precision")
+                 "acl_config", "precision")
 TASK_FIELDS = ("scope", "list", "data_mode", "summary_mode", "overflow_nums")
 TASK_NO_EFFECT = ("tensor_list", "bench_path", "diff_nums", "file_format", "check_mode",
                   "online_run_ut", "nfs_path", "host", "port", "save_by_rank")
@@ -63,6 +67,7 @@ class DebugConfig:
     summary_mode: str = "statistics"
     async_dump: bool = False
     overflow_nums: int = 1
+    dump_enable: bool = True
     ignored: list[str] = field(default_factory=list)
 
     @property
@@ -70,8 +75,22 @@ class DebugConfig:
         return "tensor" if self.task == "tensor" else "statistics"
 
     def wants(self, step: int, rank: int) -> bool:
-        return ((self.steps is None or step in self.steps)
+        return (self.dump_enable and (self.steps is None or step in self.steps)
                 and (self.ranks is None or rank in self.ranks))
+
+    def describe(self) -> str:
+        """The fields in force, in one line."""
+        def ids(x: IdRanges | Schedule | None) -> str:
+            if x is None:
+                return "all"
+            return x.describe() if isinstance(x, Schedule) else json.dumps(x.describe())
+        sel = (f" list: ops {list(self.ops)} modules {list(self.modules)}"
+               if self.ops or self.modules else "")
+        return (f"dump_enable={str(self.dump_enable).lower()} task={self.task} "
+                f"level={self.level} dump_path={self.dump_path} step={ids(self.steps)} "
+                f"rank={ids(self.ranks)} data_mode={','.join(self.data_mode)}"
+                f"{sel}" + (f" overflow_nums={self.overflow_nums}"
+                            if self.task == "overflow_check" else ""))
 
 
 def _fail(where: str, msg: str) -> UsageError:
@@ -163,6 +182,10 @@ def build(data: dict[str, Any], where: str = "config", **overrides: Any) -> Debu
     if not isinstance(async_dump, bool):
         raise _fail(where, f"async_dump must be true or false, not {async_dump!r}")
     cfg.async_dump = async_dump
+    enable = data.get("dump_enable", True)
+    if not isinstance(enable, bool):
+        raise _fail(where, f"dump_enable must be true or false, not {enable!r:.40}")
+    cfg.dump_enable = enable
     section = data.get(task, {})
     if not isinstance(section, dict):
         raise _fail(where, f"{task} must be an object")

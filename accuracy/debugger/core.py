@@ -4,6 +4,12 @@ A driver, not a recorder: on a step the config selects (and a rank it selects), 
 opens a `dumper` writing `dump_path/step{N}/rank{R}/dump.h5` and `stop()` closes it; on every
 other step nothing is installed, so the step runs at the bare speed. Mistakes in the call
 order are logged, one line each, and training goes on.
+
+The config file is re-read while training runs, as msprobe's dynamic switch (`dump_enable`)
+needs: at the end of each step, when its modification time or size changed, through the same
+loader as at the start. A change written before step N takes effect from step N+1 at the
+latest; a file that does not load (half-written, invalid) leaves the config in force and says
+why once.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from accuracy.debugger import config as _config
+from accuracy.errors import AccuracyError
 from accuracy.steps import Schedule
 
 log = logging.getLogger(__name__)
@@ -33,10 +40,17 @@ class PrecisionDebugger:
                  schedule: Schedule | None = None, overwrite: bool = False) -> None:
         over = dict(task=task, dump_path=str(dump_path) if dump_path is not None else None,
                     level=level, step=step, schedule=schedule)
-        if config_path is not None:
-            self.config = _config.load(config_path, **over)
+        self._overrides = over
+        self.config_path = Path(config_path) if config_path is not None else None
+        self._stamp = self._file_stamp()
+        self._refused: tuple[int, ...] | None = None  # the file version said to be refused
+        if self.config_path is not None:
+            self.config = _config.load(self.config_path, **over)
         else:
             self.config = _config.build({}, "PrecisionDebugger", **over)
+        source = (f"config {self.config_path} (re-read after each step when it changes)"
+                  if self.config_path is not None else "keywords")
+        log.info("PrecisionDebugger: in force from %s: %s", source, self.config.describe())
         if self.config.ignored:
             log.info("config fields with no effect here: %s", ", ".join(self.config.ignored))
         self.model = model
@@ -82,6 +96,39 @@ class PrecisionDebugger:
         self._started = False
         self._close()
         self.current_step += 1
+        if self.config_path is not None:
+            self._reload()
+
+    # -- the file re-read while training runs ----------------------------------------------
+
+    def _file_stamp(self) -> tuple[int, ...] | None:
+        if self.config_path is None:
+            return None
+        try:
+            st = os.stat(self.config_path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
+
+    def _reload(self) -> None:
+        """The file, again, if it changed; the next step follows it."""
+        stamp = self._file_stamp()
+        if stamp == self._stamp or stamp == self._refused:
+            return
+        try:
+            new = _config.load(self.config_path, **self._overrides)  # type: ignore[arg-type]
+        except (AccuracyError, OSError, ValueError) as e:
+            self._refused = stamp
+            log.warning("config %s changed but is not applied (%s); the config in force "
+                        "stays: %s", self.config_path, " ".join(str(e).split()),
+                        self.config.describe())
+            return
+        self._stamp, self._refused = stamp, None
+        if new == self.config:
+            return
+        self.config = new
+        log.info("config %s re-read: from step %d: %s", self.config_path, self.current_step,
+                 new.describe())
 
     # -- ours ----------------------------------------------------------------------------
 

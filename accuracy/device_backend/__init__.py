@@ -8,6 +8,7 @@ extensions (torch_npu, torch_mlu, torch_musa) are imported lazily, only when ask
 injected faults; see docs/backends.md.
 """
 
+from . import quant_figures
 from .base import AcceleratorBackend, Backend, CpuBackend, HostCopy
 from .faults import Fault, register_replacement, replacements
 from .profiles import (
@@ -19,6 +20,7 @@ from .profiles import (
     profiles,
     register_profile,
 )
+from .quantizer import requantize
 from .registry import (
     all_backends,
     available_backends,
@@ -27,7 +29,7 @@ from .registry import (
     get_backend,
     register_backend,
 )
-from .rounding import register_rounding, roundings
+from .rounding import get_rounding, register_rounding, roundings
 from .simulator import SimMode, active, sim
 
 __all__ = [
@@ -47,13 +49,16 @@ __all__ = [
     "backends_table",
     "get_backend",
     "get_profile",
+    "get_rounding",
     "matrix_rules",
     "profiles",
+    "quant_figures",
     "register_backend",
     "register_profile",
     "register_replacement",
     "register_rounding",
     "replacements",
+    "requantize",
     "roundings",
     "sim",
 ]

@@ -67,10 +67,6 @@ def any_module_matches(pattern: str, modules: Iterable[str]) -> bool:
     return False
 
 
-# The name live/high_precision.py imports until the seam branch of #45 uses the public one;
-# the lead removes it at merge (tests/test_private_names.py lists that import).
-_module_matches = any_module_matches
-
 
 _TAG = "accuracy_sim_modules"
 

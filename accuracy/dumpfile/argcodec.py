@@ -31,9 +31,6 @@ MEMORY_FORMATS = {
     )
 }
 LAYOUTS = {str(x): x for x in (torch.strided, torch.sparse_coo, torch._mkldnn)}
-# The names compiled/graphform.py imports until the seam branch of #45 uses the public ones;
-# the lead removes them at merge (tests/test_private_names.py lists that import).
-_MEMORY_FORMATS, _LAYOUTS = MEMORY_FORMATS, LAYOUTS
 
 
 def _encode(obj: Any, tensor_index: Callable[[torch.Tensor], int]) -> Any:

@@ -157,7 +157,7 @@ def convert_folder(dump_dir: str | os.PathLike[str], out_dir: str | os.PathLike[
     """`convert` every dump (`*.h5`, `*.hdf5`) in `dump_dir`, each into `out_dir/<its stem>/`
     (msaccucmp's `convert -d DIR`). Files that are not accuracy dumps, or hold no matching op,
     are passed over and named; none converted at all is a NoMatchError."""
-    from accuracy.dumpfile.reader import DumpError
+    from accuracy.dumpfile.errors import DumpError
 
     src = Path(dump_dir)
     files = sorted(p for p in src.iterdir() if p.suffix in (".h5", ".hdf5") and p.is_file())

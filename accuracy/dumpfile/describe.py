@@ -190,7 +190,7 @@ def verify_file(path: str | os.PathLike[str], *,
     """Check a dump's layout, index and every stored byte range once; a dump refused at open
     (layout, links, index, damaged metadata) is one problem, not an exception. A dump the run
     did not finish is not `ok` unless `allow_incomplete`."""
-    from accuracy.dumpfile.reader import DumpError
+    from accuracy.dumpfile.errors import DumpError
 
     try:
         with load_dump(path) as d:

@@ -24,13 +24,10 @@ import numpy as np
 import torch
 
 from accuracy.dumpfile import schema
-from accuracy.dumpfile.reader import (
-    Dump,
-    DumpError,
-    OpRecord,
-    load_dump,
-    require_regular_file,
-)
+from accuracy.dumpfile.errors import DumpError
+from accuracy.dumpfile.opening import require_regular_file
+from accuracy.dumpfile.reader import Dump, load_dump
+from accuracy.dumpfile.records import OpRecord
 from accuracy.dumpfile.writer import check_dump_path
 from accuracy.errors import NoMatchError, OutputExistsError
 

@@ -29,7 +29,9 @@ from torch import nn
 from accuracy.errors import UsageError
 from accuracy.monitor.capture import Capture, capture_step, loss_value
 from accuracy.monitor.figures import Collector
+from accuracy.monitor.resume import continue_run, restore_triggers
 from accuracy.monitor.series import SeriesWriter
+from accuracy.monitor.sinks import TensorBoard, scalars_of
 from accuracy.monitor.snapshots import Store, parse_bytes
 from accuracy.monitor.triggers import StepFigures, Trigger, resolve
 
@@ -71,6 +73,13 @@ class Monitor:
     flush_every: rows buffered before a flush (1: a killed job loses nothing recorded).
     stateful: more objects a step reads the state of (an LR scheduler, a GradScaler): kept in
         snapshots through their state_dict()/load_state_dict().
+    start_step: the first step's number. A job resumed from a checkpoint at step N passes N:
+        its rows continue the run's series (in a segment beside the earlier file, joined by
+        `read_series`) and the triggers' history is restored from the earlier rows.
+    sinks: more writers of the scalars (objects with `scalars(step, values)` and
+        `text(step, tag, text)`: see accuracy.monitor.sinks).
+    tensorboard: a `SummaryWriter`, or a folder to open one in: the loss, the gradient norm,
+        the figures the triggers read, and trigger events as text.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -81,11 +90,14 @@ class Monitor:
                  capture_dir: str | os.PathLike[str] | None = None, reduce: bool = False,
                  flush_every: int = 1, overwrite: bool = False,
                  step_fn: Callable[..., Any] | None = None,
-                 stateful: Iterable[Any] = ()) -> None:
+                 stateful: Iterable[Any] = (), start_step: int = 0,
+                 sinks: Iterable[Any] = (), tensorboard: Any = None) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"Monitor needs an nn.Module, got {type(model).__name__}")
         if not isinstance(freq, int) or freq < 1:
             raise UsageError(f"freq must be an int >= 1, got {freq!r}")
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise UsageError(f"start_step must be an int >= 0, got {start_step!r}")
         self.rank, self.world_size = _rank()
         self.path = Path(str(path).replace("{rank}", str(self.rank)))
         self.model, self.optimizer, self.freq, self.reduce = model, optimizer, freq, reduce
@@ -101,18 +113,31 @@ class Monitor:
             self.path.with_name(stem + ".captures")
         self.collector = Collector(model, optimizer, modules)
         writes = not (reduce and self.world_size > 1 and self.rank != 0)
-        self.writer = SeriesWriter(self.path, flush_every=flush_every, overwrite=overwrite,
-                                   attrs={"rank": self.rank, "world_size": self.world_size,
-                                          "freq": freq, "reduced": bool(reduce),
-                                          "model": type(model).__name__}) if writes else None
-        self.current_step = 0  # the next step's number (a probe's counter)
-        self.captures: list[Capture] = []
         self.fired: list[tuple[int, str]] = []
+        self.writer: SeriesWriter | None = None
+        if writes:
+            run = continue_run(self.path, start_step, overwrite)
+            if run.earlier is not None:
+                self.fired = restore_triggers(self.triggers, run.earlier, start_step, freq)
+                self._captured_earlier = any(
+                    e.get("kind") == "capture" and isinstance(e.get("step"), int)
+                    and e["step"] < start_step for e in run.earlier.events)
+                log.info("monitor: resumed at step %d: writing %s after %d earlier rows of %s",
+                         start_step, run.path.name, int((run.earlier.step < start_step).sum()),
+                         self.path.name)
+            self.writer = SeriesWriter(run.path, flush_every=flush_every, overwrite=overwrite,
+                                       attrs={"rank": self.rank, "world_size": self.world_size,
+                                              "freq": freq, "reduced": bool(reduce),
+                                              "model": type(model).__name__, **run.attrs})
+        self.sinks = [*sinks, *([TensorBoard(tensorboard)] if tensorboard is not None else [])]
+        self._sink_figures = sorted({f for t in self.triggers for f in t.figures if "/" in f})
+        self.current_step = start_step  # the next step's number (a probe's counter)
+        self.captures: list[Capture] = []
         self._batch: Any = None
         self._in_step = False
         self._capturing = False
         self._said_compiled: set[int] = set()
-        self._finalizer = weakref.finalize(self, _close_writer, self.writer)
+        self._finalizer = weakref.finalize(self, _close_writer, self.writer, self.sinks)
 
     # -- step hooks -----------------------------------------------------------------------
 
@@ -145,9 +170,22 @@ class Monitor:
         except Exception:
             log.exception("monitor: keeping the batch failed (training goes on)")
 
-    def end_step(self, loss: Any = None) -> list[str]:
-        """Call after the step (forward, backward, optimizer step) with its loss. Returns the
-        reasons of the triggers that fired on this step."""
+    def add_micro_batch(self, *args: Any, **kwargs: Any) -> None:
+        """One more micro-batch of the current step (gradient accumulation): the step's kept
+        batch is the list of its micro-batches' `(args, kwargs)`, so the step function of a
+        re-run is called as `step_fn(micro_batches)` and runs them all."""
+        if self._capturing or self.store is None or not self._in_step:
+            return
+        try:
+            self.store.add_part(self.current_step, (args, kwargs))
+        except Exception:
+            log.exception("monitor: keeping the micro-batch failed (training goes on)")
+
+    def end_step(self, loss: Any = None, micro_steps: int = 1) -> list[str]:
+        """Call after the step (forward, backward, optimizer step) with its loss. With gradient
+        accumulation a step is one optimizer step: `loss` is the whole step's (as the framework
+        logs it) and `micro_steps` the micro-batches it accumulated. Returns the reasons of the
+        triggers that fired on this step."""
         if self._capturing:
             return []
         step = self.current_step
@@ -163,7 +201,7 @@ class Monitor:
                 if figs is not None and self.writer is not None:
                     self.writer.append({
                         "step": step, "loss": figs.get("loss", value),
-                        "grad_norm": figs["grad_norm"],
+                        "grad_norm": figs["grad_norm"], "micro_steps": micro_steps,
                         "module_names": self.collector.module_names,
                         "param_names": self.collector.param_names,
                         "module": figs["module"], "param": figs["param"],
@@ -176,7 +214,10 @@ class Monitor:
                        f"outputs are never materialised one by one): {', '.join(names[:10])}")
                 log.warning("monitor: %s", msg)
                 self._event("not-measured", step=step, message=msg, modules=names)
-            s = StepFigures(step, value, grad_norm, figs, loss_known=loss is not None)
+            s = StepFigures(step, value, grad_norm, figs, loss_known=loss is not None,
+                            grad_known=bool(figs is None or figs.get("grads", 1)))
+            if self.sinks and self.writer is not None:
+                self._send(step, value, grad_norm, figs)
             for t in self.triggers:
                 try:
                     why = t.check(s)
@@ -193,6 +234,32 @@ class Monitor:
         except Exception:
             log.exception("monitor: end_step failed (training goes on)")
         return reasons
+
+    def _send(self, step: int, loss: float, grad_norm: float, figs: dict[str, Any] | None
+              ) -> None:
+        values = scalars_of(loss, grad_norm, figs, self._sink_figures,
+                            self.collector.module_names, self.collector.param_names)
+        for sink in self.sinks:
+            try:
+                sink.scalars(step, values)
+            except Exception as e:  # noqa: BLE001 - a logger's failure is not the training's
+                self._sink_failed(sink, e)
+
+    def _text(self, step: int, tag: str, text: str) -> None:
+        if self.writer is None:
+            return
+        for sink in self.sinks:
+            try:
+                sink.text(step, tag, text)
+            except Exception as e:  # noqa: BLE001
+                self._sink_failed(sink, e)
+
+    def _sink_failed(self, sink: Any, e: Exception) -> None:
+        said = self.__dict__.setdefault("_sinks_said", set())
+        if id(sink) not in said:
+            said.add(id(sink))
+            log.error("monitor: writing to %s failed (%s); the monitor's file is unaffected",
+                      type(sink).__name__, e)
 
     def wrap(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
         """The step function with the monitor around it (see `watch`)."""
@@ -229,6 +296,7 @@ class Monitor:
     def _fired(self, step: int, loss: float, reasons: list[str]) -> None:
         reason = "; ".join(reasons)
         self._event("trigger", step=step, loss=loss, reasons=reasons)
+        self._text(step, "monitor/trigger", f"step {step}: {reason}")
         first = not self.fired
         self.fired.append((step, reason))
         # after the second, flags go to the file's events and to INFO: a run that stays NaN
@@ -237,7 +305,8 @@ class Monitor:
                 "monitor: step %d flagged: %s", step, reason)
         if not first:
             if len(self.fired) == 2:
-                done = (f"captured once, step {self.fired[0][0]}" if self.captures else
+                done = (f"captured once, step {self.fired[0][0]}"
+                        if self.captures or getattr(self, "_captured_earlier", False) else
                         f"step {self.fired[0][0]} was not captured")
                 msg = (f"triggers fired again at step {step} (and may on every step): {done}; "
                        "later steps are recorded as events only (logged at INFO)")
@@ -259,6 +328,7 @@ class Monitor:
         self.captures.append(cap)
         self._event("capture", step=step, exact=cap.exact, folder=cap.folder,
                     culprit=cap.culprit, messages=cap.messages)
+        self._text(step, "monitor/capture", cap.format())
         log.warning("monitor: %s", cap.format())
 
     def _event(self, kind: str, step: int | None = None, **info: Any) -> None:
@@ -323,12 +393,19 @@ class Monitor:
         self._finalizer()
 
 
-def _close_writer(writer: SeriesWriter | None) -> None:
+def _close_writer(writer: SeriesWriter | None, sinks: Iterable[Any] = ()) -> None:
     if writer is not None:
         try:
             writer.close()
         except Exception:
             log.exception("monitor: closing the series failed")
+    for sink in sinks:
+        close = getattr(sink, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                log.exception("monitor: closing %s failed", type(sink).__name__)
 
 
 def watch(step_fn: Callable[..., Any], model: nn.Module,

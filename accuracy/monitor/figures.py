@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -61,26 +62,31 @@ class _NoDispatch:
         self._a.__exit__(*exc)
 
 
-def _counts(t: torch.Tensor, norm: torch.Tensor) -> tuple[Any, Any] | None:
-    """(nan, inf) counts of `t`, or None where there are none to count. On CPU they are
-    computed only where the norm is not finite (a finite norm proves there is none);
-    elsewhere always, so the step never waits on the device."""
-    if t.device.type == "cpu" and math.isfinite(float(norm)):
-        return None
-    return torch.isnan(t).sum(), torch.isinf(t).sum()
+def _len_dispatch_stack() -> int:
+    """How many Python dispatch modes are active (a dumper, `sim`): with none, reductions of
+    detached plain tensors reach no mode and record no graph, so the guards are skipped."""
+    return torch._C._len_torch_dispatch_stack()
 
 
-def _read_back(floats: list[torch.Tensor], ints: list[torch.Tensor]
-               ) -> tuple[list[float], list[float]]:
+Value = Any  # a 0-d tensor still on its device, or a float read already (CPU)
+
+
+def _read_back(floats: list[Value], ints: list[Value]) -> tuple[list[float], list[float]]:
     """0-d tensors as Python floats: stacked per device (dtypes promoted), one copy to the host
-    per device; counts (ints) kept apart so they stay exact."""
+    per device; counts (ints) kept apart so they stay exact. Floats pass through."""
     out_f: list[float] = [NAN] * len(floats)
     out_i: list[float] = [NAN] * len(ints)
     groups: dict[torch.device, tuple[list[int], list[int]]] = {}
     for i, t in enumerate(floats):
-        groups.setdefault(t.device, ([], []))[0].append(i)
+        if isinstance(t, float):
+            out_f[i] = t
+        else:
+            groups.setdefault(t.device, ([], []))[0].append(i)
     for i, t in enumerate(ints):
-        groups.setdefault(t.device, ([], []))[1].append(i)
+        if isinstance(t, float):
+            out_i[i] = t
+        else:
+            groups.setdefault(t.device, ([], []))[1].append(i)
     for fi, ii in groups.values():
         parts = []
         if fi:
@@ -95,13 +101,30 @@ def _read_back(floats: list[torch.Tensor], ints: list[torch.Tensor]
     return out_f, out_i
 
 
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _norms(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """L2 norms, of 16-bit tensors accumulated and returned in float32: a bf16 norm keeps 3
+    significant digits (an output of norm 31.94 read 32.0), a figure off by up to 0.4%."""
+    low = [t.dtype in _LOW for t in ts]
+    if not any(low):
+        return list(torch._foreach_norm(ts))
+    if all(low):
+        return list(torch._foreach_norm(ts, 2, dtype=torch.float32))
+    return [torch._foreach_norm([t], 2, dtype=torch.float32)[0] if lo else
+            torch._foreach_norm([t])[0] for t, lo in zip(ts, low, strict=True)]
+
+
 class _Reductions:
-    """Norm, min, max and (nan, inf) counts of a list of tensors, kept as 0-d tensors on
-    their device until `_read_back`: one `_foreach_norm`, one `aminmax` per tensor."""
+    """Norm, min, max and (nan, inf) counts of a list of tensors: one `_foreach_norm`, one
+    `aminmax` per tensor. On an accelerator they stay 0-d tensors on their device until
+    `_read_back` (the step never waits); on CPU, where reading one is a load from memory and
+    the norm is read anyway to decide on the counts, they are read at once."""
 
     def __init__(self) -> None:
-        self.floats: list[torch.Tensor] = []   # norm, min, max per entry
-        self.ints: list[torch.Tensor] = []     # nan, inf of the entries that have counts
+        self.floats: list[Value] = []   # norm, min, max per entry
+        self.ints: list[Value] = []     # nan, inf of the entries that have counts
         self.counted: dict[int, int] = {}      # entry -> position of its nan count in ints
         self.n = 0
 
@@ -110,14 +133,20 @@ class _Reductions:
         first = self.n
         if not ts:
             return range(first, first)
-        norms = torch._foreach_norm(ts)
+        norms = _norms(ts)
         for t, nrm in zip(ts, norms, strict=True):
-            lo, hi = torch.aminmax(t) if t.numel() else (nrm.new_full((), NAN),) * 2
-            self.floats += (nrm, lo, hi)
-            c = _counts(t, nrm)
-            if c is not None:
+            if t.device.type == "cpu":
+                n = float(nrm)
+                lo, hi = (float(x) for x in torch.aminmax(t)) if t.numel() else (NAN, NAN)
+                self.floats += (n, lo, hi)
+                if not math.isfinite(n):  # a finite norm proves there is no nan or inf
+                    self.counted[self.n] = len(self.ints)
+                    self.ints += (float(torch.isnan(t).sum()), float(torch.isinf(t).sum()))
+            else:
+                lo, hi = torch.aminmax(t) if t.numel() else (nrm.new_full((), NAN),) * 2
+                self.floats += (nrm, lo, hi)
                 self.counted[self.n] = len(self.ints)
-                self.ints += c
+                self.ints += (torch.isnan(t).sum(), torch.isinf(t).sum())
             self.n += 1
         return range(first, self.n)
 
@@ -176,7 +205,7 @@ class Collector:
         self.compiled_modules: set[int] = set()  # hooks seen inside torch.compile regions
         self._act = _Reductions()               # this step's activation reductions
         self._acts: dict[int, list[int]] = {}   # module -> its entries in self._act
-        self._seen: dict[tuple, range] = {}     # an output already reduced -> its entries
+        self._seen: dict[tuple, tuple[tuple, range]] = {}  # an output reduced: (refs, entries)
         self._before: list[torch.Tensor] | None = None
         self._buffers: list[torch.Tensor] | None = None
         self._grads: tuple[list[int], _Reductions] | None = None
@@ -188,41 +217,85 @@ class Collector:
     # -- hooks ---------------------------------------------------------------------------
 
     def _forward_hook(self, idx: int) -> Any:
+        measure = self._measure
+
         def hook(_mod: nn.Module, _args: Any, output: Any) -> None:
             if not self.recording:
                 return
-            if torch.compiler.is_compiling():  # inside torch.compile: said once, not measured
+            # inside torch.compile (dynamo tracing this hook): said once, not measured; so
+            # `_measure` only ever runs eagerly
+            if torch.compiler.is_compiling():
                 self.compiled_modules.add(idx)
                 return
-            self._measure(idx, output)
+            measure(idx, output)
         return hook
 
-    @torch.compiler.disable  # a frame resumed after a graph break runs this eagerly
     def _measure(self, idx: int, output: Any) -> None:
         try:
-            if isinstance(output, torch.Tensor):  # the common case, without a tree walk
+            if type(output) is torch.Tensor:  # the common case: no unwrapping, no tree walk
+                ts = [output] if output.is_floating_point() and output.numel() > 0 else []
+            elif isinstance(output, torch.Tensor):
                 out = _local(output)
                 ts = [out] if out.is_floating_point() and out.numel() > 0 else []
             else:
                 ts = _float_leaves(output)
             if not ts:
                 return
-            key = tuple((t.data_ptr(), t.shape, t._version) for t in ts)
+            # a container returning its child's output gets the child's entries: the same
+            # tensor objects, unchanged since. Identity is checked through weak references
+            # (an address or an id is reused once its tensor is freed, and the next output
+            # put there would take the freed one's figure); nothing here keeps a tensor alive
+            key = tuple((id(t), t._version) for t in ts)
             seen = self._seen.get(key)
-            if seen is None:  # else a container returning its child's output: measured
-                with _NoDispatch():
-                    seen = self._seen[key] = self._act.add(ts)
-            self._acts.setdefault(idx, []).extend(seen)
+            if seen is None or not all(r() is t for r, t in zip(seen[0], ts, strict=True)):
+                if _len_dispatch_stack() == 0:  # no mode to hide from: detached suffices
+                    entries = self._act.add([t.detach() for t in ts])
+                else:
+                    with _NoDispatch():
+                        entries = self._act.add(ts)
+                seen = self._seen[key] = (tuple(weakref.ref(t) for t in ts), entries)
+            self._acts.setdefault(idx, []).extend(seen[1])
         except Exception:  # never break the user's forward
             log.exception("monitor: activation figures of %s failed",
                           self.module_names[idx])
 
-    def _pre_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
+    def _pre_step(self, _opt: Any, args: Any, kwargs: Any) -> Any:
         if not self.recording:
-            return
+            return None
+        closure = kwargs.get("closure") if kwargs else None
+        if closure is None and args:
+            closure = args[0]
         try:
+            if callable(closure):
+                # forward and backward run inside step(closure) (Lightning, LBFGS): the
+                # gradients exist only once the closure has run; read them then
+                self._keep_parameters()
+                wrapped = self._after(closure)
+                if kwargs and "closure" in kwargs:
+                    return tuple(args), {**kwargs, "closure": wrapped}
+                return (wrapped, *args[1:]), dict(kwargs or {})
             with _NoDispatch():
                 self._grad_figures()
+            self._keep_parameters()
+        except Exception:
+            log.exception("monitor: reading gradients before the optimizer step failed")
+        return None
+
+    def _after(self, closure: Any) -> Any:
+        def measured_closure() -> Any:
+            out = closure()
+            try:
+                with _NoDispatch():
+                    self._grad_figures()  # a closure called again (LBFGS): its last call's
+            except Exception:
+                log.exception("monitor: reading gradients after the closure failed")
+            return out
+        return measured_closure
+
+    def _keep_parameters(self) -> None:
+        """The parameters before the update, into buffers reused step to step."""
+        try:
+            with _NoDispatch():
                 ps = [_local(p).detach() for p in self.params]
                 bufs = self._buffers
                 if bufs is None or any(b.shape != p.shape or b.dtype != p.dtype
@@ -232,7 +305,7 @@ class Collector:
                 torch._foreach_copy_(bufs, ps)  # reused buffers: no allocation per step
                 self._before = bufs
         except Exception:
-            log.exception("monitor: reading gradients before the optimizer step failed")
+            log.exception("monitor: keeping the parameters before the optimizer step failed")
 
     def _post_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
         if not self.recording or self._before is None:
@@ -339,7 +412,8 @@ class Collector:
                                                if not math.isnan(states[k][i])))
                                  if any(not math.isnan(states[k][i]) for k in keys) else NAN
                                  for i in range(p)]
-        return {"module": mod, "param": par, "state": states, "grad_norm": total}
+        return {"module": mod, "param": par, "state": states, "grad_norm": total,
+                "grads": len(have)}
 
     def close(self) -> None:
         for h in self._handles:

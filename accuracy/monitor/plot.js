@@ -6,6 +6,21 @@
   const num = (v) => (v === "inf" ? Infinity : v === "-inf" ? -Infinity : v);
   const steps = data.steps;
   const width = () => Math.max(600, Math.min(window.innerWidth - 80, 1400));
+  // what fired first: the page opens on its figure, its step and layer marked
+  const fx = data.focus && typeof data.focus.step === "number" ? data.focus : null;
+  if (fx) {
+    document.getElementById("focus").textContent =
+      "opened on " + (fx.figure || "the loss") + ": step " + fx.step + " flagged (" +
+      (fx.why || []).join("; ") + ")" + (fx.layer ? "; layer " + fx.layer + " marked" : "");
+  }
+  const marker = () => ({ hooks: { draw: [(u) => {
+    if (!fx) return;
+    const x = u.valToPos(fx.step, "x", true);
+    const c = u.ctx;
+    c.save(); c.strokeStyle = "#000"; c.setLineDash([4, 3]); c.lineWidth = 1;
+    c.beginPath(); c.moveTo(x, u.bbox.top); c.lineTo(x, u.bbox.top + u.bbox.height);
+    c.stroke(); c.restore();
+  }] } });
 
   const ev = document.getElementById("events");
   for (const e of data.events) {
@@ -24,14 +39,15 @@
     series: [{ label: "step" }, { label: "loss", stroke: "#1f77b4" },
              { label: "grad norm", stroke: "#d62728", scale: "g" }],
     axes: [{}, {}, { scale: "g", side: 1 }],
-    scales: { x: { time: false } },
+    scales: { x: { time: false } }, plugins: [marker()],
   }, [steps, finite(data.loss), finite(data.grad_norm)], document.getElementById("top"));
 
   const sel = document.getElementById("fig");
+  const opening = fx && fx.figure && data.figures[fx.figure] ? fx.figure : "module/act_norm";
   for (const key of Object.keys(data.figures)) {
     const o = document.createElement("option");
     o.value = key; o.textContent = key;
-    if (key === "module/act_norm") o.selected = true;
+    if (key === opening) o.selected = true;
     sel.appendChild(o);
   }
   const colour = (i, n) => "hsl(" + Math.round((360 * i) / Math.max(1, n)) + ",65%,45%)";
@@ -46,12 +62,13 @@
       return Number.isFinite(v) && (!logy || v > 0) ? v : null;
     }));
     const series = [{ label: "step" }].concat(f.names.map((n, j) => ({
-      label: n, stroke: colour(j, f.names.length), width: 1,
+      label: n, stroke: colour(j, f.names.length),
+      width: fx && n === fx.layer ? 3 : 1,
     })));
     if (plot) plot.destroy();
     plot = new uPlot({
       width: width(), height: 320, series: series,
-      scales: { x: { time: false }, y: logy ? { distr: 3 } : {} },
+      scales: { x: { time: false }, y: logy ? { distr: 3 } : {} }, plugins: [marker()],
     }, [steps].concat(cols), document.getElementById("lines"));
     heat(f);
   }
@@ -95,6 +112,14 @@
         ctx.fillStyle = c;
         ctx.fillRect(lw + i * cw, j * ch, cw, ch);
       }
+    }
+    if (fx) {  // the flagged step's column (its bin) and the layer's row, outlined
+      let col = -1;
+      for (let i = 0; i < ncol; i++) if (steps[i] <= fx.step) col = i;
+      const row = f.names.indexOf(fx.layer);
+      ctx.strokeStyle = "#0a0"; ctx.lineWidth = 2;
+      if (col >= 0) ctx.strokeRect(lw + col * cw, 0, cw, ch * rows);
+      if (row >= 0) ctx.strokeRect(lw, row * ch, cw * ncol, ch);
     }
     const hover = document.getElementById("hover");
     canvas.onmousemove = (e) => {

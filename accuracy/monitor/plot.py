@@ -6,6 +6,11 @@ and a small script that draws: loss and global gradient norm over steps; for the
 each layer over steps; and a layer x step heat map of each value against its layer's median
 (log ratio), so the step and the layer where a problem starts stand out. Names (untrusted)
 reach the page only through JSON and `textContent`. The server shows the same page.
+
+The page opens on what fired (`focus`): the figure the first trigger looks at (non-finite: the
+NaN/Inf counts that are not zero; a gradient-norm jump: per-parameter gradient norms; a loss
+spike or a rule: activation norms), the flagged step marked in every chart and the layer that
+stands out at that step (the capture's culprit module when there is one) marked in the heat map.
 """
 
 from __future__ import annotations
@@ -66,7 +71,79 @@ def series_data(s: Series, max_steps: int = MAX_STEPS) -> dict[str, Any]:
             figures[f"{kind}/{fig}"] = {"names": names, "values": _clean(v)}
     return {"file": s.path.name, "rank": s.attrs.get("rank"), "steps": [int(x) for x in st],
             "loss": _clean(loss), "grad_norm": _clean(gn), "figures": figures,
-            "events": jsonable(s.events[:1000])}
+            "events": jsonable(s.events[:1000]), "focus": focus(s)}
+
+
+_COUNTS = ("module/act_nan", "module/act_inf", "param/grad_nan", "param/grad_inf")
+
+
+def _table(s: Series, key: str) -> tuple[list[str], np.ndarray] | None:
+    kind, _, fig = key.partition("/")
+    table = {"module": s.module, "param": s.param, "state": s.state}.get(kind, {})
+    if fig not in table:
+        return None
+    return (s.module_names if kind == "module" else s.param_names), table[fig]
+
+
+def _stands_out(values: np.ndarray, row: int) -> int | None:
+    """The column whose value at `row` is furthest from its own median (log ratio)."""
+    with np.errstate(all="ignore"):
+        med = np.nanmedian(np.abs(values), axis=0)
+        ratio = np.abs(np.log10(np.abs(values[row]) / med))
+    ratio = np.where(np.isfinite(values[row]), ratio, np.inf)
+    ratio = np.where(np.isnan(values[row]), -1.0, ratio)
+    ratio = np.nan_to_num(ratio, nan=-1.0)
+    return int(np.argmax(ratio)) if ratio.size and ratio.max() >= 0 else None
+
+
+def _first_flagged(names: list[str], flagged: np.ndarray) -> int:
+    """The first flagged name, in the model's order, that contains no other flagged one: a
+    container's output carries its child's NaN, the child is where it showed first."""
+    hit = [names[i] for i in np.flatnonzero(flagged)]
+
+    def holds(a: str, b: str) -> bool:
+        return a != b and (a == "(root)" or b.startswith(a + "."))
+    for i in np.flatnonzero(flagged):
+        if not any(holds(names[i], other) for other in hit):
+            return int(i)
+    return int(np.flatnonzero(flagged)[0])
+
+
+def focus(s: Series) -> dict[str, Any] | None:
+    """The view that shows what fired first: figure, step, layer and why (None: nothing
+    fired; the page opens on activation norms)."""
+    first = next((e for e in s.events if e.get("kind") == "trigger"
+                  and isinstance(e.get("step"), int)), None)
+    if first is None:
+        return None
+    step = int(first["step"])
+    reasons = [str(r) for r in first.get("reasons") or []][:20]
+    names = {r.split(":", 1)[0] for r in reasons}
+    rows = np.flatnonzero(s.step == step)
+    row = int(rows[-1]) if rows.size else None
+    figure, layer = "module/act_norm", None
+    if "non-finite" in names and row is not None:
+        for key in _COUNTS:
+            t = _table(s, key)
+            if t is not None and np.nan_to_num(t[1][row]).max(initial=0) > 0:
+                figure, layer = key, _first_flagged(t[0], np.nan_to_num(t[1][row]) > 0)
+                break
+    elif "grad-norm-jump" in names:
+        figure = "param/grad_norm"
+    cap = next((e for e in s.events if e.get("kind") == "capture" and e.get("step") == step),
+               None)
+    culprit = cap.get("culprit") if isinstance(cap, dict) else None
+    t = _table(s, figure)
+    if t is None:
+        return {"figure": None, "step": step, "layer": None, "why": reasons}
+    if layer is None and isinstance(culprit, dict) and figure.startswith("module/"):
+        mod = culprit.get("module")
+        if isinstance(mod, str) and mod in t[0]:
+            layer = t[0].index(mod)
+    if layer is None and row is not None:
+        layer = _stands_out(t[1], row)
+    return {"figure": figure, "step": step, "layer": t[0][layer] if layer is not None else None,
+            "why": reasons}
 
 
 def _json_for_script(data: Any) -> str:
@@ -88,7 +165,7 @@ def render_html(s: Series, title: str | None = None) -> str:
         f"<title>{html.escape(title or s.path.name)}</title>"
         f"<style>{css.replace('</style', '')}\n{_STYLE}</style></head><body>"
         f"<h1>monitor: {html.escape(title or s.path.name)}</h1>"
-        "<div id='events'></div>"
+        "<div id='focus' class='focus'></div><div id='events'></div>"
         "<h2>loss and global gradient norm</h2><div id='top'></div>"
         "<h2>per layer <select id='fig'></select> <label><input type='checkbox' id='log' "
         "checked> log scale</label></h2><div id='lines'></div>"
@@ -103,6 +180,7 @@ body { font: 14px system-ui, sans-serif; margin: 1em 2em; }
 h2 { font-size: 1.05em; margin-top: 1.5em; }
 .hover { font-family: monospace; min-height: 1.2em; }
 #events div { color: #a00; }
+.focus { font-weight: bold; margin: 0.5em 0; }
 canvas#heat { image-rendering: pixelated; border: 1px solid #ccc; }
 """
 

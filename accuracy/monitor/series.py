@@ -14,7 +14,8 @@ Layout (format ``accuracy-monitor``, version 2; rows are recorded steps):
     /events    (B,) uint8  one JSON object per line per event (trigger fired, capture
                            written, refusal); version 1 held (E,) str, read alike
 
-Figures: loss, grad_norm (global L2) one column each; module/<f> for f in act_norm, act_min,
+Figures: loss, grad_norm (global L2), micro_steps (the micro-batches accumulated into the
+step's one optimizer step) one column each; module/<f> for f in act_norm, act_min,
 act_max, act_nan, act_inf (M columns each); param/<f> for f in norm, grad_norm, grad_min,
 grad_max, grad_nan, grad_inf, update_ratio, state_norm (P columns each); state/<key> per
 optimizer state key (P columns each). Datasets grow 64 rows at a time, so a step costs one
@@ -27,6 +28,13 @@ steps, 1 by default): `read_series` keeps the rows whose step was written. Nothi
 as HDF5 variable-length strings once the file is live: HDF5 grows its heap in place, which SWMR
 does not order, so a kill while it grew could leave the heap unreadable (see
 accuracy/dumpfile/optext.py); events are appended as bytes instead.
+
+A resumed job (a monitor made with `start_step` > 0 while its file exists) never touches the
+file of the run before it: it writes a segment beside it, `<stem>.seg<K>.h5`, whose attrs say
+`segment`, `resumed_at` (its first step) and `base_created` (the first file's `created`).
+`read_series(first file)` joins the segments of that run in order; the rows of an earlier part
+from `resumed_at` on (steps run after the checkpoint, then run again) give way to the resumed
+ones.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +67,8 @@ MAX_ROWS = 100_000_000
 MAX_EVENT_BYTES = 64 << 20
 MAX_EVENTS = 100_000
 MAX_JSON_DEPTH = 16  # the writer's layout is 2 deep, its events 3 or 4
+MAX_SEGMENTS = 1000  # resumed parts of one run joined by read_series
+_SCALARS = ("loss", "grad_norm", "micro_steps")  # one column each
 _MAX_MEMBERS = 64  # objects in a group of ours: six at the top, one in module/ and param/
 
 
@@ -103,7 +115,7 @@ class SeriesWriter:
         m, p = len(row["module_names"]), len(row["param_names"])
         layout: dict[str, list[int]] = {}
         at = 0
-        for name, width in ([("loss", 1), ("grad_norm", 1)]
+        for name, width in ([("loss", 1), ("grad_norm", 1), ("micro_steps", 1)]
                             + [(f"module/{k}", m) for k in row["module"]]
                             + [(f"param/{k}", p) for k in row["param"]]
                             + [(f"state/{k}", p) for k in row["state"]]):
@@ -123,13 +135,14 @@ class SeriesWriter:
         f.swmr_mode = True
         os.replace(tmp, self.path)
         self._f = f
+        self._ds = (f["values"], f["step"], f["events"])  # looked up once, not per row
         self._cap = 0
 
     def _row(self, r: dict[str, Any]) -> np.ndarray:
         out = np.full(self._width, np.nan)
         for name, (a, b) in self._layout.items():
-            if name in ("loss", "grad_norm"):
-                out[a] = r[name]
+            if name in _SCALARS:
+                out[a] = r.get(name, 1 if name == "micro_steps" else np.nan)
                 continue
             kind, _, fig = name.partition("/")
             vals = r[kind].get(fig)
@@ -138,8 +151,9 @@ class SeriesWriter:
         return out
 
     def append(self, row: dict[str, Any]) -> None:
-        """row: step, loss, grad_norm, module_names, param_names, module{fig: [M]},
-        param{fig: [P]}, state{key: [P]} (a state key unknown at the first row is dropped)."""
+        """row: step, loss, grad_norm, micro_steps (1 if absent), module_names,
+        param_names, module{fig: [M]}, param{fig: [P]}, state{key: [P]} (a state key unknown
+        at the first row is dropped)."""
         if self._f is None:
             self._create(row)
         self._rows.append(row)
@@ -157,19 +171,21 @@ class SeriesWriter:
         if f is None:
             return
         rows, self._rows = self._rows, []
+        values, steps, events = self._ds
         if rows:
             n0, n1 = self._n, self._n + len(rows)
             if n1 > self._cap:  # grow a chunk at a time: most steps write without resizing
                 self._cap = (n1 + _CHUNK - 1) // _CHUNK * _CHUNK
-                f["values"].resize(self._cap, axis=0)
-                f["step"].resize(self._cap, axis=0)
-            f["values"][n0:n1] = np.stack([self._row(r) for r in rows])
-            f["step"][n0:n1] = [r["step"] for r in rows]  # last: a row counts once it is in
+                values.resize(self._cap, axis=0)
+                steps.resize(self._cap, axis=0)
+            _write_rows(values, n0, np.stack([self._row(r) for r in rows]))
+            # last: a row counts once its step is in
+            _write_rows(steps, n0, np.array([r["step"] for r in rows], dtype=np.int64))
             self._n = n1
         if self._events:
             ev, self._events = self._events, []
             raw = np.frombuffer("".join(e + "\n" for e in ev).encode(), np.uint8)
-            ds = f["events"]
+            ds = events
             ds.resize(self._ne + raw.size, axis=0)
             ds[self._ne:] = raw
             self._ne += raw.size
@@ -184,6 +200,46 @@ class SeriesWriter:
         finally:
             self._f.close()
             self._f = None
+
+
+def segment_path(base: str | os.PathLike[str], k: int) -> Path:
+    """The path of the k-th resumed part of the run whose first file is `base`."""
+    b = Path(base)
+    stem = b.name[:-3] if b.name.endswith(".h5") else b.name
+    return b.with_name(f"{stem}.seg{k}.h5")
+
+
+def segments(base: str | os.PathLike[str]) -> list[Path]:
+    """The resumed parts written beside `base`, in order (regular files only: a link named as
+    a segment is not followed out of the folder)."""
+    b = Path(base)
+    stem = b.name[:-3] if b.name.endswith(".h5") else b.name
+    pat = re.compile(re.escape(stem) + r"\.seg([1-9][0-9]{0,5})\.h5")
+    found: list[tuple[int, Path]] = []
+    try:
+        names = os.listdir(b.parent if str(b.parent) else ".")
+    except OSError:
+        return []
+    for name in names:
+        m = pat.fullmatch(name)
+        if m is None:
+            continue
+        p = b.with_name(name)
+        try:
+            if stat.S_ISREG(os.lstat(p).st_mode):
+                found.append((int(m.group(1)), p))
+        except OSError:
+            continue
+    return [p for _, p in sorted(found)[:MAX_SEGMENTS]]
+
+
+def _write_rows(ds: h5py.Dataset, at: int, arr: np.ndarray) -> None:
+    """`ds[at:at + len(arr)] = arr` through the low-level call (a step's row write costs a
+    few microseconds instead of h5py's selection machinery)."""
+    arr = np.ascontiguousarray(arr, dtype=ds.dtype)
+    fs = ds.id.get_space()
+    fs.select_hyperslab((at,) + (0,) * (arr.ndim - 1), arr.shape)
+    ds.id.write(h5py.h5s.create_simple(arr.shape), fs, arr)
 
 
 @dataclass
@@ -201,6 +257,8 @@ class Series:
     param: dict[str, np.ndarray] = field(default_factory=dict)
     state: dict[str, np.ndarray] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
+    micro_steps: np.ndarray | None = None  # micro-batches per row (None: a file before them)
+    segments: list[Path] = field(default_factory=list)  # resumed parts joined after `path`
 
     def figure(self, kind: str, name: str) -> tuple[list[str], np.ndarray]:
         """(names, values[rows, names]) of one figure: kind 'module', 'param' or 'state'."""
@@ -331,9 +389,63 @@ def _open(p: Path) -> h5py.File:
         raise MonitorFileError(f"{p} is not a readable HDF5 file ({exc})") from None
 
 
-def read_series(path: str | os.PathLike[str]) -> Series:
-    """Read a monitor file (also one from a killed job: the rows written before the kill)."""
+def read_series(path: str | os.PathLike[str], join: bool = True) -> Series:
+    """Read a monitor file (also one from a killed job: the rows written before the kill).
+    With `join`, the segments a resumed job wrote beside it are joined after it."""
     p = Path(path)
+    s = _read_one(p)
+    if not join or s.attrs.get("segment"):
+        return s
+    for seg in segments(p):
+        try:
+            part = _read_one(seg)
+        except MonitorFileError as e:
+            log.warning("%s: resumed part not joined: %s", seg, e)
+            continue
+        if part.attrs.get("base_created") != s.attrs.get("created"):
+            continue  # a part of another run that used the same name
+        if part.module_names != s.module_names or part.param_names != s.param_names:
+            log.warning("%s: resumed part not joined: its modules or parameters differ from "
+                        "%s's", seg, p.name)
+            continue
+        s = _join(s, part)
+    return s
+
+
+def _join(a: Series, b: Series) -> Series:
+    """`a` followed by the resumed part `b`: a's rows from b's first step on give way."""
+    at = b.attrs.get("resumed_at")
+    first = int(at) if isinstance(at, int | float) and not isinstance(at, bool) else (
+        int(b.step[0]) if b.step.size else None)
+    keep = a.step < first if first is not None else np.ones(a.step.shape, bool)
+    rows_b = b.step.shape[0]
+
+    def cat(x: np.ndarray | None, y: np.ndarray | None, width: int | None) -> np.ndarray:
+        if x is None:
+            x = np.full((a.step.shape[0],) + ((width,) if width else ()), np.nan)
+        if y is None:
+            y = np.full((rows_b,) + ((width,) if width else ()), np.nan)
+        return np.concatenate([x[keep], y])
+
+    tables = {}
+    for kind, width in (("module", len(a.module_names)), ("param", len(a.param_names)),
+                        ("state", len(a.param_names))):
+        ta, tb = getattr(a, kind), getattr(b, kind)
+        tables[kind] = {k: cat(ta.get(k), tb.get(k), width) for k in {**ta, **tb}}
+    micro = None if a.micro_steps is None and b.micro_steps is None else cat(
+        a.micro_steps if a.micro_steps is not None else np.ones(a.step.shape),
+        b.micro_steps if b.micro_steps is not None else np.ones(b.step.shape), None)
+    ev = [e for e in a.events if not (first is not None and isinstance(e.get("step"), int)
+                                      and e["step"] >= first)] + b.events
+    return Series(path=a.path, attrs=a.attrs, step=cat(a.step, b.step, None),
+                  loss=cat(a.loss, b.loss, None), grad_norm=cat(a.grad_norm, b.grad_norm, None),
+                  module_names=a.module_names, param_names=a.param_names,
+                  module=tables["module"], param=tables["param"], state=tables["state"],
+                  events=ev[:MAX_EVENTS], micro_steps=micro,
+                  segments=[*a.segments, b.path])
+
+
+def _read_one(p: Path) -> Series:
     if not p.is_file():
         raise InputNotFoundError(f"{p} not found: give a monitor file (*.monitor.h5)")
     f = _open(p)
@@ -370,13 +482,10 @@ def _read(f: h5py.File, p: Path) -> Series:
     values = np.asarray(_dataset(f, "values", rows)[:rows], dtype=np.float64)
     tables: dict[str, dict[str, np.ndarray]] = {"module": {}, "param": {}, "state": {}}
     width = {"module": len(mod_names), "param": len(par_names), "state": len(par_names)}
-    loss = grad = np.full(rows, np.nan)
+    scalars: dict[str, np.ndarray] = {}
     for name, (a, b) in _layout(f, vds.shape[1]).items():
-        if name in ("loss", "grad_norm") and b - a == 1:
-            if name == "loss":
-                loss = values[:, a]
-            else:
-                grad = values[:, a]
+        if name in _SCALARS and b - a == 1:
+            scalars[name] = values[:, a]
             continue
         kind, _, fig = name.partition("/")
         if kind not in tables or b - a != width[kind]:
@@ -386,6 +495,8 @@ def _read(f: h5py.File, p: Path) -> Series:
     return Series(
         path=p, attrs={k: (v.item() if hasattr(v, "item") else v)
                        for k, v in f.attrs.items()},
-        step=steps[:rows], loss=loss, grad_norm=grad,
+        step=steps[:rows], loss=scalars.get("loss", np.full(rows, np.nan)),
+        grad_norm=scalars.get("grad_norm", np.full(rows, np.nan)),
         module_names=mod_names, param_names=par_names, module=tables["module"],
-        param=tables["param"], state=tables["state"], events=events)
+        param=tables["param"], state=tables["state"], events=events,
+        micro_steps=scalars.get("micro_steps"))

@@ -16,6 +16,7 @@ import logging
 import random
 import sys
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +51,9 @@ def _nbytes(obj: Any) -> int:
 def _clone(obj: Any) -> Any:
     """A copy no dispatch mode sees; a DTensor is copied through its own dispatch (shard by
     shard, no collective): with all Python dispatch off, reading it crashes the process."""
-    with _disable_current_modes(), torch.no_grad():
+    # the modes are popped only when there are some (a dumper, `sim`): popping none costs
+    modes = _disable_current_modes() if torch._C._len_torch_dispatch_stack() else nullcontext()
+    with modes, torch.no_grad():
         return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, obj)
 
 
@@ -188,6 +191,17 @@ class Store:
         if self.disabled or not self.snapshots:
             return
         self.batches[step] = (_clone(batch), _nbytes(batch))
+        self._evict()
+
+    def add_part(self, step: int, part: Any) -> None:
+        """One more micro-batch of `step`: its kept batch is `(([part, ...],), {})`, the
+        argument of a step function that runs every micro-batch of an optimizer step."""
+        if self.disabled or not self.snapshots:
+            return
+        kept = self.batches.get(step)
+        parts, nbytes = (kept[0][0][0], kept[1]) if kept is not None else ([], 0)
+        parts.append(_clone(part))
+        self.batches[step] = ((parts,), {}), nbytes + _nbytes(part)
         self._evict()
 
     def _evict(self) -> None:

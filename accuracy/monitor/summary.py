@@ -24,10 +24,13 @@ def summarise(path: str | os.PathLike[str]) -> dict[str, Any]:
         "loss_max": float(finite.max()) if finite.size else None,
         "non_finite_loss_steps": [int(x) for x in s.step[~np.isfinite(s.loss)][:20]],
         "events": s.events,
+        "resumed_parts": [str(p) for p in s.segments],
     }
     lines = [f"{info['file']}: {info['rows']} rows, steps {info['first_step']}.."
              f"{info['last_step']}, {info['modules']} modules, {info['parameters']} parameters"
-             + ("" if info["complete"] else " (not closed: the job was killed or is running)")]
+             + ("" if info["complete"] else " (not closed: the job was killed or is running)")
+             + (f"; joined with {len(s.segments)} resumed part(s): "
+                f"{', '.join(p.name for p in s.segments[:5])}" if s.segments else "")]
     if finite.size:
         lines.append(f"loss {info['loss_min']:.6g} .. {info['loss_max']:.6g}")
     if info["non_finite_loss_steps"]:

@@ -35,24 +35,34 @@ class StepFigures:
     grad_norm: float = math.nan
     figures: dict[str, Any] | None = field(default=None, repr=False)
     loss_known: bool = True  # False: the driver gave no loss (NaN here means unknown)
+    grad_known: bool = True  # False: no parameter had a gradient (NaN here means unknown)
 
 
 class Trigger:
+    """`figures`: the figures the trigger reads (`loss`, `grad_norm`, `module/act_norm`...):
+    those go to TensorBoard and the framework's loggers beside the loss."""
+
     name = "trigger"
+    figures: tuple[str, ...] = ()
 
     def check(self, s: StepFigures) -> str | None:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def restore(self, s: StepFigures) -> None:
+        """See a step of the run before a resume, as `check` saw it then (a trigger with a
+        history refills it; the others have none)."""
 
 
 class NonFinite(Trigger):
     """Loss or global gradient norm NaN/Inf."""
 
     name = "non-finite"
+    figures = ("loss", "grad_norm")
 
     def check(self, s: StepFigures) -> str | None:
         if s.loss_known and not math.isfinite(s.loss):
             return f"loss is {s.loss} at step {s.step}"
-        if s.figures is not None and not math.isfinite(s.grad_norm):
+        if s.figures is not None and s.grad_known and not math.isfinite(s.grad_norm):
             return f"global gradient norm is {s.grad_norm} at step {s.step}"
         return None
 
@@ -72,6 +82,7 @@ class LossSpike(Trigger):
     """Loss far above its running median (robust: median absolute deviation)."""
 
     name = "loss-spike"
+    figures = ("loss",)
 
     def __init__(self, window: int = 20, warmup: int = 5, mads: float = 6.0,
                  rel: float = 0.5) -> None:
@@ -94,11 +105,15 @@ class LossSpike(Trigger):
         vals.append(x)
         return None
 
+    def restore(self, s: StepFigures) -> None:
+        self.check(s)
+
 
 class GradNormJump(Trigger):
     """Global gradient norm far above its running median."""
 
     name = "grad-norm-jump"
+    figures = ("grad_norm",)
 
     def __init__(self, factor: float = 10.0, window: int = 20, warmup: int = 5) -> None:
         self._r = _Running(window, warmup)
@@ -117,14 +132,19 @@ class GradNormJump(Trigger):
         vals.append(x)
         return None
 
+    def restore(self, s: StepFigures) -> None:
+        self.check(s)
+
 
 class Predicate(Trigger):
-    """A user rule: fn(StepFigures) -> bool or a reason string."""
+    """A user rule: fn(StepFigures) -> bool or a reason string. `figures`: the per-layer
+    figures it reads ("module/act_norm", "param/grad_norm"...), sent to the loggers."""
 
-    def __init__(self, fn: Callable[[StepFigures], Any], name: str = "predicate") -> None:
+    def __init__(self, fn: Callable[[StepFigures], Any], name: str = "predicate",
+                 figures: Iterable[str] = ()) -> None:
         if not callable(fn):
             raise UsageError(f"Predicate needs a callable, got {fn!r}")
-        self.fn, self.name = fn, name
+        self.fn, self.name, self.figures = fn, name, tuple(figures)
 
     def check(self, s: StepFigures) -> str | None:
         out = self.fn(s)

@@ -8,20 +8,25 @@ a scaling problem) from "the device kernel is wrong" (the reference stays finite
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from accuracy import safeops
-from accuracy.dumpfile import Dump
+from accuracy.dumpfile import Dump, OpRecord
 from accuracy.dumpfile.argcodec import decode_call
-from accuracy.dumpfile.reader import OpRecord
-
-if TYPE_CHECKING:  # scan imports this module to confirm births: no import back
-    from accuracy.overflow.scan import OverflowReport
 
 log = logging.getLogger(__name__)
+
+
+class Births(Protocol):
+    """What confirming needs of a scan's report (`scan.OverflowReport`): its births, each with
+    a `seq` and a `confirmation` to fill. Scan imports this module, so nothing here imports
+    scan back, not even for an annotation."""
+
+    births: list[Any]
+
 
 OUT_OF_RANGE = "data out of range (reference overflows too)"
 KERNEL = "device kernel problem (reference stays finite)"
@@ -78,7 +83,7 @@ def confirm_op(r: OpRecord, device: str = "cpu") -> dict[str, Any]:
     return res
 
 
-def confirm_births(d: Dump, rep: OverflowReport, device: str = "cpu") -> None:
+def confirm_births(d: Dump, rep: Births, device: str = "cpu") -> None:
     """Fill `confirmation` of each birth in `rep` by replaying it on `device`."""
     for b in rep.births:
         b.confirmation = confirm_op(d.record(b.seq), device)

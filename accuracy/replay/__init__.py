@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from accuracy._lazy import lazy_getattr
 
 if TYPE_CHECKING:
+    from accuracy.replay.cluster import replay_on_cluster
     from accuracy.replay.engine import ReplayError, ReplayResult, reference_device, replay
     from accuracy.replay.ops import OpOutcome, replay_op
     from accuracy.replay.registry import lookup_reference, register_reference, unregister_reference
@@ -20,6 +21,7 @@ _LAZY = {
     "ReplayResult": "accuracy.replay.engine",
     "reference_device": "accuracy.replay.engine",
     "replay": "accuracy.replay.engine",
+    "replay_on_cluster": "accuracy.replay.cluster",
     "OpOutcome": "accuracy.replay.ops",
     "replay_op": "accuracy.replay.ops",
     "lookup_reference": "accuracy.replay.registry",
@@ -35,6 +37,7 @@ __all__ = [
     "reference_device",
     "register_reference",
     "replay",
+    "replay_on_cluster",
     "replay_op",
     "unregister_reference",
 ]

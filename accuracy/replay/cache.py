@@ -23,9 +23,8 @@ from typing import Any
 
 import torch
 
-from accuracy.dumpfile import schema
+from accuracy.dumpfile import OpRecord, TensorRecord, schema
 from accuracy.dumpfile.checksum import NO_HASH
-from accuracy.dumpfile.reader import OpRecord, TensorRecord
 from accuracy.lru import BoundedLRU
 
 _DEFAULT_BYTES = 1 << 30

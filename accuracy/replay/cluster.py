@@ -23,7 +23,7 @@ _LOCAL = threading.local()  # per worker thread: open dump, device, tensor cache
 
 
 def _state(path: str, on: str) -> dict[str, Any]:
-    from accuracy.dumpfile.reader import load_dump
+    from accuracy.dumpfile import load_dump
     from accuracy.replay.cache import TensorCache
     from accuracy.replay.engine import reference_device
 

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, TensorRecord, load_dump
+from accuracy.dumpfile import Dump, DumpError, OpRecord, TensorRecord, load_dump
 from accuracy.errors import AccuracyError
 from accuracy.ranks import find_rank_files, output_path
 from accuracy.replay.metrics import (

@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from accuracy.device_backend.profiles import Rule
-from accuracy.device_backend.rounding import get_rounding
+from accuracy.device_backend import Rule, get_rounding
 
 log = logging.getLogger(__name__)
 

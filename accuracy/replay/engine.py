@@ -19,9 +19,8 @@ import torch
 from tqdm import tqdm
 
 import accuracy
-from accuracy.dumpfile import schema
+from accuracy.dumpfile import Dump, DumpError, OpRecord, TensorRecord, load_dump, schema
 from accuracy.dumpfile.checksum import CONTENT_HASH_KIND, NO_HASH
-from accuracy.dumpfile.reader import Dump, DumpError, OpRecord, TensorRecord, load_dump
 from accuracy.dumpfile.stats import tensor_stats
 from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
 from accuracy.errors import AccuracyError, OutputExistsError

@@ -24,9 +24,8 @@ from typing import Any
 import torch
 
 from accuracy import safeops
-from accuracy.dumpfile import schema, symsizes
+from accuracy.dumpfile import OpRecord, schema, symsizes
 from accuracy.dumpfile.argcodec import decode_call
-from accuracy.dumpfile.reader import OpRecord
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.rebuild import Unreplayable, _map, check_inputs, upcast_dtype
 from accuracy.replay.refcall import Reference, ReferenceCall

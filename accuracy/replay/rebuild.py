@@ -8,8 +8,7 @@ from typing import Any
 
 import torch
 
-from accuracy.dumpfile import schema
-from accuracy.dumpfile.reader import OpRecord, TensorRecord
+from accuracy.dumpfile import OpRecord, TensorRecord, schema
 from accuracy.errors import AccuracyError
 
 UPCASTS = ("fp64", "fp32", "none")

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from accuracy.dumpfile import DumpError, schema
-from accuracy.dumpfile.reader import Dump, TensorRecord
+from accuracy.dumpfile import Dump, DumpError, TensorRecord, schema
 from accuracy.server.errors import ApiError, scrub
 
 DEFAULT_VIEW_MEMORY = 256 * 1024 * 1024

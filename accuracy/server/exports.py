@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from accuracy.compare.writers import csv_cell, xlsx_workbook
+from accuracy.compare import csv_cell, xlsx_workbook
 from accuracy.server.reportindex import RowIndex, RowQuery
 
 _PAGE = 2000

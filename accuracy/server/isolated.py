@@ -15,8 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from accuracy.dumpfile import DumpError, load_dump
-from accuracy.dumpfile.reader import require_regular_file
+from accuracy.dumpfile import DumpError, load_dump, require_regular_file
 
 READ_TIMEOUT_S = 60.0
 

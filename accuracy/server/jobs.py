@@ -109,7 +109,7 @@ def _child(my: str, golden: str, out_dir: str, replay_out: str | None,
         if replay_out:
             events.put(("stage", 0.1, f"replaying the device run on cpu{where}"))
             if cluster:
-                from accuracy.replay.cluster import replay_on_cluster
+                from accuracy.replay import replay_on_cluster
 
                 replay_on_cluster(my, replay_out, cluster=cluster, on="cpu")
             else:
@@ -121,7 +121,7 @@ def _child(my: str, golden: str, out_dir: str, replay_out: str | None,
             replay_path = replay_out
         events.put(("stage", 0.4 if replay_out else 0.1, f"comparing{where}"))
         if cluster:
-            from accuracy.compare.cluster import compare_on_cluster
+            from accuracy.compare import compare_on_cluster
 
             report = compare_on_cluster(my, golden, replay_path, cluster=cluster)
         else:

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from sqlalchemy import insert, select
 
-from accuracy.compare.row import Verdict
+from accuracy.compare import Verdict
 from accuracy.jsonsafe import as_float, jsonable
 from accuracy.lru import BoundedLRU
 from accuracy.patterns import strip_root

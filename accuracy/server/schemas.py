@@ -7,7 +7,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from accuracy.dumpfile.reader import OpRecord, TensorRecord
+from accuracy.dumpfile import OpRecord, TensorRecord
 from accuracy.jsonsafe import jsonable
 from accuracy.server.db import Job, Report, Run
 

@@ -21,8 +21,7 @@ from pathlib import Path
 from sqlalchemy import delete, select
 from sqlalchemy.orm import sessionmaker
 
-from accuracy.dumpfile import DumpError, load_dump
-from accuracy.dumpfile.reader import Dump
+from accuracy.dumpfile import Dump, DumpError, load_dump
 from accuracy.jsonsafe import jsonable
 from accuracy.lru import BoundedLRU
 from accuracy.server.db import (

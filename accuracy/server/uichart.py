@@ -20,8 +20,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from accuracy.compare.html import NOT_JUDGED, not_judged
-from accuracy.compare.row import Verdict
+from accuracy.compare import NOT_JUDGED, Verdict, not_judged
 from accuracy.lru import BoundedLRU
 from accuracy.server.db import ReportRow, ReportRowData
 from accuracy.server.storage import Storage

@@ -90,7 +90,7 @@ def load() -> ModuleType:
     with _lock:
         if _unusable:
             raise ExtensionUnavailableError(_unusable[0])
-        if module._C is not None:
+        if module.extension() is not None:
             return module
         started = time.perf_counter()
         _refuse_if_taken()
@@ -106,7 +106,7 @@ def load() -> ModuleType:
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
         module.default_generators = tuple(ext.default_generator(i)
                                           for i in range(ext.device_count()))
-        module._C = ext
+        module.bind(ext)
         atexit.register(_at_exit, ext)
         _check_autograd(ext)
         load_seconds = time.perf_counter() - started
@@ -160,10 +160,11 @@ def _settle_autograd_threads(ext: Any) -> None:
 def _ext() -> Any:
     from accuracy.testdevice import npu as module
 
-    if module._C is None:
+    ext = module.extension()
+    if ext is None:
         raise ExtensionUnavailableError("the npu test device is not loaded: call "
                                         "accuracy.testdevice.load() first")
-    return module._C
+    return ext
 
 
 # ---- counters ----

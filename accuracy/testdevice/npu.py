@@ -13,8 +13,19 @@ from typing import Any
 
 import torch
 
-_C: Any = None  # the built extension, set by accuracy.testdevice.load()
+_C: Any = None  # the built extension, set by accuracy.testdevice.load() through bind()
 default_generators: tuple[torch.Generator, ...] = ()
+
+
+def bind(ext: Any) -> None:
+    """Run this device on `ext`, the built extension (accuracy.testdevice.load() does, once)."""
+    global _C
+    _C = ext
+
+
+def extension() -> Any:
+    """The built extension this device runs on, or None before it is loaded."""
+    return _C
 
 DeviceLike = torch.device | str | int | None
 

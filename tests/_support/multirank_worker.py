@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from accuracy.dumper.core import dumper
 
@@ -198,9 +199,18 @@ def fsdp_overflow(out: str) -> dict:
     return {}
 
 
-def _monitored_steps(m: nn.Module, out: str, x: torch.Tensor
+class _PassThrough(TorchDispatchMode):
+    """A dispatch mode that changes nothing: the monitor's reductions then run with Python
+    dispatch off, as under a dumper or `sim`."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        return func(*args, **(kwargs or {}))
+
+
+def _monitored_steps(m: nn.Module, out: str, x: torch.Tensor, last_under_mode: bool = False
                      ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Three AdamW steps of `m` on `x` under the monitor (m_<rank>.monitor.h5); the step."""
+    """Three AdamW steps of `m` on `x` under the monitor (m_<rank>.monitor.h5); the step.
+    `last_under_mode`: the third inside a dispatch mode (both of the monitor's paths)."""
     import accuracy.monitor as am
 
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
@@ -213,8 +223,12 @@ def _monitored_steps(m: nn.Module, out: str, x: torch.Tensor
         return loss
 
     watched = am.watch(step, m, opt, path=os.path.join(out, f"m_{dist.get_rank()}.monitor.h5"))
-    for _ in range(3):
-        watched(x)
+    for i in range(3):
+        if last_under_mode and i == 2:
+            with _PassThrough():
+                watched(x)
+        else:
+            watched(x)
     watched.monitor.close()
     return step
 
@@ -334,7 +348,7 @@ def tp_monitor(out: str) -> dict:
     m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
     parallelize_module(m, mesh, {"0": ColwiseParallel(use_local_output=False),
                                  "2": RowwiseParallel(use_local_output=False)})  # DTensor loss
-    step = _monitored_steps(m, out, _batch(0)[0])
+    step = _monitored_steps(m, out, _batch(0)[0], last_under_mode=True)
     with dumper(os.path.join(out, "o_{rank}.h5"), overwrite=True, check_overflow=True,
                 overflow_nums=-1):
         step(_batch(0)[0])

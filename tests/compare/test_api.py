@@ -229,9 +229,9 @@ def test_report_files_html_chart_and_table(lm_dumps, tmp_path):
 
 
 def test_parallel_jobs_give_same_rows(lm_dumps, monkeypatch):
-    import accuracy.compare.api as api
+    import accuracy.compare.batches as batches
 
-    monkeypatch.setattr(api, "BATCH_BYTES", 1 << 20)  # several batches on a small dump
+    monkeypatch.setattr(batches, "BATCH_BYTES", 1 << 20)  # several batches on a small dump
     one = compare(*lm_dumps)
     two = compare(*lm_dumps, jobs=2)
     assert [r["verdict"] for r in one.rows] == [r["verdict"] for r in two.rows]

@@ -9,6 +9,7 @@ import json
 import pytest
 
 import accuracy.compare.api as api
+import accuracy.compare.batches as batches
 from accuracy.compare import compare
 from accuracy.compare.blas import single_threaded_blas
 from accuracy.compare.engine import BlobReader, compare_refs
@@ -46,18 +47,18 @@ class _Runner:
 
 def _counting_rows(monkeypatch) -> list[int]:
     built: list[int] = []
-    real = api._row
+    real = api.build_row
 
     def row(i, *a, **k):  # type: ignore[no-untyped-def]
         built.append(i)
         return real(i, *a, **k)
 
-    monkeypatch.setattr(api, "_row", row)
+    monkeypatch.setattr(api, "build_row", row)
     return built
 
 
 def test_rows_are_built_while_later_batches_run(pair, monkeypatch):
-    monkeypatch.setattr(api, "BATCH_BYTES", 64 << 10)  # many batches on a small dump
+    monkeypatch.setattr(batches, "BATCH_BYTES", 64 << 10)  # many batches on a small dump
     local = compare(*pair)
     runner = _Runner(_counting_rows(monkeypatch))
     remote = compare(*pair, runner=runner)
@@ -72,8 +73,8 @@ def test_rows_are_built_while_later_batches_run(pair, monkeypatch):
 def test_a_compare_that_stops_early_closes_its_runner(pair, monkeypatch):
     from accuracy.dumpfile.reader import Dump
 
-    monkeypatch.setattr(api, "BATCH_BYTES", 64 << 10)
-    real, real_close = api._row, Dump.close
+    monkeypatch.setattr(batches, "BATCH_BYTES", 64 << 10)
+    real, real_close = api.build_row, Dump.close
     events: list[str] = []
 
     def failing(i, s, res, *a, **k):  # type: ignore[no-untyped-def]
@@ -85,7 +86,7 @@ def test_a_compare_that_stops_early_closes_its_runner(pair, monkeypatch):
         events.append("dump closed")
         real_close(self)
 
-    monkeypatch.setattr(api, "_row", failing)
+    monkeypatch.setattr(api, "build_row", failing)
     monkeypatch.setattr(Dump, "close", close)
     runner = _Runner([], events)
     with pytest.raises(RuntimeError, match="row failed"):

@@ -29,11 +29,11 @@ def test_first_divergence_at_the_culprit_is_not_a_second_box(tmp_path):
     report = _report(tmp_path)
     culprit, first = report.summary["culprit"], report.summary["first_divergence"]
     assert culprit["op"] == "aten.gelu.default" and first["index"] == culprit["index"]
-    page = render(report)
+    page = render(report.rows, report.summary)
     assert page.count("<b>Culprit (also the first divergence):</b>") == 1
     assert "First divergence:" not in page
 
     earlier = next(r for r in report.rows if r.index < culprit["index"])
     report.summary["first_divergence"] = dict(first, index=earlier.index)
-    page = render(report)
+    page = render(report.rows, report.summary)
     assert "<b>Culprit:</b>" in page and "<b>First divergence:</b>" in page

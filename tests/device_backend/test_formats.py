@@ -313,5 +313,5 @@ def test_figures_reach_the_report_files_escaped(tmp_path):
 
     row = next(r for r in report.rows if r.quant)
     row.quant = summary(figs)
-    page = render(report)
+    page = render(report.rows, report.summary)
     assert "&lt;script&gt;x" in page and "<script>x" not in page

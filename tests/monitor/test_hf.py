@@ -11,8 +11,8 @@ transformers = pytest.importorskip("transformers")
 
 import accuracy.monitor as am  # noqa: E402
 from accuracy.device_backend import sim  # noqa: E402
+from accuracy.integrations import AccuracyTrainerCallback  # noqa: E402
 from accuracy.monitor.capture import same_bits  # noqa: E402
-from accuracy.monitor.hf import MonitorCallback  # noqa: E402
 
 
 def test_trainer_callback_captures_the_faulted_step(tmp_path):
@@ -29,7 +29,7 @@ def test_trainer_callback_captures_the_faulted_step(tmp_path):
         disable_tqdm=True)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
     path = tmp_path / "hf.monitor.h5"
-    cb = MonitorCallback(trainer, path=path, snapshot_every=4)
+    cb = AccuracyTrainerCallback(monitor={"path": path, "snapshot_every": 4}, trainer=trainer)
     trainer.add_callback(cb)  # the added call
     # lm_head's mm runs 3 times a step (forward, two in backward): call 27 is step 9's forward
     fault = sim.fault("aten.mm.default", module="lm_head", kind="bias", value=20.0,
@@ -44,3 +44,9 @@ def test_trainer_callback_captures_the_faulted_step(tmp_path):
     assert caps[0].exact is True and same_bits(caps[0].rerun_loss, float(s.loss[9]))
     assert caps[0].culprit["op"] == "aten.mm.default"
     assert caps[0].culprit["module"].endswith("lm_head")
+
+
+
+def test_the_old_import_path_says_what_to_write_instead():
+    with pytest.raises(ImportError, match="AccuracyTrainerCallback\\(monitor="):
+        import accuracy.monitor.hf  # noqa: F401

@@ -14,7 +14,6 @@ L = pytest.importorskip("lightning")
 import accuracy.monitor as am  # noqa: E402
 from accuracy.integrations import AccuracyLightningCallback  # noqa: E402
 from accuracy.monitor.capture import same_bits  # noqa: E402
-from accuracy.monitor.lightning import MonitorLightningCallback  # noqa: E402
 
 
 class Tiny(L.LightningModule):
@@ -51,8 +50,8 @@ def _fit(module, callbacks, steps=3):
 def test_lightning_callback_records_each_batch_and_captures_a_flagged_step(tmp_path):
     module = Tiny()
     path = tmp_path / "pl.monitor.h5"
-    cb = MonitorLightningCallback(path=path, snapshot_every=1,
-                                  triggers=[am.Predicate(lambda s: s.step == 1)])
+    cb = AccuracyLightningCallback(monitor={
+        "path": path, "snapshot_every": 1, "triggers": [am.Predicate(lambda s: s.step == 1)]})
     _fit(module, [cb])
     s = am.read_series(path)
     assert list(s.step) == [0, 1, 2]
@@ -76,3 +75,9 @@ def test_monitor_is_a_probe_of_the_debugger_callback(tmp_path, caplog):
     assert np.isfinite(s.grad_norm).all() and np.isfinite(s.module["act_norm"]).any()
     # a probe is given no loss: the loss is unknown, not a non-finite loss to flag
     assert not [e for e in s.events if e["kind"] == "trigger"]
+
+
+
+def test_the_old_import_path_says_what_to_write_instead():
+    with pytest.raises(ImportError, match="AccuracyLightningCallback\\(monitor="):
+        import accuracy.monitor.lightning  # noqa: F401

@@ -172,3 +172,62 @@ def test_a_run_whose_loss_went_nan_plots_and_serves(tmp_path):
     with TestClient(**local, app=app) as c:
         page = c.get("/monitor/view", params={"path": str(path)})
         assert page.status_code == 200 and "loss is nan" in page.text
+
+
+
+def _run(tmp_path, name, model, change, steps=8):
+    """`steps` monitored steps of `model`; `change(n)` runs after backward of step n."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    at = {"n": 0}
+
+    def step(x):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        change(at["n"])
+        opt.step()
+        at["n"] += 1
+        return loss
+
+    path = tmp_path / f"{name}.monitor.h5"
+    watched = am.watch(step, model, opt, path=path, snapshot_every=None)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        watched(torch.randn(4, 8, generator=g))
+    watched.monitor.close()
+    return am.read_series(path)
+
+
+def test_the_page_opens_on_what_fired(tmp_path):
+    from accuracy.monitor.plot import render_html, series_data
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Linear(8, 1))
+
+    def jump(n):  # step 5: layer 2's weight gradient 1000x
+        if n == 5:
+            model[2].weight.grad.mul_(1000.0)
+
+    s = _run(tmp_path, "jump", model, jump)
+    f = series_data(s)["focus"]
+    assert f["figure"] == "param/grad_norm" and f["step"] == 5
+    assert f["layer"] == "2.weight" and f["why"][0].startswith("grad-norm-jump")
+    assert '"focus":{"figure":"param/grad_norm"' in render_html(s)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    bad = {"on": False}
+    model[1].register_forward_hook(lambda m, a, out: out * float("nan") if bad["on"] else None)
+
+    def nan_from_3(n):
+        bad["on"] = n >= 2  # from step 3's forward on
+    f = series_data(_run(tmp_path, "nan", model, nan_from_3, steps=5))["focus"]
+    assert f["figure"] == "module/act_nan" and f["step"] == 3 and f["layer"] == "1"
+
+
+def test_a_quiet_run_opens_on_activation_norms(tmp_path):
+    from accuracy.monitor.plot import series_data
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    assert series_data(_run(tmp_path, "quiet", model, lambda n: None, steps=4))["focus"] is None

@@ -178,7 +178,7 @@ def test_damaged_dump_bytes_are_refused_through_the_replay(pair, tmp_path):
         shutil.copy(p, tmp_path / p.name)
     with load_dump(tmp_path / "rep.h5") as rp:
         t = next(t for t in rp.tensors if t.dump is not rp and t.nbytes >= 8)
-        pos = t.dump._file_offset(t.offset, t.nbytes)
+        pos = t.dump.file_offset(t.offset, t.nbytes)
         assert pos is not None
     with open(tmp_path / "dev.h5", "r+b") as fh:
         fh.seek(pos)

@@ -399,11 +399,20 @@ def test_sharded_monitor_reads_each_ranks_shards(runs, scenario):
 
     from accuracy.monitor.series import read_series
 
+    outputs = []
     for rank in range(WORLD):
         s = read_series(runs / scenario / f"m_{rank}.monitor.h5")
         assert len(s.loss) == 3 and all(math.isfinite(v) and v > 0 for v in s.grad_norm)
         assert all(math.isfinite(v) for v in s.loss)  # tensor parallel's is a DTensor
         assert "0.weight" in s.param_names
+        names, act = s.figure("module", "act_norm")
+        outputs.append(act[:, names.index("0")])
+    if scenario == "tp-monitor":
+        # the column-parallel layer's output is a DTensor sharded across ranks: each rank's
+        # figure is its own shard's (finite, and not the other rank's), never a global norm
+        # reduced through DTensor inside a forward hook
+        assert all(math.isfinite(v) for o in outputs for v in o)
+        assert all(a != b for a, b in zip(outputs[0], outputs[1], strict=True))
 
 
 def test_a_trigger_on_one_rank_is_captured_by_every_rank_and_changes_no_training(runs):

@@ -350,7 +350,7 @@ def corrupted(tmp_path):
         clean = [t.load() for t in d.tensors]
     i = _corrupt_one_data_byte(path)
     with load_dump(path) as d:  # the damage is real: the bytes read back differ
-        raw = d._blob[d.tensors[i].offset:d.tensors[i].offset + d.tensors[i].nbytes]  # noqa: SLF001
+        raw = d.read_bytes(d.tensors[i].offset, d.tensors[i].nbytes, "the damaged tensor")
         assert bytes(raw) != clean[i].contiguous().view(torch.uint8).numpy().tobytes()
     return path, i
 

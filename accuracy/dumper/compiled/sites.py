@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from accuracy.dumper.compiled import graphs, launches
 from accuracy.dumper.compiled.kernels import KernelInfo, Origin, node_site
@@ -25,14 +25,22 @@ from accuracy.dumpfile import schema
 
 if TYPE_CHECKING:
     from accuracy.dumper.calls import KernelCall
-    from accuracy.dumper.compiled.watch import CompileWatch
     from accuracy.dumper.sites import Sites
+
+
+class RegionSource(Protocol):
+    """What naming needs of the compiled watch (`watch.CompileWatch`), which builds this
+    class: written as a protocol so the two modules do not import each other."""
+
+    aten_graphs: bool
+
+    def region_call(self) -> RegionCall: ...
 
 
 class CompiledSites:
     """Names compiled work for one dumper's loop (see the module's docstring)."""
 
-    def __init__(self, watch: CompileWatch, sites: Sites) -> None:
+    def __init__(self, watch: RegionSource, sites: Sites) -> None:
         self.watch = watch
         self.sites = sites
         # compile id (a forward graph and its backward share one) -> the names of the

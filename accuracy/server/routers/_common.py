@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accuracy.dumpfile.reader import Dump, TensorRecord
+from accuracy.dumpfile import Dump, TensorRecord
 from accuracy.server.errors import ApiError
 
 

@@ -1,0 +1,183 @@
+"""Which tensors compare() pairs, and why: one `PairSpec` per tensor pair of two aligned
+runs (op inputs and outputs, module outputs, a compiled run's kernel buffers), marked where
+its memory is not data to judge (uninitialised, overwritten unread, a kernel workspace)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from accuracy.aten import (
+    ALIAS_PREFIXES,
+    OVERWRITE_PREFIXES,
+    UNINITIALISED_PREFIXES,
+    workspace_outputs,
+)
+from accuracy.compare.align import Mapping, Pair, align, module_ends
+from accuracy.compare.compiled_align import Sides, compiled_pairs, has_kernels
+from accuracy.dumpfile import Dump, OpRecord, TensorRecord
+from accuracy.dumpfile.dtypes import decodable
+
+
+@dataclass
+class PairSpec(Sides):
+    """A row before metrics: which two tensors, and why; `kind` "op" or "module:<path>"."""
+
+    kind: str = "op"
+    uninit: bool = False
+    overwritten: bool = False  # the destination of zero_/fill_/copy_...: what it held is unused
+    workspace: bool = False
+    compiled: Any = None  # compiled_align.TensorPair: a kernel buffer's module, source, group
+
+
+def _tensor_specs(p: Pair, kind: str = "op", reason: str = "") -> Iterable[PairSpec]:
+    for io in ("input", "output"):
+        mine = {t.idx: t for t in (getattr(p.my, io + "s") if p.my else [])}
+        theirs = {t.idx: t for t in (getattr(p.golden, io + "s") if p.golden else [])}
+        for idx in sorted(set(mine) | set(theirs)):
+            yield PairSpec(p.my, p.golden, io, idx, mine.get(idx), theirs.get(idx),
+                           reason or p.reason, kind=kind)
+    if p.my is None or p.golden is None:
+        if not (p.my or p.golden).tensors:  # type: ignore[union-attr]
+            yield PairSpec(p.my, p.golden, "output", 0, None, None, p.reason, kind=kind)
+
+
+def _compiled_specs(my: Dump, golden: Dump, mapping: Mapping) -> list[PairSpec]:
+    """A compiled run's kernel rows against an eager run (compare/compiled_align.py)."""
+    return [PairSpec(tp.my_op, tp.golden_op, tp.io, tp.idx, tp.my, tp.golden, tp.reason,
+                     compiled=tp)
+            for tp in compiled_pairs(my.records, golden.records, mapping)]
+
+
+def pair_specs(my: Dump, golden: Dump, mapping: Mapping) -> list[PairSpec]:
+    if has_kernels(my.records) and not has_kernels(golden.records):
+        return _compiled_specs(my, golden, mapping)
+    pairs = align(my.records, golden.records, mapping)
+    ends_my, ends_g = module_ends(my.records, mapping), module_ends(golden.records)
+    mod_at_my: dict[int, list] = {}
+    mod_at_g: dict[int, list] = {}
+    for k, e in ends_my.items():
+        mod_at_my.setdefault(e.record.seq, []).append(k)
+    for k, e in ends_g.items():
+        if k not in ends_my:
+            mod_at_g.setdefault(e.record.seq, []).append(k)
+    out: list[PairSpec] = []
+    for p in pairs:
+        out.extend(_tensor_specs(p))
+        keys = (mod_at_my.get(p.my.seq, []) if p.my else []) + \
+            (mod_at_g.get(p.golden.seq, []) if p.golden else [])
+        for k in keys:
+            em, eg = ends_my.get(k), ends_g.get(k)
+            reason = "" if em and eg else (
+                f"module {k[0]} ({k[1]} #{k[2]}) only in " + ("my" if em else "golden") + " run")
+            mp = Pair(em.record if em else None, eg.record if eg else None, reason)
+            for s in _tensor_specs(mp, "module", reason):
+                if s.io == "output" and s.idx == 0:
+                    s.my_op, s.golden_op = mp.my, mp.golden
+                    s.kind = "module:" + k[0]
+                    out.append(s)
+    um, ug = uninitialised(my.records), uninitialised(golden.records)
+    om, og = overwritten_inputs(my.records), overwritten_inputs(golden.records)
+    for s in out:
+        s.uninit = bool((s.my and s.my.row in um) or (s.golden and s.golden.row in ug))
+        s.overwritten = bool((s.my and s.my.row in om) or (s.golden and s.golden.row in og))
+    wm, wg = workspace_rows(my.records), workspace_rows(golden.records)
+    for s in out:
+        s.workspace = bool((s.my and _first(s.my) in wm) or (s.golden and _first(s.golden) in wg))
+    return out
+
+
+def _first(t: TensorRecord) -> int:
+    return t.first if t.has_data else t.row
+
+
+def workspace_rows(recs: list[OpRecord]) -> set[int]:
+    """Rows of kernel workspaces (`aten.WORKSPACE_OUTPUTS`), and of every later use of the
+    same bytes (a backward op's workspace input): scratch memory, never judged."""
+    rows: set[int] = set()
+    for r in recs:
+        idx = workspace_outputs(r.op)
+        if idx:
+            rows.update(_first(t) for t in r.outputs if t.idx in idx)
+    return rows
+
+
+def uninitialised(recs: list[OpRecord], window: int = 16) -> set[int]:
+    """Rows holding uninitialised memory: empty* outputs, seen through views/detach, up to the
+    in-place op that first writes them (nn.Parameter init: empty -> detach -> ... -> normal_).
+
+    An empty output is followed for at most `window` ops, so a buffer that is never written
+    in place cannot hide later tensors of the same shape.
+    """
+    marked: set[int] = set()
+    pending: dict[tuple, int] = {}  # (shape, dtype) -> position of the empty op
+    for pos, r in enumerate(recs):
+        io = r.extra.get("uninitialized_io")
+        if isinstance(io, dict):  # the dumper followed the memory: views of it not filled yet
+            for side, ts in (("input", r.inputs), ("output", r.outputs)):
+                idx = set(io.get(side) or ())
+                marked.update(t.row for t in ts if t.idx in idx)
+        pending = {k: p for k, p in pending.items() if pos - p <= window}
+        if r.op.startswith(UNINITIALISED_PREFIXES):
+            for t in r.outputs[:1]:
+                pending[(t.shape, t.dtype)] = pos
+            marked.update(t.row for t in r.outputs)
+            continue
+        if not r.inputs or not pending:
+            continue
+        sig = (r.inputs[0].shape, r.inputs[0].dtype)
+        if sig not in pending:
+            continue
+        if r.op.startswith(ALIAS_PREFIXES):
+            marked.update(t.row for t in r.tensors)
+        elif r.op.split(".")[1].endswith("_"):
+            marked.add(r.inputs[0].row)
+            del pending[sig]
+    return marked
+
+
+def overwritten_inputs(recs: list[OpRecord]) -> set[int]:
+    """Rows of input 0 of ops that overwrite it without reading it (`zero_`, `fill_`,
+    `copy_`, `normal_`...): whatever it held is not used, so it is never compared."""
+    return {r.inputs[0].row for r in recs
+            if r.inputs and r.op.rsplit(".", 1)[0] in OVERWRITE_PREFIXES}
+
+
+def tensor_key(t: TensorRecord) -> tuple:
+    return (t.offset, t.nbytes, t.dtype)
+
+
+def needs_data(s: PairSpec) -> bool:
+    if s.my is None or s.golden is None or not (s.my.has_data and s.golden.has_data):
+        return False
+    if s.uninit or s.overwritten or s.workspace:
+        return False
+    if not (decodable(s.my.dtype) and decodable(s.golden.dtype)):
+        return False
+    return s.my.numel == s.golden.numel and s.my.numel > 0
+
+
+def producers(specs: list[PairSpec]) -> dict[int, int | None]:
+    """Input row index -> the row index where the same tensor was first seen (None: never
+    before, so no recorded op produced it). Tensor dumps link a reused tensor to the row
+    that first wrote its bytes; statistics dumps have no bytes, so an input is matched to
+    the latest earlier op output with the same dtype, shape and statistics."""
+    row_of: dict[int, int] = {}
+    by_stats: dict[tuple, int] = {}
+    out: dict[int, int | None] = {}
+    for i, s in enumerate(specs):
+        if s.kind != "op" or s.my is None:
+            continue
+        t = s.my
+        sig = (t.dtype, tuple(t.shape), tuple(sorted(t.stats.items())))
+        if s.io == "input":
+            if t.first >= 0 and t.first != t.row:
+                out[i] = row_of.get(t.first)
+            else:  # statistics dump, or a copy of an earlier output (AccumulateGrad...)
+                out[i] = by_stats.get(sig)
+        row_of.setdefault(t.row, i)
+        if s.io == "output":
+            by_stats[sig] = i
+    return out
+
