@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _miscompile import inductor_cache
 from torch import nn
 
 from accuracy import dumper, load_dump
 from accuracy.dumper.calls import KernelCall, OpCall
 from accuracy.dumpfile import schema
+from tests._support.miscompile import inductor_cache
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `torch.compile")
 
