@@ -31,8 +31,36 @@ class CallSite:
 SITE_FIELDS = ("seq", "op", "phase", "module", "source", "step")
 
 
+class SiteFields:
+    """A record holding a `site` reads its call-site fields as its own (`rec.seq`,
+    `rec.module`...), so records that carry a CallSite spell them one way."""
+
+    __slots__ = ()
+    site: CallSite
+
+    @property
+    def seq(self) -> int:
+        return self.site.seq
+
+    @property
+    def phase(self) -> str:
+        return self.site.phase
+
+    @property
+    def module(self) -> str:
+        return self.site.module
+
+    @property
+    def source(self) -> str:
+        return self.site.source
+
+    @property
+    def step(self) -> int:
+        return self.site.step
+
+
 @dataclass
-class OverflowFinding:
+class OverflowFinding(SiteFields):
     """One op where non-finite (or saturated) values were born, or an op the offline scan
     lists (inherited, GradScaler's own, intended masks, contained births).
 
@@ -50,28 +78,8 @@ class OverflowFinding:
     confirmation: dict[str, Any] | None = None
 
     @property
-    def seq(self) -> int:
-        return self.site.seq
-
-    @property
     def op(self) -> str:
         return self.site.op
-
-    @property
-    def phase(self) -> str:
-        return self.site.phase
-
-    @property
-    def module(self) -> str:
-        return self.site.module
-
-    @property
-    def source(self) -> str:
-        return self.site.source
-
-    @property
-    def step(self) -> int:
-        return self.site.step
 
     def message(self) -> str:
         """The sentence the online check says (its warning and, raised, its error)."""

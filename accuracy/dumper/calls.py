@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from accuracy.aten import returns_nothing, written_tensors
-from accuracy.records import CallSite
+from accuracy.records import CallSite, SiteFields
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +27,7 @@ NO_EPOCH = -1  # a call whose collective epoch no observer set (no CollectiveWat
 
 
 @dataclass(slots=True, eq=False)
-class Call:
+class Call(SiteFields):
     """What every observer reads of a call: what it is (`plan`), where it ran (`site`),
     the tensors it read (`inputs`), and what observers add to its record (`extra`).
 
@@ -52,26 +52,6 @@ class Call:
     @property
     def name(self) -> str:
         return self.plan.name
-
-    @property
-    def seq(self) -> int:
-        return self.site.seq
-
-    @property
-    def phase(self) -> str:
-        return self.site.phase
-
-    @property
-    def module(self) -> str:
-        return self.site.module
-
-    @property
-    def source(self) -> str:
-        return self.site.source
-
-    @property
-    def step(self) -> int:
-        return self.site.step
 
 
 @dataclass(slots=True, eq=False)
