@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 from accuracy import hops
 from accuracy.aten import returns_nothing, written_tensors
+from accuracy.patterns import closest, op_matches
 
 from .faults import (
     _REPLACEMENTS,
@@ -218,11 +219,13 @@ class SimMode(TorchDispatchMode):
         """A fault whose pattern met no call leaves the run as clean as no fault: say so, or a
         misspelt op or module reads as 'the tool found nothing'."""
         for fault, n in zip(self.faults, self._occurrences, strict=True):
-            if n == 0 and not any(fnmatchcase(op, fault.op) for op in self._elsewhere):
+            if n == 0 and not any(op_matches(fault.op, op) for op in self._elsewhere):
                 where = f" in modules matching {fault.module!r}" if fault.module else ""
+                seen = [str(f) for f in self._plans]
+                near = ", ".join(closest(fault.op, seen, 5)) or "none"
                 log.warning("sim: fault %s on %r%s matched no call in this block: nothing was "
-                            "injected (op names as `accuracy info DUMP` lists them)",
-                            fault.kind, fault.op, where)
+                            "injected (ops this sim ran, closest first: %s)",
+                            fault.kind, fault.op, where, near)
 
     def state(self) -> dict[str, Any]:
         """The device's counters (calls, each fault's occurrences): what a snapshot keeps so a
@@ -244,7 +247,7 @@ class SimMode(TorchDispatchMode):
         if plan is None:
             name = str(func)
             rule = self.profile.rule_for(name)
-            fault_ids = tuple(i for i, f in enumerate(self.faults) if fnmatchcase(name, f.op))
+            fault_ids = tuple(i for i, f in enumerate(self.faults) if op_matches(f.op, name))
             plan = self._plans[func] = (rule, fault_ids)
         return plan
 
