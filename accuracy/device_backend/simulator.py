@@ -19,13 +19,10 @@ import warnings
 import weakref
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-
-if TYPE_CHECKING:
-    from torch.distributed._tools.mod_tracker import ModTracker
 
 from accuracy import hops
 from accuracy.aten import returns_nothing, written_tensors
@@ -42,6 +39,7 @@ from .faults import (
     select_output,
     set_argument,
 )
+from .modules import ForwardModules
 from .profiles import Profile, Rule, get_profile
 from .quantizer import GemmQuantizer
 from .rounding import get_rounding
@@ -145,7 +143,7 @@ class SimMode(TorchDispatchMode):
         self.calls = 0
         self._occurrences = [0] * len(self.faults)
         self._plans: dict[Any, tuple[Rule | None, tuple[int, ...]]] = {}
-        self._tracker: ModTracker | None = None
+        self._tracker: ForwardModules | None = None
         self.quantizes = any(r.quant is not None for r in self.profile.rules)
         self._quant_args = (tuple(high_precision), high_precision_over, amax_history)
         self.quantizer = GemmQuantizer(*self._quant_args)
@@ -184,10 +182,7 @@ class SimMode(TorchDispatchMode):
         hp, over, hist = self._quant_args
         self.quantizer = GemmQuantizer(hp, over, self.quantizer.amax_history if hist is None
                                        else hist)
-        # imported when a sim starts: its package pulls in DTensor and inductor (~1 s)
-        from torch.distributed._tools.mod_tracker import ModTracker
-
-        self._tracker = ModTracker()
+        self._tracker = ForwardModules()
         self._tracker.__enter__()
         try:
             super().__enter__()
@@ -253,7 +248,7 @@ class SimMode(TorchDispatchMode):
 
     def _modules(self) -> list[str]:
         """Active modules. In backward, those of the forward op whose autograd node is
-        running (ModTracker's backward state follows gradient hooks, which fire for the wrong
+        running (gradient hooks, which a backward module tracker follows, fire for the wrong
         module when a module returns its input unchanged, e.g. Dropout(p=0))."""
         if self._tracker is None:
             return []
@@ -261,7 +256,7 @@ class SimMode(TorchDispatchMode):
             node = torch._C._current_autograd_node()
             tag = node.metadata.get(_TAG) if node is not None else None
             return list(tag) if tag is not None else []
-        return [m for m in self._tracker.parents if m != "Global"]
+        return list(self._tracker.parents)
 
     def _tag_pending(self) -> None:
         if not self._untagged:
