@@ -128,6 +128,10 @@ def split_list(names: list[str], level: str) -> tuple[tuple[str, ...], tuple[str
                 if name.startswith(p):
                     name = name[len(p):].split(".")[0]
                     break
+            else:
+                if "." in name or "::" in name:  # `aten.gelu`, `aten::gelu`: as every option
+                    ops.append(name)
+                    continue
             ops.append(f"aten.*{name}*")
     return tuple(ops), tuple(modules)
 
