@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from accuracy.debugger import config as _config
+from accuracy.dumper.compiled import standing
 from accuracy.errors import AccuracyError
 from accuracy.steps import Schedule
 
@@ -71,6 +72,9 @@ class PrecisionDebugger:
                         "the second call is ignored", self.current_step)
             return
         self._started = True
+        # a program compiled from now on is recorded on the selected step as it runs,
+        # without recompiling it there (accuracy/dumper/compiled/standing.py)
+        standing.ensure()
         if not self.config.wants(self.current_step, self.rank):
             return
         try:
