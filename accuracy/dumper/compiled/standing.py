@@ -72,3 +72,13 @@ def ensure() -> bool:
 def watching() -> bool:
     """Whether programs compiled now carry the kernel hooks without a dumper."""
     return _state.get("on", False)
+
+
+def stop() -> None:
+    """Programs compiled from now on get no hook lines (those compiled with them keep them,
+    idle); the global module hooks stay (compiled code may be guarded on them)."""
+    with _lock:
+        if _state.pop("on", False):
+            from accuracy.dumper.compiled import codegen
+
+            codegen.uninstall()
