@@ -15,12 +15,15 @@ may differ from the one that ran (autotuning, dynamic shapes, cache state), and 
 exist for a program with no cache entry. The hooks cost a Python call per kernel launch on
 unrecorded steps (benchmarks/bench_compile.py, "standing hooks").
 
-What `watch_compiled()` installs, for the rest of the process: the code-generation wrapper
-(and its tag on torch's cache keys, so hooked and plain programs are never served for each
-other; its random-number choice: codegen.random_mode), and the dumper's two global module
-hooks (no-ops with no dumper active), which dynamo may guard compiled code on. `ensure()`
+What `watch_compiled()` installs, for the rest of the process (or until `stop()`): the
+code-generation wrapper, with its tag on torch's cache keys (hooked and plain programs are
+never served for each other) and its random-number choice (codegen.random_mode); and the
+dumper's two global module hooks (no-ops with no dumper active, kept for good): dynamo guards
+a program that inlines module hooks on the global hook dicts being empty (a monitored model:
+`len(_global_forward_hooks) != 0`), so a dumper adding them recompiled it at the dumped step.
+They cost every eager module call a Python call (benchmarks/bench_compile.py). `ensure()`
 does the same once dynamo is loaded (a `torch.compile` call happened, so a compile may come),
-and is what the debugger and the monitor call: a job that never compiles pays nothing.
+and is what the debugger and the monitor call: a job that never loads dynamo pays nothing.
 """
 
 from __future__ import annotations
@@ -43,12 +46,14 @@ def watch_compiled() -> bool:
         if "on" in _state:
             return _state["on"]
         try:
-            from accuracy.dumper import scope
             from accuracy.dumper.compiled import codegen
 
-            codegen.install()  # held for the process: never uninstalled
+            codegen.install()  # held until stop()
             ok = codegen.installed()
-            scope.install_kept_hooks()
+            if ok:
+                from accuracy.dumper import scope
+
+                scope.install_kept_hooks()
         except Exception:  # noqa: BLE001 - the user's job goes on without standing hooks
             log.exception("cannot compile the kernel hooks into programs")
             ok = False
