@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from accuracy.debugger import PrecisionDebugger
     from accuracy.dumper import dumper
+    from accuracy.dumper.compiled.standing import watch_compiled
     from accuracy.dumpfile import Dump, DumpError, load_dump
     from accuracy.live import live_check, substitute
     from accuracy.steps import Schedule, schedule
@@ -25,10 +26,11 @@ _LAZY = {"load_dump": "accuracy.dumpfile", "Dump": "accuracy.dumpfile",
          "DumpError": "accuracy.dumpfile",
          "live_check": "accuracy.live", "substitute": "accuracy.live",
          "PrecisionDebugger": "accuracy.debugger", "schedule": "accuracy.steps",
-         "Schedule": "accuracy.steps"}
+         "Schedule": "accuracy.steps",
+         "watch_compiled": "accuracy.dumper.compiled.standing"}
 
 __all__ = ["dumper", "load_dump", "Dump", "DumpError", "live_check", "substitute",
-           "PrecisionDebugger", "schedule", "Schedule", "__version__"]
+           "PrecisionDebugger", "schedule", "Schedule", "watch_compiled", "__version__"]
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY)

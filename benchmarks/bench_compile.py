@@ -12,6 +12,18 @@ Goals (issue 26): recording a compiled step costs no more than recording the eag
 to each one's own bare step, statistics and tensor mode); compile time under the dumper is at
 most 1.2x compile time without it.
 
+Goal (issue 47), "standing hooks" (`accuracy.watch_compiled()`: programs compiled with the
+kernel hook lines in, no dumper active): the compiled step within 2% of the same step compiled
+without them. In one process: the dumper's global module hooks in first (both sides run under
+them, as a job with the standing hooks does), a program compiled without the hook lines, then
+`watch_compiled()` and a second program of the same function compiled with them; each checked
+(a dumped call of each: the plain one's region `not-recorded`, the hooked one's recorded), then
+bare steps of both interleaved, round by round (`--idle-rounds`), ratio hooked / plain per
+round; and the hook line's own cost, `after_launch` with no dumper timed alone, in ns per
+kernel launch, with the launches a step makes. Compile time with the standing hooks is the
+third side of the compile-time runs (`standing`: cold and warm caches, with the FX-graph
+cache's hits and misses of each side).
+
 Compile time is measured fairly: each side compiles in its own fresh process with its own
 fresh `TORCHINDUCTOR_CACHE_DIR` (cold: gcc builds every C++ kernel on both sides, nothing
 in-process is shared), then once more in a fresh process over the directory it filled (warm:
@@ -59,6 +71,10 @@ def _child_compile(side: str, tmp: Path) -> None:
     from accuracy.examples import bench_setup, bench_step
 
     model, batch = bench_setup()
+    if side == "standing":
+        from accuracy import watch_compiled
+
+        assert watch_compiled()
     m = torch.compile(model)
 
     # The steady call runs in the same dumper context as the first: a new dumper context
@@ -75,8 +91,11 @@ def _child_compile(side: str, tmp: Path) -> None:
         steady = time.perf_counter() - t0
     metrics = torch._dynamo.utils.compilation_time_metrics
     compiled = sum(sum(metrics.get(k, ())) for k in _COMPILE_KEYS)
+    inductor = torch._dynamo.utils.counters["inductor"]
     print(json.dumps({"side": side, "first": first, "steady": steady,
-                      "first_minus_steady": first - steady, "compile": compiled}))
+                      "first_minus_steady": first - steady, "compile": compiled,
+                      "fx_hit": inductor["fxgraph_cache_hit"],
+                      "fx_miss": inductor["fxgraph_cache_miss"]}))
 
 
 # torch's compile-time entries: dynamo's frame compiles (AOTAutograd and Inductor run inside
@@ -160,6 +179,69 @@ def _child_steps(repeat: int, tmp: Path) -> None:
               f"({verdict(c, e, what='compiled <= eager')})")
 
 
+def _forward_hooked(m, x):
+    return m(x)
+
+
+def _child_idle(rounds: int, tmp: Path) -> None:
+    """The standing hooks' idle cost: bare steps of a program compiled with the hook lines
+    against the same function's program compiled without them, interleaved."""
+    import timeit
+
+    import torch
+    from _common import interleaved, ratios, spread
+
+    from accuracy import dumper, load_dump, watch_compiled
+    from accuracy.dumper import scope
+    from accuracy.dumper.compiled import launches
+    from accuracy.examples import bench_setup
+    from accuracy.examples import bench_step as step
+
+    model, batch = bench_setup()
+    scope.install_kept_hooks()  # both sides under the global module hooks, as in a job
+    plain = functools.partial(torch.compile(_forward_bare), copy.deepcopy(model))
+    step(plain, batch)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert watch_compiled()
+    hooked = functools.partial(torch.compile(_forward_hooked), copy.deepcopy(model))
+    step(hooked, batch)
+    status = {}
+    for name, m in (("plain", plain), ("hooked", hooked)):
+        with dumper(dump_path=tmp / f"idle-{name}.h5", mode="statistics", overwrite=True):
+            step(m, batch)
+        with load_dump(tmp / f"idle-{name}.h5") as d:
+            status[name] = (sorted({r["status"] for r in d.attrs["compiled_regions"]}),
+                            sum(1 for r in d.records if r.op.startswith("inductor.")))
+    launches_per_step = status["hooked"][1]
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    t = interleaved({"plain": lambda: step(plain, batch),
+                     "hooked": lambda: step(hooked, batch)}, repeat=rounds, warmup=2)
+    during = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
+    r = ratios(t["hooked"], t["plain"])
+    kid = next(iter(launches.KERNELS))
+    bufs = [torch.empty(1)] * 4
+    n = 200_000
+    per = min(timeit.repeat(lambda: launches.after_launch(kid, bufs), number=n, repeat=5)) / n
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, load after {load}; {rounds} "
+          f"interleaved rounds after 2 warm-up; median (min–max)")
+    print(f"programs: plain {status['plain'][0]} ({status['plain'][1]} kernel rows when "
+          f"dumped), hooked {status['hooked'][0]} ({launches_per_step} kernel rows); dynamo "
+          f"graphs compiled after the plain one: {graphs} (the hooked program's), during the "
+          f"rounds: {during}")
+    print(f"{'plain step':22s} {spread(t['plain']):>26s}")
+    print(f"{'hooked step':22s} {spread(t['hooked']):>26s}")
+    med = statistics.median(r)
+    print(f"standing hooks, idle: hooked / plain {spread(r, '{:.4f}')} per round, median "
+          f"{med:.4f} ({verdict(med, 1.02)})")
+    print(f"hook line with no dumper: {per * 1e9:.0f} ns per kernel launch x "
+          f"{launches_per_step} launches = {per * launches_per_step * 1e6:.1f} µs a step "
+          f"({per * launches_per_step / statistics.median(t['plain']) * 100:.2g}% of the plain "
+          f"step)")
+
+
 def _run_child(args: list[str], env: dict[str, str]) -> str:
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], env=env,
                          capture_output=True, text=True, check=False)
@@ -179,7 +261,12 @@ def main() -> None:
                     help="warm compiles per side (fresh processes, alternated; median)")
     ap.add_argument("--no-compile-time", action="store_true",
                     help="skip the compile-time measurement (four fresh compiles)")
-    ap.add_argument("--child", choices=("compile-bare", "compile-dumped", "steps"),
+    ap.add_argument("--idle-rounds", type=int, default=30,
+                    help="interleaved rounds of the standing hooks' idle cost")
+    ap.add_argument("--only-standing", action="store_true",
+                    help="only the standing hooks' figures: idle cost and compile time")
+    ap.add_argument("--child", choices=("compile-bare", "compile-dumped", "compile-standing",
+                                        "steps", "idle"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--tmp", help=argparse.SUPPRESS)
     add_threads_arg(ap, default="both")
@@ -189,6 +276,8 @@ def main() -> None:
         tmp = Path(args.tmp or tempfile.mkdtemp(prefix="bench_compile_"))
         if args.child == "steps":
             _child_steps(args.repeat, tmp)
+        elif args.child == "idle":
+            _child_idle(args.idle_rounds, tmp)
         else:
             _child_compile(args.child.removeprefix("compile-"), tmp)
         return
@@ -201,30 +290,44 @@ def main() -> None:
     omp = os.environ.get("OMP_NUM_THREADS")
     print(f"bench_compile: start load {_load()}, temp {tmp}, OMP_NUM_THREADS="
           f"{omp or 'unset (torch default)'}", flush=True)
+    sides = ("bare", "standing") if args.only_standing else ("bare", "dumped", "standing")
     if not args.no_compile_time:
         fig: dict[tuple[str, str], list[dict]] = {}
         for temp, runs in (("cold", 1), ("warm", args.warm_runs)):
             for _ in range(runs):
-                for side in ("bare", "dumped"):  # alternated: a neighbour slows both alike
+                for side in sides:  # alternated: a neighbour slows every side alike
                     env = {**base, "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"cache-{side}")}
                     out = _run_child(["--child", f"compile-{side}", "--tmp", str(tmp)], env)
                     got = json.loads(out.strip().splitlines()[-1])
                     fig.setdefault((temp, side), []).append(got)
                     print(f"compile {temp} {side}: {got['compile']:.2f} s (first call "
                           f"{got['first']:.2f} s, steady {got['steady']:.2f} s, first - steady "
-                          f"{got['first_minus_steady']:.2f} s), load {_load()}", flush=True)
+                          f"{got['first_minus_steady']:.2f} s; FX-graph cache hits "
+                          f"{got.get('fx_hit', 0)}, misses {got.get('fx_miss', 0)}), load "
+                          f"{_load()}", flush=True)
         for temp in ("cold", "warm"):
-            runs = list(zip(fig[temp, "bare"], fig[temp, "dumped"], strict=True))
-            rel = [d["compile"] / b["compile"] for b, d in runs]
-            rough = [d["first_minus_steady"] / b["first_minus_steady"] for b, d in runs]
-            med = statistics.median(rel)
-            print(f"compile time, {temp} caches (each side its own fresh process and cache "
-                  f"dir, {len(runs)} run(s)): bare "
-                  f"{statistics.median(b['compile'] for b, _ in runs):.2f} s, under the dumper "
-                  f"{statistics.median(d['compile'] for _, d in runs):.2f} s = {med:.2f}x "
-                  f"(runs {', '.join(f'{r:.2f}' for r in rel)}; {verdict(med, 1.2)}); "
-                  f"first call - steady call: "
-                  f"{statistics.median(rough):.2f}x", flush=True)
+            for other, what in (("dumped", "under the dumper"),
+                                ("standing", "with the standing hooks")):
+                if other not in sides:
+                    continue
+                runs = list(zip(fig[temp, "bare"], fig[temp, other], strict=True))
+                rel = [d["compile"] / b["compile"] for b, d in runs]
+                rough = [d["first_minus_steady"] / b["first_minus_steady"] for b, d in runs]
+                med = statistics.median(rel)
+                print(f"compile time, {temp} caches (each side its own fresh process and "
+                      f"cache dir, {len(runs)} run(s)): bare "
+                      f"{statistics.median(b['compile'] for b, _ in runs):.2f} s, {what} "
+                      f"{statistics.median(d['compile'] for _, d in runs):.2f} s = {med:.2f}x "
+                      f"(runs {', '.join(f'{r:.2f}' for r in rel)}; {verdict(med, 1.2)}); "
+                      f"first call - steady call: "
+                      f"{statistics.median(rough):.2f}x", flush=True)
+    env = {**base, "TORCHINDUCTOR_CACHE_DIR": str(tmp / "cache-idle")}
+    print(f"\n-- standing hooks, idle (OMP_NUM_THREADS={omp or 'unset (torch default)'}), "
+          f"load before {_load()}", flush=True)
+    print(_run_child(["--child", "idle", "--idle-rounds", str(args.idle_rounds), "--tmp",
+                      str(tmp)], env), end="", flush=True)
+    if args.only_standing:
+        return
     env = {**base, "TORCHINDUCTOR_CACHE_DIR": str(tmp / "cache-steps")}
     print(f"\n-- OMP_NUM_THREADS={omp or 'unset (torch default)'}, load before {_load()}",
           flush=True)

@@ -1,5 +1,6 @@
 import contextlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,17 @@ def _torch_threads_kept(request):
         torch.set_num_threads(before)
         pytest.fail(f"{request.node.nodeid} left torch's thread count at {after} (was "
                     f"{before}): put it back", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _standing_hooks_stopped():
+    """Kernel hooks compiled in from the start (accuracy/dumper/compiled/standing.py: the
+    debugger and the monitor put them in once dynamo is loaded) stay for the process: a later
+    test would compile hooked programs without asking. Stopped after each test."""
+    yield
+    standing = sys.modules.get("accuracy.dumper.compiled.standing")
+    if standing is not None:
+        standing.stop()
 
 
 # CI (`.ci/run` sets ACCURACY_NO_SKIPS=1) fails the run when a test is skipped for any reason

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,11 @@ class PrecisionDebugger:
                         "the second call is ignored", self.current_step)
             return
         self._started = True
+        if "torch._dynamo" in sys.modules:  # a program compiled from now on is recorded
+            # on the selected step as it runs, not recompiled (dumper/compiled/standing.py)
+            from accuracy.dumper.compiled import standing
+
+            standing.ensure()
         if not self.config.wants(self.current_step, self.rank):
             return
         try:

@@ -111,6 +111,14 @@ def keep_hooks() -> None:
     _KEEP[0] = True
 
 
+def install_kept_hooks() -> None:
+    """Install the global hooks now and for good (no-ops while no tracker is active): programs
+    compiled from now on are guarded on them, so a later dumper runs those programs as they
+    are (accuracy/dumper/compiled/standing.py)."""
+    keep_hooks()
+    _install_hooks()
+
+
 def _global_pre(mod: torch.nn.Module, input: Any) -> None:
     if torch.compiler.is_compiling():  # dynamo traces global hooks: none in its graph
         return

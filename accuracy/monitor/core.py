@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from accuracy.dumper.compiled import standing
 from accuracy.errors import UsageError
 from accuracy.monitor.capture import Capture, capture_step, loss_value
 from accuracy.monitor.figures import Collector
@@ -151,6 +152,9 @@ class Monitor:
         try:
             batch = (args, kwargs) if (args or kwargs) else None
             if self.store is not None:
+                # a program compiled from now on is recorded as it runs when a flagged step
+                # is captured, not recompiled there (accuracy/dumper/compiled/standing.py)
+                standing.ensure()
                 self.store.before_step(self.current_step, self.model, self.optimizer, batch)
                 if self.store.disabled and not getattr(self, "_said_disabled", False):
                     self._said_disabled = True

@@ -220,12 +220,15 @@ class Collector:
         measure = self._measure
 
         def hook(_mod: nn.Module, _args: Any, output: Any) -> None:
-            if not self.recording:
-                return
             # inside torch.compile (dynamo tracing this hook): said once, not measured; so
-            # `_measure` only ever runs eagerly
+            # `_measure` only ever runs eagerly. Asked before `recording`, which dynamo would
+            # otherwise guard the compiled program on: it recompiled whenever recording
+            # flipped (every step with freq > 1, and the capture's re-run, whose dump then
+            # held a program compiled for the capture, not the one the job runs)
             if torch.compiler.is_compiling():
                 self.compiled_modules.add(idx)
+                return
+            if not self.recording:
                 return
             measure(idx, output)
         return hook

@@ -32,7 +32,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from accuracy.dumper.compiled import launches
+from accuracy.dumper.compiled import launches, verify
 from accuracy.dumper.compiled.kernels import (
     describe_extern,
     describe_launch,
@@ -130,6 +130,7 @@ def install() -> None:
                     _unhooked_line(self, kernel_name, "it writes no buffer Inductor names as "
                                    "its output or as mutated")
                 else:
+                    info.src = _sources(self).get(kernel_name, "")
                     var = f"_acc_k{info.kid}"
                     _module_line(self, f"{var} = _acc_register({kernel_text(info)!r})")
                     if info.before:
@@ -174,6 +175,18 @@ def install() -> None:
         for name in ("generate_extern_kernel_out", "generate_extern_kernel_alloc",
                      "generate_fallback_kernel"):
             wrap_extern(name)
+        orig_define = PythonWrapperCodegen.define_kernel
+
+        def define_kernel(self: Any, kernel_name: str, kernel_body: str, *args: Any,
+                          **kwargs: Any) -> Any:
+            try:  # what the kernel's launches are checked against before they are recorded
+                _sources(self)[kernel_name] = verify.digest(kernel_body)
+            except Exception:  # noqa: BLE001 - codegen goes on; its launches read BLIND
+                log.debug("cannot digest kernel %s", kernel_name, exc_info=True)
+            return orig_define(self, kernel_name, kernel_body, *args, **kwargs)
+
+        _saved["define"] = orig_define
+        PythonWrapperCodegen.define_kernel = define_kernel
         _saved["gkc"] = (PythonWrapperCodegen, orig)
         PythonWrapperCodegen.generate_kernel_call = generate_kernel_call
         _tag_cache_keys(config, fconfig)
@@ -193,6 +206,8 @@ def uninstall() -> None:
         cls.generate_kernel_call = orig
         for key in [k for k in _saved if k.startswith("ext_")]:
             setattr(cls, key[4:], _saved.pop(key))
+        if "define" in _saved:
+            cls.define_kernel = _saved.pop("define")
         launches.clear_extern()
         from accuracy.dumper.compiled import reference
         reference.uninstall()
@@ -201,6 +216,18 @@ def uninstall() -> None:
             from torch._inductor import config
 
             config.fallback_random = _saved.pop("random")
+
+
+def installed() -> bool:
+    """Whether programs generated now get the hook lines."""
+    return "gkc" in _saved
+
+
+def _sources(wrapper: Any) -> dict[str, str]:
+    """Kernel name -> digest of its definition, kept on the root wrapper of the graph being
+    generated (a subgraph's kernels are defined in the module its root writes)."""
+    root = wrapper.get_root_graph() if hasattr(wrapper, "get_root_graph") else wrapper
+    return root.__dict__.setdefault("_accuracy_sources", {})
 
 
 EAGER_RANDOM, INDUCTOR_RANDOM = "eager", "inductor"

@@ -93,6 +93,9 @@ class KernelInfo:
     # input an optimizer step or BatchNorm's running stats update, an earlier buffer) ->
     # the IR buffer of that mutation, which holds its origins
     mutated: dict[str, str] = field(default_factory=dict)
+    # digest of the kernel's definition as generated (compiled/verify.py): checked against
+    # the definition in the module that runs it before its launches are recorded
+    src: str = ""
 
     def fused_ops(self) -> list[str]:
         seen: dict[str, None] = {}

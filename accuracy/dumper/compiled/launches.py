@@ -15,8 +15,10 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import sys
 from typing import Any
 
+from accuracy.dumper.compiled import verify
 from accuracy.dumper.compiled.kernels import KernelInfo, Origin, compile_id, kernel_from_text
 from accuracy.errors import RaisedForTheUser
 
@@ -32,13 +34,17 @@ _running_extern: list[int] = [0]  # the extern call site running now (0: none)
 # says those compiled while it ran (never silently blind)
 UNHOOKED: list[tuple[int, str, str]] = []
 _unhooked_ids = itertools.count(1)
+# kernel id -> (the digest checked, why its launches are not the described kernel's or None)
+_CHECKED: dict[int, tuple[str, str | None]] = {}
 
 
 def _notify(event: str, kid: int, tensors: list[Any]) -> None:
     """Hand kernel `kid`'s live buffers to each sink's `event` method; never raises into
     the user's step."""
+    if not SINKS:
+        return
     info = KERNELS.get(kid)
-    if info is None or not SINKS:
+    if info is None:
         return
     for s in list(SINKS):
         try:
@@ -67,8 +73,27 @@ def before_launch(kid: int, tensors: list[Any]) -> None:
 
 
 def after_launch(kid: int, tensors: list[Any]) -> None:
-    """Called by generated code after kernel `kid` ran."""
+    """Called by generated code after kernel `kid` ran: returns at once while nothing
+    records (a program compiled with the standing hooks, on an unrecorded step). The first
+    recorded launch of a site checks its description against the module running it."""
+    if not SINKS:
+        return
+    info = KERNELS.get(kid)
+    if info is not None:
+        done = _CHECKED.get(kid)
+        if done is None or done[0] != info.src:
+            try:
+                why = verify.mismatch(info.kernel, info.src, sys._getframe(1).f_globals)
+            except Exception as e:  # noqa: BLE001 - unchecked is untrusted, never fatal
+                why = f"checking its source failed ({type(e).__name__})"
+            _CHECKED[kid] = (info.src, why)
     _notify("kernel", kid, tensors)
+
+
+def source_mismatch(kid: int) -> str | None:
+    """Why kernel `kid`'s launches are not the described kernel's (None: they are)."""
+    done = _CHECKED.get(kid)
+    return done[1] if done is not None else "its source was not checked"
 
 
 def unhooked(kernel: str, why: str) -> None:

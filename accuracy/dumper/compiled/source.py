@@ -20,6 +20,7 @@ import torch
 
 from accuracy.aten import OpPlan
 from accuracy.dumper.calls import KernelCall
+from accuracy.dumper.compiled import launches
 from accuracy.dumper.compiled.kernels import KernelInfo
 from accuracy.dumpfile import schema, symsizes
 
@@ -58,11 +59,15 @@ class CompiledSource:
     that filled that memory: an extern kernel's out=, an earlier kernel)."""
 
     def __init__(self, loop: Loop, states: TensorStates, recording: Callable[[], bool],
-                 recorded: Callable[[], None]) -> None:
+                 recorded: Callable[[], None],
+                 distrusted: Callable[[KernelInfo, str], None] = lambda info, why: None
+                 ) -> None:
         self.loop = loop
         self.states = states
         self.recording = recording
         self.recorded = recorded  # a kernel of the latest region was emitted
+        # a launch of the latest region whose description is not the running kernel's
+        self.distrusted = distrusted
         self.kernels = 0
         self._plans: dict[str, OpPlan] = {}
         self._with_graph: set[int] = set()  # kernel ids whose subgraph is already in the dump
@@ -107,6 +112,12 @@ class CompiledSource:
     def kernel(self, info: KernelInfo, tensors: list[Any]) -> None:
         """A launch ran: its `KernelCall`, emitted into the loop."""
         if not self.recording():
+            return
+        why = launches.source_mismatch(info.kid)
+        if why is not None:  # recorded as this kernel, it would be another kernel's values
+            self._before.pop(info.kid, None)
+            self._before_links.pop(info.kid, None)
+            self.distrusted(info, why)
             return
         name = KERNEL_PREFIX + info.kernel
         plan = self._plans.get(name)

@@ -74,6 +74,8 @@ class Region:
     # recompilations inside the recorded block: {"step", "seq", "frame", "reason"}
     recompiles: list[dict[str, Any]] = field(default_factory=list)
     compiled_here: bool = False  # dynamo compiled a frame of it while the watch ran
+    # a kernel of it ran whose description is not the running kernel's (compiled/verify.py)
+    distrusted: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "backend": self.backend,
@@ -294,10 +296,24 @@ class CompileWatch:
 
     def recorded(self) -> None:
         """A compiled source wrote a kernel of the latest region."""
-        if self._last is not None and self._last[0].status != RECORDED:
+        if self._last is not None and self._last[0].status != RECORDED \
+                and not self._last[0].distrusted:
             region = self._last[0]
             region.status = RECORDED
             region.reason = "its kernels' materialised buffers were recorded as they ran"
+
+    def distrusted(self, kernel: str, why: str) -> None:
+        """A kernel of the latest region ran whose recorded description is not of the kernel
+        that ran: the region is not recorded (its other kernels' rows stay, said as partial)."""
+        if self._last is None or self._last[0].distrusted:
+            return
+        region = self._last[0]
+        region.distrusted = True
+        region.status = NOT_RECORDED
+        region.reason = (f"kernel {kernel} ran, but the description its hook line registered "
+                         f"is not of the kernel that ran: {why}; none of its launches is in "
+                         "the dump (the region's other kernels may be): compile inside the "
+                         "dumper (torch._dynamo.reset() first) to record this program")
 
     def _recompiled(self, code: Any, reasons: list[str]) -> None:
         """Dynamo compiles `code` again because a guard failed: filed under the region whose
@@ -452,7 +468,8 @@ class DumperWatch(CompileWatch):
         self._sites = sites
         self._codegen = codegen
         self._launches = launches
-        self.source = CompiledSource(loop, states, recording, self.recorded)
+        self.source = CompiledSource(loop, states, recording, self.recorded,
+                                     lambda info, why: self.distrusted(info.kernel, why))
         sites.compiled = CompiledSites(self, sites)
 
     def _entered(self, fn: Any, callback: Any, args: tuple = (), kwargs: dict | None = None
