@@ -105,6 +105,33 @@ def _hop_not_emulated(name: str) -> None:
                 "run on the host's numerics, not emulated", name)
 
 
+
+_FORWARD_TRACKER: type | None = None
+
+
+def _forward_mod_tracker() -> ModTracker:
+    """A ModTracker that follows modules in forward only (`parents`), without the gradient
+    hooks it registers on each module's inputs and outputs: sim names backward modules from
+    autograd-node tags instead, and those hooks fail inside `torch.autograd.grad` on a leaf
+    input ("A leaf node was passed to _will_engine_execute_node"), which is how a pipeline
+    stage computes its input gradients. Imported when a sim starts: its package pulls in
+    DTensor and inductor (~1 s)."""
+    global _FORWARD_TRACKER
+    if _FORWARD_TRACKER is None:
+        from torch.distributed._tools.mod_tracker import ModTracker
+
+        class ForwardModTracker(ModTracker):
+            def _fw_pre_hook(self, mod: torch.nn.Module, input: Any) -> None:
+                if not torch._dynamo.eval_frame._is_in_optimized_module():
+                    self._get_append_fn(weakref.ref(mod), self._get_mod_name(mod), False)()
+
+            def _fw_post_hook(self, mod: torch.nn.Module, input: Any, output: Any) -> None:
+                if not torch._dynamo.eval_frame._is_in_optimized_module():
+                    self._get_pop_fn(weakref.ref(mod), self._get_mod_name(mod), False)()
+
+        _FORWARD_TRACKER = ForwardModTracker
+    return _FORWARD_TRACKER()
+
 class SimMode(TorchDispatchMode):
     """Emulated accelerator: applies a numerics profile and faults to every ATen op on CPU.
 
@@ -184,9 +211,7 @@ class SimMode(TorchDispatchMode):
         self.quantizer = GemmQuantizer(hp, over, self.quantizer.amax_history if hist is None
                                        else hist)
         # imported when a sim starts: its package pulls in DTensor and inductor (~1 s)
-        from torch.distributed._tools.mod_tracker import ModTracker
-
-        self._tracker = ModTracker()
+        self._tracker = _forward_mod_tracker()
         self._tracker.__enter__()
         try:
             super().__enter__()
