@@ -6,8 +6,11 @@ code waits for it (`dist.send`/`dist.recv` do, the schedules do): waiting for it
 hangs the step (issue 48). A dispatch mode never sees the user's `wait()`, so a receive's
 row is written when its data is known to be there:
 
-- when a later op reads its buffer (the user must have waited before reading it), or
-- when its `Work.is_completed()` says so at a later op;
+- when a later op reads its buffer (the user must have waited before reading it): the
+  reader's phase is the receive's (a gradient is read by the backward, an activation by the
+  forward, even where a schedule waits for both at once, as 1F1B does);
+- when its `Work.is_completed()` says so and no op read it: at close, or once more than
+  `MAX_PENDING` receives wait unread;
 - a receive still pending when the dump closes is written with its buffers as metadata
   only, and named in the root attribute `receives_pending` (said first as `BLIND:`).
 
@@ -17,7 +20,7 @@ takes them as its inputs. A send's data is its input, recorded before it was sen
 
 Phase: a send belongs to the phase of the op before it on this rank (a pipeline stage sends
 a gradient right after the backward that made it, from outside autograd), a receive to the
-phase of the op that first reads what arrived (a received gradient is read by the backward).
+phase of the op that first reads what arrived.
 `CollectiveWatch.settle` (accuracy/dumper/collectives.py) writes each op's peer, tag and the
 index that pairs a send with its peer's receive (`p2p_index`); the offline check pairs them
 (accuracy/replay/collectives.py).
@@ -40,6 +43,9 @@ if TYPE_CHECKING:
     from accuracy.dumper.recorder import Recorder
 
 log = logging.getLogger(__name__)
+
+# receives held unread at once; beyond it, those whose Work completed are written now
+MAX_PENDING = 64
 
 
 def _storage_id(t: torch.Tensor) -> int | None:
@@ -105,10 +111,11 @@ class P2PWatch:
         with torch._C._DisableTorchDispatch():
             reads = {i for t in call.inputs if (i := _storage_id(t)) is not None}
         keep = []
+        crowded = len(self.pending) > MAX_PENDING
         for p in self.pending:
             if p.storages & reads:  # the user waited before reading it
                 self._write(p, call.site.phase)
-            elif p.completed():
+            elif crowded and p.completed():
                 self._write(p, self.last_phase)
             else:
                 keep.append(p)
