@@ -1,0 +1,155 @@
+"""Worker for tests/scenarios/test_pipeline.py: one gloo rank of a two-stage pipeline (or a
+point-to-point exchange) recorded by the dumper, every scenario in one process.
+
+Run as `python -m tests._support.pipeline_worker SCENARIO[,SCENARIO...] OUT_DIR` under a
+launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (tests/_support/ranks.py).
+The process group times out after 30 s: a hang fails the rank, and the launcher kills the
+ranks' process groups when they outlive its wait.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from accuracy.device_backend import sim
+from accuracy.dumper.core import dumper
+
+MICROBATCHES = 2
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(),
+                         nn.Linear(32, 8))
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(8, 16, generator=g), torch.randint(0, 8, (8,), generator=g)
+
+
+def _device(rank: int, fault_rank: int | None, occurrence: int, module: str | None) -> object:
+    """The device side: `sim` bf16, with a 5% bias on one addmm of `fault_rank` (in modules
+    matching `module`)."""
+    faults = [sim.fault("aten.addmm.default", kind="bias", value=0.05, occurrence=occurrence,
+                        module=module)] if rank == fault_rank else []
+    return sim(profile="bf16", faults=faults)
+
+
+def pipeline(out: str, schedule: str, device: bool, fault_rank: int | None = None,
+             occurrence: int = 0, module: str | None = None) -> dict:
+    """One training step of a two-stage pipeline (manual PipelineStage, 2 micro-batches,
+    AdamW) inside the dumper; golden on plain CPU, or the device side under sim."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    rank = dist.get_rank()
+    full = _model()
+    mod = nn.Sequential(*list(full)[:2]) if rank == 0 else nn.Sequential(*list(full)[2:])
+    stage = PipelineStage(mod, rank, 2, torch.device("cpu"))
+    kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
+    sched = kind(stage, n_microbatches=MICROBATCHES,
+                 loss_fn=lambda o, y: nn.functional.cross_entropy(o, y))
+    opt = torch.optim.AdamW(mod.parameters(), lr=1e-3)
+    x, y = _data()
+    ctx = _device(rank, fault_rank, occurrence, module) if device else nullcontext()
+    with ctx, dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
+        if rank == 0:
+            sched.step(x)
+        else:
+            sched.step(target=y)
+        opt.step()
+    return {"weight": mod[0].weight.flatten().tolist()}
+
+
+def p2p_apis(out: str) -> dict:
+    """Every point-to-point API once, rank 0 to rank 1 and back, inside the dumper: what
+    each side sent and received, for the test to find in the dumps."""
+    rank = dist.get_rank()
+    peer = 1 - rank
+    sent = {}
+    with dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
+        a = torch.arange(6, dtype=torch.float32) + 10 * rank
+        buf = torch.empty(6)
+        if rank == 0:
+            dist.send(a, 1, tag=1)  # blocking pair
+            dist.recv(buf, 1, tag=1)
+        else:
+            dist.recv(buf, 0, tag=1)
+            dist.send(a, 0, tag=1)
+        sent["send"] = a.tolist()
+        got = {"recv": (buf * 1).tolist()}
+        b = torch.full((3,), float(rank + 1))
+        ibuf = torch.empty(3)
+        works = [dist.isend(b, peer, tag=2), dist.irecv(ibuf, peer, tag=2)]
+        for w in works:
+            w.wait()
+        sent["isend"] = b.tolist()
+        got["irecv"] = (ibuf + 0).tolist()
+        c = torch.linspace(0, 1, 5) * (rank + 2)
+        bbuf = torch.empty(5)
+        ops = [dist.P2POp(dist.isend, c, peer, tag=3), dist.P2POp(dist.irecv, bbuf, peer, tag=3)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        sent["batch"] = c.tolist()
+        got["batch"] = bbuf.sum().item()
+    return {"sent": sent, "got": got}
+
+
+def pending(out: str) -> dict:
+    """Rank 1 posts a receive inside the dumper and waits for it only after the dumper
+    closed; rank 0 sends after a barrier that rank 1 passes once it closed."""
+    rank = dist.get_rank()
+    if rank == 1:
+        buf = torch.empty(4)
+        with dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
+            work = dist.irecv(buf, 0, tag=7)
+        dist.barrier()
+        work.wait()
+        return {"got": buf.tolist()}
+    dist.barrier()
+    dist.send(torch.ones(4), 1, tag=7)
+    return {}
+
+
+SCENARIOS = {
+    "gpipe-gold": lambda out: pipeline(out, "gpipe", device=False),
+    "gpipe-dev": lambda out: pipeline(out, "gpipe", device=True),
+    # rank 1's stage runs one shape-inference forward first (and its backward, through
+    # torch.autograd.grad on the stage input): the addmm of its module 0 in micro-batch 0 is
+    # occurrence 1 there; rank 0's stage runs its first forward on micro-batch 0: occurrence 1
+    "gpipe-fault1": lambda out: pipeline(out, "gpipe", device=True, fault_rank=1, occurrence=1,
+                                         module="*.0"),
+    "gpipe-fault0": lambda out: pipeline(out, "gpipe", device=True, fault_rank=0, occurrence=1),
+    "1f1b-gold": lambda out: pipeline(out, "1f1b", device=False),
+    "1f1b-dev": lambda out: pipeline(out, "1f1b", device=True),
+    "p2p-apis": p2p_apis,
+    "pending": pending,
+}
+
+
+def main() -> None:
+    names, out = sys.argv[1].split(","), sys.argv[2]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    rank = dist.get_rank()
+    try:
+        for name in names:
+            where = os.path.join(out, name)
+            os.makedirs(where, exist_ok=True)
+            result = SCENARIOS[name](where)
+            dist.barrier()
+            with open(os.path.join(where, f"result_{rank}.json"), "w") as f:
+                json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
