@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from accuracy.aten import OpPlan, workspace_outputs
+from accuracy.aten import OpPlan, workspace_outputs, written_tensors
 from accuracy.dumper import collectives
 from accuracy.dumper.calls import Call, KernelCall, produced
 from accuracy.dumper.deferred_stats import DeferredStats
@@ -299,6 +299,12 @@ class Recorder:
             if coll is not None or not plan.aten:  # no version bump to see
                 for t in call.inputs:
                     seen.forget_aliases(t)
+            if seen.has_memory() and call.func is not None:
+                # an eager write into memory a compiled launch wrote (DDP copies the reduced
+                # gradients into the grads a compiled backward made): that launch's record
+                # of the memory is stale, though no version counter it holds moved
+                for t in written_tensors(call.func, call.args, call.kwargs):
+                    seen.forget_memory(t)
             for t in call.inputs:
                 if type(t) is not torch.Tensor:
                     # a DTensor's in-place op writes its local shard below autograd, where
