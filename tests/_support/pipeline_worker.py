@@ -1,5 +1,6 @@
 """Worker for tests/scenarios/test_pipeline.py: one gloo rank of a two-stage pipeline (or a
-point-to-point exchange) recorded by the dumper, every scenario in one process.
+point-to-point exchange, or DDP around a compiled module) recorded by the dumper, every
+scenario in one process.
 
 Run as `python -m tests._support.pipeline_worker SCENARIO[,SCENARIO...] OUT_DIR` under a
 launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (tests/_support/ranks.py).
@@ -13,7 +14,9 @@ import datetime
 import json
 import os
 import sys
+import warnings
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -119,6 +122,27 @@ def pending(out: str) -> dict:
     return {}
 
 
+def ddp(out: str, compiled: bool) -> dict:
+    """One DDP step with AdamW, the module compiled (`DDP(torch.compile(m))`) or eager: DDP
+    copies the all-reduced gradients into the grads the compiled backward made."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from tests._support.miscompile import inductor_cache
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own data shard
+    x, y = torch.randn(4, 16, generator=g), torch.randint(0, 8, (4,), generator=g)
+    with inductor_cache(Path(out)):
+        model = DDP(torch.compile(m) if compiled else m)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        with dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    return {"weight": m[0].weight.flatten().tolist()}
+
+
 SCENARIOS = {
     "gpipe-gold": lambda out: pipeline(out, "gpipe", device=False),
     "gpipe-dev": lambda out: pipeline(out, "gpipe", device=True),
@@ -132,11 +156,14 @@ SCENARIOS = {
     "1f1b-dev": lambda out: pipeline(out, "1f1b", device=True),
     "p2p-apis": p2p_apis,
     "pending": pending,
+    "ddp-gold": lambda out: ddp(out, compiled=False),
+    "ddp-compiled": lambda out: ddp(out, compiled=True),
 }
 
 
 def main() -> None:
     names, out = sys.argv[1].split(","), sys.argv[2]
+    warnings.filterwarnings("ignore", "Using `torch.compile")
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     rank = dist.get_rank()
     try:

@@ -24,7 +24,8 @@ from accuracy.replay.collectives import replay_ranks
 from tests._support.ranks import run_ranks
 
 WORLD = 2
-SCENARIOS = "gpipe-gold,gpipe-dev,gpipe-fault1,gpipe-fault0,1f1b-gold,1f1b-dev,p2p-apis,pending"
+SCENARIOS = ("gpipe-gold,gpipe-dev,gpipe-fault1,gpipe-fault0,1f1b-gold,1f1b-dev,p2p-apis,pending,"
+             "ddp-gold,ddp-compiled")
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +175,23 @@ def test_a_fault_on_stage_0_names_rank_0_and_rank_1_inherits_through_the_activat
     assert via.seq == acts[0].seq  # micro-batch 0's activation, not a shape message
     if replay:
         assert r0["label"] == "culprit" and r0["culprit"]["op"] == "aten.addmm.default"
+
+
+def test_compiled_ddp_replays_the_reduced_gradients_with_no_false_error(runs, tmp_path):
+    """DDP around a compiled module, one step with AdamW: the optimizer's recorded gradient
+    inputs are the all-reduced ones (what the step read), so its replay finds no error."""
+    dev = runs / "ddp-compiled"
+    rr = replay_ranks(dev / "run_{rank}.h5", tmp_path / "r_{rank}.h5")
+    assert rr.counts["checked"] >= 1 and rr.counts["mismatched"] == 0
+    s = compare_ranks(dev / "run_{rank}.h5", runs / "ddp-gold", tmp_path / "r_{rank}.h5").summary
+    assert s["counts"]["error"] == 0 and s["first_rank"] is None, s["ranks"]
+    for rank in range(WORLD):
+        with load_dump(dev / f"run_{rank}.h5") as d:
+            assert d.attrs["compiled_kernels_recorded"] > 0
+            (ar,) = [r for r in d.records if r.op == "c10d.allreduce_.default"]
+            lerp = next(r for r in d.records if r.op == "aten.lerp_.Scalar")
+            bucket = ar.outputs[0].load()
+            grad = lerp.inputs[1].load().flatten()
+            # the first parameter's gradient sits somewhere in the reduced bucket
+            assert any(torch.equal(bucket[i:i + grad.numel()], grad)
+                       for i in range(bucket.numel() - grad.numel() + 1))
