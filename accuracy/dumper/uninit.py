@@ -173,7 +173,8 @@ class Uninitialised:
         one it only overwrites) touches them. Collectives, views and custom ops (FSDP2's
         copy-in fills part of a buffer it was handed) are left to `after`'s own rules."""
         if not self._marks or not plan.aten or plan.collective is not None \
-                or plan.uninitialised or (plan.alias_outputs and not plan.mutable):
+                or plan.uninitialised or (plan.alias_outputs and not plan.mutable) \
+                or plan.name.startswith("aten.set_."):  # views another storage: its own marks
             return False
         return any(id(t) not in written and self.holds(t) for t in inputs)
 

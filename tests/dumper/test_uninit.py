@@ -56,6 +56,9 @@ def test_what_is_computed_from_unfilled_bytes_is_not_data(tmp_path):
         acc = torch.ones(4)
         acc.add_(torch.empty(4))
         acc.mul(2)
+        # send_object_list's pickle: `empty` then `set_` onto bytes made outside dispatch
+        pickle = torch.ByteTensor(torch.ByteStorage._from_buffer(b"\x01\x02\x03"))
+        pickle.add(1)
     with load_dump(tmp_path / "t.h5") as d:
         first, second = [r for r in d.records if r.op == "aten.addmm.default"]
         relu1, relu2 = [r for r in d.records if r.op == "aten.relu.default"]
@@ -64,5 +67,6 @@ def test_what_is_computed_from_unfilled_bytes_is_not_data(tmp_path):
     for r in (first, relu1, add, mul):
         assert r.extra["uninitialized_io"]["output"] == [0], r.op
         assert not r.outputs[0].has_data
-    for r in (second, relu2):
+        add1 = next(r for r in d.records if r.op == "aten.add.Tensor")
+    for r in (second, relu2, add1):
         assert "uninitialized_io" not in r.extra and r.outputs[0].has_data

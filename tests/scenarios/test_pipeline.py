@@ -92,12 +92,12 @@ def test_a_receive_pending_at_close_is_blind_with_its_peer_and_tag(runs):
 def test_a_clean_pipeline_step_has_no_error_with_or_without_a_replay(runs, tmp_path,
                                                                      schedule):
     """sim bf16 against fp32 golden, two stages: 0 errors, no rank diverged, every receive
-    checked against its send or said not checkable (the shape messages of the schedule's
-    warm-up, whose sent bytes the dumper could not see as data)."""
+    checked against its send."""
     dev, gold = runs / f"{schedule}-dev", runs / f"{schedule}-gold"
     rr = _replayed(runs, f"{schedule}-dev", tmp_path)
     c = rr.counts
     assert c["p2p_mismatched"] == 0 and c["p2p_unpaired_sends"] == 0
+    assert c["p2p_unchecked"] == 0  # the shape messages (send_object_list's pickles) too
     assert c["p2p_checked"] >= 8  # 2 activations + 2 gradients each way, and the votes
     for replay in (None, tmp_path / f"{schedule}-dev_{{rank}}.h5"):
         s = compare_ranks(dev / "run_{rank}.h5", gold, replay).summary
