@@ -72,9 +72,44 @@ def pipeline(out: str, schedule: str, device: bool, fault_rank: int | None = Non
     return {"weight": mod[0].weight.flatten().tolist()}
 
 
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def front_end(out: str, device: bool, fault_rank: int | None = None) -> dict:
+    """The `pipeline(...)`/`SplitPoint` front end: the model traced and split before `b`,
+    each rank builds its stage; GPipe, 2 micro-batches. The fault (on rank 0's one addmm
+    per forward) is in micro-batch 1: its stage runs no shape-inference pass."""
+    from torch.distributed.pipelining import ScheduleGPipe, SplitPoint
+    from torch.distributed.pipelining import pipeline as split
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    x, y = _data()
+    pipe = split(_Net(), mb_args=(x.chunk(MICROBATCHES)[0],),
+                 split_spec={"b": SplitPoint.BEGINNING})
+    stage = pipe.build_stage(rank, torch.device("cpu"))
+    sched = ScheduleGPipe(stage, n_microbatches=MICROBATCHES,
+                          loss_fn=lambda o, t: nn.functional.cross_entropy(o, t))
+    opt = torch.optim.AdamW(stage.submod.parameters(), lr=1e-3)
+    ctx = _device(rank, fault_rank, 1, None) if device else nullcontext()
+    with ctx, dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
+        if rank == 0:
+            sched.step(x)
+        else:
+            sched.step(target=y)
+        opt.step()
+    return {}
+
+
 def p2p_apis(out: str) -> dict:
-    """Every point-to-point API once, rank 0 to rank 1 and back, inside the dumper: what
-    each side sent and received, for the test to find in the dumps."""
+    """Every point-to-point API once, rank 0 to rank 1 and back (a receive from any source
+    on rank 1), inside the dumper: what each side sent, for the test to find in the dumps."""
     rank = dist.get_rank()
     peer = 1 - rank
     sent = {}
@@ -103,6 +138,13 @@ def p2p_apis(out: str) -> dict:
             w.wait()
         sent["batch"] = c.tolist()
         got["batch"] = bbuf.sum().item()
+        d = torch.full((2,), 7.0 + rank)
+        dbuf = torch.empty(2)
+        if rank == 0:
+            dist.send(d, 1, tag=4)
+        else:
+            dist.recv(dbuf, tag=4)  # from any source
+        sent["any"] = d.tolist()
     return {"sent": sent, "got": got}
 
 
@@ -154,6 +196,8 @@ SCENARIOS = {
     "gpipe-fault0": lambda out: pipeline(out, "gpipe", device=True, fault_rank=0, occurrence=1),
     "1f1b-gold": lambda out: pipeline(out, "1f1b", device=False),
     "1f1b-dev": lambda out: pipeline(out, "1f1b", device=True),
+    "fe-gold": lambda out: front_end(out, device=False),
+    "fe-fault0": lambda out: front_end(out, device=True, fault_rank=0),
     "p2p-apis": p2p_apis,
     "pending": pending,
     "ddp-gold": lambda out: ddp(out, compiled=False),

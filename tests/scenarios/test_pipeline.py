@@ -24,8 +24,8 @@ from accuracy.replay.collectives import replay_ranks
 from tests._support.ranks import run_ranks
 
 WORLD = 2
-SCENARIOS = ("gpipe-gold,gpipe-dev,gpipe-fault1,gpipe-fault0,1f1b-gold,1f1b-dev,p2p-apis,pending,"
-             "ddp-gold,ddp-compiled")
+SCENARIOS = ("gpipe-gold,gpipe-dev,gpipe-fault1,gpipe-fault0,1f1b-gold,1f1b-dev,fe-gold,fe-fault0,"
+             "p2p-apis,pending,ddp-gold,ddp-compiled")
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +55,14 @@ def test_every_p2p_api_records_what_was_sent_and_what_arrived(runs, tmp_path):
         theirs = json.loads((runs / "p2p-apis" / f"result_{peer}.json").read_text())["sent"]
         with load_dump(runs / "p2p-apis" / f"run_{rank}.h5") as d:
             sends, recvs = _p2p(d, "send"), _p2p(d, "recv")
-            assert [r.extra["collective"]["tag"] for r in sends] == [1, 2, 3]
-            assert [r.extra["collective"]["tag"] for r in recvs] == [1, 2, 3]
+            assert [r.extra["collective"]["tag"] for r in sends] == [1, 2, 3] + [4] * (1 - rank)
+            assert [r.extra["collective"]["tag"] for r in recvs] == [1, 2, 3] + [4] * rank
+            if rank == 1:  # recv_any_source_: the sender known once the data arrived
+                last = recvs.pop()
+                assert last.op == "c10d.recv_any_source_.default"
+                assert last.outputs[0].load().tolist() == theirs["any"]
+            else:
+                sends.pop()
             for r in sends + recvs:
                 note = r.extra["collective"]
                 assert note["peer"] == peer and note["p2p_index"] == 0
@@ -69,9 +75,9 @@ def test_every_p2p_api_records_what_was_sent_and_what_arrived(runs, tmp_path):
                 assert out.has_data
                 assert out.load().tolist() == theirs[key]
     rr = _replayed(runs, "p2p-apis", tmp_path)
-    assert rr.counts["p2p_checked"] == 6 and rr.counts["p2p_mismatched"] == 0
+    assert rr.counts["p2p_checked"] == 7 and rr.counts["p2p_mismatched"] == 0
     assert rr.counts["p2p_unchecked"] == 0 and rr.counts["p2p_unpaired_sends"] == 0
-    assert "point-to-point receives checked against their sends: 6 (0 mismatched)" \
+    assert "point-to-point receives checked against their sends: 7 (0 mismatched)" \
         in rr.format()
 
 
@@ -195,3 +201,26 @@ def test_compiled_ddp_replays_the_reduced_gradients_with_no_false_error(runs, tm
             # the first parameter's gradient sits somewhere in the reduced bucket
             assert any(torch.equal(bucket[i:i + grad.numel()], grad)
                        for i in range(bucket.numel() - grad.numel() + 1))
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_the_pipeline_front_end_names_stage_0_and_the_receive_of_the_faulty_micro_batch(
+        runs, tmp_path, replay):
+    """`pipeline(...)`/`SplitPoint`: no shape-inference pass, so both stages reach their
+    epoch 3 at once (rank 0's fault in micro-batch 1, rank 1's receive of it). Stage 0 is
+    still first (a receive comes after its send on the ranks' shared clock; a divergence
+    that starts at a receive was brought in), and stage 1 inherited through the receive of
+    micro-batch 1's activation, not micro-batch 0's (which deviates within bf16 only)."""
+    dev = runs / "fe-fault0"
+    rp = None
+    if replay:
+        _replayed(runs, "fe-fault0", tmp_path)
+        rp = tmp_path / "fe-fault0_{rank}.h5"
+    s = compare_ranks(dev / "run_{rank}.h5", runs / "fe-gold", rp).summary
+    assert s["first_rank"] == 0
+    r0, r1 = s["ranks"]
+    assert r1["label"] == "inherited" and r1["inherited"]["from_rank"] == 0
+    via, recvs = _recv_at(dev / "run_1.h5", r1["inherited"]["seq"])
+    acts = [r for r in recvs if r.phase == "forward" and r.outputs[0].shape == (4, 32)]
+    assert via.seq == acts[1].seq
+    assert r0["label"] == ("culprit" if replay else "diverged")
