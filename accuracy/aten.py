@@ -121,7 +121,12 @@ COLLECTIVE_KINDS: dict[str, str] = {
                     "reduce_scatter"),
     **dict.fromkeys(("broadcast_", "broadcast"), "broadcast"),
     **dict.fromkeys(("barrier", "monitored_barrier_"), "barrier"),
+    # point-to-point: a send's data is its input; a receive writes its input buffers when the
+    # user's wait returns (accuracy/dumper/p2p.py records it then)
+    "send": "send",
+    **dict.fromkeys(("recv_", "recv_any_source_"), "recv"),
 }
+P2P_KINDS = frozenset({"send", "recv"})
 
 _FACT_SETS = {"uninitialised": UNINITIALISED, "same_elements": SAME_ELEMENTS,
               "same_bytes": SAME_BYTES, "movement": MOVEMENT}

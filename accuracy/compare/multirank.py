@@ -1,8 +1,9 @@
 """Compare every rank at once: one compare() per rank pair, and a merged summary on top.
 
 Ranks pair by the rank recorded in each dump. Each pair is an ordinary single-pair compare
-(its own report in `rank<N>/`); the merged summary lines the ranks up by collective epoch and
-says which rank diverged first, each rank's culprit, and which ranks only inherited error
+(its own report in `rank<N>/`); the merged summary lines the ranks up by collective epoch (on
+one logical clock when they talk point to point: compare/p2p_clock.py) and says which rank
+diverged first, each rank's culprit, and which ranks only inherited error
 through a collective (those get no culprit: their own kernels did nothing wrong).
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 from accuracy.aten import is_collective
 from accuracy.compare import verdict as V
 from accuracy.compare.api import compare
+from accuracy.compare.p2p_clock import logical_epochs
 from accuracy.compare.report import ALL_FORMATS, Report, check_report_dir
 from accuracy.compare.row import Row
 from accuracy.compare.terminal import format_ranks
@@ -139,6 +141,15 @@ def _diverged(entry: dict[str, Any]) -> bool:
                                             and not _own_noise(entry))
 
 
+def _brought_in(entry: dict[str, Any]) -> bool:
+    """Whether a rank's divergence starts at a collective or a receive whose own check found
+    nothing wrong (none without a replay): what it brought in, not what the rank made."""
+    first = min((x for x in (entry["culprit"], entry["first_divergence"]) if x), key=_at,
+                default=None)
+    return first is not None and is_collective(first.get("op") or "") \
+        and first.get("local_verdict") != V.ERROR
+
+
 def _start(entry: dict[str, Any]) -> tuple[tuple[float, float], tuple[float, float]]:
     """Where a rank starts to diverge (`_order`), ties broken by its first deviation: two
     ranks meeting an error at the same collective are told apart by which one brought a
@@ -161,7 +172,13 @@ def _label(entry: dict[str, Any], origin: dict[str, Any] | None, has_replay: boo
         start = _order(origin)[0] if other else math.inf
         via = _deviating_collective(entry["_rows"], start) if other else None
         carrier = _collective_before(entry["_rows"], div.get("seq_my")) if div else None
-        if via is not None and (div is None or _own_noise(entry) or _at(via) <= _at(div)):
+        if div is not None and other and is_collective(div.get("op") or "") \
+                and (via is not None or not _own_noise(entry)):
+            # the error itself arrived through this collective or receive (an earlier one
+            # may deviate within precision only, as every receive of a bf16 pipeline does)
+            entry["label"] = INHERITED
+            entry["inherited"] = _inherited(entry, div, origin)
+        elif via is not None and (div is None or _own_noise(entry) or _at(via) <= _at(div)):
             entry["label"] = INHERITED
             entry["inherited"] = _inherited(entry, via, origin)
         elif div is None or _own_noise(entry):
@@ -230,7 +247,11 @@ def merge(reports: dict[int, Report], epochs: dict[int, dict[int, int]], meta: d
     # (warnings, or accumulated error where every tensor passed) alone name no rank: a clean
     # low-precision run has no "first" rank.
     diverged = [e for e in entries if _diverged(e)]
-    origin = min(diverged, key=_start) if diverged else None
+    # a rank whose divergence starts with what a collective or a receive brought in did not
+    # start it, when another rank diverged by its own ops (a pipeline stage's fault below the
+    # error threshold becomes an error only after the next stage's forward receive)
+    own = [e for e in diverged if not _brought_in(e)]
+    origin = min(own or diverged, key=_start) if diverged else None
     has_replay = meta.get("replay") is not None
     for e in entries:
         _label(e, origin, has_replay)
@@ -326,13 +347,15 @@ def compare_ranks(my: str | os.PathLike[str], golden: str | os.PathLike[str],
     unpaired = sorted(set(fm.files) ^ set(fg.files))
     reports: dict[int, Report] = {}
     epochs: dict[int, dict[int, int]] = {}
+    comm: dict[int, dict[int, tuple[int, dict[str, Any]]]] = {}
     nbytes = 0
     for rank in ranks:
         with load_dump(fm.files[rank]) as dm:
             rp = fr.files.get(rank) if fr is not None else None
             reports[rank] = compare(dm, fg.files[rank], rp, **kw)
-            epochs[rank] = _epochs(dm)
+            epochs[rank], comm[rank] = _epochs(dm)
         nbytes += reports[rank].summary.get("bytes_compared", 0)
+    epochs = logical_epochs(comm, epochs)  # pipeline stages: a receive after its send
     seconds = time.perf_counter() - t0
     meta = {"my": str(my), "golden": str(golden), "replay": str(replay) if replay else None,
             "world_size": fm.world_size, "ranks_compared": ranks, "unpaired": unpaired,
@@ -342,8 +365,12 @@ def compare_ranks(my: str | os.PathLike[str], golden: str | os.PathLike[str],
     return MultiRankReport(merge(reports, epochs, meta), reports)
 
 
-def _epochs(d: Dump) -> dict[int, int]:
-    return {r.seq: r.epoch for r in d.records}
+def _epochs(d: Dump) -> tuple[dict[int, int], dict[int, tuple[int, dict[str, Any]]]]:
+    """seq -> epoch of every row, and epoch -> (seq, note) of each communication op."""
+    comm = {r.epoch: (r.seq, note) for r in d.records
+            if isinstance(note := r.extra.get("collective"), dict)
+            and note.get("kind") not in (None, "wait")}
+    return {r.seq: r.epoch for r in d.records}, comm
 
 
 # -- the merged page -------------------------------------------------------------------------

@@ -99,6 +99,7 @@ def _replace_output(out: Any, position: int, value: torch.Tensor) -> Any:
     items[position] = value
     return type(out)(items) if isinstance(out, tuple) else items
 
+
 def _hop_not_emulated(name: str) -> None:
     log.warning("sim: higher-order op %s has no eager implementation to run inside: its ops "
                 "run on the host's numerics, not emulated", name)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from accuracy.aten import collective_kind
+from accuracy.aten import P2P_KINDS, collective_kind
 from accuracy.dumper.calls import KernelCall, OpCall
 from accuracy.dumpfile import schema
 
@@ -181,6 +181,7 @@ class Collectives:
         self.current = 0  # epoch of the op being recorded
         self._kinds: dict[Any, str | None] = {}
         self._per_group: dict[str, int] = {}
+        self._p2p: dict[str, int] = {}  # "group:src>dst:tag" -> point-to-point ops so far
         self.groups: dict[str, dict[str, Any]] = {}
         self.meshes: list[dict[str, Any]] = []
         self._mesh_cache: dict[int, dict[str, Any]] = {}
@@ -202,7 +203,10 @@ class Collectives:
     def settle(self, kind: str, func: Any, args: tuple, kwargs: dict, out: Any
                ) -> dict[str, Any]:
         """Wait for the collective's data (never raises); returns what goes in the op's
-        `extra["collective"]`: kind, reduce op, group, its index in that group, times."""
+        `extra["collective"]`: kind, reduce op, group, its index in that group, times.
+        A point-to-point op is never waited for (see `p2p_note`)."""
+        if kind in P2P_KINDS:
+            return self.p2p_note(kind, args)
         issued = time.time()
         t0 = time.perf_counter()
         note: dict[str, Any] = {"kind": kind, "issued": issued}
@@ -230,6 +234,41 @@ class Collectives:
             note["group_ranks"] = group["ranks"]
             note["group_index"] = self._per_group.get(name, 0)
             self._per_group[name] = note["group_index"] + 1
+        return note
+
+    def p2p_note(self, kind: str, args: tuple) -> dict[str, Any]:
+        """A send's or receive's note, without waiting: a gloo point-to-point `Work` can be
+        waited once, and the user's code waits for it (`dist.send`, the pipelining
+        schedules). What a receive wrote is recorded when it arrived (accuracy/dumper/p2p.py).
+
+        `peer` and `src`/`dst` are global ranks; `p2p_index` counts this rank's earlier ops
+        of the same direction, peer, group and tag, which pairs the n-th send of a rank with
+        the n-th receive of its peer (gloo delivers in that order)."""
+        note: dict[str, Any] = {"kind": kind, "issued": time.time(), "wait_s": 0.0}
+        try:
+            group = describe_group(_group_of(args, {}))
+            ints = [a for a in args[2:] if isinstance(a, int) and not isinstance(a, bool)]
+            tag = ints[-1] if ints else 0
+            peer = ints[0] if len(ints) > 1 else -1  # recv_any_source_: known on arrival
+            ranks = group["ranks"] if group is not None else []
+            if 0 <= peer < len(ranks):
+                peer = ranks[peer]
+        except Exception as e:  # noqa: BLE001 - description only
+            log.debug("point-to-point op not described: %s", e)
+            return note
+        from torch.distributed import get_rank
+
+        me = get_rank()
+        src, dst = (me, peer) if kind == "send" else (peer, me)
+        name = group["name"] if group is not None else ""
+        key = f"{name}:{src}>{dst}:{tag}"
+        index = self._p2p.get(key, 0)
+        self._p2p[key] = index + 1
+        note.update(peer=peer, src=src, dst=dst, tag=tag, p2p_index=index)
+        if group is not None:
+            self.groups.setdefault(name, {**group, "collectives": 0})["collectives"] += 1
+            note["group"] = name
+            note["group_ranks"] = group["ranks"]
         return note
 
     def note_mesh(self, t: torch.Tensor) -> dict[str, Any] | None:

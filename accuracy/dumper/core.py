@@ -27,6 +27,7 @@ from accuracy.dumper.calls import Call, Observer
 from accuracy.dumper.filters import Filter, SuspectSelection
 from accuracy.dumper.loop import Loop, current_rank
 from accuracy.dumper.optimizer_names import OptimizerNames
+from accuracy.dumper.p2p import P2PWatch
 from accuracy.dumper.quant_observer import QuantFigures
 from accuracy.dumper.recorder import Recorder
 from accuracy.dumper.sites import Sites
@@ -209,6 +210,8 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         # every call, recorded or not: epochs and collectives' writes, unfilled memory
         loop.observe(collectives.CollectiveWatch(collectives.Collectives(), rec.seen),
                      every_call=True)
+        # receives written once they arrived (the overflow check writes births only)
+        loop.observe(P2PWatch(rec if self._overflow is None else None), every_call=True)
         loop.observe(memory, every_call=True)
         if self._loader is not None:
             loop.observe(self._loader)

@@ -203,6 +203,15 @@ class TensorStates:
     def forget(self, t: torch.Tensor) -> None:
         self._map.pop(id(t), None)
 
+    def forget_memory(self, t: torch.Tensor) -> None:
+        """Forget the writes remembered by their memory (`put(memory=True)`) over `t`'s
+        storage: an eager in-place op wrote there through a tensor object of its own, whose
+        version counter the remembered write's object does not share."""
+        ptr = storage_ptr(t)
+        if ptr and self._mem:
+            for key in self._ptr_keys.pop(ptr, ()):
+                self._mem.pop(key, None)
+
     def forget_aliases(self, t: torch.Tensor) -> None:
         """Forget every tensor sharing `t`'s memory: for writers that bump no version counter
         (collectives, custom ops), views and bases of what they wrote are stale too."""

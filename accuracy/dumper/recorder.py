@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from accuracy.aten import OpPlan, workspace_outputs
+from accuracy.aten import OpPlan, workspace_outputs, written_tensors
 from accuracy.dumper import collectives
 from accuracy.dumper.calls import Call, KernelCall, produced
 from accuracy.dumper.deferred_stats import DeferredStats
@@ -213,8 +213,38 @@ class Recorder:
         if self._deferred is not None:
             self._deferred.drain()
 
+    def write_received(self, call: Call, arrived: bool) -> None:
+        """Write a point-to-point receive once its data is there (dumper/p2p.py): its
+        buffers as they were handed over (metadata: what they held is overwritten unread)
+        and as they are now, its outputs, stored afresh (the receive bumped no version
+        counter), so later reads point at the received bytes. `arrived` False: the dump
+        closes first; the outputs are metadata only."""
+        seq, entry, seen = call.seq, self.entry, self.seen
+        entries: list[TensorEntry] = []
+        n_in = n_out = 0
+        with torch._C._DisableTorchDispatch():
+            if self.want_inputs:
+                entries = [entry(seq, schema.INPUT, i, t, use(skip=True))
+                           for i, t in enumerate(call.inputs)]
+                n_in = len(entries)
+            for t in call.inputs:
+                seen.forget_aliases(t)
+            if self.want_outputs:
+                for i, t in enumerate(call.inputs):
+                    e = entry(seq, schema.OUTPUT, i, t, use(skip=not arrived, fresh=True))
+                    entries.append(e)
+                    if e.stats is not None:
+                        seen.put(t, (e.first, e.stats))
+                n_out = len(call.inputs)
+        if call.collective is not None:
+            call.extra[schema.EXTRA_COLLECTIVE] = call.collective
+        self.write(call, entries, n_in, n_out, call.extra)
+
     def before(self, call: Call) -> None:
         if type(call) is KernelCall:  # described after the launch, in `after`
+            return
+        if call.plan.collective == "recv":  # written once its data arrived: write_received
+            self._in_entries = []
             return
         memory = self.memory
         self._uninit_in = []
@@ -254,6 +284,8 @@ class Recorder:
                                links=call.links)
             return
         plan = call.plan
+        if plan.collective == "recv":
+            return
         outputs = produced(call, outputs)  # a fused/foreach op's results are its writes
         coll = call.collective
         entries, self._in_entries = self._in_entries, []
@@ -267,6 +299,12 @@ class Recorder:
             if coll is not None or not plan.aten:  # no version bump to see
                 for t in call.inputs:
                     seen.forget_aliases(t)
+            if seen.has_memory() and call.func is not None:
+                # an eager write into memory a compiled launch wrote (DDP copies the reduced
+                # gradients into the grads a compiled backward made): that launch's record
+                # of the memory is stale, though no version counter it holds moved
+                for t in written_tensors(call.func, call.args, call.kwargs):
+                    seen.forget_memory(t)
             for t in call.inputs:
                 if type(t) is not torch.Tensor:
                     # a DTensor's in-place op writes its local shard below autograd, where

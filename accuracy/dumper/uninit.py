@@ -12,8 +12,10 @@ the op's `extra["uninitialized_io"]` (`schema.EXTRA_UNINITIALIZED_IO`), and comp
 never judge it. What fills memory
 comes from the op registry (`accuracy.aten`): fresh outputs of ordinary ops, the written
 arguments of overwriting ops (`copy_`, `fill_`, `out=`), the outputs of collectives that
-receive data (all-gather, reduce-scatter, broadcast), and for ops returning a buffer they fill
-only partly (`aten.PARTLY_FILLED_OUTPUTS`), everything but that buffer.
+receive data (all-gather, reduce-scatter, broadcast, a point-to-point receive), and for ops
+returning a buffer they fill only partly (`aten.PARTLY_FILLED_OUTPUTS`), everything but that
+buffer. What an ATen op computes from such bytes is not data either (a pipeline stage runs its
+forward once on an `empty_strided` input to learn its output shapes): its outputs are marked.
 
 `MemoryWatch` is the loop's observer that keeps one `Uninitialised` up to date through every
 call, shown or not to the others (accuracy/dumper/loop.py); the recorder asks it which inputs
@@ -154,13 +156,41 @@ class Uninitialised:
                 left.append((b, e0))
         m.ranges = left  # kept when empty: a later reallocation is seen by its data pointer
 
+    def taint(self, t: torch.Tensor) -> None:
+        """`t`'s bytes were computed from bytes that are not data: not data either."""
+        s, m = self._live(t)
+        sp = _span(t)
+        if s is None or sp is None:
+            return
+        if m is None:
+            self.mark(t)
+        else:
+            m.ranges.append(sp[0])
+
+    def reads_unfilled(self, plan: OpPlan, inputs: list[torch.Tensor],
+                       written: set[int]) -> bool:
+        """Whether an ATen op computes from bytes that are not data: an input it reads (not
+        one it only overwrites) touches them. Collectives, views and custom ops (FSDP2's
+        copy-in fills part of a buffer it was handed) are left to `after`'s own rules."""
+        if not self._marks or not plan.aten or plan.collective is not None \
+                or plan.uninitialised or (plan.alias_outputs and not plan.mutable) \
+                or plan.name.startswith("aten.set_."):  # views another storage: its own marks
+            return False
+        return any(id(t) not in written and self.holds(t) for t in inputs)
+
     def after(self, plan: OpPlan, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
-              written: set[int]) -> None:
+              written: set[int], tainted: bool = False) -> None:
         """Update the marks for one op that ran: what it made uninitialised, what it filled.
-        `written` holds the ids of the arguments it overwrote (not read-modify-write)."""
+        `written` holds the ids of the arguments it overwrote (not read-modify-write).
+        `tainted` (`reads_unfilled` before it ran): what it wrote is not data either (a
+        pipeline stage's shape-inference forward on an `empty_strided` input)."""
         if plan.uninitialised:
             for t in outputs:
                 self.mark(t)
+            return
+        if tainted:
+            for t in outputs:
+                self.taint(t)
             return
         if not self._marks:
             return
@@ -168,7 +198,11 @@ class Uninitialised:
             if id(t) in written:
                 self.fill(t)
         keep = plan.partly_filled
-        if plan.collective in ("all_reduce", "wait", "barrier", "other"):
+        if plan.collective == "recv":  # its buffers hold data once the user's wait returns
+            for t in inputs:
+                self.fill(t)
+            return
+        if plan.collective in ("all_reduce", "wait", "barrier", "other", "send"):
             return  # reduced in place, or nothing received: the state carries over
         for i, t in enumerate(outputs):
             if i in keep:
@@ -186,18 +220,26 @@ class MemoryWatch:
 
     def __init__(self) -> None:
         self.memory = Uninitialised()
+        self._tainted = False  # the call between before and after reads unfilled bytes
 
     def before(self, call: Call) -> None:
-        pass
+        memory = self.memory
+        if not memory or call.func is None:
+            self._tainted = False
+            return
+        written = overwritten_ids(call.plan, call.args, call.kwargs)
+        with torch._C._DisableTorchDispatch():
+            self._tainted = memory.reads_unfilled(call.plan, call.inputs, written)
 
     def after(self, call: Call, outputs: list[torch.Tensor]) -> None:
         plan = call.plan
+        tainted, self._tainted = self._tainted, False
         if not (plan.uninitialised or self.memory) or call.func is None:
             return
         outputs = produced(call, outputs)  # a fused op's results are its writes
         written = overwritten_ids(plan, call.args, call.kwargs)
         with torch._C._DisableTorchDispatch():
-            self.memory.after(plan, call.inputs, outputs, written)
+            self.memory.after(plan, call.inputs, outputs, written, tainted)
 
     def finish(self) -> dict[str, Any]:
         return {}

@@ -1,6 +1,7 @@
 """What a dump says about what it could not see: compiled regions (root attributes
 `compiled_watch` and `compiled_regions`, written by accuracy/dumper/compiled/watch.py), tensor
-subclasses it cannot see into (`tensor_subclasses`, dumper/subclass_watch.py) and ops the
+subclasses it cannot see into (`tensor_subclasses`, dumper/subclass_watch.py), point-to-point
+receives still pending at close (`receives_pending`, dumper/p2p.py) and ops the
 dumper failed on (`ops_not_recorded`, dumper/core.py), as sentences
 every reader shows first: `accuracy info`, compare's summary, the report files and the web UI."""
 
@@ -48,6 +49,13 @@ def blind_lines(attrs: dict[str, Any], side: str = "") -> list[str]:
         out.append(f"{who}{failed.get('count')!s} op(s) {NOT_RECORDED}: the dumper "
                    f"failed on them (first: {failed.get('first')!s}); their values are not in "
                    "the dump")
+    pending = attrs.get(schema.ROOT_RECEIVES_PENDING)
+    if isinstance(pending, list) and pending:
+        which = ", ".join(f"seq {p.get('seq')!s} from rank {p.get('peer')!s} tag "
+                          f"{p.get('tag')!s}" for p in pending[:8] if isinstance(p, dict))
+        out.append(f"{who}{len(pending)} point-to-point receive(s) had not arrived when the "
+                   f"dump closed ({which}{', ...' if len(pending) > 8 else ''}): what they "
+                   "received is not in the dump")
     out += [f"{who}{n!s} call(s) of {HOP_NOT_RECORDED} {name!s} ran without the ops inside "
             "them recorded (no eager implementation the dumper can run inside); their values "
             "are not in the dump" for name, n in _counts(attrs, "higher_order_ops_not_recorded")]
@@ -89,7 +97,8 @@ def blind_count(attrs: dict[str, Any]) -> int:
             + (1 if isinstance(watch, str) and watch != "on" else 0)
             + (1 if isinstance(attrs.get(schema.ROOT_OPS_NOT_RECORDED), dict) else 0)
             + (1 if isinstance(attrs.get(schema.ROOT_HOPS_NOT_RECORDED), dict) else 0)
-            + (1 if isinstance(attrs.get(schema.ROOT_COMPILED_KERNELS_NOT_RECORDED), dict) else 0))
+            + (1 if isinstance(attrs.get(schema.ROOT_COMPILED_KERNELS_NOT_RECORDED), dict) else 0)
+            + (1 if attrs.get(schema.ROOT_RECEIVES_PENDING) else 0))
 
 
 def recompile_lines(attrs: dict[str, Any], side: str = "") -> list[str]:

@@ -192,6 +192,9 @@ EXTRA_FAULTS = _extra("faults", "[object]", "sim faults applied while the op ran
 EXTRA_COLLECTIVE = _extra(
     "collective", "object", "a collective's note: kind, reduce op, group, its index in that "
     "group, wait times (dumper/collectives.py)")
+EXTRA_RECEIVE_PENDING = _extra(
+    "receive_pending", "bool", "a point-to-point receive whose data had not arrived when the "
+    "dump closed: its buffers are stored as metadata only (dumper/p2p.py)")
 EXTRA_DTENSOR = _extra("dtensor", "[object]", "an op on DTensors: each argument's mesh and "
                        "placements (recorded on the local shards)")
 EXTRA_DTENSOR_LOCAL = _extra(
@@ -262,6 +265,9 @@ ROOT_OPS_NOT_RECORDED = _root("ops_not_recorded", "{count, first}",
 ROOT_HOPS_NOT_RECORDED = _root("higher_order_ops_not_recorded", "{name: int}",
                                "higher-order ops run with their ops unseen")
 ROOT_COLLECTIVES = _root("collectives", "int", "collectives this rank issued")
+ROOT_RECEIVES_PENDING = _root(
+    "receives_pending", "[{seq, peer, tag}]", "point-to-point receives still pending when the "
+    "dump closed: what they received is not in the dump")
 ROOT_PROCESS_GROUPS = _root("process_groups", "object", "each group's description")
 ROOT_DEVICE_MESHES = _root("device_meshes", "[object]", "the DTensor meshes seen")
 ROOT_COMPILED_WATCH = _root("compiled_watch", "str", "'on', or why compiled regions could "

@@ -4,7 +4,8 @@ A collective cannot be re-run alone, but with every rank's dump its result is kn
 all-reduce output must be the reduction of the ranks' inputs, an all-gather output their
 concatenation, a reduce-scatter output this rank's chunk of the reduction. Checking that
 catches a broken communication library, a real class of porting bug. The outcome takes the
-place of a replay for that op, so compare judges it like any other op.
+place of a replay for that op, so compare judges it like any other op. A point-to-point
+receive is checked the same way against the send it pairs with on its peer.
 """
 
 from __future__ import annotations
@@ -171,6 +172,73 @@ def check_collectives(dumps: dict[int, Dump]) -> dict[int, dict[int, OpOutcome]]
     return result
 
 
+P2P_KINDS = ("send", "recv")
+
+
+def _p2p_key(note: dict[str, Any]) -> tuple[str, int, int, int, int]:
+    return (str(note.get("group", "")), int(note["src"]), int(note["dst"]), int(note["tag"]),
+            int(note["p2p_index"]))
+
+
+def _check_pair(send: OpRecord, recv: OpRecord) -> OpOutcome:
+    """What a receive holds against what its peer sent: bit for bit."""
+    if len(send.inputs) != len(recv.outputs):
+        raise Unchecked(f"the send has {len(send.inputs)} tensors, the receive "
+                        f"{len(recv.outputs)}")
+    metrics, refs = [], []
+    for sent, got in zip(send.inputs, recv.outputs, strict=True):
+        if not (sent.has_data and got.has_data):
+            raise Unchecked("the sent or received data is not in the dump (statistics mode, "
+                            "filtered, uninitialised, or still pending at close)")
+        want, dev = sent.load(), got.load()
+        if want.dtype != dev.dtype or want.numel() != dev.numel():
+            raise Unchecked(f"sent {want.dtype} x {want.numel()}, received {dev.dtype} x "
+                            f"{dev.numel()}")
+        want = want.reshape(dev.shape)
+        metrics.append(exact_metrics(got.idx, dev, want))
+        refs.append(want)
+    by_idx: list[torch.Tensor | None] = [None] * (max((t.idx for t in recv.outputs),
+                                                      default=-1) + 1)
+    for t, ref in zip(recv.outputs, refs, strict=True):
+        by_idx[t.idx] = ref
+    reason = (f"collective: receive checked against the send of rank "
+              f"{recv.extra['collective'].get('src')} (no re-run: it needs the peer)")
+    return OpOutcome(recv.seq, OK, reason, metrics, by_idx)
+
+
+def check_p2p(dumps: dict[int, Dump]) -> tuple[dict[int, dict[int, OpOutcome]], int]:
+    """rank -> seq -> outcome for each point-to-point receive, checked against the send it
+    pairs with (same group, source, destination, tag and `p2p_index`: gloo delivers a
+    pair's messages of one tag in order); and how many recorded sends no receive took."""
+    sends: dict[tuple, OpRecord] = {}
+    recvs: dict[tuple, tuple[int, OpRecord]] = {}
+    for rank, d in dumps.items():
+        for rec in d.records:
+            note = rec.extra.get("collective")
+            if not isinstance(note, dict) or note.get("kind") not in P2P_KINDS:
+                continue
+            try:
+                key = _p2p_key(note)
+            except (KeyError, TypeError, ValueError):
+                continue  # a note without its pairing: counted below as unpaired
+            if note["kind"] == "send":
+                sends[key] = rec
+            else:
+                recvs[key] = (rank, rec)
+    result: dict[int, dict[int, OpOutcome]] = {r: {} for r in dumps}
+    for key, (rank, rec) in sorted(recvs.items()):
+        send = sends.pop(key, None)
+        try:
+            if send is None:
+                raise Unchecked(f"no send #{key[4]} from rank {key[1]} with tag {key[3]} in "
+                                "the dumps given")
+            outcome = _check_pair(send, rec)
+        except (Unchecked, DumpError, RuntimeError, ValueError, IndexError) as e:
+            outcome = OpOutcome(rec.seq, SKIPPED, f"collective: not checked ({e})")
+        result[rank][rec.seq] = outcome
+    return result, len(sends)
+
+
 def summarise(checked: dict[int, dict[int, OpOutcome]], threshold: float = 10.0
               ) -> dict[str, int]:
     """Counts for the CLI: collectives checked, skipped, and outputs beyond `threshold`."""
@@ -204,6 +272,11 @@ class RanksReplay(NamedTuple):
         c = self.counts
         lines.append(f"collectives checked against all ranks' inputs: {c['checked']} "
                      f"({c['mismatched']} mismatched), not checkable: {c['unchecked']}")
+        if c.get("p2p_checked") or c.get("p2p_unchecked") or c.get("p2p_unpaired_sends"):
+            lines.append(f"point-to-point receives checked against their sends: "
+                         f"{c['p2p_checked']} ({c['p2p_mismatched']} mismatched), not "
+                         f"checkable: {c['p2p_unchecked']}, sends no receive took: "
+                         f"{c['p2p_unpaired_sends']}")
         return "\n".join(lines)
 
 
@@ -218,9 +291,14 @@ def replay_ranks(spec: str | os.PathLike[str], out_spec: str | os.PathLike[str],
     dumps = {r: load_dump(p) for r, p in files.files.items()}
     try:
         checked = check_collectives(dumps)
-        results = {r: replay(dumps[r], output_path(out_spec, r), checked=checked[r], **kw)
+        pairs, unpaired = check_p2p(dumps)
+        outcomes = {r: {**checked[r], **pairs[r]} for r in dumps}
+        results = {r: replay(dumps[r], output_path(out_spec, r), checked=outcomes[r], **kw)
                    for r in files.ranks}
     finally:
         for d in dumps.values():
             d.close()
-    return RanksReplay(results, summarise(checked))
+    counts = summarise(checked)
+    counts.update({f"p2p_{k}": v for k, v in summarise(pairs).items()},
+                  p2p_unpaired_sends=unpaired)
+    return RanksReplay(results, counts)

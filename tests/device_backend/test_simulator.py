@@ -497,3 +497,21 @@ def test_a_fault_that_matches_no_call_says_so(caplog):
         torch.mm(a, b)
     lines = [r.getMessage() for r in caplog.records if "matched no call" in r.getMessage()]
     assert len(lines) == 1 and "'aten.bmm.default'" in lines[0] and "'decoder'" in lines[0]
+
+
+def test_module_faults_under_autograd_grad_on_a_leaf_stage_input():
+    """A pipeline stage computes its input gradients with torch.autograd.grad on a leaf input
+    (torch.distributed.pipelining): sim must run it (ModTracker's gradient hooks failed
+    there: "A leaf node was passed to _will_engine_execute_node"), and a module-scoped fault
+    still meets its module, forward and backward."""
+    torch.manual_seed(0)
+    stage = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+    x = torch.randn(3, 8, requires_grad=True)
+    faults = [sim.fault("aten.addmm.default", module="*.2", kind="bias", value=0.05),
+              sim.fault("aten.mm.default", module="*.2", kind="bias", value=0.05)]
+    with sim(faults=faults) as mode:
+        out = stage(x)
+        (gx,) = torch.autograd.grad(out, [x], torch.ones_like(out))
+    assert gx.shape == x.shape
+    assert {(a["op"], a["module"]) for a in mode.applied} == {
+        ("aten.addmm.default", "Sequential.2"), ("aten.mm.default", "Sequential.2")}

@@ -5,10 +5,13 @@ values as differing inputs: warnings on every extern matmul of a clean pair of r
 
 from __future__ import annotations
 
+import pytest
 import torch
+from torch import nn
 
 from accuracy import dumper, load_dump
 from accuracy.compare import compare
+from tests._support.miscompile import inductor_cache
 
 
 def _step(buf: torch.Tensor) -> torch.Tensor:
@@ -43,3 +46,24 @@ def test_an_out_call_writing_over_its_own_input_keeps_that_input(tmp_path):
         add = next(r for r in d.records if r.op == "aten.add.out")
         assert add.extra["uninitialized_io"]["input"] == [2]  # only the out= position
         assert torch.equal(add.inputs[0].load(), torch.arange(4.0))
+
+
+@pytest.mark.filterwarnings("ignore:Using `torch.compile")
+def test_an_eager_write_into_a_compiled_gradient_is_what_later_ops_read(tmp_path):
+    """DDP around a compiled module copies the all-reduced gradient into the grad the
+    compiled backward made (an eager `copy_` through a tensor object of its own): the
+    optimizer then reads the reduced gradient, and so must its recorded input (it read the
+    compiled launch's stale record: AdamW replayed on the rank's own gradient, 30 false
+    errors per rank with -r)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+    with inductor_cache(tmp_path):
+        cm = torch.compile(m)
+        with dumper(tmp_path / "c.h5", mode="tensor"):
+            cm(torch.randn(4, 16)).sum().backward()
+            g = m[0].weight.grad
+            g.copy_(torch.full_like(g, 0.5))
+            g.mul(2)
+    with load_dump(tmp_path / "c.h5") as d:
+        mul = [r for r in d.records if r.op == "aten.mul.Tensor"][-1]
+        assert torch.equal(mul.inputs[0].load(), torch.full((32, 16), 0.5))

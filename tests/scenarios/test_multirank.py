@@ -103,7 +103,8 @@ def test_fsdp2_records_and_its_collectives_check_out(runs, tmp_path):
     """fully_shard frees parameter storage by resizing it: recording must leave it resizable,
     and the reduce-scatter input written by a custom op must not be a stale record."""
     results, counts = replay_ranks(runs / "fsdp" / "run_{rank}.h5", tmp_path / "r_{rank}.h5")
-    assert counts == {"checked": 12, "unchecked": 0, "mismatched": 0}
+    assert counts == {"checked": 12, "unchecked": 0, "mismatched": 0, "p2p_checked": 0,
+                      "p2p_unchecked": 0, "p2p_mismatched": 0, "p2p_unpaired_sends": 0}
     with load_dump(runs / "fsdp" / "run_0.h5") as d:
         kinds = [r.extra["collective"]["kind"] for r in d.records if "collective" in r.extra]
         assert kinds.count("all_gather") == 4 and kinds.count("reduce_scatter") == 2
