@@ -65,7 +65,14 @@ def test_each_parameters_states_pair_with_the_per_tensor_optimizers(tmp_path, im
     assert all(r.verdict.value == "pass" for r in rows), [
         (r.module, r.message) for r in rows if r.verdict.value != "pass"][:3]
     assert rep.summary["counts"]["error"] == 0 and not rep.summary.get("blind")
-    assert "phases_uncompared" not in rep.summary["coverage"]
+    coverage = rep.summary["coverage"]  # the other implementation's intermediates: by design
+    assert "phases_uncompared" not in coverage and coverage["compared"] == coverage["my_tensors"]
+    # an input pairs only with the same state read after as many writes: on the first step
+    # (the same parameters and gradients on both sides) the same values
+    reads = [r for r in rep.rows if "as read" in (r.message or "")]
+    assert {r.message.split(": ")[1].split(" of ")[0] for r in reads} >= {"grad", "exp_avg"}
+    assert steps > 1 or not any(r.max_abs_err for r in reads), [
+        (r.module, r.message) for r in reads if r.max_abs_err][:3]
 
 
 def test_a_faulty_foreach_update_is_named_by_the_parameter_it_wrote(tmp_path):
