@@ -169,3 +169,25 @@ def test_sims_output_faults_run_on_the_devices_tensors(npu):
     assert noisy.device.type == "npu"
     assert not torch.equal(noisy.cpu(), clean)
     torch.testing.assert_close(noisy.cpu(), clean, rtol=0.5, atol=0.5)
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
+                               torch.nn.Linear(16, 4))
+
+
+def test_the_online_overflow_check_names_the_birth_on_the_device_as_on_cpu(npu, tmp_path):
+    """Off CPU the check reads its probes late, in one transfer: an input whose values sit
+    near float32's max (where overflows are born) has a probe sum that overflowed too, and
+    must be checked before the birth is passed off as inherited."""
+    x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+    born = {}
+    for dev in ("cpu", "npu"):
+        model = _mlp().to(dev)
+        with dumper(str(tmp_path / f"{dev}.h5"), check_overflow=True):
+            loss = torch.nn.functional.cross_entropy(model(x.to(dev) * 1e38), y.to(dev))
+            loss.backward()
+        with load_dump(tmp_path / f"{dev}.h5") as d:
+            born[dev] = [(r.op, r.module) for r in d.records]
+    assert born["npu"] == born["cpu"] == [("aten.native_layer_norm.default", "Sequential.2")]
