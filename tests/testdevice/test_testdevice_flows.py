@@ -191,3 +191,114 @@ def test_the_online_overflow_check_names_the_birth_on_the_device_as_on_cpu(npu, 
         with load_dump(tmp_path / f"{dev}.h5") as d:
             born[dev] = [(r.op, r.module) for r in d.records]
     assert born["npu"] == born["cpu"] == [("aten.native_layer_norm.default", "Sequential.2")]
+
+
+def _on_npu(names: dict) -> dict:
+    """The guide's names as an Ascend user has them: `torch.npu.set_device(0)`, `.npu()`."""
+    torch.npu.set_device(0)
+    return {k: v.npu() for k, v in names.items()}
+
+
+def test_the_ascend_guides_snippets_run_on_the_device_against_a_cpu_golden(npu, in_tmp):
+    """docs/ascend-guide.md's blocks as written: the golden dump on CPU, then on the device
+    the load-mode dump (the device's ops fed the CPU run's recorded inputs) and the overflow
+    check; the load-mode dump compares clean against its golden."""
+    from tests._support.guide import DOC, guide_names, python_blocks
+
+    dump_block, load_block, overflow_block = python_blocks(DOC.read_text())[:3]
+    exec(compile(dump_block, str(DOC), "exec"), guide_names())  # noqa: S102 - the docs' code
+    exec(compile(load_block, str(DOC), "exec"), _on_npu(guide_names()))  # noqa: S102
+    with load_dump("model_npu.h5") as d:
+        assert d.attrs["backend"] == "npu" and d.attrs["ops_loaded"] > 5
+    rep = compare("model_npu.h5", "model_gpu.h5")
+    assert rep.summary["counts"]["error"] == 0 and not rep.summary.get("blind")
+    from accuracy.overflow import OverflowWarning
+
+    with pytest.warns(OverflowWarning, match="aten.addmm.default"):
+        exec(compile(overflow_block, str(DOC), "exec"),  # noqa: S102
+             _on_npu(guide_names(scale=3e38)))
+    with load_dump("overflow_dump/dump_0.h5") as d:
+        assert d.attrs["overflow"]["events"][0]["op"] == "aten.addmm.default"
+
+
+def _mlp_step(model, device: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(4, 8, generator=g), torch.randint(0, 4, (4,), generator=g)
+    loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+    loss.backward()
+    return loss
+
+
+def test_a_statistics_dump_on_the_device_holds_cpus_figures(npu, tmp_path):
+    """Every figure is computed on the device and copied over (nothing reads a device
+    address): the same statistics as the CPU run's, where the kernels are CPU's."""
+    for dev in ("cpu", "npu"):
+        with dumper(str(tmp_path / f"{dev}.h5"), mode="statistics"):
+            _mlp_step(_mlp().to(dev), dev)
+    with load_dump(tmp_path / "npu.h5") as d, load_dump(tmp_path / "cpu.h5") as g:
+        assert d.attrs["backend"] == "npu"
+        mine = [r for r in d.records if r.op in ("aten.addmm.default", "aten.mm.default")]
+        theirs = [r for r in g.records if r.op in ("aten.addmm.default", "aten.mm.default")]
+        assert len(mine) == len(theirs) >= 4
+        for a, b in zip(mine, theirs, strict=True):
+            sa, sb = a.outputs[0].stats, b.outputs[0].stats
+            assert sa["max"] == pytest.approx(sb["max"], rel=1e-5)
+            assert sa["l2"] == pytest.approx(sb["l2"], rel=1e-5)
+
+
+def test_the_live_check_and_substitute_run_on_the_devices_tensors(npu):
+    """The live check re-runs each device op on CPU and names a sim fault on the device;
+    substitute runs the chosen op on CPU and sends its result back to the device."""
+    from accuracy import live_check, substitute
+
+    fault = sim.fault("aten.gelu.default", kind="bias", value=0.1)
+    with sim(profile="exact", faults=[fault]), live_check(on="cpu") as chk:
+        _mlp_step(_mlp().npu(), "npu")
+    assert [e.op for e in chk.errors()] == ["aten.gelu.default"]
+    with sim(profile="exact", faults=[fault]), substitute(ops="aten.gelu", on="cpu"):
+        loss = _mlp_step(_mlp().npu(), "npu")
+    clean = _mlp_step(_mlp(), "cpu")
+    assert loss.device.type == "npu" and torch.equal(loss.cpu(), clean.detach())
+
+
+def test_precision_debugger_with_an_msprobe_config_records_the_device_step(npu, in_tmp):
+    import json
+
+    from accuracy import PrecisionDebugger
+
+    cfg = {"task": "statistics", "dump_path": "./dump_path", "rank": [], "step": [1],
+           "level": "L1"}
+    with open("config.json", "w") as f:
+        json.dump(cfg, f)
+    model = _mlp().npu()
+    opt = torch.optim.AdamW(model.parameters())
+    debugger = PrecisionDebugger(config_path="./config.json")
+    for _ in range(2):
+        debugger.start(model)
+        _mlp_step(model, "npu")
+        opt.step()
+        opt.zero_grad()
+        debugger.stop()
+        debugger.step()
+    with load_dump("dump_path/step1/rank0/dump.h5") as d:
+        assert d.attrs["backend"] == "npu"
+        assert {r.phase for r in d.records} == {"forward", "backward", "optimizer"}
+
+
+def test_a_compiled_model_on_the_device_is_recorded_and_compared(npu, tmp_path):
+    """`torch.compile` with a backend that runs ATen ops (aot_eager) is recorded op by op on
+    the device as on CPU and compares clean. Inductor has no backend for this device (nor
+    for any vendor's until it registers one): torch.compile's default raises on npu tensors
+    itself, with or without a dumper, so no compiled region runs eager unsaid."""
+    x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+    for dev in ("cpu", "npu"):
+        torch._dynamo.reset()
+        model = torch.compile(_mlp().to(dev), backend="aot_eager")
+        with dumper(str(tmp_path / f"{dev}.h5")):
+            torch.nn.functional.cross_entropy(model(x.to(dev)), y.to(dev)).backward()
+        with load_dump(tmp_path / f"{dev}.h5") as d:
+            (region,) = d.attrs["compiled_regions"]
+            assert region["status"] == "recorded-compiled", region
+    rep = compare(tmp_path / "npu.h5", tmp_path / "cpu.h5")
+    assert rep.summary["counts"]["error"] == 0 and not rep.summary.get("blind")
+    torch._dynamo.reset()
