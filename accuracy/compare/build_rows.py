@@ -19,6 +19,7 @@ from accuracy.compare.numerics import (
     input_rms,
     reduction_length,
 )
+from accuracy.compare.optimizer_align import OTHER_IMPLEMENTATION
 from accuracy.compare.pairs import PairSpec
 from accuracy.compare.precision import ComputePrecision
 from accuracy.compare.row import Row, Verdict
@@ -93,6 +94,10 @@ def _not_comparable(row: Row, s: PairSpec, msgs: list[str]) -> bool:
     """Settle a row with nothing numeric to compare (one side missing, uninitialised memory,
     element counts differ, empty); False when the pair is to be judged on its values."""
     m, g = s.my, s.golden
+    if (m is None or g is None) and s.other_impl:
+        row.verdict = V.SKIPPED
+        row.message = OTHER_IMPLEMENTATION
+        return True
     if m is None or g is None:
         row.verdict = V.UNMATCHED
         row.message = s.reason or (f"{s.io} {s.idx} only in "
@@ -231,7 +236,7 @@ def build_row(i: int, s: PairSpec, res: dict[str, Any] | None, cfg: dict[str, An
     golden (`accumulated_verdict`) and, for a replayed op output, its local error."""
     row = _identity(i, s)
     _add_statistics(row, s.my, s.golden)
-    msgs: list[str] = []
+    msgs: list[str] = [s.by_state] if s.by_state else []
     if _not_comparable(row, s, msgs):
         if row.verdict == V.UNMATCHED and s.my is not None and s.io == "output" \
                 and s.my_op is not None and is_kernel(s.my_op) and s.my_op.seq in replay:

@@ -66,6 +66,26 @@ def judge_random_ops(groups: Iterable[tuple[list[Row], list[Row]]],
     return marked
 
 
+def unmatched_draws(rows: Iterable[Row], random_seqs: set[int] | frozenset[int]) -> list[Row]:
+    """My run's random ops with no golden counterpart, marked as drawing other numbers;
+    returns those rows.
+
+    A device draws dropout's mask in one `native_dropout`, CPU in `bernoulli_` and a `mul`:
+    the ops do not pair, so no output shows the masks differ, yet everything after them does.
+    Unpaired, a random op's draws cannot be the same as golden's (a replay judges it: each op
+    on its own recorded inputs, masks included).
+    """
+    marked = []
+    for r in rows:
+        if r.kind == "op" and r.io == "output" and r.verdict == V.UNMATCHED \
+                and r.golden_address is None and r.seq_my in random_seqs \
+                and r.local_verdict is None:
+            r.message = "; ".join([f"{DRAWS_DIFFER}: a random op golden does not run here (its "
+                                   "draws cannot be golden's)"] + [m for m in [r.message] if m])
+            marked.append(r)
+    return marked
+
+
 def cap_consumers(groups: Iterable[tuple[list[Row], list[Row]]], marked: list[Row],
                   producers: dict[int, int | None]) -> None:
     """Ops computed from differently drawn values, without a replay: at most a warning.

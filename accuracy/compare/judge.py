@@ -19,7 +19,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from accuracy.compare.draws import cap_consumers, judge_random_ops
+from accuracy.compare.draws import cap_consumers, judge_random_ops, unmatched_draws
 from accuracy.compare.numerics import own_error
 from accuracy.compare.row import JUDGED, Row
 from accuracy.compare.row import Verdict as V
@@ -390,7 +390,7 @@ def judge(rows: list[Row], producers: dict[int, int | None],
                 o.verdict = V.ERROR if clean else V.PASS
                 if not clean:
                     o.message += "; inputs already differed: inherited"
-    drawn = judge_random_ops(groups, random_seqs)
+    drawn = judge_random_ops(groups, random_seqs) + unmatched_draws(rows, random_seqs)
     cap_consumers(groups, drawn, producers)
     by_index = {r.index: r for r in rows}
     for r in rows:

@@ -16,6 +16,7 @@ from accuracy.aten import (
 )
 from accuracy.compare.align import Mapping, Pair, align, module_ends
 from accuracy.compare.compiled_align import Sides, compiled_pairs, has_kernels
+from accuracy.compare.optimizer_align import OPTIMIZER, StateWrites, state_writes
 from accuracy.dumpfile import Dump, OpRecord, TensorRecord
 from accuracy.dumpfile.dtypes import decodable
 
@@ -29,6 +30,8 @@ class PairSpec(Sides):
     overwritten: bool = False  # the destination of zero_/fill_/copy_...: what it held is unused
     workspace: bool = False
     compiled: Any = None  # compiled_align.TensorPair: a kernel buffer's module, source, group
+    by_state: str = ""  # paired by the optimizer state both runs wrote (optimizer_align.py)
+    other_impl: bool = False  # one side only: an intermediate of another optimizer's kernels
 
 
 def _tensor_specs(p: Pair, kind: str = "op", reason: str = "") -> Iterable[PairSpec]:
@@ -77,6 +80,7 @@ def pair_specs(my: Dump, golden: Dump, mapping: Mapping) -> list[PairSpec]:
                     s.my_op, s.golden_op = mp.my, mp.golden
                     s.kind = "module:" + k[0]
                     out.append(s)
+    out = pair_optimizer_states(out, my.records, golden.records)
     um, ug = uninitialised(my.records), uninitialised(golden.records)
     om, og = overwritten_inputs(my.records), overwritten_inputs(golden.records)
     for s in out:
@@ -86,6 +90,86 @@ def pair_specs(my: Dump, golden: Dump, mapping: Mapping) -> list[PairSpec]:
     for s in out:
         s.workspace = bool((s.my and _first(s.my) in wm) or (s.golden and _first(s.golden) in wg))
     return out
+
+
+def pair_optimizer_states(specs: list[PairSpec], my: list[OpRecord], golden: list[OpRecord]
+                          ) -> list[PairSpec]:
+    """Optimizer-phase tensors the op alignment left one-sided, paired by the state they
+    write (compare/optimizer_align.py); in a step where any pair was made this way, the
+    rest of its one-sided tensors are marked `other_impl`."""
+    wm, wg = state_writes(my), state_writes(golden)
+    if not wm.key or not wg.key:
+        return specs
+    free: dict[tuple, int] = {}  # a golden write's key -> its golden-only spec
+    for i, s in enumerate(specs):
+        if s.kind == "op" and s.io == "output" and s.my is None and s.golden is not None:
+            k = wg.key.get((s.golden_op.seq, s.idx))  # type: ignore[union-attr]
+            if k is not None:
+                free.setdefault(k, i)
+    merged: set[int] = set()
+    spans: set[tuple[int, int]] = set()  # (my span, golden span) with pairs made
+    ops: list[tuple[OpRecord, OpRecord, str]] = []  # (my op, golden op, parameter) paired
+    for s in specs:
+        if s.kind != "op" or s.io != "output" or s.golden is not None or s.my is None:
+            continue
+        k = wm.key.get((s.my_op.seq, s.idx))  # type: ignore[union-attr]
+        j = free.pop(k, None) if k is not None else None
+        if j is None:
+            continue
+        g = specs[j]
+        s.golden_op, s.golden, s.reason = g.golden_op, g.golden, ""
+        s.by_state = wm.label(s.my_op.seq, s.idx)  # type: ignore[union-attr]
+        merged.add(j)
+        spans.add((k[0], wg.span[g.golden_op.seq]))  # type: ignore[index, union-attr]
+        ops.append((s.my_op, s.golden_op, k[1]))  # type: ignore[arg-type]
+    merged |= _pair_state_inputs(specs, ops, wm, wg)
+    if not merged:
+        return specs
+    mine, theirs = {a for a, _ in spans}, {b for _, b in spans}
+    out = [s for i, s in enumerate(specs) if i not in merged]
+    for s in out:
+        if (s.my is None) == (s.golden is None):
+            continue
+        if s.my_op is not None and s.golden_op is None:
+            s.other_impl = s.my_op.phase == OPTIMIZER and wm.span.get(s.my_op.seq) in mine
+        elif s.golden_op is not None and s.my_op is None:
+            s.other_impl = (s.golden_op.phase == OPTIMIZER
+                            and wg.span.get(s.golden_op.seq) in theirs)
+    return out
+
+
+def _pair_state_inputs(specs: list[PairSpec], ops: list[tuple[OpRecord, OpRecord, str]],
+                       wm: StateWrites, wg: StateWrites) -> set[int]:
+    """The inputs of two optimizer ops paired by a state they write: those of the same
+    parameter and role read after as many writes of it (the gradient, the state before this
+    update), in order, so that the pair's output is judged against what its inputs already
+    carried. Returns the golden specs merged."""
+    mine: dict[int, list[int]] = {}  # my seq -> its one-sided input specs
+    theirs: dict[int, list[int]] = {}
+    for i, s in enumerate(specs):
+        if s.kind != "op" or s.io != "input":
+            continue
+        if s.golden is None and s.my is not None:
+            mine.setdefault(s.my_op.seq, []).append(i)  # type: ignore[union-attr]
+        elif s.my is None and s.golden is not None:
+            theirs.setdefault(s.golden_op.seq, []).append(i)  # type: ignore[union-attr]
+    merged: set[int] = set()
+    for my_op, golden_op, name in ops:
+        free: dict[tuple[str, str, int], list[int]] = {}
+        for j in theirs.get(golden_op.seq, []):
+            read = wg.read.get((golden_op.seq, specs[j].idx))
+            if j not in merged and read is not None and read[0] == name:
+                free.setdefault(read, []).append(j)
+        for i in mine.get(my_op.seq, []):
+            s = specs[i]
+            read = wm.read.get((my_op.seq, s.idx))
+            if s.golden is not None or read is None or not free.get(read):
+                continue
+            j = free[read].pop(0)
+            s.golden_op, s.golden, s.reason = golden_op, specs[j].golden, ""
+            s.by_state = f"paired by optimizer state: {read[1]} of {name} as read"
+            merged.add(j)
+    return merged
 
 
 def _first(t: TensorRecord) -> int:

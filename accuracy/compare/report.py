@@ -160,13 +160,19 @@ def _replay_coverage(summary: dict[str, Any], kr: dict[str, Any] | None) -> None
         summary["notes"] = [*summary.get("notes", []), line]
 
 
+def _unpaired_by_design(r: Row) -> bool:
+    """One side only, skipped on purpose: an intermediate of another optimizer
+    implementation, whose states are paired instead (compare/optimizer_align.py)."""
+    return r.verdict == V.SKIPPED and r.golden_address is None
+
+
 def coverage(rows: list[Row], kernels: bool = False) -> tuple[int, int]:
     """(tensors of my run, those paired with a golden tensor); with `kernels`, the outputs
     of compiled kernels only. Golden tensors without a counterpart do not count against it:
     a compiled run fuses most eager values away."""
     mine = paired = 0
     for r in rows:
-        if r.kind == "op" and r.my_address is not None and (
+        if r.kind == "op" and r.my_address is not None and not _unpaired_by_design(r) and (
                 not kernels or (r.io == "output" and (r.op or "").startswith(KERNEL_PREFIX))):
             mine += 1
             paired += r.golden_address is not None
@@ -180,7 +186,7 @@ def uncompared_phases(rows: list[Row]) -> dict[str, tuple[int, int]]:
     mine: dict[str, int] = {}
     paired: dict[str, int] = {}
     for r in rows:
-        if r.kind == "op" and r.my_address is not None and r.phase:
+        if r.kind == "op" and r.my_address is not None and r.phase and not _unpaired_by_design(r):
             mine[r.phase] = mine.get(r.phase, 0) + 1
             paired[r.phase] = paired.get(r.phase, 0) + (r.golden_address is not None)
     return {p: (n, n - paired[p]) for p, n in mine.items() if paired[p] < 0.5 * n}

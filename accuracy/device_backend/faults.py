@@ -219,7 +219,8 @@ def apply_output_fault(fault: Fault, target: torch.Tensor, occurrence: int) -> N
     elif fault.kind == "noise":
         gen = torch.Generator(device="cpu")
         gen.manual_seed((fault.seed * 1_000_003 + occurrence) & 0xFFFF_FFFF_FFFF)
-        n = torch.randn(target.shape, generator=gen, dtype=torch.float64)
+        # drawn on the host (the same noise on every backend), then sent to the device
+        n = torch.randn(target.shape, generator=gen, dtype=torch.float64).to(target.device)
         target.copy_(target.double() * (1.0 + fault.value * n))
     else:
         numel = target.numel()

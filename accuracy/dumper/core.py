@@ -215,8 +215,9 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
         loop.observe(memory, every_call=True)
         if self._loader is not None:
             loop.observe(self._loader)
-        loop.observe(OptimizerNames(sites.optimizer_tensor_name))  # before the recorder:
-        loop.observe(QuantFigures())  # what these put in call.extra is written
+        # before the recorder: what these put in call.extra is written
+        loop.observe(OptimizerNames(sites.optimizer_tensor_name, sites.optimizer_state))
+        loop.observe(QuantFigures())
         loop.observe(SubclassWatch())  # tensor subclasses it cannot see into: said first
         for o in self._user_observers:
             loop.observe(o)

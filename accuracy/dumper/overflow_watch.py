@@ -334,12 +334,18 @@ class OverflowChecker:
     def _judge(self, p: _Pending) -> None:
         if p.call.plan.uninitialised:  # empty*: whatever the memory held is no birth
             return
-        in_state = max((self._state(v, t) for v, t in zip(p.in_vals, p.ins, strict=True)),
-                       default=FINITE)
+        in_states = [self._state(v, t) for v, t in zip(p.in_vals, p.ins, strict=True)]
+        in_state = max(in_states, default=FINITE)
         out_states = [self._state(v, t) for v, t in zip(p.out_vals, p.outs, strict=True)]
         if self._held:
             self._follow(p, out_states)
         worst = max(out_states, default=FINITE)
+        if worst == NONFINITE and in_state == NONFINITE:
+            # A probe read late (off CPU, in one transfer per batch) was not checked when it
+            # was taken: a sum over finite values near the dtype's max (where overflows are
+            # born) overflows too, and would pass the birth off as inherited.
+            in_state = max((exact_state(t, self.saturation) if s == NONFINITE else s
+                            for s, t in zip(in_states, p.ins, strict=True)), default=FINITE)
         if worst <= in_state or worst == FINITE:
             return
         if worst == NONFINITE:

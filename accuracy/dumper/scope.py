@@ -194,7 +194,10 @@ class Scope:
         self._owned: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self._owners: dict[int, str] = {}  # id(parameter) -> owning module's name
         self._param_names: dict[int, str] = {}  # id(parameter) -> its full name
-        self._opt_names: dict[int, str] = {}  # id(param, grad or state) -> parameter name
+        # id(param, grad or state) -> (parameter name, role: "param", "grad" or the state's key)
+        self._opt_names: dict[int, tuple[str, str]] = {}
+        self._optimizers: list[Any] = []  # the optimizers whose step() runs now
+        self._opt_states: tuple[tuple[int, int], ...] = ()  # _state_shape() at the last scan
         self._in_optimizer = 0
         self._handles: list[Any] = []
         self._untagged: list[torch.Tensor] = []
@@ -268,41 +271,82 @@ class Scope:
 
     def _opt_enter(self, opt: Any = None, *_: Any) -> None:
         self._in_optimizer += 1
-        names: dict[int, str] = {}
-        for group in getattr(opt, "param_groups", ()):
-            for p in group.get("params", ()):
-                name = self._param_names.get(id(p))
-                if not name:
-                    continue
-                names[id(p)] = name
-                if p.grad is not None:
-                    names[id(p.grad)] = name
-                for v in getattr(opt, "state", {}).get(p, {}).values():
-                    if isinstance(v, torch.Tensor):
-                        names[id(v)] = name
+        self._optimizers.append(opt)
+        self._scan_optimizers()
+
+    def _scan_optimizers(self) -> None:
+        names: dict[int, tuple[str, str]] = {}
+        for opt in self._optimizers:
+            state = getattr(opt, "state", {})
+            for group in getattr(opt, "param_groups", ()):
+                for p in group.get("params", ()):
+                    name = self._param_names.get(id(p))
+                    if not name:
+                        continue
+                    names[id(p)] = (name, "param")
+                    if p.grad is not None:
+                        names[id(p.grad)] = (name, "grad")
+                    for k, v in state.get(p, {}).items():
+                        if isinstance(v, torch.Tensor):
+                            names[id(v)] = (name, str(k))
         self._opt_names = names
+        self._opt_states = self._state_shape()
+
+    def _state_shape(self) -> tuple[tuple[int, int], ...]:
+        """Per optimizer: how many parameters have state, and how many entries the newest
+        has. An optimizer fills its states parameter by parameter, in order (dicts keep
+        insertion order), so this changes whenever a state is added, at O(1) a look."""
+        shape = []
+        for o in self._optimizers:
+            state = getattr(o, "state", None)
+            if not isinstance(state, dict) or not state:
+                shape.append((0, 0))
+                continue
+            last = next(reversed(state.values()))
+            shape.append((len(state), len(last) if isinstance(last, dict) else 0))
+        return tuple(shape)
+
+    def _optimizer_entry(self, t: torch.Tensor) -> tuple[str, str] | None:
+        entry = self._opt_names.get(id(t))
+        # An optimizer makes its states inside its first step(), after the step's pre-hook:
+        # learnt when they have grown since the last scan.
+        if entry is None and self._in_optimizer and self._state_shape() != self._opt_states:
+            self._scan_optimizers()
+            entry = self._opt_names.get(id(t))
+        return entry
 
     def optimizer_param(self, args: Any, kwargs: Any) -> str:
         """The name of the parameter an optimizer op works on (its first input that is a
         parameter, its gradient or its optimizer state), '' when none is known."""
-        if not self._opt_names:
+        if not self._optimizers:
             return ""
         for t in torch.utils._pytree.tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
-                name = self._opt_names.get(id(t))
-                if name:
-                    return name
+                entry = self._optimizer_entry(t)
+                if entry:
+                    return entry[0]
         return ""
 
     def optimizer_tensor_name(self, t: torch.Tensor) -> str:
         """The parameter a tensor of an optimizer op belongs to (the parameter, its gradient
         or one of its states), '' when unknown: names each tensor of a fused/foreach call."""
-        return self._opt_names.get(id(t), "") if self._opt_names else ""
+        entry = self._optimizer_entry(t) if self._optimizers else None
+        return entry[0] if entry else ""
 
-    def _opt_exit(self, *_: Any) -> None:
+    def optimizer_state(self, t: torch.Tensor) -> tuple[str, str] | None:
+        """(parameter name, role) of an optimizer op's tensor: role "param", "grad" or the
+        optimizer state's key ("exp_avg", "momentum_buffer", "step"...); None when unknown."""
+        return self._optimizer_entry(t) if self._optimizers else None
+
+    def _opt_exit(self, opt: Any = None, *_: Any) -> None:
         self._in_optimizer = max(0, self._in_optimizer - 1)
+        if opt in self._optimizers:
+            del self._optimizers[len(self._optimizers) - 1 - self._optimizers[::-1].index(opt)]
         if not self._in_optimizer:
+            self._optimizers = []
             self._opt_names = {}
+        else:
+            self._scan_optimizers()
 
     # -- forward -> backward attribution ------------------------------------------------------
 

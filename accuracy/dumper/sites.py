@@ -90,6 +90,10 @@ class Sites:
         """The parameter an optimizer op's tensor belongs to ('' when unknown)."""
         return self.scope.optimizer_tensor_name(t) if self.scope is not None else ""
 
+    def optimizer_state(self, t: torch.Tensor) -> tuple[str, str] | None:
+        """(parameter name, role) of an optimizer op's tensor (`Scope.optimizer_state`)."""
+        return self.scope.optimizer_state(t) if self.scope is not None else None
+
     def keep_hooks(self) -> None:
         """Compiled code ran under the scope: its global module hooks stay installed."""
         Scope.keep_hooks()

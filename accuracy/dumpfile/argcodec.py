@@ -130,7 +130,7 @@ def _tagged(key: str, val: Any, tensors: Sequence[Any]) -> Any:
             raise ValueError(f"unknown dtype {val!r}")
         return dtypes.torch_dtype(val)
     if key == "__device__":
-        return torch.device(val)
+        return _device(val)
     if key == "__memory_format__":
         return MEMORY_FORMATS[val]
     if key == "__layout__":
@@ -145,6 +145,22 @@ def _tagged(key: str, val: Any, tensors: Sequence[Any]) -> Any:
 
 
 _NOT_TAGGED = object()
+
+
+def _device(text: Any) -> torch.device:
+    """A recorded device; one whose type this process does not know (`npu:0` recorded where
+    torch_npu was imported, read where it is not) is an out-of-tree backend, which PyTorch
+    knows only as PrivateUse1: decoded as `privateuseone:<index>`, so the call rebuilds and
+    replay puts its reference device in its place."""
+    if not isinstance(text, str):
+        raise TypeError(f"device {text!r} is not a string")
+    try:
+        return torch.device(text)
+    except RuntimeError:
+        kind, _, index = text.partition(":")
+        if not kind.isidentifier() or not (index == "" or index.isdigit()) or len(index) > 6:
+            raise
+        return torch.device("privateuseone", int(index) if index else None)
 
 
 def _decode(obj: Any, tensors: Sequence[Any]) -> Any:

@@ -202,6 +202,11 @@ EXTRA_DTENSOR_LOCAL = _extra(
 EXTRA_TENSOR_NAMES = _extra(
     "tensor_names", "{input: [str], output: [str]}",
     "a fused/foreach optimizer call: the parameter each tensor belongs to")
+EXTRA_OPTIMIZER_STATES = _extra(
+    "optimizer_states", "{input: [[str, str] | null], output: [[str, str] | null]}",
+    "an optimizer op that writes a state: per input and output, the parameter and the state "
+    "('param', 'grad' or the optimizer state's key: 'exp_avg', 'momentum_buffer'...), null "
+    "for an intermediate; compare pairs a foreach/fused optimizer with a per-tensor one by them")
 EXTRA_QUANT = _extra("quant", "object", "fp8/MX quantisation figures per GEMM operand")
 EXTRA_TENSOR_SUBCLASSES = _extra(
     "tensor_subclasses", "[str]", "wrapper tensor subclasses the op took that the dumper "

@@ -81,11 +81,27 @@ def _sim_active() -> Any:
     return mod.active() if mod is not None else None
 
 
+def _vendor_device() -> tuple[str, Any] | None:
+    """The out-of-tree accelerator registered in this process (torch_npu, torch_mlu, the npu
+    test device: all plug in as PrivateUse1) and its `torch.<name>` module, when that module
+    has the generator calls CUDA's has."""
+    name = torch._C._get_privateuse1_backend_name()
+    mod = getattr(torch, name, None) if name != "privateuseone" else None
+    if mod is None or not all(hasattr(mod, f) for f in ("get_rng_state_all",
+                                                         "set_rng_state_all")):
+        return None
+    return name, mod
+
+
 def rng_state() -> dict[str, Any]:
-    """States of every generator in use that we can reach."""
+    """States of every generator in use that we can reach: the host's, CUDA's and a vendor
+    device's (its dropout masks are drawn there: without them a re-run step draws others)."""
     st: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         st["cuda"] = torch.cuda.get_rng_state_all()
+    vendor = _vendor_device()
+    if vendor is not None:
+        st["device"] = (vendor[0], vendor[1].get_rng_state_all())
     np = sys.modules.get("numpy")
     if np is not None:
         st["numpy"] = np.random.get_state()
@@ -100,6 +116,9 @@ def set_rng_state(st: dict[str, Any]) -> None:
     random.setstate(st["python"])
     if "cuda" in st:
         torch.cuda.set_rng_state_all(st["cuda"])
+    vendor = _vendor_device()
+    if "device" in st and vendor is not None and vendor[0] == st["device"][0]:
+        vendor[1].set_rng_state_all(st["device"][1])
     if "numpy" in st:
         sys.modules["numpy"].random.set_state(st["numpy"])
     sim = _sim_active()

@@ -68,3 +68,20 @@ def test_a_given_tensor_index_is_used():
     ids = {id(a): 7, id(b): 3}
     text = encode_call((a, [b]), {}, lambda t: ids[id(t)])
     assert text == '{"args":[{"__tensor__":7},[{"__tensor__":3}]],"kwargs":{}}'
+
+
+def test_a_device_of_a_backend_not_loaded_here_rebuilds_as_privateuse1():
+    """`npu:0` recorded where torch_npu (or the test device) was imported, read where it is
+    not: replay on CPU rebuilds the factory call (its device is then replaced by the
+    reference's) instead of failing every `arange`/`zeros`/`ones` of the device run."""
+    encoded = encode_call([[2, 3]], {"device": torch.device("cpu")}, tensors_in)
+    foreign = encoded.replace('"cpu"', '"musa:1"')
+    _, kwargs = decode_call(foreign, [])
+    assert kwargs["device"] == torch.device("privateuseone", 1)
+    for bad in ('"musa:x"', '"mu sa"', '"musa:1:2"'):
+        try:
+            decode_call(encoded.replace('"cpu"', bad), [])
+        except ValueError as e:
+            assert "bad recorded argument __device__" in str(e)
+        else:
+            raise AssertionError(f"{bad} decoded")

@@ -224,6 +224,21 @@ def _train(model, opt, data, steps=3):
     return [p.detach().cpu() for p in model.parameters()]
 
 
+def test_moving_a_module_keeps_its_parameters_and_their_ties(npu):
+    """`module.to("npu")` sets each Parameter's data in place, as on CUDA: a weight tied on CPU
+    (an LM's embedding and output layer) stays one Parameter, so its gradient sums both uses."""
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.ModuleDict({"emb": emb, "head": head})
+    before = emb.weight
+    model.to("npu")
+    assert model["emb"].weight is before and model["head"].weight is model["emb"].weight
+    assert before.device.type == "npu"
+    model.cpu()
+    assert model["head"].weight is before and before.device.type == "cpu"
+
+
 def test_a_training_step_with_adamw_matches_cpu_up_to_its_foreach_kernels(npu):
     torch.manual_seed(2)
     model = _mlp()

@@ -751,6 +751,17 @@ void resize_bytes(const c10::Storage& storage, size_t nbytes) {
   });
 }
 
+// `module.to("npu")` keeps each Parameter object (so weights tied on CPU stay tied, as on CUDA)
+// only where `param.data = moved` is allowed: c10 lists the dense backends it allows, and
+// PrivateUse1 is not one of them; a vendor's extension says its tensors are dense here.
+bool npu_has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && (t.is_cpu() || t.is_privateuseone());
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+         (dense(self) && dense(from));
+}
+
 }  // namespace accuracy_npu
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
@@ -774,6 +785,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_", TORCH_FN(npu_set_empty));
   m.impl("native_dropout", TORCH_FN(npu_native_dropout));
   m.impl("record_stream", TORCH_FN(npu_record_stream));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(npu_has_compatible_shallow_copy_type));
   m.impl("convolution_overrideable", TORCH_FN(npu_convolution));
   m.impl("convolution_backward_overrideable", TORCH_FN(npu_convolution_backward));
   // These have a CPU kernel and a composite one that every other device would get: run CPU's,
