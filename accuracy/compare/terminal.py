@@ -115,8 +115,20 @@ def format_summary(s: dict[str, Any], top: int = 5) -> str:
     return "\n".join(out)
 
 
+def culprit_text(c: dict[str, Any]) -> str:
+    """An op row as a summary names it: op, phase and module."""
+    return f"{shown(c.get('op') or '')} [{c.get('phase')}] in {shown(c.get('module') or '-')}"
+
+
 def format_ranks(s: dict[str, Any]) -> str:
-    """A multi-rank compare's merged summary, one line per rank."""
+    """A multi-rank compare's merged summary, one line per rank. Collective epochs (how many
+    collectives a rank had issued) are said only where there are ranks to line up: in a
+    one-rank run every op is at epoch 0, which read as a training epoch."""
+    many = (s.get("world_size") or 1) > 1
+
+    def epoch(r: dict[str, Any]) -> str:
+        return f" at collective epoch {r.get('epoch')}" if many else ""
+
     out = [f"compared {len(s['ranks'])} ranks (world size {s['world_size']}): {s['my']} (my) "
            f"with {s['golden']} (golden)" + (f", replay {s['replay']}" if s.get("replay") else "")
            + f"  ->  {verdict_text(s)}",
@@ -132,15 +144,16 @@ def format_ranks(s: dict[str, Any]) -> str:
         c, fd = e["culprit"], e["first_divergence"]
         if e["label"] == "inherited":
             i = e["inherited"]
-            what = f"inherited via {i['via']} (epoch {i['epoch']}) from rank {i['from_rank']}"
+            what = (f"inherited via {i['via']} (collective epoch {i['epoch']}) from rank "
+                    f"{i['from_rank']}")
         elif c is not None:
             # the merged rows.csv's Index, and the row in the rank's own report
             what = (f"culprit #{c['index']} (rank{e['rank']}/rows.csv #{c['rank_index']}) "
-                    f"{c['op']} [{c['phase']}] epoch {c['epoch']}: {c['message']}")
+                    f"{culprit_text(c)}{epoch(c)}: {c['message']}")
         else:
             what = e["label"]
         out.append(f"  rank {e['rank']}: {e['verdict']:7s} {what}"
-                   + (f" (first divergence epoch {fd['epoch']} seq {fd['seq_my']})" if fd else ""))
+                   + (f" (first divergence seq {fd['seq_my']}{epoch(fd)})" if fd else ""))
     return "\n".join(out)
 
 
