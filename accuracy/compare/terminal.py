@@ -68,6 +68,23 @@ def verdict_text(s: dict[str, Any]) -> str:
     return f"{s['verdict'].upper()} over what was recorded only: {', '.join(parts)} (BLIND above)"
 
 
+FUSED = "fused away"
+
+
+def count_parts(s: dict[str, Any]) -> list[tuple[str, int]]:
+    """A summary's row counts as shown: the unmatched rows that are eager values a compiled
+    run fused into its kernels by design counted apart, as "fused away", after the others
+    ("unmatched 541" worried a reader when 521 of them were fused away)."""
+    fused = int(s.get("fused_away") or 0)
+    out: list[tuple[str, int]] = []
+    for k, v in s["counts"].items():
+        if k == "unmatched" and fused:
+            out += [(k, v - fused), (FUSED, fused)]
+        else:
+            out.append((k, v))
+    return out
+
+
 def format_summary(s: dict[str, Any], top: int = 5) -> str:
     """A compare's summary: what the dumps did not see first, then counts, speed, the culprit
     and the `top` suspects."""
@@ -76,7 +93,7 @@ def format_summary(s: dict[str, Any], top: int = 5) -> str:
     out += [f"  BLIND: {b}" for b in s.get("blind") or []]
     out += [f"  RECOMPILED: {b}" for b in s.get("recompiles") or []]
     out += [f"  WARNING: {w}" for w in s.get("refusals") or []]
-    out.append(f"  rows {s['rows']}: " + ", ".join(f"{k} {v}" for k, v in s["counts"].items())
+    out.append(f"  rows {s['rows']}: " + ", ".join(f"{k} {v}" for k, v in count_parts(s))
                + f"  ->  {verdict_text(s)}")
     judged = s.get("judged_counts")
     if judged:
