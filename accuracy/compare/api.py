@@ -114,7 +114,6 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
         if dr is not None:
             check_replay(dm, dr)
         check_swapped(dm, dg)
-        check_same_model(dm, dg, mp.module)
         refusals = [m for m in (incomplete(dm, "my"), incomplete(dg, "golden"),
                                 own_random(dm, "my"), own_random(dg, "golden")) if m]
         for m in refusals:  # the report carries them (summary refusals, the terminal's
@@ -123,6 +122,7 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
         for m in blind:  # the report carries them first (summary, terminal, html)
             log.info("%s", m)
         specs = pair_specs(dm, dg, mp)
+        check_same_model(dm, dg, specs, mp.module)
         check_pairing(dm, dg, specs)
         dumps = {str(dm.path): dm, str(dg.path): dg}
         rp = _replay_index(dr)

@@ -4,9 +4,9 @@
 - a replay given as `-m` or `-g` holds no run's values: refused;
 - the reference backend on the `-m` side and a device on the `-g` side: the sides are
   swapped, refused saying so;
-- two dumps of different models (no root module in common once wrappers are seen through, or
-  fewer than one tensor in ten of an unfiltered run pairing with the other): refused, since a
-  verdict over a handful of look-alike ops is no verdict;
+- two dumps of different models (no root module in common once wrappers are seen through and
+  fewer than half of my run's tensors pairing, or fewer than one in ten of an unfiltered run
+  pairing): refused, since a verdict over a handful of look-alike ops is no verdict;
 - an incomplete dump (the run stopped before the dumper closed) explains missing rows: said
   before anything else;
 - compiled kernels that drew random numbers with Inductor's own generator
@@ -110,6 +110,8 @@ FSDP2_PREFIX = "FSDP"  # fully_shard(model) makes the model's class `FSDP<class>
 # Fewer than one tensor in ten of my run pairing with golden: not the same model and step
 # (another model's dump pairs 0-5% of its tensors, the same model filtered to a part 29%).
 MIN_PAIRED_SHARE = 0.1
+# With no root module in common, fewer than half: the line `mostly_uncompared` draws too.
+MIN_SHARE_OTHER_ROOT = 0.5
 
 
 def model_root(module: str) -> str | None:
@@ -138,20 +140,26 @@ def model_roots(modules: Any) -> set[str] | None:
     return roots
 
 
-def check_same_model(my: Dump, golden: Dump, rename: Any = None) -> None:
-    """Refuse two dumps whose module paths share no root class (`model_root`): another
-    model's dump. `rename`: the user's module mapping (my name -> golden name), applied to
-    my run's paths first; a side whose roots a wrapper hides is not judged here."""
+def check_same_model(my: Dump, golden: Dump, specs: Any, rename: Any = None) -> None:
+    """Refuse two dumps whose module paths share no root class (`model_root`) when fewer than
+    half of my run's tensors pair (`paired_share`): another model's dump. A part of the model
+    run on its own (`model.fc1(x)`, root `Linear`) pairs well, and one model's class renamed
+    too: those are compared. `rename`: the user's module mapping (my name -> golden name),
+    applied to my run's paths first; a side whose roots a wrapper hides is not judged here."""
     rename = rename or (lambda m: m)
     mine = model_roots(rename(r.module) for r in my.records)
     theirs = model_roots(r.module for r in golden.records)
-    if mine and theirs and not mine & theirs:
+    if not (mine and theirs) or mine & theirs:
+        return
+    n, paired = paired_share(specs)
+    if paired < MIN_SHARE_OTHER_ROOT * n:
         a, b = sorted(mine)[0], sorted(theirs)[0]
         raise NotComparableError(
             f"-m {my.path} and -g {golden.path} record different models (root modules "
-            f"{', '.join(sorted(mine))} against {', '.join(sorted(theirs))}): compare two "
-            "dumps of the same model and step; if they are one model under two names, pair "
-            f"them with --mapping (a JSON file: {{\"modules\": {{\"{a}\": \"{b}\"}}}})")
+            f"{', '.join(sorted(mine))} against {', '.join(sorted(theirs))}, and {paired} of "
+            f"{n} tensors of my run pair): compare two dumps of the same model and step; if "
+            "they are one model under two names, pair them with --mapping (a JSON file: "
+            f"{{\"modules\": {{\"{a}\": \"{b}\"}}}})")
 
 
 def filtered(d: Dump) -> bool:

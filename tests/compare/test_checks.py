@@ -112,6 +112,18 @@ def test_a_filtered_dump_is_compared_not_refused(tmp_path):
     assert rep.exit_code("error") == 1
 
 
+def test_a_part_of_the_model_run_on_its_own_is_compared(tmp_path):
+    """`model[3](x)` (root `Linear`) against the whole model (root `Sequential`): no root in
+    common, but its tensors pair with the whole step's: a part of the same model."""
+    x = torch.ones(2, 4, 8)
+    _seq_step(tmp_path / "whole.h5", _conv(), x)
+    with torch.no_grad():
+        features = _conv()[:3](x)
+    _seq_step(tmp_path / "part.h5", _conv()[3], features)
+    rep = compare(tmp_path / "part.h5", tmp_path / "whole.h5")
+    assert rep.summary["coverage"]["compared"] >= rep.summary["coverage"]["my_tensors"] / 2
+
+
 @pytest.mark.parametrize("path,root", [
     ("DistributedDataParallel.module.layers.0", None),  # DDP's `module.`: the class is hidden
     ("DataParallel.module.0", None),
@@ -128,24 +140,35 @@ def test_wrappers_are_seen_through_to_the_models_root(path, root):
 
 def test_data_parallel_against_the_bare_model_is_compared(tmp_path):
     """`nn.DataParallel` (on CPU it calls its module) names every op
-    `DataParallel.module.<layer>`: the same model as the bare run, not another."""
+    `DataParallel.module.<layer>`: the same model as the bare run, not another, also where
+    little pairs (a golden dump of its Tanh only: the root rule has its say)."""
+    from accuracy.compare.align import Mapping
+    from accuracy.compare.checks import paired_share
+    from accuracy.compare.pairs import pair_specs
+    from accuracy.dumpfile import load_dump
+
     x = torch.ones(2, 4, 8)
     _seq_step(tmp_path / "bare.h5", _conv(), x)
+    _seq_step(tmp_path / "tanh.h5", _conv(), x, modules="Sequential.1")
     _seq_step(tmp_path / "dp.h5", nn.DataParallel(_conv()), x)
-    for my, golden in (("dp.h5", "bare.h5"), ("bare.h5", "dp.h5")):
+    for my, golden in (("dp.h5", "bare.h5"), ("bare.h5", "dp.h5"), ("dp.h5", "tanh.h5")):
         rep = compare(tmp_path / my, tmp_path / golden)
         assert rep.summary["counts"]["error"] == 0, rep.format()
+    with load_dump(tmp_path / "dp.h5") as dm, load_dump(tmp_path / "tanh.h5") as dg:
+        n, paired = paired_share(pair_specs(dm, dg, Mapping()))
+    assert 0 < paired < n / 2, (paired, n)
 
 
 def test_a_wrapped_model_beside_a_loss_module_is_compared(tmp_path):
     """A wrapped model hides its class; the loss module's root beside it tells nothing alone
-    (the golden script calls the functional loss: no root of its own)."""
+    (the golden script calls the functional loss and dumped the last layer only)."""
     x, y = torch.ones(2, 4, 8), torch.tensor([0, 1])
     with dumper(str(tmp_path / "dp.h5")):
         nn.CrossEntropyLoss()(nn.DataParallel(_conv())(x), y).backward()
-    with dumper(str(tmp_path / "bare.h5")):
+    with dumper(str(tmp_path / "last.h5"), modules="Sequential.3"):
         nn.functional.cross_entropy(_conv()(x), y).backward()
-    assert compare(tmp_path / "dp.h5", tmp_path / "bare.h5").summary["counts"]["error"] == 0
+    c = compare(tmp_path / "dp.h5", tmp_path / "last.h5").summary["coverage"]
+    assert 0 < c["compared"] < c["my_tensors"] / 2
 
 
 def test_swapped_sides_are_refused_saying_which_is_which(tmp_path, capsys):
