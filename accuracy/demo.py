@@ -69,6 +69,27 @@ def overflow_step(path: Path) -> None:
                                     y.reshape(-1)).backward()
 
 
+def _check_fault_names(golden: Path, fault_op: str, fault_module: str | None) -> None:
+    """The fault's op and module patterns against the step's own names (the golden run's
+    dump), before the device run: a fault that meets no call leaves a clean run, and the demo
+    would end 'no culprit' minutes later."""
+    from accuracy.dumpfile import load_dump
+    from accuracy.errors import NoMatchError
+    from accuracy.patterns import closest, module_matches, no_op_message, unmatched_ops
+
+    with load_dump(golden) as d:
+        sites = {(r.op, r.module) for r in d.records}
+    ops = {op for op, _ in sites}
+    if unmatched_ops([fault_op], ops):
+        raise NoMatchError("--fault-op: " + no_op_message(fault_op, ops, "the demo's step"))
+    modules = {m for op, m in sites if m and unmatched_ops([fault_op], [op]) == []}
+    if fault_module and not any(module_matches(fault_module, m) for m in modules):
+        near = ", ".join(closest(fault_module, modules, 5)) or "none"
+        raise NoMatchError(f"--fault-module: {fault_module!r} matches no module running "
+                           f"{fault_op!r} in the demo's step; those modules, closest first: "
+                           f"{near}")
+
+
 def run_demo(
     out_dir: str | Path = "demo_out",
     *,
@@ -134,6 +155,7 @@ def run_demo(
             return step()
 
     timed("golden", "[1/6] golden run: CPU fp32, one training step, tensor dump", golden_run)
+    _check_fault_names(golden, fault_op, fault_module)
     timed("device", f"[2/6] device run: sim profile {profile}, fault {fault_kind} in "
                     f"{fault_op} @ {fault_module}", device_run)
     timed("replay", "[3/6] replaying the device dump on CPU (same dtype and fp64)",

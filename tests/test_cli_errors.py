@@ -83,6 +83,12 @@ CASES = [
     (["convert", "{dump}", "-o", "{existing}"], "is a file"),
     (["convert", "{dump}", "-d", "{dump}", "-o", "{tmp}/npy3"], "give the dump once"),
     (["convert", "-d", "{full}", "-out", "{tmp}/npy4"], "no .h5 dump"),
+    # an op pattern naming no op of the dump: the closest names first, in any spelling
+    (["ls", "{dump}", "--op", "aten::rleu"], "closest first: aten.relu.default"),
+    (["extract", "{dump}", "--op", "rlu", "-o", "{tmp}/x.h5"], "closest first: aten.relu"),
+    (["convert", "{dump}", "--op", "aten.relu_", "-o", "{tmp}/npy5"], "first: aten.relu"),
+    (["replay", "{dump}", "-o", "{tmp}/r.h5", "--op", "aten.relu", "--op", "aten.adm"],
+     "'aten.adm' matches no op"),
     # replay
     (["replay", "{missing}", "-o", "{tmp}/r.h5"], "no such file"),
     (["replay", "{dir}", "-o", "{tmp}/r.h5"], "rank"),
@@ -151,6 +157,11 @@ CASES = [
     # demo: refused before the first run
     (["demo", "--out", "{tmp}/demo", "--no-serve", "--profile", "nope"], "profile"),
     (["demo", "--out", "{tmp}/demo", "--no-serve", "--fault-kind", "nope"], "fault kind"),
+    # demo: a fault naming no op or module of its step, refused after the golden run
+    (["demo", "--out", "{tmp}/demo", "--no-serve", "--fault-op", "aten::gleu"],
+     "closest first: aten.gelu.default"),
+    (["demo", "--out", "{tmp}/demo", "--no-serve", "--fault-op", "aten.gelu",
+      "--fault-module", "encoder.layer.2"], "closest first: TinyTransformerLM.encoder.layers.2"),
     # verify reports a bad file on stdout and exits 1 (its contract), a missing one too
 ]
 

@@ -167,6 +167,10 @@ def split_list(names: list[str], level: str, where: str = "config"
                 if name.startswith(p):
                     name = name[len(p):].split(".")[0]
                     break
+            else:
+                if "." in name or "::" in name:  # `aten.gelu`, `aten::gelu`: as every option
+                    ops.append(name)
+                    continue
             ops.append(f"aten.*{name}*")
     return tuple(ops), tuple(modules)
 

@@ -1,6 +1,7 @@
 """Fault specifications for `sim`, and the code that applies one to a single op call.
 
-A fault selects calls by op pattern (fnmatch on the overload name), optionally module pattern
+A fault selects calls by op pattern (`accuracy.patterns.op_matches`: `aten.gelu`, `aten::gelu`,
+`aten.gelu.default`, globs), optionally module pattern
 and occurrence (0-based index among the calls that match op and module) or a window of them
 (``start`` inclusive, ``stop`` exclusive: a fault that a device develops at some point), and
 does one thing:

@@ -1,17 +1,17 @@
 """Numerics profiles: data saying which ops a device computes differently, and how.
 
-A profile is a list of rules, each an op pattern (fnmatch on the ATen overload name, e.g.
-"aten.mm.*") plus a named rounding applied to some of the op's inputs and optionally its
-outputs. Users define their own and `register_profile` them.
+A profile is a list of rules, each an op pattern (`accuracy.patterns.op_matches`, e.g.
+"aten.mm.*" or "aten.mm") plus a named rounding applied to some of the op's inputs and
+optionally its outputs. Users define their own and `register_profile` them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Any
 
 from accuracy.errors import UsageError
+from accuracy.patterns import op_matches
 
 from .rounding import get_rounding
 
@@ -77,7 +77,7 @@ class Rule:
     """Round some inputs (and optionally outputs) of the ops matching `op`.
 
     Attributes:
-        op: fnmatch pattern on the overload name ("aten.mm.*", "aten.*softmax*").
+        op: op pattern as every option takes it ("aten.mm", "aten.mm.*", "aten.*softmax*").
         rounding: name of a registered rounding ("fp16", "bf16", "tf32", "fp8-e4m3"...).
         args: schema argument names to round; empty means every floating tensor input the op
             does not write to. Arguments the op writes to are never touched.
@@ -114,7 +114,7 @@ class Profile:
     def rule_for(self, op_name: str) -> Rule | None:
         """The rule for an overload name like "aten.addmm.default", or None."""
         for rule in self.rules:
-            if fnmatchcase(op_name, rule.op):
+            if op_matches(rule.op, op_name):
                 return rule
         return None
 

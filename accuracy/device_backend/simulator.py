@@ -19,16 +19,14 @@ import warnings
 import weakref
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-if TYPE_CHECKING:
-    from torch.distributed._tools.mod_tracker import ModTracker
-
 from accuracy import hops
 from accuracy.aten import returns_nothing, written_tensors
+from accuracy.patterns import closest, op_matches
 
 from .faults import (
     _REPLACEMENTS,
@@ -41,6 +39,7 @@ from .faults import (
     select_output,
     set_argument,
 )
+from .modules import ForwardModules
 from .profiles import Profile, Rule, get_profile
 from .quantizer import GemmQuantizer
 from .rounding import get_rounding
@@ -144,7 +143,7 @@ class SimMode(TorchDispatchMode):
         self.calls = 0
         self._occurrences = [0] * len(self.faults)
         self._plans: dict[Any, tuple[Rule | None, tuple[int, ...]]] = {}
-        self._tracker: ModTracker | None = None
+        self._tracker: ForwardModules | None = None
         self.quantizes = any(r.quant is not None for r in self.profile.rules)
         self._quant_args = (tuple(high_precision), high_precision_over, amax_history)
         self.quantizer = GemmQuantizer(*self._quant_args)
@@ -183,10 +182,7 @@ class SimMode(TorchDispatchMode):
         hp, over, hist = self._quant_args
         self.quantizer = GemmQuantizer(hp, over, self.quantizer.amax_history if hist is None
                                        else hist)
-        # imported when a sim starts: its package pulls in DTensor and inductor (~1 s)
-        from torch.distributed._tools.mod_tracker import ModTracker
-
-        self._tracker = ModTracker()
+        self._tracker = ForwardModules()
         self._tracker.__enter__()
         try:
             super().__enter__()
@@ -218,11 +214,13 @@ class SimMode(TorchDispatchMode):
         """A fault whose pattern met no call leaves the run as clean as no fault: say so, or a
         misspelt op or module reads as 'the tool found nothing'."""
         for fault, n in zip(self.faults, self._occurrences, strict=True):
-            if n == 0 and not any(fnmatchcase(op, fault.op) for op in self._elsewhere):
+            if n == 0 and not any(op_matches(fault.op, op) for op in self._elsewhere):
                 where = f" in modules matching {fault.module!r}" if fault.module else ""
+                seen = [str(f) for f in self._plans]
+                near = ", ".join(closest(fault.op, seen, 5)) or "none"
                 log.warning("sim: fault %s on %r%s matched no call in this block: nothing was "
-                            "injected (op names as `accuracy info DUMP` lists them)",
-                            fault.kind, fault.op, where)
+                            "injected (ops this sim ran, closest first: %s)",
+                            fault.kind, fault.op, where, near)
 
     def state(self) -> dict[str, Any]:
         """The device's counters (calls, each fault's occurrences): what a snapshot keeps so a
@@ -244,13 +242,13 @@ class SimMode(TorchDispatchMode):
         if plan is None:
             name = str(func)
             rule = self.profile.rule_for(name)
-            fault_ids = tuple(i for i, f in enumerate(self.faults) if fnmatchcase(name, f.op))
+            fault_ids = tuple(i for i, f in enumerate(self.faults) if op_matches(f.op, name))
             plan = self._plans[func] = (rule, fault_ids)
         return plan
 
     def _modules(self) -> list[str]:
         """Active modules. In backward, those of the forward op whose autograd node is
-        running (ModTracker's backward state follows gradient hooks, which fire for the wrong
+        running (gradient hooks, which a backward module tracker follows, fire for the wrong
         module when a module returns its input unchanged, e.g. Dropout(p=0))."""
         if self._tracker is None:
             return []
@@ -258,7 +256,7 @@ class SimMode(TorchDispatchMode):
             node = torch._C._current_autograd_node()
             tag = node.metadata.get(_TAG) if node is not None else None
             return list(tag) if tag is not None else []
-        return [m for m in self._tracker.parents if m != "Global"]
+        return list(self._tracker.parents)
 
     def _tag_pending(self) -> None:
         if not self._untagged:

@@ -105,6 +105,7 @@ def convert(
     overwrite: bool = False,
 ) -> ConvertResult:
     """Write the matching ops' tensors as `.npy` files plus `index.json` into `out_dir`."""
+    dump.require_op(op)
     records = list(dump.select(op=op, module=module, seq=seq))
     if not records:
         raise NoMatchError(f"no op in {dump.path} matches op={op!r} seq={seq} module={module!r}")

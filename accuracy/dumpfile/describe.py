@@ -108,6 +108,7 @@ def list_ops(path: str | os.PathLike[str], *, op: str | None = None,
         raise UsageError(f"limit must be 0 (all) or more, not {limit}")
     listing = OpListing()
     with load_dump(path) as d:
+        d.require_op(op)
         rows = list(d.select(op=op, module=module, phase=phase))
         listing.count = len(rows)
         listing.loaded = sum(1 for r in rows if r.extra.get("loaded"))

@@ -60,6 +60,7 @@ def extract(
     failure half-way (a damaged tensor, a full disk, Ctrl-C) leaves no partial file and the
     file it would have replaced untouched."""
     out = check_dump_path(out_path, overwrite)
+    dump.require_op(op)
     records = list(dump.select(op=op, module=module, seq=seq))
     if not records:
         raise NoMatchError(f"no op in {dump.path} matches op={op!r} seq={seq} module={module!r}")

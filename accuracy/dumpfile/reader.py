@@ -30,7 +30,8 @@ from accuracy.dumpfile.opening import (
     require_regular_file,
 )
 from accuracy.dumpfile.records import OpRecord, TensorRecord, TensorRef
-from accuracy.patterns import module_matches, op_matches
+from accuracy.errors import NoMatchError
+from accuracy.patterns import module_matches, no_op_message, op_matches, unmatched_ops
 
 if TYPE_CHECKING:  # torch is imported only by the calls that return tensors
     import torch
@@ -191,6 +192,15 @@ class Dump:
 
     def tensor(self, addr: str) -> torch.Tensor:
         return self.tensor_record(addr).load()
+
+    def require_op(self, op: str | None) -> None:
+        """Refuse an op pattern that names no op of this dump (a misspelling: the command
+        would list, extract or convert nothing), listing its op names closest first."""
+        if not op:
+            return
+        names = {r.op for r in self.records}
+        if unmatched_ops([op], names):
+            raise NoMatchError(no_op_message(op, names, str(self.path)))
 
     def select(
         self,

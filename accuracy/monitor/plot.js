@@ -3,7 +3,13 @@
 (function () {
   "use strict";
   const data = JSON.parse(document.getElementById("data").textContent);
-  const num = (v) => (v === "inf" ? Infinity : v === "-inf" ? -Infinity : v);
+  // "nan": a measured NaN (black in the heat map); null: not measured (grey)
+  const num = (v) => (v === "inf" ? Infinity : v === "-inf" ? -Infinity : v === "nan" ? NaN : v);
+  // steps are whole numbers: ticks at integer increments only, labelled as integers
+  const stepIncrs = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5,
+                     2e5, 5e5, 1e6, 2e6, 5e6, 1e7];
+  const stepAxis = () => ({ incrs: stepIncrs,
+    values: (u, ticks) => ticks.map((v) => (Number.isInteger(v) ? String(v) : "")) });
   const steps = data.steps;
   const width = () => Math.max(600, Math.min(window.innerWidth - 80, 1400));
   // what fired first: the page opens on its figure, its step and layer marked
@@ -34,12 +40,32 @@
   }
 
   const finite = (arr) => arr.map((v) => { v = num(v); return Number.isFinite(v) ? v : null; });
+  // steps whose loss is NaN, Inf or was not given: the line has a gap there, marked with a
+  // red cross on the top edge and listed under the chart
+  const lossGaps = [];
+  data.loss.forEach((v, i) => { if (!Number.isFinite(num(v))) lossGaps.push(i); });
+  const gapMarks = () => ({ hooks: { draw: [(u) => {
+    const c = u.ctx, y = u.bbox.top + 6, r = 5;
+    c.save(); c.strokeStyle = "#d00"; c.lineWidth = 2;
+    for (const i of lossGaps) {
+      const x = u.valToPos(steps[i], "x", true);
+      c.beginPath(); c.moveTo(x - r, y - r); c.lineTo(x + r, y + r);
+      c.moveTo(x + r, y - r); c.lineTo(x - r, y + r); c.stroke();
+    }
+    c.restore();
+  }] } });
+  if (lossGaps.length) {
+    const shown = lossGaps.slice(0, 20).map((i) => steps[i]).join(", ");
+    document.getElementById("lossgaps").textContent =
+      "\u00d7 loss NaN, Inf or not recorded at step" + (lossGaps.length > 1 ? "s " : " ") +
+      shown + (lossGaps.length > 20 ? " and " + (lossGaps.length - 20) + " more" : "");
+  }
   new uPlot({
     width: width(), height: 220,
     series: [{ label: "step" }, { label: "loss", stroke: "#1f77b4" },
              { label: "grad norm", stroke: "#d62728", scale: "g" }],
-    axes: [{}, {}, { scale: "g", side: 1 }],
-    scales: { x: { time: false } }, plugins: [marker()],
+    axes: [stepAxis(), {}, { scale: "g", side: 1 }],
+    scales: { x: { time: false } }, plugins: [marker(), gapMarks()],
   }, [steps, finite(data.loss), finite(data.grad_norm)], document.getElementById("top"));
 
   const sel = document.getElementById("fig");
@@ -67,13 +93,15 @@
     })));
     if (plot) plot.destroy();
     plot = new uPlot({
-      width: width(), height: 320, series: series,
+      width: width(), height: 320, series: series, axes: [stepAxis(), {}],
       scales: { x: { time: false }, y: logy ? { distr: 3 } : {} }, plugins: [marker()],
     }, [steps].concat(cols), document.getElementById("lines"));
-    heat(f);
+    heat(f, /_(nan|inf)$/.test(sel.value));
   }
 
-  function heat(f) {
+  // counts: a cell holding NaN or Inf is black whatever the layer's usual count (a NaN born
+  // at the flagged step is what the page opens on); no count: white; not measured: grey
+  function heat(f, counts) {
     const canvas = document.getElementById("heat");
     const rows = f.names.length, ncol = steps.length;
     const lw = 280;  // the names column (canvas text: never parsed as HTML)
@@ -102,7 +130,9 @@
       for (let i = 0; i < ncol; i++) {
         const r = ratio[j][i];
         let c;
+        const v = num(f.values[i][j]);
         if (r === null) c = "#ddd";
+        else if (counts) c = v > 0 || !Number.isFinite(v) ? "#000" : "#fff";
         else if (!Number.isFinite(r)) c = "#000";
         else {
           const t = Math.max(-1, Math.min(1, r / 2));
@@ -128,7 +158,7 @@
       const j = Math.floor(((e.clientY - b.top) * canvas.height / b.height) / ch);
       if (i < 0 || j < 0 || i >= ncol || j >= rows) return;
       const v = f.values[i][j];
-      hover.textContent = f.names[j] + " @ step " + steps[i] + ": " + (v === null ? "-" : v);
+      hover.textContent = f.names[j] + " @ step " + steps[i] + ": " + (v === null ? "not measured" : v);
     };
   }
 

@@ -4,7 +4,8 @@ The page holds uPlot (vendored under accuracy/server/static/vendor/uplot) inline
 JSON inside a `<script type="application/json">` block with every `<`, `>` and `&` escaped,
 and a small script that draws: loss and global gradient norm over steps; for the chosen figure,
 each layer over steps; and a layer x step heat map of each value against its layer's median
-(log ratio), so the step and the layer where a problem starts stand out. Names (untrusted)
+(log ratio; a measured NaN black, a value not measured grey), so the step and the layer where
+a problem starts stand out. Names (untrusted)
 reach the page only through JSON and `textContent`. The server shows the same page.
 
 The page opens on what fired (`focus`): the figure the first trigger looks at (non-finite: the
@@ -31,7 +32,10 @@ VENDOR = Path(__file__).resolve().parent.parent / "server" / "static" / "vendor"
 MAX_STEPS = 2000  # columns drawn; longer runs are binned by each bin's largest |value|
 
 
-def _bin(values: np.ndarray, steps: np.ndarray, max_steps: int) -> tuple[np.ndarray, np.ndarray]:
+def _bin(values: np.ndarray, steps: np.ndarray, max_steps: int,
+         measured_nan: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each bin's largest |value|: a measured NaN (`measured_nan`) and Inf rank first, a NaN
+    that means 'not measured' last."""
     n = values.shape[0]
     if n <= max_steps:
         return values, steps
@@ -39,23 +43,47 @@ def _bin(values: np.ndarray, steps: np.ndarray, max_steps: int) -> tuple[np.ndar
     out = np.full((max_steps,) + values.shape[1:], np.nan)
     for i in range(max_steps):
         block = values[edges[i]:edges[i + 1]]
-        key = np.where(np.isnan(block), -1.0, np.abs(block))  # Inf ranks first, NaN last
+        key = np.where(np.isnan(block), -1.0, np.abs(block))
+        if measured_nan is not None:
+            key = np.where(measured_nan[edges[i]:edges[i + 1]], np.inf, key)
         idx = np.expand_dims(key.argmax(axis=0), 0)
         out[i] = np.take_along_axis(block, idx, 0)[0]
     return out, steps[edges[:-1]]
 
 
-def _clean(a: np.ndarray) -> list[Any]:
-    """JSON-safe: NaN -> null, +/-Inf -> strings the page shows as such."""
-    def one(v: float) -> Any:
+# Figures whose NaN is a measured value where their NaN/Inf counts say the tensor held some:
+# the file keeps NaN for "not measured" too (series.py), the counts tell them apart.
+_COUNTED = {("module", f): ("act_nan", "act_inf") for f in ("act_norm", "act_min", "act_max")}
+_COUNTED.update({("param", f): ("grad_nan", "grad_inf")
+                 for f in ("grad_norm", "grad_min", "grad_max")})
+
+
+def _measured_nan(table: dict[str, np.ndarray], kind: str, fig: str,
+                  values: np.ndarray) -> np.ndarray | None:
+    """Cells whose NaN was measured (the tensor held NaN or Inf), or None."""
+    counts = _COUNTED.get((kind, fig))
+    if counts is None or any(c not in table for c in counts):
+        return None
+    with np.errstate(invalid="ignore"):
+        held = (np.nan_to_num(table[counts[0]]) > 0) | (np.nan_to_num(table[counts[1]]) > 0)
+    return np.isnan(values) & held
+
+
+def _clean(a: np.ndarray, measured_nan: np.ndarray | None = None) -> list[Any]:
+    """JSON-safe: NaN -> null (not measured) or "nan" where `measured_nan` says the value
+    was measured, +/-Inf -> strings; the page draws the strings black."""
+    def one(v: float, nan: Any = None) -> Any:
         if math.isnan(v):
-            return None
+            return "nan" if nan else None
         if math.isinf(v):
             return "inf" if v > 0 else "-inf"
         return float(v)
     if a.ndim == 1:
         return [one(float(v)) for v in a]
-    return [[one(float(v)) for v in row] for row in a]
+    if measured_nan is None:
+        return [[one(float(v)) for v in row] for row in a]
+    return [[one(float(v), m) for v, m in zip(row, mrow, strict=True)]
+            for row, mrow in zip(a, measured_nan, strict=True)]
 
 
 def series_data(s: Series, max_steps: int = MAX_STEPS) -> dict[str, Any]:
@@ -67,8 +95,12 @@ def series_data(s: Series, max_steps: int = MAX_STEPS) -> dict[str, Any]:
     for kind, table in (("module", s.module), ("param", s.param), ("state", s.state)):
         names = s.module_names if kind == "module" else s.param_names
         for fig, values in sorted(table.items()):
-            v, _ = _bin(values, steps, max_steps)
-            figures[f"{kind}/{fig}"] = {"names": names, "values": _clean(v)}
+            measured = _measured_nan(table, kind, fig, values)
+            v, _ = _bin(values, steps, max_steps, measured)
+            binned = None if measured is None else _measured_nan(
+                {k: _bin(table[k], steps, max_steps)[0] for k in _COUNTED[(kind, fig)]},
+                kind, fig, v)
+            figures[f"{kind}/{fig}"] = {"names": names, "values": _clean(v, binned)}
     return {"file": s.path.name, "rank": s.attrs.get("rank"), "steps": [int(x) for x in st],
             "loss": _clean(loss), "grad_norm": _clean(gn), "figures": figures,
             "events": jsonable(s.events[:1000]), "focus": focus(s)}
@@ -167,9 +199,14 @@ def render_html(s: Series, title: str | None = None) -> str:
         f"<h1>monitor: {html.escape(title or s.path.name)}</h1>"
         "<div id='focus' class='focus'></div><div id='events'></div>"
         "<h2>loss and global gradient norm</h2><div id='top'></div>"
+        "<div id='lossgaps' class='gaps'></div>"
         "<h2>per layer <select id='fig'></select> <label><input type='checkbox' id='log' "
         "checked> log scale</label></h2><div id='lines'></div>"
         "<h2>layer &times; step (value / the layer's median, log10)</h2>"
+        "<div class='legend'><span class='sw' style='background:#f00'></span> above "
+        "<span class='sw' style='background:#00f'></span> below "
+        "<span class='sw' style='background:#000'></span> NaN or Inf "
+        "<span class='sw' style='background:#ddd'></span> not measured</div>"
         "<div id='hover' class='hover'>&nbsp;</div><canvas id='heat'></canvas>"
         f"<script type='application/json' id='data'>{data}</script>"
         f"<script>{safe_js}</script><script>{own}</script></body></html>")
@@ -181,6 +218,10 @@ h2 { font-size: 1.05em; margin-top: 1.5em; }
 .hover { font-family: monospace; min-height: 1.2em; }
 #events div { color: #a00; }
 .focus { font-weight: bold; margin: 0.5em 0; }
+.gaps { color: #d00; font-size: 0.9em; min-height: 1.2em; }
+.legend { font-size: 0.9em; margin-bottom: 0.3em; }
+.sw { display: inline-block; width: 0.9em; height: 0.9em; vertical-align: middle;
+      border: 1px solid #999; margin-left: 0.6em; }
 canvas#heat { image-rendering: pixelated; border: 1px solid #ccc; }
 """
 

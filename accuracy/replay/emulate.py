@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from accuracy.device_backend import Rule, get_rounding
+from accuracy.patterns import op_matches
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,8 @@ class Emulation:
         return cls(rules) if rules else None
 
     def rule_for(self, op: str) -> Rule | None:
-        from fnmatch import fnmatchcase
-
         for rule in self.rules:
-            if fnmatchcase(op, rule.op):
+            if op_matches(rule.op, op):
                 return rule if rule.rounding != "none" else None
         return None
 

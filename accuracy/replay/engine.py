@@ -23,9 +23,9 @@ from accuracy.dumpfile import Dump, DumpError, OpRecord, TensorRecord, load_dump
 from accuracy.dumpfile.checksum import CONTENT_HASH_KIND, NO_HASH
 from accuracy.dumpfile.stats import tensor_stats
 from accuracy.dumpfile.writer import DumpWriter, OpEntry, TensorEntry
-from accuracy.errors import AccuracyError, OutputExistsError
+from accuracy.errors import AccuracyError, NoMatchError, OutputExistsError
 from accuracy.outputs import writable_folder
-from accuracy.patterns import op_matches
+from accuracy.patterns import no_op_message, op_matches, unmatched_ops
 from accuracy.records import CallSite
 from accuracy.replay.cache import TensorCache
 from accuracy.replay.emulate import Emulation
@@ -129,6 +129,9 @@ def _select(d: Dump, ops: str | Iterable[str] | None) -> list[OpRecord]:
     if ops is None:
         return list(d.records)
     pats = [ops] if isinstance(ops, str) else list(ops)
+    names = {r.op for r in d.records}
+    for p in unmatched_ops(pats, names):  # a misspelt --op would replay nothing
+        raise NoMatchError(no_op_message(p, names, str(d.path)))
     return [r for r in d.records if any(op_matches(p, r.op) for p in pats)]
 
 

@@ -389,6 +389,33 @@ def test_fault_every_occurrence_when_occurrence_is_none():
     assert locally_changed(records) == [a["call"] for a in mode.applied]
 
 
+@pytest.mark.parametrize("spelling", ["aten.gelu", "aten::gelu", "gelu", "aten.gelu.default",
+                                      "aten.gel?.*"])
+def test_fault_op_takes_every_spelling_of_an_op(spelling):
+    """One pattern rule for every option naming ops: `sim.fault("aten.gelu")` (what
+    `accuracy demo --fault-op aten.gelu` passes) fires on aten.gelu.default, not on its
+    backward."""
+    _, _, _, mode = run_step(faults=[sim.fault(spelling, kind="bias", value=0.5)])
+    assert [(a["op"], a["module"]) for a in mode.applied] == [
+        ("aten.gelu.default", "MyModel.encoder.layers.0"),
+        ("aten.gelu.default", "MyModel.encoder.layers.1")]
+
+
+def test_a_profile_rule_takes_the_same_op_spellings():
+    """A user's profile rule `aten.mm` rounds aten.mm.default, as the fault's pattern would."""
+    prof = Profile("h50-mm", "mm operands to bf16", (Rule("aten::mm", "bf16"),))
+    assert prof.rule_for("aten.mm.default") is not None
+    assert prof.rule_for("aten.addmm.default") is None
+
+
+def test_a_fault_matching_no_call_names_the_closest_ops_it_saw(caplog):
+    with caplog.at_level("WARNING", logger="accuracy.device_backend.simulator"):
+        _, _, _, mode = run_step(faults=[sim.fault("aten.gleu", kind="bias", value=0.5)])
+    assert mode.applied == []
+    line = next(r.getMessage() for r in caplog.records if "matched no call" in r.getMessage())
+    assert "closest first: aten.gelu.default" in line, line
+
+
 def test_fault_that_matches_nothing_changes_nothing():
     loss0, grads0, _, _ = run_step()
     loss1, grads1, _, mode = run_step(faults=[

@@ -231,3 +231,81 @@ def test_a_quiet_run_opens_on_activation_norms(tmp_path):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
     assert series_data(_run(tmp_path, "quiet", model, lambda n: None, steps=4))["focus"] is None
+
+
+def _nan_run(tmp_path):
+    """A NaN born in layer 1 at step 3 (and the loss NaN from there), a layer that runs on
+    even steps only (not measured on odd ones)."""
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.act, self.b, self.extra = (nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1),
+                                                    nn.Linear(8, 8))
+            self.n = 0
+
+        def forward(self, x):
+            h = self.act(self.a(x))
+            if self.n % 2 == 0:
+                h = self.extra(h)
+            self.n += 1
+            return self.b(h)
+
+    model = Net()
+    bad = {"on": False}
+    model.act.register_forward_hook(lambda m, a, out: out * float("nan") if bad["on"] else None)
+    return _run(tmp_path, "nanplot", model, lambda n: bad.update(on=n >= 2), steps=6), model
+
+
+def test_a_nan_born_at_the_flagged_step_is_drawn_black_not_as_not_measured(tmp_path):
+    """docs/monitor.md: black non-finite, grey not measured. The file keeps NaN for both; the
+    page tells them apart by the NaN/Inf counts, so the NaN born at step 3 is visible."""
+    from accuracy.monitor.plot import series_data
+
+    s, _ = _nan_run(tmp_path)
+    data = series_data(s)
+    assert data["focus"]["step"] == 3 and data["focus"]["layer"] == "act"
+    norms = data["figures"]["module/act_norm"]
+    col = norms["names"].index("act")
+    steps = data["steps"]
+    at = {st: row[col] for st, row in zip(steps, norms["values"], strict=True)}
+    assert at[3] == "nan" and isinstance(at[2], float)  # measured NaN, not "not measured"
+    extra = norms["names"].index("extra")
+    ran = {st: row[extra] for st, row in zip(steps, norms["values"], strict=True)}
+    assert [ran[st] is None for st in (1, 2, 3)] == [True, False, True], ran
+    assert ran[5] is None and ran[4] == "nan"  # did not run: grey; ran on NaN: black
+    # the loss line's gap is there to be marked (a null, not dropped)
+    assert len(data["loss"]) == len(steps) and data["loss"][steps.index(3)] is None
+
+
+def test_binning_keeps_a_measured_nan_visible():
+    """Over 2,000 steps a bin shows its largest magnitude: a measured NaN ranks first (it
+    used to rank last, below any finite value, and vanished from the heat map)."""
+    import numpy as np
+
+    from accuracy.monitor.plot import _bin
+
+    values = np.ones((4000, 1))
+    values[1001, 0] = np.nan  # measured: its counts say so
+    values[2001, 0] = np.nan  # not measured
+    measured = np.zeros_like(values, dtype=bool)
+    measured[1001, 0] = True
+    out, _ = _bin(values, np.arange(4000), 2000, measured)
+    assert np.isnan(out[500, 0]) and out[1000, 0] == 1.0
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not found")
+@pytest.mark.browser
+def test_the_page_marks_the_loss_gap_and_says_what_black_and_grey_mean(tmp_path):
+    from accuracy.monitor.plot import write_plot
+
+    s, _ = _nan_run(tmp_path)
+    out = write_plot(s.path, tmp_path / "nan.html")
+    r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                        f"--user-data-dir={tmp_path / 'prof'}", "--virtual-time-budget=5000",
+                        "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=90)
+    dom = r.stdout
+    assert 'class="uplot' in dom
+    assert "loss NaN, Inf or not recorded at steps 3, 4, 5" in dom, dom[-3000:]
+    assert "NaN or Inf" in dom and "not measured" in dom

@@ -1,16 +1,21 @@
-"""A/B of replay and live-check speed between two checkouts, alternated in one run.
+"""A/B of dump, replay, compare and live-check speed between two checkouts, alternated in one run.
 
 Each round runs, for each checkout in turn (A B A B ...), a fresh process whose `accuracy`
 comes from that checkout: it times the bench step bare (median of 3) and then the measured
 job once, and prints both wall and CPU seconds. Alternating processes lets a machine shared
 with other work slow both sides alike; the load average is printed with every figure.
 
-Jobs: `replay` (figures-only, upcast fp64, of a tensor dump of the bench step made once by
-checkout A, plain CPU or on `sim`), `live` (the bench step under `live_check(on="cpu")`,
-plain CPU or inside `sim`).
+Jobs: `stats` and `tensor` (the bench step dumped in that mode), `replay` (figures-only,
+upcast fp64, of a tensor dump of the bench step made once by checkout A, plain CPU or on
+`sim`), `compare` (that dump against a second one made on `sim(profile="bf16")`, tensor
+metrics, no report files), `live` (the bench step under `live_check(on="cpu")`, plain CPU or
+inside `sim`). The last lines give, per job, B's median over A's median (of each run's time
+over its bare step's) and B's fastest CPU time over A's (the figure a loaded machine disturbs
+least): a change that should cost nothing reads near 1.00 in both.
 
-Run (e.g. main against this branch; `git archive main | tar -x -C /tmp/main`):
-    python benchmarks/bench_ab_replay_live.py --a /tmp/main --b . --rounds 3 [--threads 1]
+Run (e.g. an older commit against this tree; `git worktree add /tmp/old <commit>`):
+    python benchmarks/bench_ab.py --a /tmp/old --b . --rounds 5 \
+        --jobs stats,tensor,replay,compare [--threads 1]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+MODE_OF_JOB = {"stats": "statistics", "tensor": "tensor"}
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -52,7 +58,25 @@ def _child(args: argparse.Namespace) -> None:
         with device(), dumper(dump_path=args.dump, mode="tensor"):
             bench_step(model, batch)
         return
-    if args.job == "replay":
+    if args.job in ("stats", "tensor"):
+        from accuracy import dumper
+        out = Path(args.dump).with_name(f"{args.job}-{os.getpid()}.h5")
+
+        def job() -> object:
+            with device(), dumper(dump_path=str(out), mode=MODE_OF_JOB[args.job]):
+                bench_step(model, batch)
+            model.zero_grad(set_to_none=True)
+            size = out.stat().st_size
+            out.unlink()
+            return f"{size / 1e6:.0f} MB"
+    elif args.job == "compare":
+        from accuracy.compare import compare
+        golden = Path(args.dump).with_name("golden.h5")
+
+        def job() -> object:
+            result = compare(str(args.dump), str(golden))
+            return f"{len(result.rows)} rows"
+    elif args.job == "replay":
         from accuracy.replay import replay
         out = Path(args.dump).with_name(f"replay-{os.getpid()}.h5")
 
@@ -104,7 +128,8 @@ def _run(checkout: Path, argv: list[str], threads: int | None) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--job", choices=["replay", "live", "dump"], default="replay")
+    ap.add_argument("--job", choices=["stats", "tensor", "replay", "compare", "live", "dump"],
+                    default="replay")
     ap.add_argument("--dump", default="")
     ap.add_argument("--a", type=Path, help="checkout A (e.g. a copy of main)")
     ap.add_argument("--b", type=Path, help="checkout B (e.g. this branch)")
@@ -123,25 +148,38 @@ def main() -> None:
     common = ["--profile", args.profile] + (["--threads", str(args.threads)]
                                             if args.threads else [])
     _run(args.a, ["--job", "dump", "--dump", str(dump), *common], args.threads)
+    if "compare" in args.jobs.split(","):
+        golden = ["--profile", "bf16"] + common[2:]
+        _run(args.a, ["--job", "dump", "--dump", str(tmp / "golden.h5"), *golden], args.threads)
     print(f"profile {args.profile}, threads {args.threads or 'default'}; A={args.a} "
           f"B={args.b}; dump {dump.stat().st_size / 1e6:.0f} MB; load at start "
           f"{os.getloadavg()[0]:.1f}")
     print(f"{'job':7s} {'side':4s} {'round':>5s} {'bare s':>7s} {'job s':>7s} {'x bare':>7s} "
           f"{'CPU x bare':>10s} {'load':>5s}  result")
     summary: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], list[float]] = {}
     for job in args.jobs.split(","):
         for i in range(args.rounds):
             for side, checkout in (("A", args.a), ("B", args.b)):
                 r = _run(checkout, ["--job", job, "--dump", str(dump), *common], args.threads)
                 x, xc = r["wall"] / r["bare"], r["cpu"] / r["bare_cpu"]
                 summary.setdefault((job, side), []).append(x)
+                cpu.setdefault((job, side), []).append(r["cpu"])
                 print(f"{job:7s} {side:4s} {i:5d} {r['bare']:7.3f} {r['wall']:7.3f} {x:7.2f} "
                       f"{xc:10.2f} {r['load']:5.1f}  {r['what']}", flush=True)
     goal = {"replay": 3.0, "live": 2.0}
     for (job, side), xs in summary.items():
         m = statistics.median(xs)
-        print(f"{job} {side}: median {m:.2f}x bare (min {min(xs):.2f}, max {max(xs):.2f}); "
-              f"goal ≤ {goal[job]:g}x: {'met' if m <= goal[job] else 'not met'}")
+        said = (f"; goal ≤ {goal[job]:g}x: {'met' if m <= goal[job] else 'not met'}"
+                if job in goal else "")
+        print(f"{job} {side}: median {m:.2f}x bare (min {min(xs):.2f}, max {max(xs):.2f})"
+              f"{said}")
+    for job in args.jobs.split(","):
+        a, b = summary[(job, "A")], summary[(job, "B")]
+        each = ", ".join(f"{y / x:.3f}" for x, y in zip(a, b, strict=True))
+        print(f"{job}: B/A {statistics.median(b) / statistics.median(a):.3f} "
+              f"(round by round: {each}); CPU seconds B/A, fastest of each side: "
+              f"{min(cpu[(job, 'B')]) / min(cpu[(job, 'A')]):.3f}")
     print(f"load at end {os.getloadavg()[0]:.1f}")
     for p in tmp.iterdir():
         p.unlink()
