@@ -47,3 +47,9 @@ class OutputNotWritableError(AccuracyError, PermissionError):
 class ExtensionUnavailableError(AccuracyError, RuntimeError):
     """A C++ extension cannot be built or loaded here (no compiler, a build cache others can
     write, a device name another backend already holds)."""
+
+
+class NotComparableError(UsageError):
+    """Two inputs that cannot be compared (another model's dump, a replay given as a dump,
+    the device and the reference run given the wrong way round): the user gave the wrong
+    file, and a verdict over them would be no verdict."""

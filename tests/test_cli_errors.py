@@ -226,7 +226,7 @@ def test_serve_on_a_busy_port_is_one_line(files, tmp_path):
     assert f"port {port}" in lines[0] and "--port" in lines[0], lines
 
 
-def test_swapped_sides_warning_prints_once(files, tmp_path):
+def test_swapped_sides_are_one_error_line(files, tmp_path):
     """In a process of its own: under pytest the CLI's logging handler is pytest's."""
     import subprocess
     import sys
@@ -242,8 +242,9 @@ def test_swapped_sides_warning_prints_once(files, tmp_path):
         model(torch.ones(2, 4))
     r = subprocess.run([sys.executable, "-m", "accuracy.cli", "compare", "-m", str(gold),
                         "-g", str(dev)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert (r.stdout + r.stderr).count("are they swapped?") == 1, r.stdout + r.stderr
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("accuracy compare: error: ") and "swap them" in lines[0], lines
 
 
 def test_overflow_birth_prints_once(tmp_path):

@@ -16,7 +16,15 @@ from accuracy.compare import verdict as V
 from accuracy.compare.align import Mapping, load_mapping
 from accuracy.compare.batches import BatchRunner, run_metrics
 from accuracy.compare.build_rows import apply_compiled, arguments_differ, build_row, moved_from
-from accuracy.compare.checks import check_replay, incomplete, own_random, swapped
+from accuracy.compare.checks import (
+    check_not_replay,
+    check_pairing,
+    check_replay,
+    check_same_model,
+    check_swapped,
+    incomplete,
+    own_random,
+)
 from accuracy.compare.compiled_align import is_kernel
 from accuracy.compare.emulation import unemulated_note
 from accuracy.compare.judge import judge
@@ -101,17 +109,21 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
         dm, dg = _open(my, owned), _open(golden, owned)
         dr = _open(replay, owned)
         assert dm is not None and dg is not None
+        check_not_replay(dm, "-m")
+        check_not_replay(dg, "-g")
         if dr is not None:
             check_replay(dm, dr)
+        check_swapped(dm, dg)
         refusals = [m for m in (incomplete(dm, "my"), incomplete(dg, "golden"),
-                                own_random(dm, "my"), own_random(dg, "golden"),
-                                swapped(dm, dg)) if m]
+                                own_random(dm, "my"), own_random(dg, "golden")) if m]
         for m in refusals:  # the report carries them (summary refusals, the terminal's
             log.info("%s", m)  # WARNING lines): at warning level the CLI printed them twice
         blind = blind_lines(dm.attrs, "my") + blind_lines(dg.attrs, "golden")
         for m in blind:  # the report carries them first (summary, terminal, html)
             log.info("%s", m)
         specs = pair_specs(dm, dg, mp)
+        check_same_model(dm, dg, specs, mp.module)
+        check_pairing(dm, dg, specs)
         dumps = {str(dm.path): dm, str(dg.path): dg}
         rp = _replay_index(dr)
         precision = ComputePrecision.from_sources(cfg, dm.attrs)

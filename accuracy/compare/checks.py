@@ -1,9 +1,14 @@
 """Checks on the three dumps before comparing: what cannot be right is refused or said first.
 
 - a replay made from another dump than `-m` gives local errors of other tensors: refused;
+- a replay given as `-m` or `-g` holds no run's values: refused;
+- the reference backend on the `-m` side and a device on the `-g` side: the sides are
+  swapped, refused saying so;
+- two dumps of different models (no root module in common once wrappers are seen through and
+  fewer than half of my run's tensors pairing, or fewer than one in ten of an unfiltered run
+  pairing): refused, since a verdict over a handful of look-alike ops is no verdict;
 - an incomplete dump (the run stopped before the dumper closed) explains missing rows: said
   before anything else;
-- the reference backend on the `-m` side and a device on the `-g` side: the sides look swapped;
 - compiled kernels that drew random numbers with Inductor's own generator
   (`ACCURACY_COMPILED_RANDOM=inductor`): their dropout masks are no other run's, so every value
   after them differs by the mask, not by numerics: said before the counts.
@@ -18,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from accuracy.dumpfile import Dump
-from accuracy.errors import UsageError
+from accuracy.errors import NotComparableError, UsageError
 
 log = logging.getLogger(__name__)
 # Backends a golden run is normally recorded on.
@@ -65,13 +70,130 @@ def incomplete(d: Dump, side: str) -> str | None:
             "its last op are unmatched for that reason")
 
 
-def swapped(my: Dump, golden: Dump) -> str | None:
-    """A sentence when -m looks like the reference run and -g like the device run."""
+def _run_name(d: Dump) -> str:
+    """How a dump's root attributes name the run: "a sim run (profile fp16-cube)", "a CPU run"."""
+    backend = str(d.attrs.get("backend") or "")
+    name = "CPU" if backend == "cpu" else backend
+    profile = d.attrs.get("profile")
+    return f"a {name} run" + (f" (profile {profile})" if profile else "")
+
+
+def check_swapped(my: Dump, golden: Dump) -> None:
+    """Refuse -m recorded on the reference backend with -g recorded on a device (or `sim`):
+    the device under test goes in -m, and every verdict would be read backwards."""
     bm, bg = my.attrs.get("backend"), golden.attrs.get("backend")
     if bm in REFERENCE_BACKENDS and bg and bg not in REFERENCE_BACKENDS:
-        return (f"-m {my.path} was recorded on {bm} and -g {golden.path} on {bg}: -m takes the "
-                "device under test and -g the reference run; are they swapped?")
-    return None
+        raise NotComparableError(
+            f"-g {golden.path} is {_run_name(golden)} and -m {my.path} {_run_name(my)}: -m "
+            "takes the device under test and -g the reference run; swap them")
+
+
+def check_not_replay(d: Dump, flag: str) -> None:
+    """Refuse a replay (`accuracy replay`'s output) where a recorded run is wanted: it holds
+    the reference's figures of another dump's ops, not a run's values."""
+    src = d.attrs.get("replayed_from")
+    if src:
+        raise NotComparableError(
+            f"{flag} {d.path} is a replay of {src} (written by `accuracy replay`), not a dump "
+            f"of a run: give the dump itself as {flag}"
+            + (" and its replay as -r" if flag == "-m" else ""))
+
+
+# Wrappers that hold the user's model under one attribute: the root is theirs, the model's
+# own class is not in the path (`DistributedDataParallel.module.layers.0`).
+WRAPPER_ROOTS = frozenset({"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel",
+                           "OptimizedModule"})
+# Wrapper attributes seen through wherever they are (FSDP1 per layer, compiled or
+# checkpointed blocks).
+WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module"})
+FSDP2_PREFIX = "FSDP"  # fully_shard(model) makes the model's class `FSDP<class>`
+# Fewer than one tensor in ten of my run pairing with golden: not the same model and step
+# (another model's dump pairs 0-5% of its tensors, the same model filtered to a part 29%).
+MIN_PAIRED_SHARE = 0.1
+# With no root module in common, fewer than half: the line `mostly_uncompared` draws too.
+MIN_SHARE_OTHER_ROOT = 0.5
+
+
+def model_root(module: str) -> str | None:
+    """The class name at the root of a recorded module path, wrappers seen through (DDP's,
+    DataParallel's `module`, FSDP's, `torch.compile`'s `_orig_mod`, fully_shard's `FSDP`
+    prefix); None when the path has none or a wrapper hides the model's own class."""
+    parts = [p for p in module.split(".") if p and p not in WRAPPER_SEGMENTS]
+    if not parts or parts[0] in WRAPPER_ROOTS:
+        return None
+    root = parts[0]
+    if root.startswith(FSDP2_PREFIX) and len(root) > len(FSDP2_PREFIX):
+        root = root[len(FSDP2_PREFIX):]
+    return root
+
+
+def model_roots(modules: Any) -> set[str] | None:
+    """The root classes of some module paths (`model_root`); None when a wrapper hides the
+    model's class in any of them (its other roots, a loss module's, tell nothing alone)."""
+    roots: set[str] = set()
+    for m in set(modules):
+        r = model_root(m or "")
+        if r is None and (m or "").split(".")[0] in WRAPPER_ROOTS:
+            return None
+        if r is not None:
+            roots.add(r)
+    return roots
+
+
+def check_same_model(my: Dump, golden: Dump, specs: Any, rename: Any = None) -> None:
+    """Refuse two dumps whose module paths share no root class (`model_root`) when fewer than
+    half of my run's tensors pair (`paired_share`): another model's dump. A part of the model
+    run on its own (`model.fc1(x)`, root `Linear`) pairs well, and one model's class renamed
+    too: those are compared. `rename`: the user's module mapping (my name -> golden name),
+    applied to my run's paths first; a side whose roots a wrapper hides is not judged here."""
+    rename = rename or (lambda m: m)
+    mine = model_roots(rename(r.module) for r in my.records)
+    theirs = model_roots(r.module for r in golden.records)
+    if not (mine and theirs) or mine & theirs:
+        return
+    n, paired = paired_share(specs)
+    if paired < MIN_SHARE_OTHER_ROOT * n:
+        a, b = sorted(mine)[0], sorted(theirs)[0]
+        raise NotComparableError(
+            f"-m {my.path} and -g {golden.path} record different models (root modules "
+            f"{', '.join(sorted(mine))} against {', '.join(sorted(theirs))}, and {paired} of "
+            f"{n} tensors of my run pair): compare two dumps of the same model and step; if "
+            "they are one model under two names, pair them with --mapping (a JSON file: "
+            f"{{\"modules\": {{\"{a}\": \"{b}\"}}}})")
+
+
+def filtered(d: Dump) -> bool:
+    """Whether the dump holds a chosen part of its run (ops, modules, phases, a selection,
+    overflow births, an extract): it pairs with only that part of a full one."""
+    f = d.attrs.get("filter")
+    if isinstance(f, dict) and (f.get("ops") or f.get("exclude_ops") or f.get("modules")
+                                or ("phases" in f and len(f["phases"] or ()) < 3)):
+        return True
+    return bool(d.attrs.get("select") or d.attrs.get("check_overflow")
+                or d.attrs.get("format") == "accuracy-extract")
+
+
+def paired_share(specs: Any) -> tuple[int, int]:
+    """(my run's op tensors of more than one element, those paired with a golden tensor of
+    as many elements). Scalars are left out: the loss's `sum` and `ones_like` pair in any
+    two steps, and a tensor paired by op name alone with another shape pairs nothing."""
+    mine = [s for s in specs if s.kind == "op" and s.my is not None and s.my.numel > 1]
+    return len(mine), sum(s.golden is not None and s.golden.numel == s.my.numel for s in mine)
+
+
+def check_pairing(my: Dump, golden: Dump, specs: Any) -> None:
+    """Refuse two whole runs of which fewer than one tensor of my run in ten pairs with a
+    golden tensor of its size (`paired_share`): whatever their module names, they are not
+    the same step of the same model. A filtered dump on either side pairs with part of the
+    other by design, and is not refused."""
+    mine, paired = paired_share(specs)
+    if mine and paired < MIN_PAIRED_SHARE * mine and golden.records \
+            and not (filtered(my) or filtered(golden)):
+        raise NotComparableError(
+            f"-m {my.path} and -g {golden.path} hardly pair: {paired} of {mine} tensors of my "
+            "run have a golden counterpart of their size (fewer than 1 in 10), so they are "
+            "not dumps of the same model and step: compare two dumps of the same step "
+            "(--mapping pairs ops or modules named otherwise)")
 
 
 OWN_RANDOM = "drew random numbers with Inductor's own generator"

@@ -13,8 +13,10 @@ from typing import Any
 from markupsafe import Markup, escape
 
 from accuracy.compare.row import Row, Verdict
+from accuracy.compare.terminal import count_parts
 
 COLOURS = {"pass": "#2e9d4f", "warning": "#e0a100", "error": "#d0342c", "unmatched": "#888888",
+           "fused away": "#888888",
            "skipped": "#bbbbbb"}
 PHASE_BG = {"forward": "#eef4fb", "backward": "#fbf1ea", "optimizer": "#f1f1f1"}
 TABLE_COLS = ("index", "kind", "op", "phase", "module", "io", "tensor_index", "dtype_my",
@@ -169,4 +171,5 @@ def render(rows: list[Row], summary: dict[str, Any]) -> str:
     return template().render(
         css=Markup(_CSS), js=Markup(_JS), summary=s, colours=COLOURS, cols=TABLE_COLS,
         rows_html=rows_html, chart=chart(rows, culprit), fmt=_fmt, boxes=boxes,
+        counts=count_parts(s),
     )

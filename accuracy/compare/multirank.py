@@ -375,31 +375,36 @@ def _epochs(d: Dump) -> tuple[dict[int, int], dict[int, tuple[int, dict[str, Any
 
 # -- the merged page -------------------------------------------------------------------------
 
-def _op_line(r: dict[str, Any] | None) -> str:
+def _op_line(r: dict[str, Any] | None, many: bool = True) -> str:
+    """An op row on the page; its collective epoch only where ranks are lined up by it (in a
+    one-rank run every op is at epoch 0, which read as a training epoch)."""
     if r is None:
         return "none"
+    epoch = f"collective epoch {html.escape(str(r.get('epoch')))}, " if many else ""
     return (f"<code>{html.escape(str(r.get('op')))}</code> ({html.escape(str(r.get('phase')))}"
-            f") in <code>{html.escape(str(r.get('module') or '-'))}</code>, epoch "
-            f"{html.escape(str(r.get('epoch')))}, seq {html.escape(str(r.get('seq_my')))}: "
+            f") in <code>{html.escape(str(r.get('module') or '-'))}</code>, {epoch}"
+            f"seq {html.escape(str(r.get('seq_my')))}: "
             f"{html.escape(str(r.get('message') or ''))}")
 
 
 def render_html(s: dict[str, Any]) -> str:
     """index.html of a multi-rank report: merged verdict, then one line per rank."""
+    many = (s.get("world_size") or 1) > 1
     lines = []
     for e in s["ranks"]:
         if e["label"] == INHERITED:
             what = (f"inherited error via <code>{html.escape(str(e['inherited']['via']))}"
-                    f"</code> (epoch {html.escape(str(e['inherited']['epoch']))}) from rank "
-                    f"{html.escape(str(e['inherited']['from_rank']))}; no culprit of its own")
+                    f"</code> (collective epoch {html.escape(str(e['inherited']['epoch']))}) "
+                    f"from rank {html.escape(str(e['inherited']['from_rank']))}; no culprit of "
+                    "its own")
         elif e["label"] == CULPRIT:
-            what = "culprit: " + _op_line(e["culprit"])
+            what = "culprit: " + _op_line(e["culprit"], many)
         else:
             what = html.escape(e["label"])
         lines.append(
             f"<tr class=\"{html.escape(e['verdict'])}\"><td>{e['rank']}</td>"
             f"<td>{html.escape(e['verdict'])}</td><td>{html.escape(e['label'])}</td>"
-            f"<td>{what}</td><td>{_op_line(e['first_divergence'])}</td>"
+            f"<td>{what}</td><td>{_op_line(e['first_divergence'], many)}</td>"
             f"<td><a href=\"rank{e['rank']}/index.html\">report</a></td></tr>")
     warn = f"<p class=\"box\">{html.escape(s['warning'])}</p>" if s.get("warning") else ""
     warn = "".join(f"<p class=\"box\"><b>Not seen:</b> {html.escape(str(b))}</p>"
@@ -416,7 +421,7 @@ tr.warning{{background:#fdf4d8}} .box{{border:1px solid #ccc;padding:8px;backgro
 <p>Verdict: <b>{html.escape(s['verdict'])}</b>. Rank that diverged first (by collective epoch,
 then seq): <b>{'none' if first is None else first}</b>.</p>
 <p class="box">Culprit: {('rank ' + str(s['culprit']['rank']) + ': ') if s.get('culprit') else ''}
-{_op_line(s.get('culprit'))}</p>
+{_op_line(s.get('culprit'), many)}</p>
 <h2>Ranks</h2><table><thead><tr><th>rank</th><th>verdict</th><th>label</th><th>culprit</th>
 <th>first divergence</th><th>full report</th></tr></thead><tbody>{''.join(lines)}</tbody>
 </table><p>All ranks' rows: <a href="rows.csv">rows.csv</a> (Rank column),

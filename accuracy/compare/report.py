@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from accuracy.compare.checks import OWN_RANDOM
+from accuracy.compare.compiled_align import FUSED_AWAY
 from accuracy.compare.draws import DRAWS_DIFFER, draws_line, ops_drawn
 from accuracy.compare.judge import KERNEL_PREFIX, amplification_is_evidence
 from accuracy.compare.row import JUDGED, Row
@@ -84,6 +85,9 @@ def analyse(rows: list[Row], cfg: dict[str, Any], meta: dict[str, Any]
     stats_only = bool(rows) and not any(r.rel_euc_dist is not None for r in rows)
     summary: dict[str, Any] = {
         "counts": {v: counts.get(v, 0) for v in V},
+        # of the unmatched rows, eager values a compiled run fused into its kernels by design
+        "fused_away": sum(1 for r in rows if r.verdict == V.UNMATCHED
+                          and r.message == FUSED_AWAY),
         "judged_counts": {v: own.get(v, 0) for v in V},
         "rows": len(rows),
         "verdict": (V.ERROR if counts.get(V.ERROR) else V.WARNING if counts.get(V.WARNING)

@@ -68,6 +68,23 @@ def verdict_text(s: dict[str, Any]) -> str:
     return f"{s['verdict'].upper()} over what was recorded only: {', '.join(parts)} (BLIND above)"
 
 
+FUSED = "fused away"
+
+
+def count_parts(s: dict[str, Any]) -> list[tuple[str, int]]:
+    """A summary's row counts as shown: the unmatched rows that are eager values a compiled
+    run fused into its kernels by design counted apart, as "fused away", after the others
+    ("unmatched 541" worried a reader when 521 of them were fused away)."""
+    fused = int(s.get("fused_away") or 0)
+    out: list[tuple[str, int]] = []
+    for k, v in s["counts"].items():
+        if k == "unmatched" and fused:
+            out += [(k, v - fused), (FUSED, fused)]
+        else:
+            out.append((k, v))
+    return out
+
+
 def format_summary(s: dict[str, Any], top: int = 5) -> str:
     """A compare's summary: what the dumps did not see first, then counts, speed, the culprit
     and the `top` suspects."""
@@ -76,7 +93,7 @@ def format_summary(s: dict[str, Any], top: int = 5) -> str:
     out += [f"  BLIND: {b}" for b in s.get("blind") or []]
     out += [f"  RECOMPILED: {b}" for b in s.get("recompiles") or []]
     out += [f"  WARNING: {w}" for w in s.get("refusals") or []]
-    out.append(f"  rows {s['rows']}: " + ", ".join(f"{k} {v}" for k, v in s["counts"].items())
+    out.append(f"  rows {s['rows']}: " + ", ".join(f"{k} {v}" for k, v in count_parts(s))
                + f"  ->  {verdict_text(s)}")
     judged = s.get("judged_counts")
     if judged:
@@ -115,8 +132,20 @@ def format_summary(s: dict[str, Any], top: int = 5) -> str:
     return "\n".join(out)
 
 
+def culprit_text(c: dict[str, Any]) -> str:
+    """An op row as a summary names it: op, phase and module."""
+    return f"{shown(c.get('op') or '')} [{c.get('phase')}] in {shown(c.get('module') or '-')}"
+
+
 def format_ranks(s: dict[str, Any]) -> str:
-    """A multi-rank compare's merged summary, one line per rank."""
+    """A multi-rank compare's merged summary, one line per rank. Collective epochs (how many
+    collectives a rank had issued) are said only where there are ranks to line up: in a
+    one-rank run every op is at epoch 0, which read as a training epoch."""
+    many = (s.get("world_size") or 1) > 1
+
+    def epoch(r: dict[str, Any]) -> str:
+        return f" at collective epoch {r.get('epoch')}" if many else ""
+
     out = [f"compared {len(s['ranks'])} ranks (world size {s['world_size']}): {s['my']} (my) "
            f"with {s['golden']} (golden)" + (f", replay {s['replay']}" if s.get("replay") else "")
            + f"  ->  {verdict_text(s)}",
@@ -132,15 +161,16 @@ def format_ranks(s: dict[str, Any]) -> str:
         c, fd = e["culprit"], e["first_divergence"]
         if e["label"] == "inherited":
             i = e["inherited"]
-            what = f"inherited via {i['via']} (epoch {i['epoch']}) from rank {i['from_rank']}"
+            what = (f"inherited via {i['via']} (collective epoch {i['epoch']}) from rank "
+                    f"{i['from_rank']}")
         elif c is not None:
             # the merged rows.csv's Index, and the row in the rank's own report
             what = (f"culprit #{c['index']} (rank{e['rank']}/rows.csv #{c['rank_index']}) "
-                    f"{c['op']} [{c['phase']}] epoch {c['epoch']}: {c['message']}")
+                    f"{culprit_text(c)}{epoch(c)}: {c['message']}")
         else:
             what = e["label"]
         out.append(f"  rank {e['rank']}: {e['verdict']:7s} {what}"
-                   + (f" (first divergence epoch {fd['epoch']} seq {fd['seq_my']})" if fd else ""))
+                   + (f" (first divergence seq {fd['seq_my']}{epoch(fd)})" if fd else ""))
     return "\n".join(out)
 
 

@@ -13,6 +13,11 @@ The mapping (also in docs/long-runs.md):
 - async_dump: accepted either way; our writes always run on a background thread.
 - dump_enable: msprobe's switch: false records no step, true (or absent) the steps above. The
   debugger re-reads the file while training runs (debugger.core), so a job can be steered.
+- overwrite (ours): replace the dumps an earlier run left in dump_path (else those steps are
+  not recorded, and the debugger says so when it starts).
+- list at L0 (and `Module.` names at mix): msprobe's `Module.<path>.<Class>.forward.<n>`;
+  a name whose segment before `forward` is no class name (`Module.layers.0.forward.0`) is
+  refused, since its path cannot be told from it (it was read as the parent, `layers`).
 Imports no torch.
 """
 
@@ -38,7 +43,7 @@ LEVELS = ("L0", "L1", "mix")
 OTHER_TASKS = ("acc_check", "run_ut", "free_benchmark", "grad_probe", "structure",
                "exception_dump", "nan_check", "kernel_dump")
 TOP_FIELDS = ("task", "dump_path", "rank", "step", "level", "async_dump", "schedule",
-              "dump_enable")
+              "dump_enable", "overwrite")
 # msprobe fields that change nothing here (said once in the log)
 TOP_NO_EFFECT = ("extra_info", "seed", "is_deterministic", "enable_dataloader", "framework",
                  "acl_config", "precision")
@@ -68,11 +73,20 @@ class DebugConfig:
     async_dump: bool = False
     overflow_nums: int = 1
     dump_enable: bool = True
+    overwrite: bool = False
     ignored: list[str] = field(default_factory=list)
 
     @property
     def mode(self) -> str:
         return "tensor" if self.task == "tensor" else "statistics"
+
+    def steps_text(self) -> str:
+        """Which steps record, in words: "every step", "steps 0, 4-6", "schedule(...)"."""
+        if self.steps is None:
+            return "every step"
+        if isinstance(self.steps, Schedule):
+            return f"steps by {self.steps.describe()}"
+        return "steps " + ", ".join(map(str, self.steps.describe()))
 
     def wants(self, step: int, rank: int) -> bool:
         return (self.dump_enable and (self.steps is None or step in self.steps)
@@ -90,7 +104,8 @@ class DebugConfig:
                 f"level={self.level} dump_path={self.dump_path} step={ids(self.steps)} "
                 f"rank={ids(self.ranks)} data_mode={','.join(self.data_mode)}"
                 f"{sel}" + (f" overflow_nums={self.overflow_nums}"
-                            if self.task == "overflow_check" else ""))
+                            if self.task == "overflow_check" else "")
+                + (" overwrite=true" if self.overwrite else ""))
 
 
 def _fail(where: str, msg: str) -> UsageError:
@@ -112,15 +127,39 @@ def _str_list(v: Any, name: str, where: str) -> list[str]:
     return check_list(v, name, where)
 
 
-def split_list(names: list[str], level: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+_PASSES = ("forward", "backward")
+
+
+def module_name(name: str, where: str = "config") -> str:
+    """An msprobe `Module.` list name -> the module path the dumper's `modules=` takes:
+    `Module.layers.0.Linear.forward.0` -> `layers.0`, `Module.TinyLM.forward.0` (the root)
+    -> `TinyLM`, `Module.layers.0` -> `layers.0`. A name ending `.forward.<n>` whose segment
+    before it is no class name is refused: which of its segments is the path is unknown."""
+    parts = name.split(".")
+    if len(parts) >= 4 and parts[-2] in _PASSES and parts[-1].isdigit():
+        cls, path = parts[-3], parts[1:-3]
+        if not (cls.isidentifier() and cls[:1].isupper()):
+            alone = ".".join(parts[1:-2])
+            raise _fail(where, f"list entry {name!r}: {cls!r} before '.{parts[-2]}."
+                               f"{parts[-1]}' is not a class name, so the module is unclear: "
+                               "msprobe's L0 names are Module.<path>.<Class>.forward.<n> (e.g. "
+                               f"Module.layers.0.Linear.forward.0); add the class, or give the "
+                               f"module path alone ({alone!r})")
+        return ".".join(path) or cls
+    path = ".".join(parts[1:])
+    if not path:
+        raise _fail(where, f"list entry {name!r} names no module")
+    return path
+
+
+def split_list(names: list[str], level: str, where: str = "config"
+               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """msprobe `list` entries -> (op patterns, module patterns) for the dumper."""
     ops: list[str] = []
     modules: list[str] = []
     for name in names:
         if name.startswith("Module."):  # Module.<path>.<Class>.forward.<n>
-            parts = name.split(".")
-            path = ".".join(parts[1:-3]) if len(parts) > 4 else ".".join(parts[1:])
-            modules.append(path or name)
+            modules.append(module_name(name, where))
         elif level == "L0":
             modules.append(name)
         else:
@@ -148,7 +187,8 @@ def _schedule(v: Any, where: str) -> Schedule:
 
 def build(data: dict[str, Any], where: str = "config", **overrides: Any) -> DebugConfig:
     """A DebugConfig from msprobe's config dict; `overrides` are PrecisionDebugger's keywords
-    (task, dump_path, level, step, schedule), which win over the file as in msprobe."""
+    (task, dump_path, level, step, schedule, overwrite), which win over the file as in
+    msprobe."""
     if not isinstance(data, dict):
         raise _fail(where, "the top level must be a JSON object")
     data = dict(data)
@@ -190,6 +230,10 @@ def build(data: dict[str, Any], where: str = "config", **overrides: Any) -> Debu
     if not isinstance(enable, bool):
         raise _fail(where, f"dump_enable must be true or false, not {enable!r:.40}")
     cfg.dump_enable = enable
+    overwrite = data.get("overwrite", False)
+    if not isinstance(overwrite, bool):
+        raise _fail(where, f"overwrite must be true or false, not {overwrite!r:.40}")
+    cfg.overwrite = overwrite
     section = data.get(task, {})
     if not isinstance(section, dict):
         raise _fail(where, f"{task} must be an object")
@@ -197,7 +241,8 @@ def build(data: dict[str, Any], where: str = "config", **overrides: Any) -> Debu
     if section.get("scope"):
         raise _fail(where, f"{task}.scope (an interval between two names) is not supported; "
                            "name the modules or APIs to record in list instead")
-    cfg.ops, cfg.modules = split_list(_str_list(section.get("list", []), "list", where), level)
+    cfg.ops, cfg.modules = split_list(_str_list(section.get("list", []), "list", where), level,
+                                      where)
     modes = tuple(_str_list(section.get("data_mode", ["all"]), "data_mode", where)) or ("all",)
     bad = [m for m in modes if m not in DATA_MODES]
     if bad:

@@ -3,7 +3,9 @@
 A driver, not a recorder: on a step the config selects (and a rank it selects), `start()`
 opens a `dumper` writing `dump_path/step{N}/rank{R}/dump.h5` and `stop()` closes it; on every
 other step nothing is installed, so the step runs at the bare speed. Mistakes in the call
-order are logged, one line each, and training goes on.
+order are logged, one line each, and training goes on. The first `start()` says where the
+dumps go, and whether `dump_path` already holds an earlier run's (not replaced unless
+`overwrite` was chosen), as warnings: a training script shows no info lines.
 
 The config file is re-read while training runs, as msprobe's dynamic switch (`dump_enable`)
 needs: at the end of each step, when its modification time or size changed, through the same
@@ -31,16 +33,17 @@ class PrecisionDebugger:
     """msprobe's `PrecisionDebugger(config_path=..., task=..., dump_path=..., level=...,
     model=..., step=...)`; `schedule=` (ours) takes `accuracy.schedule(...)`.
 
-    Keywords win over the file, as in msprobe. `overwrite`: replace a step's dump left by an
-    earlier run (otherwise that step is skipped with an error in the log).
+    Keywords win over the file, as in msprobe. `overwrite` (or `"overwrite": true` in the
+    file): replace a step's dump left by an earlier run (otherwise that step is not recorded;
+    the first `start()` warns of them).
     """
 
     def __init__(self, config_path: str | os.PathLike[str] | None = None, task: str | None = None,
                  dump_path: str | os.PathLike[str] | None = None, level: str | None = None,
                  model: Any = None, step: list[int | str] | None = None, *,
-                 schedule: Schedule | None = None, overwrite: bool = False) -> None:
+                 schedule: Schedule | None = None, overwrite: bool | None = None) -> None:
         over = dict(task=task, dump_path=str(dump_path) if dump_path is not None else None,
-                    level=level, step=step, schedule=schedule)
+                    level=level, step=step, schedule=schedule, overwrite=overwrite)
         self._overrides = over
         self.config_path = Path(config_path) if config_path is not None else None
         self._stamp = self._file_stamp()
@@ -55,9 +58,9 @@ class PrecisionDebugger:
         if self.config.ignored:
             log.info("config fields with no effect here: %s", ", ".join(self.config.ignored))
         self.model = model
-        self.overwrite = overwrite
         self.current_step = 0
         self._started = False
+        self._announced = False
         self._dumper: Any = None
         self._rank: int | None = None
 
@@ -77,6 +80,9 @@ class PrecisionDebugger:
             from accuracy.dumper.compiled import standing
 
             standing.ensure()
+        if not self._announced:
+            self._announced = True
+            self._announce()
         if not self.config.wants(self.current_step, self.rank):
             return
         try:
@@ -149,6 +155,45 @@ class PrecisionDebugger:
     def path_for(self, step: int, rank: int) -> Path:
         """Where step `step` of rank `rank` is written."""
         return self.config.dump_path / f"step{step}" / f"rank{rank}" / "dump.h5"
+
+    @property
+    def overwrite(self) -> bool:
+        """Whether an earlier run's dump of a step recorded again is replaced."""
+        return self.config.overwrite
+
+    def earlier_steps(self) -> list[int]:
+        """Steps of this rank whose dumps an earlier run left in dump_path."""
+        found = []
+        try:
+            for child in self.config.dump_path.glob("step*"):
+                n = child.name[4:]
+                if n.isdigit() and (child / f"rank{self.rank}" / "dump.h5").is_file():
+                    found.append(int(n))
+        except OSError:
+            return []
+        return sorted(found)
+
+    def _announce(self) -> None:
+        """Where this run dumps, and what an earlier run left there: said once, as warnings
+        (msprobe prints its dump path; a reused dump_path kept each step's old dump and said
+        only 'not recorded' per step, as an error)."""
+        if not self.config.dump_enable:
+            return
+        c = self.config
+        log.warning("PrecisionDebugger: recording %s (%s mode) to %s/step{N}/rank%d/dump.h5",
+                    c.steps_text(), c.mode, c.dump_path, self.rank)
+        old = self.earlier_steps()
+        if not old:
+            return
+        shown = ", ".join(map(str, old[:10])) + (", ..." if len(old) > 10 else "")
+        if self.overwrite:
+            log.warning("PrecisionDebugger: %s holds an earlier run's dumps (steps %s): each "
+                        "step recorded again replaces its dump (overwrite)", c.dump_path, shown)
+        else:
+            log.warning("PrecisionDebugger: %s holds an earlier run's dumps (steps %s): a step "
+                        "recorded again is not written and its old dump is kept; pass "
+                        "overwrite=True (or \"overwrite\": true in config.json) to replace "
+                        "them, or choose another dump_path", c.dump_path, shown)
 
     @property
     def recording(self) -> bool:

@@ -104,11 +104,25 @@ def require_backend(on: str) -> None:
 
 def _open(dump: Dump | str | os.PathLike[str]) -> Dump:
     d = dump if isinstance(dump, Dump) else load_dump(dump)
+    try:
+        _check_replayable(d)
+    except ReplayError:
+        if d is not dump:
+            d.close()
+        raise
+    return d
+
+
+def _check_replayable(d: Dump) -> None:
+    src = d.attrs.get(schema.ROOT_REPLAYED_FROM)
+    if src:  # its rows are the reference's figures of another dump's ops, not a run
+        raise ReplayError(f"{d.path} is a replay of {src} (written by `accuracy replay`), not "
+                          f"a dump of a run: replay the dump itself (`accuracy replay {src} "
+                          "-o replay.h5`)")
     if d.attrs.get(schema.ROOT_MODE) == "statistics":
         raise ReplayError(
             f"{d.path} was dumped in statistics mode: replay needs the tensor values; dump "
             "again with dumper(..., mode=\"tensor\")")
-    return d
 
 
 def _select(d: Dump, ops: str | Iterable[str] | None) -> list[OpRecord]:

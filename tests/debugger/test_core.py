@@ -309,3 +309,57 @@ def test_importing_the_debugger_imports_no_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
+
+
+# -- msprobe habits: where it dumps, a reused dump_path --------------------------------------
+
+def _one_step(dbg: PrecisionDebugger) -> None:
+    model, batch = tiny_lm(), lm_batch(batch=1, seq=4)
+    dbg.start(model)
+    lm_step(model, batch)
+    dbg.stop()
+    dbg.step()
+
+
+def _said(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_start_says_where_it_dumps(tmp_path, caplog):
+    """msprobe prints its dump path; `start()` said nothing a training script shows (no info
+    lines there): the first `start()` says it as a warning, once."""
+    caplog.set_level(logging.WARNING, logger="accuracy")
+    dbg = PrecisionDebugger(dump_path=tmp_path / "dp", step=[0, "2-3"])
+    _one_step(dbg)
+    _one_step(dbg)
+    said = _said(caplog)
+    assert said == [f"PrecisionDebugger: recording steps 0, 2-3 (statistics mode) to "
+                    f"{tmp_path / 'dp'}/step{{N}}/rank0/dump.h5"], said
+
+
+def test_a_reused_dump_path_is_said_at_start_and_replaced_only_when_asked(tmp_path, caplog):
+    """A second run into the same dump_path once logged only 'step 0: not recorded: ...
+    already exists' per step. The first start() says what an earlier run left there, the old
+    dumps are kept, and `overwrite` (keyword or config.json) replaces them."""
+    dp = tmp_path / "dp"
+    _one_step(PrecisionDebugger(dump_path=dp, step=[0]))
+    first = (dp / "step0/rank0/dump.h5").read_bytes()
+    caplog.set_level(logging.WARNING, logger="accuracy")
+    dbg = PrecisionDebugger(dump_path=dp, step=[0])
+    dbg.start(tiny_lm())  # said here, before the step runs
+    said = _said(caplog)
+    assert any(m.startswith(f"PrecisionDebugger: {dp} holds an earlier run's dumps (steps 0): "
+                            "a step recorded again is not written and its old dump is kept; "
+                            "pass overwrite=True") for m in said), said
+    dbg.stop()
+    assert (dp / "step0/rank0/dump.h5").read_bytes() == first  # nothing overwritten
+    caplog.clear()
+    cfg = _write(tmp_path, {**MSPROBE_EXAMPLE, "dump_path": str(dp), "step": [0],
+                            "overwrite": True})
+    _one_step(PrecisionDebugger(config_path=cfg))
+    assert any("each step recorded again replaces its dump (overwrite)" in m
+               for m in _said(caplog)), _said(caplog)
+    assert (dp / "step0/rank0/dump.h5").read_bytes() != first
+    with pytest.raises(UsageError, match="overwrite must be true or false"):
+        PrecisionDebugger(config_path=_write(tmp_path, {**MSPROBE_EXAMPLE, "overwrite": "yes"}))
+    assert not PrecisionDebugger(config_path=cfg, overwrite=False).overwrite  # keyword wins

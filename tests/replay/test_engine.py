@@ -264,6 +264,23 @@ def test_statistics_dump_is_refused(tmp_path):
     assert main(["replay", str(path), "-o", str(tmp_path / "r.h5")]) == 2
 
 
+def test_a_replay_given_as_the_dump_is_refused(tmp_path, capsys):
+    """`accuracy replay replay.h5 -o rr.h5` once ran ('34 ok, 721 skipped') and wrote a file:
+    a replay holds the reference's figures of another dump's ops, not a run to replay."""
+    from accuracy.cli import main
+
+    path = tmp_path / "d.h5"
+    with dumper(path):
+        torch.ones(3).exp()
+    replay(path, tmp_path / "r.h5")
+    with pytest.raises(ReplayError, match="is a replay of .*d.h5"):
+        replay(tmp_path / "r.h5", tmp_path / "rr.h5")
+    assert main(["replay", str(tmp_path / "r.h5"), "-o", str(tmp_path / "rr.h5")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "replay the dump itself" in err, err
+    assert not list(tmp_path.glob("rr*"))  # nothing half-written
+
+
 def test_newer_schema_is_refused(tmp_path):
     import h5py
 

@@ -445,3 +445,25 @@ def test_fsdp2_parameters_are_recorded_as_each_step_gathers_them(runs):
         assert len(seen) == 3 and len(set(norms)) == 3, (seen, norms)
         assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(seen, norms, strict=True)), \
             (seen, norms)
+
+
+def test_ddp_and_fsdp2_ranks_against_a_single_process_run_are_the_same_model(runs, tmp_path):
+    """DDP names every op `DistributedDataParallel.module.<layer>` and fully_shard makes the
+    model's class `FSDPSequential`: a rank of either against the bare model's step is the same
+    model, compared both ways, never refused as another model's dump."""
+    from accuracy.compare import compare
+    from tests._support.multirank_worker import _batch, _ln_model, _model
+
+    x, y = _batch(0)
+    with dumper(tmp_path / "bare.h5"):
+        torch.nn.functional.cross_entropy(_model()(x), y).backward()
+    m = _ln_model()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False)
+    with dumper(tmp_path / "bare_ln.h5"):
+        m(x).sum().backward()
+        opt.step()
+    for wrapped, bare in ((runs / "ddp-golden" / "run_0.h5", tmp_path / "bare.h5"),
+                          (runs / "fsdp-gold-a" / "x_0.h5", tmp_path / "bare_ln.h5")):
+        for my, golden in ((wrapped, bare), (bare, wrapped)):
+            s = compare(my, golden).summary
+            assert s["coverage"]["compared"] > 0.3 * s["coverage"]["my_tensors"], s["coverage"]

@@ -213,14 +213,16 @@ def test_replay_of_another_dump_is_refused_naming_both(tmp_path, capsys):
     assert "other.h5" in err and "g.h5" in err
 
 
-def test_swapped_sides_warn(tmp_path, capsys):
+def test_swapped_sides_are_refused(tmp_path, capsys):
+    from accuracy.errors import NotComparableError
+
     gold = _mlp_dump(tmp_path / "g.h5")
     dev = _mlp_dump(tmp_path / "d.h5", faults=[])
-    rep = compare(gold, dev)  # -m is the CPU reference, -g the sim device
-    assert any("swapped" in m for m in rep.summary["refusals"])
-    assert not any("swapped" in m for m in compare(dev, gold).summary["refusals"])
-    main(["compare", "-m", str(gold), "-g", str(dev)])
-    assert "WARNING" in capsys.readouterr().out
+    with pytest.raises(NotComparableError, match="swap them"):
+        compare(gold, dev)  # -m is the CPU reference, -g the sim device
+    assert compare(dev, gold).summary["rows"] > 0  # the right way round
+    assert main(["compare", "-m", str(gold), "-g", str(dev)]) == 2
+    assert "swap them" in capsys.readouterr().err
 
 
 def test_incomplete_dump_is_said_first(tmp_path, capsys):
