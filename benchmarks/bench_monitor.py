@@ -104,8 +104,8 @@ def overhead(steps: int, folder: Path, against: Path | None = None,
              defaults: bool = False) -> dict[str, float]:
     """Median per-step seconds, bare vs monitored every step, interleaved; `defaults`: the
     monitor as made with no options (snapshots every 10 steps, the batch kept each step),
-    else figures only (no snapshots). With `against`, a third arm monitored by that
-    figures.py's Collector."""
+    else figures only (no snapshots). With `against`, a third arm with the same options,
+    monitored by that figures.py's Collector."""
     m1, o1, b1, bare = _trainer()
     arms = {"bare": bare}
     m2, o2, b2, raw = _trainer()
@@ -115,7 +115,7 @@ def overhead(steps: int, folder: Path, against: Path | None = None,
     if against is not None:
         m3, o3, b3, raw3 = _trainer()
         arms["against"] = am.watch(raw3, m3, o3, path=folder / "against.monitor.h5",
-                                   snapshot_every=None, overwrite=True)
+                                   overwrite=True, **snap)  # the same options: an A/B
         _against(arms["against"].monitor, against)
     for _ in range(3):  # warm-up (allocator, first AdamW step, file creation)
         for fn in arms.values():

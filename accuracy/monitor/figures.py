@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from accuracy import native
 from accuracy.dumper.collectives import local_tensor
 from accuracy.patterns import module_matches
 
@@ -36,8 +37,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     one crashes the process), so figures of sharded tensors are this rank's shard's. An
     unknown wrapper gives an empty tensor: no figures for it. Unwrap before `detach()`:
     detached with dispatch off, a DTensor becomes a plain tensor without bytes."""
-    if type(t) is torch.Tensor:
-        return t
+    if type(t) is torch.Tensor or type(t) is nn.Parameter:  # a Parameter of a subclass
+        return t                                 # has the subclass's type, not Parameter
     lt = local_tensor(t)
     return lt if lt is not None else torch.empty(0)
 
@@ -116,9 +117,55 @@ def _norms(ts: list[torch.Tensor]) -> list[torch.Tensor]:
             torch._foreach_norm([t])[0] for t, lo in zip(ts, low, strict=True)]
 
 
+def _native_ok(t: torch.Tensor) -> bool:
+    """Whether the native pass reads `t` as it is: its values contiguous fp32/fp64 host memory
+    (attribute reads only: this runs for every tensor of every step)."""
+    return (t.is_cpu and (t.dtype is torch.float32 or t.dtype is torch.float64)
+            and t.layout is torch.strided and t.is_contiguous() and not t.is_neg()
+            and t.numel() > 0)
+
+
+def _cpu_rows(ts: list[torch.Tensor]) -> list[tuple[float, float, float] | None]:
+    """(norm, min, max) of each contiguous fp32/fp64 CPU tensor of `ts`, all in one native
+    call (min, max and an fp64 sum of squares in one pass each), where a `_foreach_norm` and
+    an `aminmax` take two passes and four dispatches a tensor. None (the torch path then) for
+    the other tensors, where the kernels are not built, and where a value or the sum of
+    squares is not finite (the torch path counts NaN/inf)."""
+    out: list[tuple[float, float, float] | None] = [None] * len(ts)
+    idx = [i for i, t in enumerate(ts) if _native_ok(t)]
+    if not idx:
+        return out
+    got = native.stats_passes([(ts[i].data_ptr(), ts[i].numel(),
+                                ts[i].dtype is torch.float32) for i in idx])
+    if got is None:
+        return out
+    for i, r in zip(idx, got, strict=True):
+        if r is not None and math.isfinite(r[3]):
+            out[i] = (math.sqrt(r[3]), r[0], r[1])
+    return out
+
+
+def _norm_values(ts: list[torch.Tensor]) -> list[Value]:
+    """L2 norms of `ts`: read at once through the native pass where `_cpu_rows` takes the
+    tensor, the others batched in one `_foreach_norm` (0-d tensors, read back later)."""
+    out: list[Value] = []
+    rest: list[int] = []
+    for i, row in enumerate(_cpu_rows(ts)):
+        if row is None:
+            rest.append(i)
+            out.append(NAN)
+        else:
+            out.append(row[0])
+    if rest:
+        for i, n in zip(rest, _norms([ts[i] for i in rest]), strict=True):
+            out[i] = n
+    return out
+
+
 class _Reductions:
-    """Norm, min, max and (nan, inf) counts of a list of tensors: one `_foreach_norm`, one
-    `aminmax` per tensor. On an accelerator they stay 0-d tensors on their device until
+    """Norm, min, max and (nan, inf) counts of a list of tensors. A contiguous fp32/fp64 CPU
+    tensor takes one native pass (`_cpu_rows`); the others one `_foreach_norm` for all and one
+    `aminmax` each. On an accelerator they stay 0-d tensors on their device until
     `_read_back` (the step never waits); on CPU, where reading one is a load from memory and
     the norm is read anyway to decide on the counts, they are read at once."""
 
@@ -131,24 +178,35 @@ class _Reductions:
     def add(self, ts: list[torch.Tensor]) -> range:
         """Reduce `ts` (under _NoDispatch); returns the entries made."""
         first = self.n
-        if not ts:
-            return range(first, first)
-        norms = _norms(ts)
-        for t, nrm in zip(ts, norms, strict=True):
+        rest: list[torch.Tensor] = []
+        at: list[int] = []
+        for t, row in zip(ts, _cpu_rows(ts), strict=True):
+            if row is None:
+                at.append(self.n)
+                rest.append(t)
+                self.floats += (NAN, NAN, NAN)
+            else:
+                self.floats += row
+            self.n += 1
+        if rest:
+            self._torch(rest, at)
+        return range(first, self.n)
+
+    def _torch(self, ts: list[torch.Tensor], entries: list[int]) -> None:
+        """The torch path of `ts`, into the places of `entries`."""
+        for e, t, nrm in zip(entries, ts, _norms(ts), strict=True):
             if t.device.type == "cpu":
                 n = float(nrm)
                 lo, hi = (float(x) for x in torch.aminmax(t)) if t.numel() else (NAN, NAN)
-                self.floats += (n, lo, hi)
+                self.floats[3 * e:3 * e + 3] = (n, lo, hi)
                 if not math.isfinite(n):  # a finite norm proves there is no nan or inf
-                    self.counted[self.n] = len(self.ints)
+                    self.counted[e] = len(self.ints)
                     self.ints += (float(torch.isnan(t).sum()), float(torch.isinf(t).sum()))
             else:
                 lo, hi = torch.aminmax(t) if t.numel() else (nrm.new_full((), NAN),) * 2
-                self.floats += (nrm, lo, hi)
-                self.counted[self.n] = len(self.ints)
+                self.floats[3 * e:3 * e + 3] = (nrm, lo, hi)
+                self.counted[e] = len(self.ints)
                 self.ints += (torch.isnan(t).sum(), torch.isinf(t).sum())
-            self.n += 1
-        return range(first, self.n)
 
 
 Row = tuple[float, float, float, float, float]
@@ -317,7 +375,7 @@ class Collector:
             with _NoDispatch():
                 diff = self._before
                 torch._foreach_sub_(diff, [_local(p).detach() for p in self.params])
-                self._update = torch._foreach_norm(diff)
+                self._update = _norm_values(diff)
             self._before = None
         except Exception:
             log.exception("monitor: update figures failed")
@@ -344,8 +402,7 @@ class Collector:
             if self._grads is None:  # no optimizer step seen: the gradients as they are
                 self._grad_figures()
             have, grads = self._grads  # type: ignore[misc]
-            p_norms = list(torch._foreach_norm([_local(p).detach() for p in self.params])) \
-                if self.params else []
+            p_norms = _norm_values([_local(p).detach() for p in self.params])
             update = list(self._update) if self._update is not None else []
             state = self._state_norms()
             act = self._act
@@ -385,7 +442,7 @@ class Collector:
             if k not in self.state_keys:
                 self.state_keys.append(k)
             out.append((k, [i for i, _ in by_key[k]],
-                        list(torch._foreach_norm([v for _, v in by_key[k]]))))
+                        _norm_values([v for _, v in by_key[k]])))
         return out
 
     def _assemble(self, acts: list[Row], have: list[int], grads: list[Row],

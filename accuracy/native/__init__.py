@@ -215,6 +215,8 @@ _P, _N = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
     "stats_f32": [_P, _N, _P, _P],  # (values, count, out double[4], counts int64[2])
     "stats_f64": [_P, _N, _P, _P],
+    # (pointers, counts, fp32 flags int8, k, out double[4k], non-finite flags int64[k])
+    "stats_many": [_P, _P, _P, _N, _P, _P],
     # (mine, golden, count, rel_eps, sums double[8], counts int64[3])
     "compare_f64": [_P, _P, _N, ctypes.c_double, _P, _P],
     "compare_f32_f64": [_P, _P, _N, ctypes.c_double, _P, _P],  # mine fp32, golden fp64
@@ -233,6 +235,28 @@ def stats_pass(ptr: int, n: int, fp32: bool) -> tuple[float, float, float, float
     if counts[0]:
         return None
     return out[0], out[1], out[2], out[3], counts[1]
+
+
+def stats_passes(blocks: list[tuple[int, int, bool]]
+                 ) -> list[tuple[float, float, float, float] | None] | None:
+    """`stats_pass` of many blocks `(ptr, n, fp32)` in one call: (min, max, sum, sum of
+    squares) per block, None for a block holding a non-finite value; None where the kernels
+    are not built. One ctypes call however many blocks: a step's small tensors cost their
+    passes, not a call each."""
+    lib = kernels()
+    if lib is None:
+        return None
+    k = len(blocks)
+    if k == 0:
+        return []
+    ptrs = (ctypes.c_void_p * k)(*[b[0] for b in blocks])
+    ns = (ctypes.c_int64 * k)(*[b[1] for b in blocks])
+    kinds = (ctypes.c_int8 * k)(*[1 if b[2] else 0 for b in blocks])
+    out, flags = (ctypes.c_double * (4 * k))(), (ctypes.c_int64 * k)()
+    lib.stats_many(ptrs, ns, kinds, k, out, flags)
+    vals = out[:]
+    return [None if flags[i] else (vals[4 * i], vals[4 * i + 1], vals[4 * i + 2],
+                                   vals[4 * i + 3]) for i in range(k)]
 
 
 def compare_pass(mine: int, golden: int, n: int, rel_eps: float, mine_fp32: bool = False

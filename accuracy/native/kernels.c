@@ -59,6 +59,23 @@ void stats_f64(const double *x, int64_t n, double *out, int64_t *counts) {
     counts[1] = (int64_t)bits;
 }
 
+/* stats_f32/stats_f64 of k blocks in one call (the monitor's figures of a step's many small
+ * tensors, where a ctypes call per tensor cost more than its pass): block i is ns[i] values at
+ * ptrs[i], fp32 where fp32[i] else fp64; its [min, max, sum, sum of squares] go to out[4i..]
+ * and its non-finite flag to flags[i] (the checksums are not kept).
+ */
+void stats_many(void *const *ptrs, const int64_t *ns, const int8_t *fp32, int64_t k,
+                double *out, int64_t *flags) {
+    int64_t counts[2];
+    for (int64_t i = 0; i < k; i++) {
+        if (fp32[i])
+            stats_f32((const float *)ptrs[i], ns[i], out + 4 * i, counts);
+        else
+            stats_f64((const double *)ptrs[i], ns[i], out + 4 * i, counts);
+        flags[i] = counts[0];
+    }
+}
+
 /* One chunk of a compare (accuracy/compare/metrics.py, StreamingMetrics.update) in one pass
  * over fp64 values x (mine) and y (golden): sums = [x.x, y.y, x.y, d.d, sum |d|, max |d|,
  * sum rel, max rel], counts = [1 if the chunk holds a non-finite value, rel < 1e-3,

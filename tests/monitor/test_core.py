@@ -362,9 +362,16 @@ def test_sim_fault_window_and_state():
         sim.fault("aten.mul.Tensor", kind="bias", value=1.0, start=4, stop=4)
 
 
-def test_the_monitor_is_invisible_to_a_dumper_and_to_sim(tmp_path):
+@pytest.mark.parametrize("path", ["native", "torch"])
+def test_the_monitor_is_invisible_to_a_dumper_and_to_sim(tmp_path, monkeypatch, path):
+    """Both paths of the figures: the native pass (fp32/fp64 on CPU) and torch's reductions
+    (every tensor where the kernels are not built, 16-bit ones always)."""
+    from accuracy import native
     from accuracy.dumper import dumper
     from accuracy.dumpfile import load_dump
+
+    if path == "torch":
+        monkeypatch.setattr(native, "_resolved", [None])
 
     counts = []
     for monitored in (False, True):

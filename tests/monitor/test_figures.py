@@ -174,3 +174,116 @@ def test_bf16_outputs_under_autocast_have_float32_norms(tmp_path):
                     for r, e in enumerate(expected)])
     want = np.array([[e[n] for n in names if n in e] for e in expected])
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def _reference_row(t: torch.Tensor) -> tuple[float, float, float, float, float]:
+    """(norm, min, max, nan, inf) computed in float64 with torch, one figure at a time."""
+    d = t.detach().double()
+    if d.numel() == 0:
+        return (0.0, math.nan, math.nan, 0.0, 0.0)
+    return (float(torch.linalg.vector_norm(d)), float(d.min()), float(d.max()),
+            float(torch.isnan(d).sum()), float(torch.isinf(d).sum()))
+
+
+def _figure_cases() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    wide = torch.randn(64, 48, generator=g)
+    wide[:, 1::2] = 1e4  # what a read of the raw memory would see, and the view does not
+    nan = torch.randn(300, generator=g)
+    nan[7] = math.nan
+    inf = torch.randn(300, generator=g)
+    inf[3], inf[9] = math.inf, -math.inf
+    return {
+        "fp32": torch.randn(4, 64, 128, generator=g),
+        "fp64": torch.randn(513, generator=g, dtype=torch.float64) * 1e3,
+        "bf16": torch.randn(1000, generator=g).bfloat16(),
+        "fp16": torch.randn(1000, generator=g).half(),
+        "nan": nan, "inf": inf,
+        "strided": wide[:, ::2],
+        "transposed": torch.randn(32, 64, generator=g).t(),
+        "empty": torch.empty(0, 5),
+        "one": torch.tensor([-2.5]),
+    }
+
+
+def _rows_of(ts: list[torch.Tensor]) -> list[tuple[float, ...]]:
+    from accuracy.monitor import figures
+
+    red = figures._Reductions()
+    red.add(ts)
+    f, c = figures._read_back(red.floats, red.ints)
+    return figures._rows(red, f, c)
+
+
+def test_the_native_pass_gives_the_figures_of_the_torch_path(monkeypatch):
+    """The monitor's one-pass native figures (contiguous fp32/fp64 on CPU) equal the torch
+    path's and float64 references, for every kind of tensor, in one batch with the tensors it
+    leaves to torch (16-bit, NaN/inf, non-contiguous views, empty); the native pass is offered
+    the tensors it can read and no other."""
+    from accuracy import native
+
+    if native.kernels() is None:
+        pytest.skip("no C compiler: the native pass is not built")
+    cases = _figure_cases()
+    names, ts = list(cases), list(cases.values())
+    taken: list[int] = []
+    real = native.stats_passes
+
+    def spy(blocks):
+        taken.extend(n for _, n, _ in blocks)
+        return real(blocks)
+
+    monkeypatch.setattr(native, "stats_passes", spy)
+    fast = _rows_of(ts)
+    # offered: every contiguous fp32/fp64 tensor (NaN/inf ones come back declined)
+    assert sorted(taken) == sorted(cases[n].numel() for n in ("fp32", "fp64", "one", "nan",
+                                                              "inf"))
+    monkeypatch.setattr(native, "_resolved", [None])  # the kernels unavailable: torch only
+    slow = _rows_of(ts)
+    for name, t, a, b in zip(names, ts, fast, slow, strict=True):
+        ref = _reference_row(t)
+        rtol = 1e-2 if t.dtype in (torch.bfloat16, torch.float16) else 1e-6
+        for got in (a, b):
+            np.testing.assert_allclose(got, ref, rtol=rtol, atol=0, equal_nan=True,
+                                       err_msg=name)
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=0, equal_nan=True, err_msg=name)
+
+
+def test_parameter_and_state_norms_take_the_native_pass_or_torch_alike(monkeypatch):
+    from accuracy import native
+    from accuracy.monitor import figures
+
+    if native.kernels() is None:
+        pytest.skip("no C compiler: the native pass is not built")
+    ts = list(_figure_cases().values())
+    fast = figures._read_back(figures._norm_values(ts), [])[0]
+    monkeypatch.setattr(native, "_resolved", [None])
+    slow = figures._read_back(figures._norm_values(ts), [])[0]
+    ref = [_reference_row(t)[0] for t in ts]
+    np.testing.assert_allclose(fast, ref, rtol=1e-2, equal_nan=True)
+    np.testing.assert_allclose(fast[:2], ref[:2], rtol=1e-6)  # fp32, fp64: native, exact
+    np.testing.assert_allclose(fast, slow, rtol=1e-2, equal_nan=True)
+
+
+def test_on_an_accelerator_a_step_reads_its_figures_back_once(tmp_path):
+    """On the npu test device (asynchronous, host reads counted) the figures stay on the
+    device until the step's one read-back: the CPU-only native pass adds no read per tensor,
+    and the figures are those of the model's outputs."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-m", "tests._support.monitor_device_worker",
+                           str(tmp_path)], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "unavailable" in got:
+        pytest.skip(got["unavailable"])
+    assert got["d2h_copies"] == got["steps"]  # one copy to the host per step
+    assert all(math.isfinite(v) and v > 0 for v in got["act_norm"])
+    assert math.isfinite(got["grad_norm"]) and got["grad_norm"] > 0

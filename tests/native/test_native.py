@@ -83,3 +83,24 @@ def test_a_cache_folder_that_cannot_be_made_is_said_and_left(tmp_path, monkeypat
     with caplog.at_level(logging.WARNING, logger="accuracy.native"):
         assert _fresh(monkeypatch) is None
     assert "cannot make" in caplog.text
+
+
+def test_many_blocks_in_one_call_give_each_blocks_own_stats():
+    """`stats_passes` (the monitor's one call per step's tensors) gives each block what
+    `stats_pass` gives it alone, fp32 and fp64 mixed, a non-finite block flagged alone."""
+    if native.kernels() is None:
+        pytest.skip("the kernels are not built")
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(1000, generator=g)
+    b = torch.randn(77, generator=g, dtype=torch.float64) * 1e5
+    c = torch.randn(10, generator=g)
+    c[4] = float("inf")
+    d = torch.tensor([3.0], dtype=torch.float64)
+    blocks = [(t.data_ptr(), t.numel(), t.dtype == torch.float32) for t in (a, b, c, d)]
+    got = native.stats_passes(blocks)
+    assert got is not None and got[2] is None
+    for i in (0, 1, 3):
+        one = native.stats_pass(*blocks[i])
+        assert one is not None and got[i] == one[:4]
+    assert got[3] == (3.0, 3.0, 3.0, 9.0)
+    assert native.stats_passes([]) == []
