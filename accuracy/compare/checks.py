@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from accuracy.dumpfile import Dump
+from accuracy.dumpfile import compiled as compiled_attrs
 from accuracy.errors import NotComparableError, UsageError
 
 log = logging.getLogger(__name__)
@@ -185,10 +186,12 @@ def check_pairing(my: Dump, golden: Dump, specs: Any) -> None:
     """Refuse two whole runs of which fewer than one tensor of my run in ten pairs with a
     golden tensor of its size (`paired_share`): whatever their module names, they are not
     the same step of the same model. A filtered dump on either side pairs with part of the
-    other by design, and is not refused."""
+    other by design, and so does a compiled run (its fused kernels pair with few eager
+    values, on either side): neither is refused."""
     mine, paired = paired_share(specs)
     if mine and paired < MIN_PAIRED_SHARE * mine and golden.records \
-            and not (filtered(my) or filtered(golden)):
+            and not (filtered(my) or filtered(golden)) \
+            and not (compiled_attrs.regions(my.attrs) or compiled_attrs.regions(golden.attrs)):
         raise NotComparableError(
             f"-m {my.path} and -g {golden.path} hardly pair: {paired} of {mine} tensors of my "
             "run have a golden counterpart of their size (fewer than 1 in 10), so they are "

@@ -4,6 +4,7 @@ dump, swapped sides) refused in one line, wrappers of the same model not."""
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -138,7 +139,15 @@ def test_wrappers_are_seen_through_to_the_models_root(path, root):
     assert model_root(path) == root
 
 
-def test_data_parallel_against_the_bare_model_is_compared(tmp_path):
+@pytest.fixture
+def cpu_data_parallel(monkeypatch):
+    """`nn.DataParallel` as on a machine with no accelerator: once a worker process has
+    loaded the `npu` test device, DataParallel would move the model onto it."""
+    module = sys.modules["torch.nn.parallel.data_parallel"]  # the name is also a function
+    monkeypatch.setattr(module, "_get_available_device_type", lambda: None)
+
+
+def test_data_parallel_against_the_bare_model_is_compared(tmp_path, cpu_data_parallel):
     """`nn.DataParallel` (on CPU it calls its module) names every op
     `DataParallel.module.<layer>`: the same model as the bare run, not another, also where
     little pairs (a golden dump of its Tanh only: the root rule has its say)."""
@@ -159,7 +168,7 @@ def test_data_parallel_against_the_bare_model_is_compared(tmp_path):
     assert 0 < paired < n / 2, (paired, n)
 
 
-def test_a_wrapped_model_beside_a_loss_module_is_compared(tmp_path):
+def test_a_wrapped_model_beside_a_loss_module_is_compared(tmp_path, cpu_data_parallel):
     """A wrapped model hides its class; the loss module's root beside it tells nothing alone
     (the golden script calls the functional loss and dumped the last layer only)."""
     x, y = torch.ones(2, 4, 8), torch.tensor([0, 1])
