@@ -313,8 +313,8 @@ def test_importing_the_debugger_imports_no_torch():
 
 # -- msprobe habits: where it dumps, a reused dump_path --------------------------------------
 
-def _one_step(dbg: PrecisionDebugger) -> None:
-    model, batch = tiny_lm(), lm_batch(batch=1, seq=4)
+def _one_step(dbg: PrecisionDebugger, seed: int = 0) -> None:
+    model, batch = tiny_lm(seed), lm_batch(batch=1, seq=4)
     dbg.start(model)
     lm_step(model, batch)
     dbg.stop()
@@ -356,7 +356,7 @@ def test_a_reused_dump_path_is_said_at_start_and_replaced_only_when_asked(tmp_pa
     caplog.clear()
     cfg = _write(tmp_path, {**MSPROBE_EXAMPLE, "dump_path": str(dp), "step": [0],
                             "overwrite": True})
-    _one_step(PrecisionDebugger(config_path=cfg))
+    _one_step(PrecisionDebugger(config_path=cfg), seed=1)  # other weights: the new dump differs
     assert any("each step recorded again replaces its dump (overwrite)" in m
                for m in _said(caplog)), _said(caplog)
     assert (dp / "step0/rank0/dump.h5").read_bytes() != first
