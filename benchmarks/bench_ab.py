@@ -7,8 +7,8 @@ with other work slow both sides alike; the load average is printed with every fi
 
 Jobs: `stats` and `tensor` (the bench step dumped in that mode), `replay` (figures-only,
 upcast fp64, of a tensor dump of the bench step made once by checkout A, plain CPU or on
-`sim`), `compare` (that dump against a second one made on `sim(profile="bf16")`, tensor
-metrics, no report files), `live` (the bench step under `live_check(on="cpu")`, plain CPU or
+`sim`), `compare` (a second dump made on `sim(profile="bf16")`, the device under test, against
+that one as golden, tensor metrics, no report files), `live` (the bench step under `live_check(on="cpu")`, plain CPU or
 inside `sim`). The last lines give, per job, B's median over A's median (of each run's time
 over its bare step's) and B's fastest CPU time over A's (the figure a loaded machine disturbs
 least): a change that should cost nothing reads near 1.00 in both.
@@ -71,10 +71,10 @@ def _child(args: argparse.Namespace) -> None:
             return f"{size / 1e6:.0f} MB"
     elif args.job == "compare":
         from accuracy.compare import compare
-        golden = Path(args.dump).with_name("golden.h5")
+        on_sim = Path(args.dump).with_name("sim-bf16.h5")
 
         def job() -> object:
-            result = compare(str(args.dump), str(golden))
+            result = compare(str(on_sim), str(args.dump))
             return f"{len(result.rows)} rows"
     elif args.job == "replay":
         from accuracy.replay import replay
@@ -149,8 +149,8 @@ def main() -> None:
                                             if args.threads else [])
     _run(args.a, ["--job", "dump", "--dump", str(dump), *common], args.threads)
     if "compare" in args.jobs.split(","):
-        golden = ["--profile", "bf16"] + common[2:]
-        _run(args.a, ["--job", "dump", "--dump", str(tmp / "golden.h5"), *golden], args.threads)
+        on_sim = ["--profile", "bf16"] + common[2:]
+        _run(args.a, ["--job", "dump", "--dump", str(tmp / "sim-bf16.h5"), *on_sim], args.threads)
     print(f"profile {args.profile}, threads {args.threads or 'default'}; A={args.a} "
           f"B={args.b}; dump {dump.stat().st_size / 1e6:.0f} MB; load at start "
           f"{os.getloadavg()[0]:.1f}")
