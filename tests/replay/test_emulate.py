@@ -86,3 +86,36 @@ def test_a_device_that_does_not_round_like_the_emulation_is_not_judged_by_it(tmp
     assert emulated and sorted(r.emulated_excess for r in emulated)[len(emulated) // 2] > 1
     assert all("not used" in r.message for r in emulated)
     assert all(r.verdict != "error" for r in emulated)
+
+
+def _three_kernels() -> None:
+    """One output each of three matmul kernels: too few per kernel for the per-kernel rule,
+    enough together for the run's (the device's rounding is judged over them all)."""
+    g = torch.Generator().manual_seed(2)
+    x, w, b = torch.randn(16, 64, generator=g), torch.randn(64, 64, generator=g), torch.randn(64)
+    with torch.no_grad():
+        h = torch.addmm(b, x @ w, w)
+        torch.bmm(h.unsqueeze(0), w.unsqueeze(0)).sum()
+
+
+def test_a_truncating_device_seen_over_few_ops_per_kernel_is_not_judged_by_the_emulation(
+        tmp_path, monkeypatch):
+    """A short step (one mm, one addmm, one bmm) on a device that truncates: no kernel has
+    enough outputs of its own to show how it rounds, the run's matmuls together do, and their
+    emulated residuals (far over the bound) are reported, not used: no false error."""
+    with monkeypatch.context() as mp:
+        mp.setitem(rounding._ROUNDINGS, "bf16", _truncate_bf16)
+        gold, dev = tmp_path / "gold.h5", tmp_path / "trunc.h5"
+        with dumper(gold):
+            _three_kernels()
+        with sim(profile="bf16"), dumper(dev):
+            _three_kernels()
+    replay(dev, tmp_path / "trunc-r.h5")
+    rep = compare(dev, gold, tmp_path / "trunc-r.h5")
+    emulated = [r for r in rep.rows if r.emulated_excess is not None]
+    assert len({r.op for r in emulated}) == 3 and len(emulated) == 3, [r.op for r in emulated]
+    assert min(r.emulated_excess for r in emulated) > 1
+    assert all("not used" in r.message and "the device does not round like" in r.message
+               for r in emulated), [r.message for r in emulated]
+    assert all(r.verdict != "error" for r in rep.rows), [r.op for r in rep.rows
+                                                           if r.verdict == "error"]
