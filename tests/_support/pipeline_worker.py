@@ -72,6 +72,61 @@ def pipeline(out: str, schedule: str, device: bool, fault_rank: int | None = Non
     return {"weight": mod[0].weight.flatten().tolist()}
 
 
+def _gpt2_stage(rank: int) -> nn.Module:
+    """Half of a tiny random-init `transformers` GPT-2 (2 blocks, no dropout): stage 0 the
+    embeddings and block 0, stage 1 block 1, the final norm and the LM head."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    lm = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2,
+                                    n_head=2, bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+                                    attn_pdrop=0.0, attn_implementation="eager"))
+    t = lm.transformer
+
+    class First(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte, self.wpe, self.block = t.wte, t.wpe, t.h[0]
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            pos = torch.arange(ids.shape[1], device=ids.device)
+            return self.block(self.wte(ids) + self.wpe(pos))
+
+    class Last(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block, self.ln_f, self.lm_head = t.h[1], t.ln_f, lm.lm_head
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return self.lm_head(self.ln_f(self.block(h)))
+
+    return First() if rank == 0 else Last()
+
+
+def gpt2(out: str, device: bool, fault_rank: int | None = None) -> dict:
+    """A tiny GPT-2 split by hand into two manual PipelineStages, GPipe, 2 micro-batches,
+    AdamW; the fault a 5% bias on the stage's attention projection (`c_attn`, an addmm) in
+    micro-batch 0 (stage 1 runs a shape-inference pass first: its occurrence 1)."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    rank = dist.get_rank()
+    mod = _gpt2_stage(rank)
+    stage = PipelineStage(mod, rank, 2, torch.device("cpu"))
+    sched = ScheduleGPipe(stage, n_microbatches=MICROBATCHES,
+                          loss_fn=lambda o, y: nn.functional.cross_entropy(o.flatten(0, 1),
+                                                                           y.flatten()))
+    opt = torch.optim.AdamW(mod.parameters(), lr=1e-3)
+    ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(1))
+    ctx = _device(rank, fault_rank, rank, "*.c_attn") if device else nullcontext()
+    with ctx, dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
+        if rank == 0:
+            sched.step(ids)
+        else:
+            sched.step(target=ids)
+        opt.step()
+    return {}
+
+
 class _Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -198,6 +253,10 @@ SCENARIOS = {
     "1f1b-dev": lambda out: pipeline(out, "1f1b", device=True),
     "fe-gold": lambda out: front_end(out, device=False),
     "fe-fault0": lambda out: front_end(out, device=True, fault_rank=0),
+    "gpt2-gold": lambda out: gpt2(out, device=False),
+    "gpt2-dev": lambda out: gpt2(out, device=True),
+    "gpt2-fault1": lambda out: gpt2(out, device=True, fault_rank=1),
+    "gpt2-fault0": lambda out: gpt2(out, device=True, fault_rank=0),
     "p2p-apis": p2p_apis,
     "pending": pending,
     "ddp-gold": lambda out: ddp(out, compiled=False),
