@@ -17,6 +17,7 @@ import sys
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,6 +48,21 @@ def _device(rank: int, fault_rank: int | None, occurrence: int, module: str | No
     return sim(profile="bf16", faults=faults)
 
 
+def _step(out: str, sched: Any, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+          device: bool, fault_rank: int | None = None, occurrence: int = 0,
+          module: str | None = None) -> None:
+    """One schedule step and the optimizer's, inside the dumper: stage 0 feeds the input, the
+    last stage the target; golden on plain CPU, the device side under `sim` (`_device`)."""
+    rank = dist.get_rank()
+    ctx = _device(rank, fault_rank, occurrence, module) if device else nullcontext()
+    with ctx, dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
+        if rank == 0:
+            sched.step(x)
+        else:
+            sched.step(target=y)
+        opt.step()
+
+
 def pipeline(out: str, schedule: str, device: bool, fault_rank: int | None = None,
              occurrence: int = 0, module: str | None = None) -> dict:
     """One training step of a two-stage pipeline (manual PipelineStage, 2 micro-batches,
@@ -62,13 +78,7 @@ def pipeline(out: str, schedule: str, device: bool, fault_rank: int | None = Non
                  loss_fn=lambda o, y: nn.functional.cross_entropy(o, y))
     opt = torch.optim.AdamW(mod.parameters(), lr=1e-3)
     x, y = _data()
-    ctx = _device(rank, fault_rank, occurrence, module) if device else nullcontext()
-    with ctx, dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
-        if rank == 0:
-            sched.step(x)
-        else:
-            sched.step(target=y)
-        opt.step()
+    _step(out, sched, opt, x, y, device, fault_rank, occurrence, module)
     return {"weight": mod[0].weight.flatten().tolist()}
 
 
@@ -79,8 +89,9 @@ def _gpt2_stage(rank: int) -> nn.Module:
 
     torch.manual_seed(0)
     lm = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2,
-                                    n_head=2, bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
-                                    attn_pdrop=0.0, attn_implementation="eager"))
+                                    n_head=2, bos_token_id=0, eos_token_id=0, resid_pdrop=0.0,
+                                    embd_pdrop=0.0, attn_pdrop=0.0,
+                                    attn_implementation="eager"))
     t = lm.transformer
 
     class First(nn.Module):
@@ -117,13 +128,7 @@ def gpt2(out: str, device: bool, fault_rank: int | None = None) -> dict:
                                                                            y.flatten()))
     opt = torch.optim.AdamW(mod.parameters(), lr=1e-3)
     ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(1))
-    ctx = _device(rank, fault_rank, rank, "*.c_attn") if device else nullcontext()
-    with ctx, dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
-        if rank == 0:
-            sched.step(ids)
-        else:
-            sched.step(target=ids)
-        opt.step()
+    _step(out, sched, opt, ids, ids, device, fault_rank, rank, "*.c_attn")
     return {}
 
 
@@ -152,13 +157,7 @@ def front_end(out: str, device: bool, fault_rank: int | None = None) -> dict:
     sched = ScheduleGPipe(stage, n_microbatches=MICROBATCHES,
                           loss_fn=lambda o, t: nn.functional.cross_entropy(o, t))
     opt = torch.optim.AdamW(stage.submod.parameters(), lr=1e-3)
-    ctx = _device(rank, fault_rank, 1, None) if device else nullcontext()
-    with ctx, dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
-        if rank == 0:
-            sched.step(x)
-        else:
-            sched.step(target=y)
-        opt.step()
+    _step(out, sched, opt, x, y, device, fault_rank, 1)
     return {}
 
 
