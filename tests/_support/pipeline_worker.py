@@ -250,6 +250,11 @@ SCENARIOS = {
     "gpipe-fault0": lambda out: pipeline(out, "gpipe", device=True, fault_rank=0, occurrence=1),
     "1f1b-gold": lambda out: pipeline(out, "1f1b", device=False),
     "1f1b-dev": lambda out: pipeline(out, "1f1b", device=True),
+    # 1F1B: the same stages and the same forward order per stage (its warm-up and steady
+    # state only interleave the backwards), so the same occurrences name micro-batch 0
+    "1f1b-fault1": lambda out: pipeline(out, "1f1b", device=True, fault_rank=1, occurrence=1,
+                                        module="*.0"),
+    "1f1b-fault0": lambda out: pipeline(out, "1f1b", device=True, fault_rank=0, occurrence=1),
     "fe-gold": lambda out: front_end(out, device=False),
     "fe-fault0": lambda out: front_end(out, device=True, fault_rank=0),
     "gpt2-gold": lambda out: gpt2(out, device=False),

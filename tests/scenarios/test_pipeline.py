@@ -24,8 +24,9 @@ from accuracy.replay.collectives import replay_ranks
 from tests._support.ranks import run_ranks
 
 WORLD = 2
-SCENARIOS = ("gpipe-gold,gpipe-dev,gpipe-fault1,gpipe-fault0,1f1b-gold,1f1b-dev,fe-gold,fe-fault0,"
-             "gpt2-gold,gpt2-dev,gpt2-fault1,p2p-apis,pending,ddp-gold,ddp-compiled")
+SCENARIOS = ("gpipe-gold,gpipe-dev,gpipe-fault1,gpipe-fault0,1f1b-gold,1f1b-dev,1f1b-fault1,"
+             "1f1b-fault0,fe-gold,fe-fault0,gpt2-gold,gpt2-dev,gpt2-fault1,p2p-apis,pending,"
+             "ddp-gold,ddp-compiled")
 
 
 @pytest.fixture(scope="module")
@@ -138,18 +139,20 @@ def _recv_at(path: Path, seq: int):
         return next(r for r in d.records if r.seq == seq), _p2p(d, "recv")
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("replay", [False, True])
 def test_a_fault_on_stage_1_names_rank_1_and_rank_0_inherits_through_the_gradient(
-        runs, tmp_path, replay):
+        runs, tmp_path, replay, schedule):
     """A 5% bias on stage 1's first addmm of micro-batch 0 (a module-scoped sim fault, under
     the stage's torch.autograd.grad): rank 1 diverged first; rank 0 inherited through the
-    backward receive of micro-batch 0's gradient, the first gradient it received."""
-    dev = runs / "gpipe-fault1"
+    backward receive of micro-batch 0's gradient, the first gradient it received (in 1F1B
+    too, where stage 0 runs micro-batch 1's forward before that backward)."""
+    dev = runs / f"{schedule}-fault1"
     rp = None
     if replay:
-        _replayed(runs, "gpipe-fault1", tmp_path)
-        rp = tmp_path / "gpipe-fault1_{rank}.h5"
-    s = compare_ranks(dev / "run_{rank}.h5", runs / "gpipe-gold", rp).summary
+        _replayed(runs, f"{schedule}-fault1", tmp_path)
+        rp = tmp_path / f"{schedule}-fault1_{{rank}}.h5"
+    s = compare_ranks(dev / "run_{rank}.h5", runs / f"{schedule}-gold", rp).summary
     assert s["first_rank"] == 1
     r0, r1 = s["ranks"]
     assert r0["label"] == "inherited" and r0["culprit"] is None
@@ -163,15 +166,16 @@ def test_a_fault_on_stage_1_names_rank_1_and_rank_0_inherits_through_the_gradien
         assert r1["culprit"]["phase"] == "forward"
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("replay", [False, True])
 def test_a_fault_on_stage_0_names_rank_0_and_rank_1_inherits_through_the_activation(
-        runs, tmp_path, replay):
-    dev = runs / "gpipe-fault0"
+        runs, tmp_path, replay, schedule):
+    dev = runs / f"{schedule}-fault0"
     rp = None
     if replay:
-        _replayed(runs, "gpipe-fault0", tmp_path)
-        rp = tmp_path / "gpipe-fault0_{rank}.h5"
-    s = compare_ranks(dev / "run_{rank}.h5", runs / "gpipe-gold", rp).summary
+        _replayed(runs, f"{schedule}-fault0", tmp_path)
+        rp = tmp_path / f"{schedule}-fault0_{{rank}}.h5"
+    s = compare_ranks(dev / "run_{rank}.h5", runs / f"{schedule}-gold", rp).summary
     assert s["first_rank"] == 0
     r0, r1 = s["ranks"]
     assert r1["label"] == "inherited" and r1["culprit"] is None
