@@ -8,6 +8,9 @@
   its inputs' deviation plus the op's own rounding (`amplification`), again with the outlier
   score among the same op type. Accumulated error alone never makes an error: a deviation the
   inputs explain is inherited, not this op's fault.
+- A point-to-point receive's output was made on the rank that sent it: judged there, not by
+  amplification over the buffer it wrote into (at most a warning here; a replay checks the
+  transfer).
 - An input row inherits the verdict of the op output that produced it; an input no recorded
   op produced (model input, parameter) is judged on its own, at most a warning.
 - A module row summarises its ops: the worst verdict of the op outputs inside it.
