@@ -79,7 +79,10 @@ def differences(my: OpRecord, golden: OpRecord) -> list[str]:
     return out
 
 
+PREFIX = "arguments differ: "
+
+
 def message(diffs: list[str]) -> str:
     shown = "; ".join(diffs[:MAX_SHOWN])
     more = f" (+{len(diffs) - MAX_SHOWN} more)" if len(diffs) > MAX_SHOWN else ""
-    return f"arguments differ: {shown}{more}: the call differs from golden, not the kernel"
+    return f"{PREFIX}{shown}{more}: the call differs from golden, not the kernel"

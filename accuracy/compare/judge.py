@@ -8,6 +8,9 @@
   its inputs' deviation plus the op's own rounding (`amplification`), again with the outlier
   score among the same op type. Accumulated error alone never makes an error: a deviation the
   inputs explain is inherited, not this op's fault.
+- A point-to-point receive's output was made on the rank that sent it: judged there, not by
+  amplification over the buffer it wrote into (at most a warning here; a replay checks the
+  transfer).
 - An input row inherits the verdict of the op output that produced it; an input no recorded
   op produced (model input, parameter) is judged on its own, at most a warning.
 - A module row summarises its ops: the worst verdict of the op outputs inside it.
@@ -19,6 +22,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from accuracy.aten import COLLECTIVE_KINDS, is_collective
+from accuracy.compare import arguments
 from accuracy.compare.draws import cap_consumers, judge_random_ops, unmatched_draws
 from accuracy.compare.numerics import own_error
 from accuracy.compare.row import JUDGED, Row
@@ -74,6 +79,30 @@ def amplification_is_evidence(op: str | None) -> bool:
     base = _base(op)
     return base not in _DISCONTINUOUS and base not in _VALUE_CONDITIONED \
         and base not in _PART_OF_INPUT
+
+
+def is_receive(op: str | None) -> bool:
+    """A point-to-point receive (`c10d.recv_`): its output was made on the rank that sent it."""
+    parts = (op or "").split(".")
+    return len(parts) > 1 and is_collective(parts[0]) and COLLECTIVE_KINDS.get(parts[1]) == "recv"
+
+
+def own_evidence(row: Row) -> bool:
+    """Whether a row judged warning or error is evidence against this rank's own work: a
+    replay's local error, an amplification honest kernels do not reach, non-finite values
+    born, arguments that differ. Not so an op output whose case is only an amplification
+    honest kernels reach (Adam dividing the noise of a gradient that is 0 in exact arithmetic
+    by its own root mean square), nor a receive (its deviation was made where it was sent),
+    nor a row that takes another row's verdict (an input judged where produced, a module's
+    summary): a rank with nothing else deviates within its precision."""
+    if row.verdict not in (V.WARNING, V.ERROR):
+        return False
+    if row.kind != "op" or row.produced_by:
+        return False
+    if row.io != "output" or row.local_excess is not None or row.verdict == V.ERROR \
+            or arguments.PREFIX in row.message:
+        return True
+    return amplification_is_evidence(row.op) and not is_receive(row.op)
 
 
 def deviation(row: Row) -> float | None:
@@ -292,12 +321,30 @@ def _unknown_given(o: Row, ins: list[Row]) -> None:
     o.message = "; ".join([m for m in [o.message] if m] + [note])
 
 
+def _received(o: Row) -> None:
+    """A receive's output, without a replay: its inputs are the buffer it wrote into (not
+    data), so its deviation is what the sending rank sent, judged there; on this rank at most
+    a warning, when what arrived is an accumulated error (`compare -r` checks the transfer
+    bit for bit against the send)."""
+    o.amplification = None
+    acc = o.accumulated_verdict
+    o.verdict = V.WARNING if acc == V.ERROR else V.PASS
+    if acc in (V.WARNING, V.ERROR):
+        note = ("received: its deviation was made on the rank that sent it and is judged there"
+                " (compare -r checks the transfer)")
+        o.message = "; ".join([m for m in [o.message] if m] + [note])
+
+
 def _judge_amplification(groups: list[tuple[list[Row], list[Row]]], sec: dict[str, Any],
                          pending: set[int], kernel_ins: dict[int, list[Row]]) -> None:
     """No local error: amplification of the deviation the op was given."""
     todo = []
     for ins, outs in groups:
         for o in outs:
+            if is_receive(o.op):
+                if o.index in pending:
+                    _received(o)
+                continue
             mine = kernel_ins.get(o.seq_my, ins) if o.seq_my is not None else ins
             if (o.op or "").startswith(KERNEL_PREFIX) and any(
                     r.verdict == V.UNMATCHED for r in mine):

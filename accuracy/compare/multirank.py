@@ -21,6 +21,7 @@ from typing import Any
 from accuracy.aten import is_collective
 from accuracy.compare import verdict as V
 from accuracy.compare.api import compare
+from accuracy.compare.judge import own_evidence
 from accuracy.compare.p2p_clock import logical_epochs
 from accuracy.compare.report import ALL_FORMATS, Report, check_report_dir
 from accuracy.compare.row import Row
@@ -126,12 +127,18 @@ def _deviating_collective(rows: list[dict[str, Any]], epoch: float) -> dict[str,
 
 
 def _own_noise(entry: dict[str, Any]) -> bool:
-    """Every tensor of this rank was judged pass: its accumulated error, if any, is what its
-    precision explains (a gradient that is zero in exact arithmetic holds rounding noise on
-    both sides), not a divergence of its own. A rank whose random ops drew other numbers
-    diverged by its draws, however its tensors were judged (draws.py)."""
-    return entry["culprit"] is None and entry["verdict"] == V.PASS \
-        and not entry.get("random_ops_differ")
+    """No tensor of this rank was judged warning or worse on evidence of its own work
+    (judge.own_evidence): its accumulated error, if any, is what its precision explains (a
+    gradient that is zero in exact arithmetic holds rounding noise on both sides, and Adam's
+    update divides it by its own root mean square), or what a receive brought in, not a
+    divergence of its own. A rank whose random ops drew other numbers diverged by its draws,
+    however its tensors were judged (draws.py)."""
+    if entry["culprit"] is not None or entry.get("random_ops_differ"):
+        return False
+    if entry["verdict"] == V.PASS:
+        return True
+    flagged = [r for r in entry["_rows"] if r["verdict"] in (V.WARNING, V.ERROR)]
+    return bool(flagged) and not any(own_evidence(r) for r in flagged)
 
 
 def _diverged(entry: dict[str, Any]) -> bool:
@@ -173,9 +180,10 @@ def _label(entry: dict[str, Any], origin: dict[str, Any] | None, has_replay: boo
         via = _deviating_collective(entry["_rows"], start) if other else None
         carrier = _collective_before(entry["_rows"], div.get("seq_my")) if div else None
         if div is not None and other and is_collective(div.get("op") or "") \
-                and (via is not None or not _own_noise(entry)):
+                and (via is not None or entry["verdict"] != V.PASS):
             # the error itself arrived through this collective or receive (an earlier one
-            # may deviate within precision only, as every receive of a bf16 pipeline does)
+            # may deviate within precision only, as every receive of a bf16 pipeline does);
+            # a receive that brought an error in is judged a warning, never the rank's own
             entry["label"] = INHERITED
             entry["inherited"] = _inherited(entry, div, origin)
         elif via is not None and (div is None or _own_noise(entry) or _at(via) <= _at(div)):

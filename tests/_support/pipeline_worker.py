@@ -17,6 +17,7 @@ import sys
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,6 +48,21 @@ def _device(rank: int, fault_rank: int | None, occurrence: int, module: str | No
     return sim(profile="bf16", faults=faults)
 
 
+def _step(out: str, sched: Any, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+          device: bool, fault_rank: int | None = None, occurrence: int = 0,
+          module: str | None = None) -> None:
+    """One schedule step and the optimizer's, inside the dumper: stage 0 feeds the input, the
+    last stage the target; golden on plain CPU, the device side under `sim` (`_device`)."""
+    rank = dist.get_rank()
+    ctx = _device(rank, fault_rank, occurrence, module) if device else nullcontext()
+    with ctx, dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
+        if rank == 0:
+            sched.step(x)
+        else:
+            sched.step(target=y)
+        opt.step()
+
+
 def pipeline(out: str, schedule: str, device: bool, fault_rank: int | None = None,
              occurrence: int = 0, module: str | None = None) -> dict:
     """One training step of a two-stage pipeline (manual PipelineStage, 2 micro-batches,
@@ -62,14 +78,58 @@ def pipeline(out: str, schedule: str, device: bool, fault_rank: int | None = Non
                  loss_fn=lambda o, y: nn.functional.cross_entropy(o, y))
     opt = torch.optim.AdamW(mod.parameters(), lr=1e-3)
     x, y = _data()
-    ctx = _device(rank, fault_rank, occurrence, module) if device else nullcontext()
-    with ctx, dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
-        if rank == 0:
-            sched.step(x)
-        else:
-            sched.step(target=y)
-        opt.step()
+    _step(out, sched, opt, x, y, device, fault_rank, occurrence, module)
     return {"weight": mod[0].weight.flatten().tolist()}
+
+
+def _gpt2_stage(rank: int) -> nn.Module:
+    """Half of a tiny random-init `transformers` GPT-2 (2 blocks, no dropout): stage 0 the
+    embeddings and block 0, stage 1 block 1, the final norm and the LM head."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    lm = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2,
+                                    n_head=2, bos_token_id=0, eos_token_id=0, resid_pdrop=0.0,
+                                    embd_pdrop=0.0, attn_pdrop=0.0,
+                                    attn_implementation="eager"))
+    t = lm.transformer
+
+    class First(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte, self.wpe, self.block = t.wte, t.wpe, t.h[0]
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            pos = torch.arange(ids.shape[1], device=ids.device)
+            return self.block(self.wte(ids) + self.wpe(pos))
+
+    class Last(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block, self.ln_f, self.lm_head = t.h[1], t.ln_f, lm.lm_head
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return self.lm_head(self.ln_f(self.block(h)))
+
+    return First() if rank == 0 else Last()
+
+
+def gpt2(out: str, device: bool, fault_rank: int | None = None) -> dict:
+    """A tiny GPT-2 split by hand into two manual PipelineStages, GPipe, 2 micro-batches,
+    AdamW; the fault a 5% bias on the stage's attention projection (`c_attn`, an addmm) in
+    micro-batch 0 (stage 1 runs a shape-inference pass first: its occurrence 1)."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    rank = dist.get_rank()
+    mod = _gpt2_stage(rank)
+    stage = PipelineStage(mod, rank, 2, torch.device("cpu"))
+    sched = ScheduleGPipe(stage, n_microbatches=MICROBATCHES,
+                          loss_fn=lambda o, y: nn.functional.cross_entropy(o.flatten(0, 1),
+                                                                           y.flatten()))
+    opt = torch.optim.AdamW(mod.parameters(), lr=1e-3)
+    ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(1))
+    _step(out, sched, opt, ids, ids, device, fault_rank, rank, "*.c_attn")
+    return {}
 
 
 class _Net(nn.Module):
@@ -97,13 +157,7 @@ def front_end(out: str, device: bool, fault_rank: int | None = None) -> dict:
     sched = ScheduleGPipe(stage, n_microbatches=MICROBATCHES,
                           loss_fn=lambda o, t: nn.functional.cross_entropy(o, t))
     opt = torch.optim.AdamW(stage.submod.parameters(), lr=1e-3)
-    ctx = _device(rank, fault_rank, 1, None) if device else nullcontext()
-    with ctx, dumper(os.path.join(out, "run_{rank}.h5"), overwrite=True):
-        if rank == 0:
-            sched.step(x)
-        else:
-            sched.step(target=y)
-        opt.step()
+    _step(out, sched, opt, x, y, device, fault_rank, 1)
     return {}
 
 
@@ -196,8 +250,17 @@ SCENARIOS = {
     "gpipe-fault0": lambda out: pipeline(out, "gpipe", device=True, fault_rank=0, occurrence=1),
     "1f1b-gold": lambda out: pipeline(out, "1f1b", device=False),
     "1f1b-dev": lambda out: pipeline(out, "1f1b", device=True),
+    # 1F1B: the same stages and the same forward order per stage (its warm-up and steady
+    # state only interleave the backwards), so the same occurrences name micro-batch 0
+    "1f1b-fault1": lambda out: pipeline(out, "1f1b", device=True, fault_rank=1, occurrence=1,
+                                        module="*.0"),
+    "1f1b-fault0": lambda out: pipeline(out, "1f1b", device=True, fault_rank=0, occurrence=1),
     "fe-gold": lambda out: front_end(out, device=False),
     "fe-fault0": lambda out: front_end(out, device=True, fault_rank=0),
+    "gpt2-gold": lambda out: gpt2(out, device=False),
+    "gpt2-dev": lambda out: gpt2(out, device=True),
+    "gpt2-fault1": lambda out: gpt2(out, device=True, fault_rank=1),
+    "gpt2-fault0": lambda out: gpt2(out, device=True, fault_rank=0),
     "p2p-apis": p2p_apis,
     "pending": pending,
     "ddp-gold": lambda out: ddp(out, compiled=False),

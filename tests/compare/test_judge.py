@@ -8,7 +8,7 @@ forward fault. Its own share is unknown without a replay: at most a warning, nev
 
 from __future__ import annotations
 
-from accuracy.compare.judge import judge
+from accuracy.compare.judge import judge, own_evidence
 from accuracy.compare.report import analyse
 from accuracy.compare.row import Row
 from accuracy.compare.row import Verdict as V
@@ -66,3 +66,35 @@ def test_a_kernel_input_paired_with_another_eager_op_still_explains_its_deviatio
     rows, summary = _judged(rows)
     assert rows[-1].amplification < 2 and rows[-1].verdict == V.PASS
     assert summary["culprit"] is None
+
+
+RECV = "c10d.recv_.default"
+
+
+def test_a_receive_is_not_judged_by_the_buffer_it_wrote_into():
+    """A pipeline stage's receive of a bf16 activation (a GPT-2 split in two stages): its
+    input is the buffer it received into, not data, so its deviation is not "4.65e4x what
+    its inputs explain"; it was made on the rank that sent it and is judged there. Within
+    precision it passes; an error arriving is at most a warning here (compare -r checks the
+    transfer), never this rank's culprit."""
+    rows = _op(0, RECV, 7, 7, [(None, V.SKIPPED)], 0.0028)
+    rows[-1].accumulated_verdict = V.WARNING
+    rows, _ = _judged(rows)
+    assert rows[-1].verdict == V.PASS and rows[-1].amplification is None
+    assert "made on the rank that sent it" in rows[-1].message
+    rows, summary = _judged(_op(0, RECV, 7, 7, [(None, V.SKIPPED)], 0.2))
+    assert rows[-1].verdict == V.WARNING and summary["culprit"] is None
+
+
+def test_only_a_rank_own_kernels_warnings_are_evidence_against_it():
+    def out(op: str, **kw) -> Row:
+        return Row(index=0, kind="op", op=op, io="output", verdict=V.WARNING,
+                   accumulated_verdict=V.ERROR, **kw)
+
+    assert own_evidence(out("aten.gelu.default"))
+    assert not own_evidence(out("aten.addcdiv_.default"))  # Adam: noise over noise
+    assert not own_evidence(out(RECV))  # made on the sending rank
+    assert own_evidence(out("aten.addcdiv_.default", local_excess=30.0))  # replay's verdict
+    assert own_evidence(out("aten.addcdiv_.default",
+                            message="arguments differ: args[3] 0.001 vs 0.002"))
+    assert not own_evidence(out("aten.gelu.default", produced_by="/aten.mm.default/3/output/0"))

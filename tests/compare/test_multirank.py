@@ -122,6 +122,26 @@ def test_a_clean_run_whose_rounding_noise_is_an_accumulated_error_names_no_rank(
     assert [e["label"] for e in s["ranks"]] == ["clean", "clean"]
 
 
+def test_a_clean_run_whose_only_warnings_are_honest_names_no_rank():
+    """A tiny GPT-2 in two pipeline stages, sim bf16 against fp32, no replay: Adam's update of
+    an attention key bias (a gradient 0 in exact arithmetic) divides noise by noise, a warning
+    honest kernels reach and an accumulated error; the receive brought in the other stage's
+    bf16 deviation. No rank diverged first. A warning of a rank's own kernel still names it."""
+    adam = _row(633, "aten.addcdiv_.default", "error", "warning")
+    recv = _row(175, "c10d.recv_.default", "warning", "warning")
+    epochs = {0: {175: 23, 200: 24, 633: 30}, 1: {175: 23, 200: 24, 633: 30}}
+
+    def rank(extra: list[Row]) -> Report:
+        return _report([recv, *extra, adam], first_div=adam, verdict="warning")
+
+    s = merge({0: rank([]), 1: rank([])}, epochs, {}).summary
+    assert s["first_rank"] is None
+    assert [e["label"] for e in s["ranks"]] == ["clean", "clean"]
+    gelu = _row(200, "aten.gelu.default", "warning", "warning")
+    s = merge({0: rank([]), 1: rank([gelu])}, epochs, {}).summary
+    assert s["first_rank"] == 1 and s["ranks"][1]["label"] == "diverged"
+
+
 def test_ranks_mostly_not_compared_fail_a_pipeline():
     """Each rank's compare paired 2 of its 10 tensors (another model's dumps): the merged
     report says it first and `--fail-on` fails, as a single pair's does."""
