@@ -5,13 +5,14 @@ comes from that checkout: it times the bench step bare (median of 3) and then th
 job once, and prints both wall and CPU seconds. Alternating processes lets a machine shared
 with other work slow both sides alike; the load average is printed with every figure.
 
-Jobs: `stats` and `tensor` (the bench step dumped in that mode), `replay` (figures-only,
-upcast fp64, of a tensor dump of the bench step made once by checkout A, plain CPU or on
-`sim`), `compare` (a second dump made on `sim(profile="bf16")`, the device under test, against
-that one as golden, tensor metrics, no report files), `live` (the bench step under `live_check(on="cpu")`, plain CPU or
-inside `sim`). The last lines give, per job, B's median over A's median (of each run's time
-over its bare step's) and B's fastest CPU time over A's (the figure a loaded machine disturbs
-least): a change that should cost nothing reads near 1.00 in both.
+Jobs: `stats` and `tensor` (the bench step dumped in that mode), `replay` (figures-only, upcast
+fp64, of a tensor dump of the bench step made once by checkout A, plain CPU or on `sim`),
+`compare` (a second dump made on `sim(profile="bf16")`, the device under test, against that one
+as golden, tensor metrics, no report files), `live` (the bench step under
+`live_check(on="cpu")`, plain CPU or inside `sim`). The last lines give, per job, B's median
+over A's median (of each run's time over its bare step's) and B's fastest CPU time over A's
+(the figure a loaded machine disturbs least): a change that should cost nothing reads near 1.00
+in both.
 
 Run (e.g. an older commit against this tree; `git worktree add /tmp/old <commit>`):
     python benchmarks/bench_ab.py --a /tmp/old --b . --rounds 5 \
