@@ -43,13 +43,13 @@ test-quick: $(STAMP) lint
 
 # Curated bugs in core rules, one at a time (tools/mutants.toml): every one must make its tests
 # fail. The working tree is never modified (mutants are applied to a temporary copy).
-# Two mutants at once (each in its own copy of the tree). `make mutate` runs every mutant and,
-# when all are killed on a clean tree, records HEAD in .ci/mutate-baseline (commit it);
-# CI runs `make mutate-ci`: the mutants of what changed since that commit, plus a rotating
-# quarter of the rest.
+# Two mutants at once (each in its own copy of the tree). `make mutate` runs every mutant and
+# notes each kill in .ci/mutants-killed.json (the digest of the mutant's file and tests; commit
+# it); CI runs `make mutate-ci`: every mutant not killed on what it covers today, plus a
+# rotating quarter of the rest. `tools/mutate.py -k NAME --record` notes a partial run's kills.
 MUTATE_JOBS ?= 2
 mutate: $(STAMP)
-	$(PY) tools/mutate.py -j $(MUTATE_JOBS) --record-baseline
+	$(PY) tools/mutate.py -j $(MUTATE_JOBS) --record
 
 mutate-ci: $(STAMP)
 	$(PY) tools/mutate.py -j $(MUTATE_JOBS) --ci

@@ -12,13 +12,23 @@ mutated there (removed on exit, Ctrl-C included).
     python tools/mutate.py                # every mutant
     python tools/mutate.py -k culprit     # mutants whose name contains "culprit"
     python tools/mutate.py -j 2           # two mutants at once, each in its own copy
-    python tools/mutate.py --ci           # what CI runs: the mutants of what changed since
-                                          # .ci/mutate-baseline + a rotating quarter of the rest
+    python tools/mutate.py --ci           # what CI runs: every mutant not killed on what it
+                                          # covers today (.ci/mutants-killed.json) + a rotating
+                                          # quarter of the rest
+    python tools/mutate.py -k x --record  # note in .ci/mutants-killed.json what was killed
+
+Why a record per mutant and not one baseline commit: a full run takes hours on a 2-core machine
+beside other work, and any run of some mutants (a change's own, a helper's) is evidence too. A
+mutant's entry is the digest of what its kill depended on (its definition, its file and its
+test files); CI runs it again as soon as one of them changes.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import logging
 import os
 import shutil
 import signal
@@ -31,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LIST = Path(__file__).with_name("mutants.toml")
-BASELINE = ROOT / ".ci" / "mutate-baseline"  # the commit of the last full run, all killed
+RECORD = ROOT / ".ci" / "mutants-killed.json"  # mutant name -> digest of what it was killed on
 COPY = ("accuracy", "tests", "benchmarks", "pyproject.toml",  # tests import benchmarks/ too
         "README.md", "docs", "Makefile")  # tests that read the examples and make targets
 
@@ -149,29 +159,63 @@ def _git(*args: str) -> str | None:
         return None
 
 
-def changed_since_baseline() -> set[str] | None:
-    """Files changed since the commit of the last full run that killed every mutant
-    (`.ci/mutate-baseline`), committed or not; None when that commit is unknown here."""
-    if not BASELINE.exists():
-        return None
-    commit = BASELINE.read_text().strip()
-    diff = _git("diff", "--name-only", commit)
-    return None if diff is None else {line for line in diff.splitlines() if line}
+def digest(m: Mutant, root: Path = ROOT) -> str:
+    """What a kill of `m` depended on: its definition, its file and its test files' bytes."""
+    h = hashlib.sha256()
+    for part in (m.file, m.original, m.replacement, *m.tests):
+        h.update(part.encode() + b"\0")
+    for path in sorted({m.file, *(t.split("::")[0] for t in m.tests)}):
+        f = root / path
+        h.update(path.encode() + b"\0" + (f.read_bytes() if f.is_file() else b"<missing>"))
+    return h.hexdigest()
 
 
-def ci_selection(mutants: list[Mutant], changed: set[str] | None, share: int,
-                 day: int) -> tuple[list[Mutant], str]:
-    """The mutants CI runs: every one whose file or tests changed since the baseline, then a
-    rotating 1/`share` of the rest (which share follows the day), so each mutant runs in CI at
-    least every `share` days while a change's own rules always run. (selected, why)"""
-    if changed is None:
-        return mutants, "no known baseline: every mutant"
-    def touched(m: Mutant) -> bool:
-        return m.file in changed or any(t.split("::")[0] in changed for t in m.tests)
-    own = [m for m in mutants if touched(m)]
-    rest = [m for i, m in enumerate(mutants) if not touched(m) and i % share == day % share]
-    return own + rest, (f"{len(own)} whose file or tests changed since the baseline + "
+def load_record(path: Path = RECORD) -> dict[str, str]:
+    """Mutant name -> digest at its last kill; {} when there is none or it is unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        logging.warning("%s unreadable (%s): every mutant counts as not yet killed", path, e)
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def ci_selection(mutants: list[Mutant], killed: dict[str, str], share: int, day: int,
+                 root: Path = ROOT) -> tuple[list[Mutant], str]:
+    """The mutants CI runs: every one not killed on what it covers today (no entry in the
+    record, or its file, tests or definition changed since), then a rotating 1/`share` of the
+    rest (which share follows the day), so each mutant runs in CI at least every `share` days
+    while a change's own rules always run. (selected, why)"""
+    own = [m for m in mutants if killed.get(m.name) != digest(m, root)]
+    rest = [m for i, m in enumerate(mutants)
+            if m not in own and i % share == day % share]
+    return own + rest, (f"{len(own)} not killed on what they cover today + "
                         f"{len(rest)} of the rest (share {day % share + 1} of {share})")
+
+
+def record_kills(results: list[tuple[Mutant, str]], path: Path = RECORD,
+                 root: Path = ROOT) -> int:
+    """Note each killed mutant's digest and forget each one that was not; entries of mutants
+    no longer in the list are dropped. Returns the number of kills noted."""
+    known = {m.name for m in load_mutants()} if root == ROOT else None
+    record = load_record(path)
+    noted = 0
+    for m, state in results:
+        if state == "killed":
+            record[m.name] = digest(m, root)
+            noted += 1
+        else:
+            record.pop(m.name, None)
+    if known is not None:
+        record = {k: v for k, v in record.items() if k in known}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(sorted(record.items())), indent=0) + "\n")
+    tmp.replace(path)
+    return noted
 
 
 def _copy_tree(dest: Path) -> None:
@@ -191,20 +235,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=1,
                     help="mutants run at once, each in its own copy of the tree")
     ap.add_argument("--ci", action="store_true",
-                    help="only the mutants of what changed since .ci/mutate-baseline, plus a "
-                         "rotating share of the rest")
+                    help="only the mutants not killed on what they cover today "
+                         "(.ci/mutants-killed.json), plus a rotating share of the rest")
     ap.add_argument("--share", type=int, default=4, help="with --ci: 1/N of the rest runs")
-    ap.add_argument("--record-baseline", action="store_true",
-                    help="after a full run that kills every mutant on a clean tree, write HEAD "
-                         "to .ci/mutate-baseline")
+    ap.add_argument("--record", action="store_true",
+                    help="note the killed mutants in .ci/mutants-killed.json (a clean tree "
+                         "only: commit the file)")
     args = ap.parse_args(argv)
     mutants = [m for m in load_mutants() if args.k in m.name]
     if not mutants:
         print(f"no mutant matches {args.k!r}", file=sys.stderr)
         return 2
-    full = not args.k and not args.ci
     if args.ci:
-        mutants, why = ci_selection(mutants, changed_since_baseline(), max(1, args.share),
+        mutants, why = ci_selection(mutants, load_record(), max(1, args.share),
                                     time.gmtime().tm_yday)
         print(f"CI selection: {why}", flush=True)
     _preload()
@@ -232,11 +275,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{m.name:<34} {state:<16} {' '.join(m.tests)}")
     bad = [m.name for m, state, _, _ in results if state != "killed"]
     print(f"\n{len(results) - len(bad)} of {len(results)} mutants killed")
+    if args.record:
+        if (_git("status", "--porcelain", "--", *COPY, "tools") or "").strip():
+            print("not recorded: the tree has uncommitted changes")
+        else:
+            n = record_kills([(m, state) for m, state, _, _ in results])
+            print(f"{n} kills noted in {RECORD.relative_to(ROOT)}: commit it")
     if bad:
         print(f"not killed: {', '.join(bad)}", file=sys.stderr)
         return 1
-    if args.record_baseline:
-        _record_baseline(full)
     return 0
 
 
@@ -279,19 +326,6 @@ def _run_all(mutants: list[Mutant], trees: list[Path],
     for t in threads:
         t.join()
     return [done[i] for i in sorted(done)]
-
-
-def _record_baseline(full: bool) -> None:
-    if not full:
-        print("not recorded as the baseline: only a full run (no -k, no --ci) is one")
-        return
-    if (_git("status", "--porcelain", "--", *COPY, "tools") or "").strip():
-        print("not recorded as the baseline: the tree has uncommitted changes")
-        return
-    head = (_git("rev-parse", "HEAD") or "").strip()
-    if head:
-        BASELINE.write_text(head + "\n")
-        print(f"recorded {head[:12]} in {BASELINE.relative_to(ROOT)}: commit it")
 
 
 if __name__ == "__main__":

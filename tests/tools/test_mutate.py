@@ -1,5 +1,6 @@
-"""What CI's mutation run selects (tools/mutate.py --ci): a change's own rules always, the
-rest in turns, so CI stays within its time while every mutant still runs every few days."""
+"""What CI's mutation run selects (tools/mutate.py --ci): every mutant not killed on what it
+covers today always, the rest in turns, so CI stays within its time while every mutant still
+runs every few days; and what a run notes as killed."""
 
 import importlib.util
 import sys
@@ -12,17 +13,32 @@ sys.modules["mutate_tool"] = mutate
 _spec.loader.exec_module(mutate)
 
 
-def _mutants(n: int) -> list:
-    return [mutate.Mutant(f"m{i}", f"accuracy/f{i}.py", "a", "b", (f"tests/test_{i}.py::t",),
-                          "") for i in range(n)]
+def _mutants(root: Path, n: int) -> list:
+    ms = []
+    for i in range(n):
+        (root / f"accuracy/f{i}.py").write_text(f"x = {i}\n")
+        (root / f"tests/test_{i}.py").write_text(f"def t():\n    assert {i}\n")
+        ms.append(mutate.Mutant(f"m{i}", f"accuracy/f{i}.py", f"x = {i}", "x = -1",
+                                (f"tests/test_{i}.py::t",), ""))
+    return ms
 
 
-def test_a_changed_rule_always_runs_and_the_rest_rotate_over_the_days():
-    ms = _mutants(10)
-    changed = {"accuracy/f3.py", "tests/test_7.py"}
+def _tree(tmp_path: Path) -> Path:
+    (tmp_path / "accuracy").mkdir()
+    (tmp_path / "tests").mkdir()
+    return tmp_path
+
+
+def test_a_rule_whose_file_or_tests_changed_since_its_kill_always_runs(tmp_path):
+    root = _tree(tmp_path)
+    ms = _mutants(root, 10)
+    record = tmp_path / "killed.json"
+    assert mutate.record_kills([(m, "killed") for m in ms], record, root) == 10
+    (root / "accuracy/f3.py").write_text("x = 3  # edited\n")
+    (root / "tests/test_7.py").write_text("def t():\n    assert 7 == 7\n")
     seen: set[str] = set()
     for day in range(4):
-        picked, _ = mutate.ci_selection(ms, changed, 4, day)
+        picked, _ = mutate.ci_selection(ms, mutate.load_record(record), 4, day, root)
         names = [m.name for m in picked]
         assert "m3" in names and "m7" in names  # the file, and the tests, changed
         assert len(names) < len(ms)
@@ -30,10 +46,25 @@ def test_a_changed_rule_always_runs_and_the_rest_rotate_over_the_days():
     assert seen == {m.name for m in ms}  # four days cover every mutant
 
 
-def test_without_a_known_baseline_every_mutant_runs():
-    ms = _mutants(5)
-    picked, why = mutate.ci_selection(ms, None, 4, 0)
-    assert picked == ms and "every mutant" in why
+def test_a_survivor_or_a_changed_definition_is_not_counted_as_killed(tmp_path):
+    root = _tree(tmp_path)
+    ms = _mutants(root, 3)
+    record = tmp_path / "killed.json"
+    mutate.record_kills([(m, "killed") for m in ms], record, root)
+    mutate.record_kills([(ms[0], "SURVIVED")], record, root)  # a later run: it survived
+    redefined = mutate.Mutant("m1", ms[1].file, ms[1].original, "x = 0", ms[1].tests, "")
+    picked, why = mutate.ci_selection([ms[0], redefined, ms[2]], mutate.load_record(record),
+                                      4, 1, root)
+    assert [m.name for m in picked][:2] == ["m0", "m1"] and "2 not killed" in why
+
+
+def test_without_a_record_every_mutant_runs(tmp_path):
+    root = _tree(tmp_path)
+    ms = _mutants(root, 5)
+    (tmp_path / "killed.json").write_text("{not json")
+    picked, why = mutate.ci_selection(ms, mutate.load_record(tmp_path / "killed.json"), 4, 0,
+                                      root)
+    assert picked == ms and why.startswith("5 not killed")
 
 
 def test_every_mutant_in_the_list_still_applies():
