@@ -454,8 +454,11 @@ class Collector:
         for k in sorted(by_key):
             if k not in self.state_keys:
                 self.state_keys.append(k)
-            out.append((k, [i for i, _ in by_key[k]],
-                        _norm_values([v for _, v in by_key[k]]) if detail else []))
+            if detail:
+                out.append((k, [i for i, _ in by_key[k]],
+                            _norm_values([v for _, v in by_key[k]])))
+            else:
+                out.append((k, [], []))
         return out
 
     def _assemble(self, acts: list[Row], have: list[int], grads: list[Row],
