@@ -13,6 +13,18 @@ OMP_NUM_THREADS (without the flag, the environment's setting holds).
 
 Run: python benchmarks/bench_monitor.py [--steps 30] [--no-capture] [--threads both|N]
 
+The monitor at its defaults in two checkouts (before / after a change), each against the bare
+step, in alternating processes (CPU time of the fastest processes):
+
+    git archive main | tar -x -C /tmp/main-tree
+    python benchmarks/bench_monitor.py --model qwen2 --ab before=/tmp/main-tree after=. \
+        --rounds 3 --steps 40 --threads both
+
+What each part of the monitor costs (each arm adds one part to the one before, in one process
+stepped interleaved; the fastest of N processes):
+
+    python benchmarks/bench_monitor.py --model qwen2 --parts 2 --steps 30 --threads both
+
 A/B against another version of the figures (the module that does the monitor's work), in the
 same process, steps interleaved bare / this version / that version:
 
@@ -25,6 +37,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import math
 import os
 import statistics
 import sys
@@ -39,8 +52,9 @@ if __name__ == "__main__":
 
 import torch
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # this checkout, or the one an --ab child measures
+    sys.path.insert(0, os.environ.get("BENCH_MONITOR_TREE")
+                    or str(Path(__file__).resolve().parents[1]))
 
 import accuracy.monitor as am  # noqa: E402
 from accuracy.examples import bench_setup, bench_step  # noqa: E402
@@ -205,6 +219,176 @@ def trigger_to_report(folder: Path) -> dict[str, float]:
             "exact": bool(cap.exact)}
 
 
+# -- per part -------------------------------------------------------------------------------
+
+# each arm adds one part to the one before: a part's cost is its arm's CPU time minus the
+# previous arm's. "frame": the monitor's step hooks and forward hooks that do nothing.
+PART_ARMS = ("bare", "frame", "+activations", "+gradients", "+parameters", "+updates",
+             "+state", "+triggers", "+row write", "+flush", "+snapshots")
+
+
+def _part_arm(arm: str, folder: Path):
+    """A monitored step whose monitor skips the parts after `arm` (measurement only: the
+    parts are knocked out on this monitor's own objects)."""
+    from accuracy.monitor import figures as fig
+
+    model, opt, batch, step = _trainer()
+    if arm == "bare":
+        return step
+    at = PART_ARMS.index(arm)
+    off = set(PART_ARMS[at + 1:])
+    # the old defaults where the options exist (every figure every step, every row at once)
+    extra = {k: 1 for k in ("detail_every", "flush_every")
+             if k in am.Monitor.__init__.__code__.co_varnames}
+    fn = am.watch(step, model, opt, path=folder / f"{arm.strip('+')}.monitor.h5",
+                  snapshot_every=10 if "+snapshots" not in off else None,
+                  triggers="default" if "+triggers" not in off else None, **extra)
+    mon = fn.monitor
+    col = mon.collector
+    if "+activations" in off:  # the hooks stay, doing nothing
+        n = len(col.module_names)
+        for h in col._handles[:n]:
+            h.remove()
+        col._handles[:n] = [m.register_forward_hook(lambda *_: None)
+                            for name, m in model.named_modules()][:n]
+    if "+gradients" in off:
+        col._grad_figures = lambda: setattr(col, "_grads", ([], fig._Reductions()))
+    if "+parameters" in off:
+        collect = col.collect
+
+        def without_parameter_norms():
+            saved, calls = fig._norm_values, []
+
+            def first_nan(ts):  # collect's first call: the parameters' norms
+                calls.append(1)
+                return [fig.NAN] * len(ts) if len(calls) == 1 else saved(ts)
+            fig._norm_values = first_nan
+            try:
+                return collect()
+            finally:
+                fig._norm_values = saved
+        col.collect = without_parameter_norms
+    if "+updates" in off:
+        col._keep_parameters = lambda: None
+    if "+state" in off:
+        col._state_norms = lambda *a: []
+    if "+row write" in off:
+        mon.writer.append = lambda row: None
+    if "+flush" in off:
+        append = mon.writer.append
+
+        def append_unflushed(row):
+            append(row)
+            if mon.writer._f is not None:
+                mon.writer._f.flush = lambda: None
+        mon.writer.append = append_unflushed
+    fn.batch = batch
+    return fn
+
+
+def parts(steps: int, rounds: int) -> dict[str, float]:
+    """CPU ms per step of each arm of PART_ARMS: every arm in one process, stepped
+    interleaved (the order turned each step), the median of each arm's per-step CPU time;
+    `rounds` processes, the fastest of each arm's medians."""
+    import json
+    import subprocess
+
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        proc = subprocess.run([sys.executable, __file__, "--part-child", "all", "--model",
+                               MODEL, "--steps", str(steps)], capture_output=True, text=True,
+                              check=False, timeout=1800)
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode or not line:
+            raise SystemExit(proc.stderr[-2000:])
+        for arm, v in json.loads(line[-1]).items():
+            best[arm] = min(best.get(arm, math.inf), v)
+    return best
+
+
+def _part_child(steps: int) -> None:
+    import json
+
+    logging.basicConfig(level=logging.ERROR)
+    with tempfile.TemporaryDirectory() as tmp:
+        arms = {a: _part_arm(a, Path(tmp)) for a in PART_ARMS}
+        _, _, batch, _ = _trainer()
+        for _ in range(5):
+            for fn in arms.values():
+                fn(*batch)
+        cpu: dict[str, list[float]] = {a: [] for a in arms}
+        for i in range(steps):
+            for a in (PART_ARMS if i % 2 == 0 else PART_ARMS[::-1]):
+                c0 = time.process_time()
+                arms[a](*batch)
+                cpu[a].append(time.process_time() - c0)
+        for a, fn in arms.items():
+            if a != "bare":
+                fn.monitor.close()
+    print(json.dumps({a: statistics.median(v) for a, v in cpu.items()}))
+
+
+def _ab_child(steps: int) -> None:
+    """One process of `--ab`: bare and monitored (the monitor at its defaults, as this
+    process's `accuracy` makes it) stepped interleaved; prints their per-step medians."""
+    import json
+
+    logging.basicConfig(level=logging.ERROR)
+    with tempfile.TemporaryDirectory() as tmp:
+        _, _, batch, bare = _trainer()
+        m, o, _, raw = _trainer()
+        arms = {"bare": bare, "monitor": am.watch(raw, m, o, path=Path(tmp) / "ab.monitor.h5")}
+        for _ in range(5):
+            for fn in arms.values():
+                fn(*batch)
+        cpu: dict[str, list[float]] = {a: [] for a in arms}
+        wall: dict[str, list[float]] = {a: [] for a in arms}
+        for i in range(steps):
+            for a in (list(arms) if i % 2 == 0 else list(arms)[::-1]):
+                c0, t0 = time.process_time(), time.perf_counter()
+                arms[a](*batch)
+                cpu[a].append(time.process_time() - c0)
+                wall[a].append(time.perf_counter() - t0)
+        arms["monitor"].monitor.close()
+    print(json.dumps({f"{k}_{a}": statistics.median(v[a]) for k, v in (("cpu", cpu),
+                                                                        ("wall", wall))
+                      for a in arms} | {"load": os.getloadavg()[0]}))
+
+
+def ab(trees: dict[str, Path], steps: int, rounds: int) -> None:
+    """Each tree's monitor at its defaults against the bare step, in alternating processes
+    (one per tree per round, its `accuracy` from that tree): per round the monitored/bare
+    ratio of the medians in that process; the summary, the fastest process's CPU time of
+    each arm (monitored over bare) and the median of the rounds' ratios."""
+    import json
+    import subprocess
+
+    got: dict[str, list[dict]] = {k: [] for k in trees}
+    for r in range(rounds):
+        for label in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
+            env = dict(os.environ, BENCH_MONITOR_TREE=str(trees[label].resolve()),
+                       PYTHONPATH=str(trees[label].resolve()))
+            proc = subprocess.run([sys.executable, __file__, "--ab-child", "--model", MODEL,
+                                   "--steps", str(steps)], env=env, capture_output=True,
+                                  text=True, check=False, timeout=3000)
+            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+            if proc.returncode or not line:
+                raise SystemExit(f"{label}: {proc.stderr[-2000:]}")
+            x = json.loads(line[-1])
+            got[label].append(x)
+            print(f"  round {r} {label:8s} bare {x['cpu_bare'] * 1e3:7.1f} ms CPU, monitored "
+                  f"{x['cpu_monitor'] / x['cpu_bare']:.3f}x CPU, "
+                  f"{x['wall_monitor'] / x['wall_bare']:.3f}x wall, load {x['load']:.1f}",
+                  flush=True)
+    for label, xs in got.items():
+        fastest = min(x["cpu_monitor"] for x in xs) / min(x["cpu_bare"] for x in xs)
+        med = statistics.median(x["cpu_monitor"] / x["cpu_bare"] for x in xs)
+        medw = statistics.median(x["wall_monitor"] / x["wall_bare"] for x in xs)
+        print(f"{label}: monitor at its defaults {fastest:.3f}x bare by the fastest "
+              f"processes' CPU time ({verdict(fastest, 1.10, what='<= 1.10x')}); median of "
+              f"rounds {med:.3f}x CPU, {medw:.3f}x wall")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30, help="timed steps of each (default 30)")
@@ -214,6 +398,15 @@ def main() -> None:
                     help="print the thread CPU time of the monitor's parts and stop")
     ap.add_argument("--model", choices=("bench", "qwen2"), default="bench",
                     help="the benchmark step, or a tiny transformers Qwen2 (many small modules)")
+    ap.add_argument("--parts", type=int, metavar="ROUNDS", default=0,
+                    help="the cost of each part of the monitor, each arm in its own process, "
+                         "interleaved for ROUNDS rounds (fastest CPU time of each)")
+    ap.add_argument("--part-child", choices=("all",), help=argparse.SUPPRESS)
+    ap.add_argument("--ab", nargs="+", metavar="LABEL=CHECKOUT",
+                    help="the monitor at its defaults in each checkout against the bare step, "
+                         "in alternating processes (e.g. before=/tmp/main after=.)")
+    ap.add_argument("--rounds", type=int, default=3, help="--ab: processes per checkout")
+    ap.add_argument("--ab-child", action="store_true", help=argparse.SUPPRESS)
     add_threads_arg(ap)
     args = ap.parse_args()
     if args.threads == "both":
@@ -221,11 +414,35 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     global MODEL
     MODEL = args.model
+    if args.part_child:
+        _part_child(args.steps)
+        return
+    if args.ab_child:
+        _ab_child(args.steps)
+        return
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         print(f"threads {threads} (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}), "
               f"load {_load()}")
+        if args.ab:
+            trees = dict(a.split("=", 1) for a in args.ab)
+            print(f"model: {args.model}; {args.rounds} rounds of {args.steps} interleaved steps")
+            ab({k: Path(v) for k, v in trees.items()}, args.steps, args.rounds)
+            print(f"load {_load()}")
+            return
+        if args.parts:
+            print(f"model: {args.model}; each arm adds a part to the one above; {args.parts} "
+                  f"processes of {args.steps} interleaved steps: the fastest median")
+            best = parts(args.steps, args.parts)
+            prev = None
+            for arm in PART_ARMS:
+                adds = "" if prev is None else f"{(best[arm] - best[prev]) * 1e3:+.2f} ms"
+                print(f"{arm:14s} {best[arm] * 1e3:8.2f} ms CPU  {best[arm] / best['bare']:.3f}x"
+                      f"  {adds}")
+                prev = arm
+            print(f"load {_load()}")
+            return
         if args.profile:
             prof = profile(min(args.steps, 5), folder, args.against)
             for key, what in _PARTS.items():

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -62,6 +63,11 @@ class Monitor:
     a `{rank}` in the path expands).
 
     freq: record figures every `freq` steps (the loss and loss triggers see every step).
+    detail_every: on every `detail_every`-th recorded step (steps 0, 10, 20... by default),
+        also the parameters' norms, the update ratios and the optimizer state's norms; on the
+        others they are not measured (NaN). 1: every recorded step. The loss, the global
+        gradient norm, every gradient's and every module output's figures are on every
+        recorded step.
     modules: glob patterns of the modules whose outputs are measured (default all).
     triggers: 'default' (non-finite, loss spike, gradient-norm jump), None, or a list of
         `Trigger`s / callables `fn(StepFigures) -> bool | str`.
@@ -71,7 +77,10 @@ class Monitor:
     capture_dir: where captures go (default: `<path without .h5>.captures/`).
     reduce: with torch.distributed, rank 0 writes figures reduced across ranks (norms
         combined as L2, min/max, counts summed, loss averaged) and the other ranks write none.
-    flush_every: rows buffered before a flush (1: a killed job loses nothing recorded).
+    flush_every, flush_seconds: rows are written to the file in batches, when `flush_every`
+        rows wait or the oldest has waited `flush_seconds` (None: no time limit), at once on
+        a trigger, and at close, exit, an exception in a watched step and SIGTERM; kill -9
+        loses the rows waiting then. `flush_every=1`: every row at once.
     stateful: more objects a step reads the state of (an LR scheduler, a GradScaler): kept in
         snapshots through their state_dict()/load_state_dict().
     start_step: the first step's number. A job resumed from a checkpoint at step N passes N:
@@ -89,7 +98,8 @@ class Monitor:
                  triggers: str | Iterable[Trigger | Callable[..., Any]] | None = "default",
                  snapshot_every: int | None = 10, snapshot_budget: int | str | None = None,
                  capture_dir: str | os.PathLike[str] | None = None, reduce: bool = False,
-                 flush_every: int = 1, overwrite: bool = False,
+                 detail_every: int = 10, flush_every: int = 50,
+                 flush_seconds: float | None = 1.0, overwrite: bool = False,
                  step_fn: Callable[..., Any] | None = None,
                  stateful: Iterable[Any] = (), start_step: int = 0,
                  sinks: Iterable[Any] = (), tensorboard: Any = None) -> None:
@@ -97,11 +107,19 @@ class Monitor:
             raise UsageError(f"Monitor needs an nn.Module, got {type(model).__name__}")
         if not isinstance(freq, int) or freq < 1:
             raise UsageError(f"freq must be an int >= 1, got {freq!r}")
+        for name, v in (("detail_every", detail_every), ("flush_every", flush_every)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UsageError(f"{name} must be an int >= 1, got {v!r}")
+        if flush_seconds is not None and (isinstance(flush_seconds, bool) or not isinstance(
+                flush_seconds, int | float) or not flush_seconds >= 0):
+            raise UsageError(f"flush_seconds must be a number >= 0 or None, got "
+                             f"{flush_seconds!r}")
         if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
             raise UsageError(f"start_step must be an int >= 0, got {start_step!r}")
         self.rank, self.world_size = _rank()
         self.path = Path(str(path).replace("{rank}", str(self.rank)))
         self.model, self.optimizer, self.freq, self.reduce = model, optimizer, freq, reduce
+        self.detail_every = detail_every
         self.triggers = resolve(triggers)
         self.step_fn = step_fn
         self.store: Store | None = None
@@ -126,9 +144,11 @@ class Monitor:
                 log.info("monitor: resumed at step %d: writing %s after %d earlier rows of %s",
                          start_step, run.path.name, int((run.earlier.step < start_step).sum()),
                          self.path.name)
-            self.writer = SeriesWriter(run.path, flush_every=flush_every, overwrite=overwrite,
+            self.writer = SeriesWriter(run.path, flush_every=flush_every,
+                                       flush_seconds=flush_seconds, overwrite=overwrite,
                                        attrs={"rank": self.rank, "world_size": self.world_size,
-                                              "freq": freq, "reduced": bool(reduce),
+                                              "freq": freq, "detail_every": detail_every,
+                                              "reduced": bool(reduce),
                                               "model": type(model).__name__, **run.attrs})
         self.sinks = [*sinks, *([TensorBoard(tensorboard)] if tensorboard is not None else [])]
         self._sink_figures = sorted({f for t in self.triggers for f in t.figures if "/" in f})
@@ -139,6 +159,27 @@ class Monitor:
         self._capturing = False
         self._said_compiled: set[int] = set()
         self._finalizer = weakref.finalize(self, _close_writer, self.writer, self.sinks)
+        if self.writer is not None:
+            log.info("monitor: %s", self.plan(flush_every, flush_seconds))
+
+    def plan(self, flush_every: int, flush_seconds: float | None) -> str:
+        """The one line said at the start: what is measured when, and what a kill loses."""
+        every = "step" if self.freq == 1 else f"{self.freq} steps"
+        detail = ("every recorded step also" if self.detail_every == 1 else
+                  f"every {self.freq * self.detail_every} steps also")
+        tail = "" if self.detail_every == 1 else " (detail_every=1: every step)"
+        if flush_every == 1:
+            rows = "rows written each at once"
+        else:
+            limit = f" or {flush_seconds:g} s" if flush_seconds is not None else ""
+            rows = (f"rows written in batches ({flush_every} rows{limit}), at once on a "
+                    "trigger, and on exit or SIGTERM: kill -9 loses the rows waiting")
+        snaps = (f"snapshots every {self.store.every} steps" if self.store is not None
+                 else "no snapshots (no capture)")
+        return (f"writing {self.path.name}: every {every} the loss, the global gradient norm "
+                f"and the figures of {len(self.collector.module_names)} modules' outputs and "
+                f"{len(self.collector.params)} gradients; {detail} the parameter norms, update "
+                f"ratios and optimizer state{tail}; {rows}; {snaps}")
 
     # -- step hooks -----------------------------------------------------------------------
 
@@ -160,7 +201,8 @@ class Monitor:
                     self._said_disabled = True
                     self._event("snapshots-stopped", message=self.store.disabled)
             if self.current_step % self.freq == 0:
-                self.collector.start()
+                self.collector.start(
+                    detail=(self.current_step // self.freq) % self.detail_every == 0)
         except Exception:
             log.exception("monitor: begin_step failed (training goes on)")
 
@@ -271,7 +313,11 @@ class Monitor:
 
         def monitored(*args: Any, **kwargs: Any) -> Any:
             self.begin_step(*args, **kwargs)
-            loss = step_fn(*args, **kwargs)
+            try:
+                loss = step_fn(*args, **kwargs)
+            except BaseException:
+                self.flush()  # the rows before the failed step reach the file
+                raise
             self.end_step(loss)
             return loss
 
@@ -297,9 +343,18 @@ class Monitor:
 
     # -- triggers and capture -------------------------------------------------------------
 
+    def flush(self) -> None:
+        """Write the rows waiting in memory (training goes on whatever happens)."""
+        if self.writer is not None:
+            try:
+                self.writer.flush()
+            except Exception:
+                log.exception("monitor: writing the waiting rows failed")
+
     def _fired(self, step: int, loss: float, reasons: list[str]) -> None:
         reason = "; ".join(reasons)
         self._event("trigger", step=step, loss=loss, reasons=reasons)
+        self.flush()  # the flagged row and its event reach the file before the capture runs
         self._text(step, "monitor/trigger", f"step {step}: {reason}")
         first = not self.fired
         self.fired.append((step, reason))
@@ -371,6 +426,21 @@ class Monitor:
         dist.all_gather(gathered, mine)
         allr = torch.stack(gathered).numpy()
         out: dict[str, Any] = {"module": {}, "param": {}, "state": figs["state"]}
+        at = sum(n for _, _, n in parts)
+        # a column no rank measured (every N steps' figures, a parameter without a gradient)
+        # stays NaN, unsaid: numpy warns on every such column
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            self._reduce_parts(parts, allr, out)
+            out["grad_norm"] = float(np.nanmax(allr[:, at]))
+            out["loss"] = float(np.nanmean(allr[:, at + 1]))
+        return out if self.rank == 0 else None
+
+    @staticmethod
+    def _reduce_parts(parts: list[tuple[str, str, int]], allr: Any, out: dict[str, Any]
+                      ) -> None:
+        import numpy as np
+
         at = 0
         for kind, k, n in parts:
             block = allr[:, at:at + n]
@@ -387,9 +457,6 @@ class Monitor:
                 # largest shows a rank that strays
                 red = np.nanmax(block, axis=0)
             out[kind][k] = red.tolist()
-        out["grad_norm"] = float(np.nanmax(allr[:, at]))
-        out["loss"] = float(np.nanmean(allr[:, at + 1]))
-        return out if self.rank == 0 else None
 
     def close(self) -> None:
         """Flush and mark the series complete (also done at exit)."""

@@ -260,6 +260,7 @@ class Collector:
         self.params = [p for _, p in named]
         self.state_keys: list[str] = []
         self.recording = False
+        self.detail = True  # this step's parameter, update and optimizer-state figures
         self.compiled_modules: set[int] = set()  # hooks seen inside torch.compile regions
         self._act = _Reductions()               # this step's activation reductions
         self._acts: dict[int, list[int]] = {}   # module -> its entries in self._act
@@ -330,14 +331,16 @@ class Collector:
             if callable(closure):
                 # forward and backward run inside step(closure) (Lightning, LBFGS): the
                 # gradients exist only once the closure has run; read them then
-                self._keep_parameters()
+                if self.detail:
+                    self._keep_parameters()
                 wrapped = self._after(closure)
                 if kwargs and "closure" in kwargs:
                     return tuple(args), {**kwargs, "closure": wrapped}
                 return (wrapped, *args[1:]), dict(kwargs or {})
             with _NoDispatch():
                 self._grad_figures()
-            self._keep_parameters()
+            if self.detail:
+                self._keep_parameters()
         except Exception:
             log.exception("monitor: reading gradients before the optimizer step failed")
         return None
@@ -382,9 +385,12 @@ class Collector:
 
     # -- step ----------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, detail: bool = True) -> None:
+        """Record this step's figures; `detail`: the parameters' norms, the update ratios and
+        the optimizer state's norms too (on the other steps they are not measured: NaN)."""
         self._acts, self._before, self._grads, self._update = {}, None, None, None
         self._act, self._seen = _Reductions(), {}
+        self.detail = detail
         self.recording = True
 
     def _grad_figures(self) -> None:
@@ -402,9 +408,10 @@ class Collector:
             if self._grads is None:  # no optimizer step seen: the gradients as they are
                 self._grad_figures()
             have, grads = self._grads  # type: ignore[misc]
-            p_norms = _norm_values([_local(p).detach() for p in self.params])
+            detail = self.detail
+            p_norms = _norm_values([_local(p).detach() for p in self.params]) if detail else []
             update = list(self._update) if self._update is not None else []
-            state = self._state_norms()
+            state = self._state_norms(detail)
             act = self._act
             # one read-back: activation and gradient reductions, then parameter, update and
             # optimizer-state norms
@@ -414,7 +421,8 @@ class Collector:
         acts = _rows(act, f, c)
         g_rows = _rows(grads, f[3 * act.n:], c[len(act.ints):])
         at = 3 * (act.n + grads.n)
-        par_norm, at = f[at:at + len(p_norms)], at + len(p_norms)
+        par_norm = f[at:at + len(p_norms)] if detail else [NAN] * len(self.params)
+        at += len(p_norms)
         upd, at = (f[at:at + len(update)] if update else None), at + len(update)
         states: dict[str, list[float]] = {}
         for key, idx, ns in state:
@@ -424,11 +432,16 @@ class Collector:
             states[key], at = row, at + len(ns)
         return self._assemble(acts, have, g_rows, par_norm, upd, states)
 
-    def _state_norms(self) -> list[tuple[str, list[int], list[torch.Tensor]]]:
+    def _state_norms(self, detail: bool = True
+                     ) -> list[tuple[str, list[int], list[Value]]]:
         """Norms of each optimizer state tensor shaped like its parameter, by state key:
-        (key, parameter indices, 0-d norms)."""
+        (key, parameter indices, 0-d norms). Without `detail`, the keys alone (no index, no
+        norm: a row not measured), once they are known: the file's columns are made from
+        the first row's keys, which may be a step without detail (a resumed run's)."""
         if self.optimizer is None:
             return []
+        if not detail and self.state_keys:
+            return [(k, [], []) for k in sorted(self.state_keys)]
         by_key: dict[str, list[tuple[int, torch.Tensor]]] = {}
         for i, p in enumerate(self.params):
             st = self.optimizer.state.get(p)
@@ -441,8 +454,11 @@ class Collector:
         for k in sorted(by_key):
             if k not in self.state_keys:
                 self.state_keys.append(k)
-            out.append((k, [i for i, _ in by_key[k]],
-                        _norm_values([v for _, v in by_key[k]])))
+            if detail:
+                out.append((k, [i for i, _ in by_key[k]],
+                            _norm_values([v for _, v in by_key[k]])))
+            else:
+                out.append((k, [], []))
         return out
 
     def _assemble(self, acts: list[Row], have: list[int], grads: list[Row],
@@ -466,7 +482,7 @@ class Collector:
         gn = [par["grad_norm"][i] for i in have]
         total = math.sqrt(sum(x * x for x in gn)) if gn else NAN
         # the sum of all states' norms per parameter, for the one 'state_norm' figure
-        if states:
+        if states and self.detail:
             keys = list(states)
             par["state_norm"] = [math.sqrt(sum((states[k][i] ** 2) for k in keys
                                                if not math.isnan(states[k][i])))

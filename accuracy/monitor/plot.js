@@ -87,9 +87,13 @@
       const v = num(row[j]);
       return Number.isFinite(v) && (!logy || v > 0) ? v : null;
     }));
+    // a figure measured on some steps only (parameter norms, update ratios and optimizer
+    // state every N steps): a dot per measured step, never a line across the steps between
+    const sparse = f.values.some((row) => row.every((v) => v === null));
     const series = [{ label: "step" }].concat(f.names.map((n, j) => ({
       label: n, stroke: colour(j, f.names.length),
       width: fx && n === fx.layer ? 3 : 1,
+      points: sparse ? { show: true, size: 5 } : {},
     })));
     if (plot) plot.destroy();
     plot = new uPlot({

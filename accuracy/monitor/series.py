@@ -22,9 +22,12 @@ optimizer state key (P columns each). Datasets grow 64 rows at a time, so a step
 row write to /values and one to /step.
 
 NaN means "not measured on that step" (a module that did not run, a parameter without a
-gradient, no optimizer step). Rows are written `/step` last and the file is in SWMR mode, so a
-killed job leaves a readable file that holds every row flushed before the kill (`flush_every`
-steps, 1 by default): `read_series` keeps the rows whose step was written. Nothing is stored
+gradient, no optimizer step, a figure taken every N steps on the others). Rows wait in memory
+and are written in batches: the first row at once, then when `flush_every` rows wait or the
+oldest has waited `flush_seconds`, and on `flush()` (a trigger), `close()`, exit and SIGTERM
+(shutdown.py). Rows are written `/step` last and the file is in SWMR mode, so a killed job
+leaves a readable file that holds every row written before the kill: `read_series` keeps the
+rows whose step was written; kill -9 loses the rows waiting then. Nothing is stored
 as HDF5 variable-length strings once the file is live: HDF5 grows its heap in place, which SWMR
 does not order, so a kill while it grew could leave the heap unreadable (see
 accuracy/dumpfile/optext.py); events are appended as bytes instead.
@@ -54,6 +57,7 @@ import numpy as np
 
 from accuracy.dumpfile import validate
 from accuracy.errors import AccuracyError, InputNotFoundError, OutputExistsError
+from accuracy.monitor import shutdown
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +90,16 @@ class SeriesWriter:
     """Append rows of figures; datasets are made at the first row (names are known then)."""
 
     def __init__(self, path: str | os.PathLike[str], *, attrs: dict[str, Any] | None = None,
-                 flush_every: int = 1, overwrite: bool = False) -> None:
+                 flush_every: int = 1, flush_seconds: float | None = None,
+                 overwrite: bool = False) -> None:
         self.path = Path(path)
         if self.path.exists() and not overwrite:
             raise OutputExistsError(f"{self.path} exists; pass overwrite=True or another path")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.flush_every = max(1, int(flush_every))
+        self.flush_seconds = flush_seconds
+        self.writing = False  # in the middle of a write (a SIGTERM waits for its end)
+        self._since = 0.0     # when the oldest waiting row came (time.monotonic)
         self._attrs = dict(attrs or {})
         self._f: h5py.File | None = None
         self._rows: list[dict[str, Any]] = []
@@ -156,8 +164,15 @@ class SeriesWriter:
         at the first row is dropped)."""
         if self._f is None:
             self._create(row)
-        self._rows.append(row)
-        if len(self._rows) >= self.flush_every:
+            shutdown.register(self)
+        rows = self._rows
+        rows.append(row)
+        if len(rows) == 1:
+            self._since = time.monotonic()
+        # the first row at once (the file shows the run has begun), then in batches
+        if len(rows) >= self.flush_every or self._n == 0 or (
+                self.flush_seconds is not None
+                and time.monotonic() - self._since >= self.flush_seconds):
             self.flush()
 
     def event(self, kind: str, step: int, **info: Any) -> None:
@@ -167,9 +182,18 @@ class SeriesWriter:
             self.flush()
 
     def flush(self) -> None:
+        """Write the waiting rows and events."""
         f = self._f
-        if f is None:
+        if f is None or self.writing or not (self._rows or self._events):
             return
+        self.writing = True
+        try:
+            self._write(f)
+        finally:
+            self.writing = False
+            shutdown.write_ended()
+
+    def _write(self, f: h5py.File) -> None:
         rows, self._rows = self._rows, []
         values, steps, events = self._ds
         if rows:

@@ -195,6 +195,11 @@ class Store:
         if self.disabled:
             return
         if step % self.every == 0:
+            # a capture re-runs the flagged step, the current one, from the latest snapshot
+            # at or before it: an older one is never read again. Kept without a budget, every
+            # snapshot stayed in memory (a copy of the model and optimizer every K steps)
+            self.snapshots.clear()
+            self.batches.clear()
             snap = State.take(step, model, optimizer, self.stateful)
             self.snapshots.append(snap)
             self._evict()

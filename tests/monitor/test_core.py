@@ -17,6 +17,7 @@ import torch
 import accuracy.monitor as am
 from accuracy import load_dump
 from accuracy.device_backend import sim
+from accuracy.errors import UsageError
 from accuracy.examples import lm_batch, lm_step, tiny_lm
 from accuracy.monitor.capture import same_bits
 from accuracy.monitor.triggers import GradNormJump, LossSpike, NonFinite, StepFigures
@@ -207,7 +208,8 @@ def test_a_monitor_file_from_a_killed_job_stays_readable(tmp_path):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         def step(x, y):
             opt.zero_grad(); loss = lm_step(model, (x, y)); opt.step(); return loss
-        step = am.watch(step, model, opt, path={str(path)!r}, snapshot_every=None)
+        step = am.watch(step, model, opt, path={str(path)!r}, snapshot_every=None,
+                        flush_every=1)  # every row at once (the default batches them)
         for i in range(5):
             step(*lm_batch(seed=i, batch=2, seq=8, vocab=32))
         os.kill(os.getpid(), signal.SIGKILL)
@@ -262,7 +264,7 @@ def test_a_module_name_utf8_cannot_hold_still_gives_a_series(tmp_path):
 def test_figures_match_direct_computation(tmp_path):
     model, opt, train_step = _setup()
     step = am.watch(train_step, model, opt, path=tmp_path / "f.monitor.h5", freq=2,
-                    snapshot_every=None)
+                    detail_every=1, snapshot_every=None)
     for i in range(3):
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         step(*_batch(i))
@@ -283,6 +285,96 @@ def test_figures_match_direct_computation(tmp_path):
     assert s.grad_norm[1] == pytest.approx(total, rel=1e-6)
     assert np.nansum(s.module["act_nan"][1]) == 0
     assert np.isfinite(s.module["act_norm"][1]).sum() > 10
+
+
+def test_every_step_has_loss_gradients_and_activations_parameters_every_tenth(tmp_path):
+    """The default cadence (docs/monitor.md): the figures triggers and the heat map read are
+    there every step; the parameters' norms, update ratios and optimizer state every 10 steps,
+    true where measured and NaN (not measured, a gap in the plot) between."""
+    from accuracy.monitor.plot import series_data
+
+    model, opt, train_step = _setup()
+    step = am.watch(train_step, model, opt, path=tmp_path / "c.monitor.h5",
+                    snapshot_every=None)
+    w = dict(model.named_parameters())
+    for i in range(21):
+        before = w["head.weight"].detach().clone()
+        step(*_batch(i))
+        if i == 20:
+            after = w["head.weight"].detach()
+            upd = float((after - before).norm() / after.norm())
+    step.monitor.close()
+    s = am.read_series(tmp_path / "c.monitor.h5")
+    assert list(s.step) == list(range(21))
+    assert np.isfinite(s.loss).all() and np.isfinite(s.grad_norm).all()
+    assert np.isfinite(s.param["grad_norm"]).all()
+    assert np.isfinite(s.module["act_norm"]).any(axis=1).all()
+    detail = np.array([st % 10 == 0 for st in s.step])
+    for table, fig in ((s.param, "norm"), (s.param, "update_ratio"), (s.param, "state_norm"),
+                       (s.state, "exp_avg"), (s.state, "exp_avg_sq")):
+        assert np.isfinite(table[fig][detail]).all(), fig
+        assert np.isnan(table[fig][~detail]).all(), fig
+    i = s.param_names.index("head.weight")
+    assert s.param["update_ratio"][20, i] == pytest.approx(upd, rel=1e-5)
+    assert s.param["norm"][20, i] == pytest.approx(float(w["head.weight"].norm()), rel=1e-6)
+    assert s.state["exp_avg"][20, i] == pytest.approx(
+        float(opt.state[w["head.weight"]]["exp_avg"].norm()), rel=1e-6)
+    # the page draws the steps between as not measured, never as a value
+    ratios = series_data(s)["figures"]["param/update_ratio"]["values"]
+    assert all(v is None for row, d in zip(ratios, detail, strict=True) if not d for v in row)
+    assert all(isinstance(v, float) for v in ratios[10])
+
+
+def test_a_run_that_starts_between_detail_steps_keeps_the_optimizer_state_columns(tmp_path):
+    """The file's columns are made from its first row: a resumed run's first row (step 15)
+    measures no optimizer state, and its state columns must still be there for step 20's."""
+    model, opt, train_step = _setup()
+    train_step(*_batch(0))  # the optimizer has state, as a resumed one does
+    step = am.watch(train_step, model, opt, path=tmp_path / "r.monitor.h5", start_step=15,
+                    snapshot_every=None)
+    for i in range(7):
+        step(*_batch(i))
+    step.monitor.close()
+    s = am.read_series(tmp_path / "r.monitor.h5")
+    assert list(s.step) == list(range(15, 22))
+    assert set(s.state) == {"exp_avg", "exp_avg_sq"}
+    assert np.isnan(s.state["exp_avg"][0]).all() and np.isfinite(s.state["exp_avg"][5]).all()
+
+
+def test_the_start_line_says_what_is_measured_when_and_what_a_kill_loses(tmp_path, caplog):
+    caplog.set_level("INFO", logger="accuracy.monitor")
+    model, opt, _ = _setup()
+    am.Monitor(model, opt, path=tmp_path / "a.monitor.h5").close()
+    am.Monitor(model, opt, path=tmp_path / "b.monitor.h5", detail_every=1, flush_every=1,
+               snapshot_every=None).close()
+    said = [r.getMessage() for r in caplog.records if "monitor: writing" in r.getMessage()]
+    assert len(said) == 2
+    assert "every step the loss, the global gradient norm" in said[0]
+    assert "every 10 steps also the parameter norms, update ratios and optimizer state" \
+        in said[0] and "detail_every=1: every step" in said[0]
+    assert "batches (50 rows or 1 s)" in said[0] and "kill -9 loses the rows waiting" in said[0]
+    assert "every recorded step also the parameter norms" in said[1]
+    assert "rows written each at once" in said[1] and "no snapshots" in said[1]
+
+
+def test_the_every_step_setting_measures_everything_every_step(tmp_path):
+    model, opt, train_step = _setup()
+    step = am.watch(train_step, model, opt, path=tmp_path / "e.monitor.h5", detail_every=1,
+                    snapshot_every=None)
+    for i in range(3):
+        step(*_batch(i))
+    step.monitor.close()
+    s = am.read_series(tmp_path / "e.monitor.h5")
+    assert np.isfinite(s.param["update_ratio"]).all() and np.isfinite(s.state["exp_avg"]).all()
+
+
+@pytest.mark.parametrize("bad", [{"detail_every": 0}, {"flush_every": 0},
+                                 {"flush_seconds": -1}, {"detail_every": 2.5}])
+def test_a_cadence_that_is_not_a_count_is_refused(tmp_path, bad):
+    model, opt, _ = _setup()
+    with pytest.raises(UsageError, match=next(iter(bad))):
+        am.Monitor(model, opt, path=tmp_path / "x.monitor.h5", **bad)
+    assert not (tmp_path / "x.monitor.h5").exists()
 
 
 def test_gradients_zeroed_in_place_after_the_optimizer_step_are_still_measured(tmp_path):

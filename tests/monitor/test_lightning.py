@@ -51,7 +51,8 @@ def test_lightning_callback_records_each_batch_and_captures_a_flagged_step(tmp_p
     module = Tiny()
     path = tmp_path / "pl.monitor.h5"
     cb = AccuracyLightningCallback(monitor={
-        "path": path, "snapshot_every": 1, "triggers": [am.Predicate(lambda s: s.step == 1)]})
+        "path": path, "snapshot_every": 1, "detail_every": 1,  # update ratios every step
+        "triggers": [am.Predicate(lambda s: s.step == 1)]})
     _fit(module, [cb])
     s = am.read_series(path)
     assert list(s.step) == [0, 1, 2]
@@ -69,6 +70,7 @@ def test_monitor_is_a_probe_of_the_debugger_callback(tmp_path, caplog):
     mon = am.Monitor(module, path=path, snapshot_every=None)
     with caplog.at_level(logging.ERROR):
         _fit(module, [AccuracyLightningCallback(mon)])
+    mon.close()  # the rows reach the file in batches: all of them by close (or exit)
     assert not [r for r in caplog.records if "Monitor" in r.getMessage()]
     s = am.read_series(path)
     assert list(s.step) == [0, 1, 2]
