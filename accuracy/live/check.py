@@ -17,6 +17,11 @@ output touching them, is not judged.
 
 Under `sim`, enter `live_check` inside `sim(...)` (like the dumper): it then sees each op's
 real arguments and the sim's faulty result, as on hardware.
+
+Compiled code runs compiled under the check, as under the dumper, and each Inductor kernel
+launch is checked against its own ATen ops (accuracy/live/kernels.py): the check judges the
+program the job runs, not its eager twin. A region whose launches it could not all judge is
+said first (`BLIND:`).
 """
 
 from __future__ import annotations
