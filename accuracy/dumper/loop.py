@@ -102,8 +102,9 @@ class Loop:
     sites: the placing step. label: whom it serves ("dumper", "live check", "substitute"),
     said in its log lines and read from its mode by others on the dispatch stack.
     compiled: compiled regions run compiled under the loop (the dumper, which records their
-    kernels); otherwise dynamo declines them while the loop is on and they run their eager
-    code op by op (the live tools). wants: which calls the observers are shown (None: all).
+    kernels, and the live check, which checks them); otherwise dynamo declines them while the
+    loop is on and they run their eager code op by op (`substitute`). wants: which calls the
+    observers are shown (None: all).
     runner: runs an eager op (`run_here`; `substitute` runs chosen ones elsewhere).
     """
 

@@ -17,6 +17,11 @@ output touching them, is not judged.
 
 Under `sim`, enter `live_check` inside `sim(...)` (like the dumper): it then sees each op's
 real arguments and the sim's faulty result, as on hardware.
+
+Compiled code runs compiled under the check, as under the dumper, and each Inductor kernel
+launch is checked against its own ATen ops (accuracy/live/kernels.py): the check judges the
+program the job runs, not its eager twin. A region whose launches it could not all judge is
+said first (`BLIND:`).
 """
 
 from __future__ import annotations
@@ -35,9 +40,10 @@ import torch
 from accuracy.aten import OpPlan, overwritten_ids, workspace_outputs
 from accuracy.compare import verdict as V
 from accuracy.compare.precision import ComputePrecision
-from accuracy.dumper.calls import Call, produced
-from accuracy.dumper.compiled.watch import CompileWatch
+from accuracy.dumper.calls import Call, KernelCall, produced
+from accuracy.dumper.compiled.watch import watch_dumper
 from accuracy.dumper.flatten import tensors_in
+from accuracy.dumper.identity import TensorStates
 from accuracy.dumper.loop import Loop, current_rank
 from accuracy.dumper.sites import Sites
 from accuracy.dumper.uninit import MemoryWatch
@@ -45,6 +51,7 @@ from accuracy.dumpfile.compiled import blind_lines
 from accuracy.dumpfile.stats import fused_float_stats
 from accuracy.errors import AccuracyError, RaisedForTheUser
 from accuracy.jsonsafe import jsonable
+from accuracy.live.kernels import NOT_GIVEN_REASON, RegionTally, judged_live, kernel_outcome
 from accuracy.live.select import CallSelection, in_sample, unrunnable
 from accuracy.replay.engine import reference_device
 from accuracy.replay.ops import (
@@ -263,14 +270,19 @@ class LiveCheck:
         self._counts, self._reasons = Counter(), Counter()
         self._memory = MemoryWatch()
         sites = Sites(rank=current_rank()[0], step=self.step)
-        self._loop = loop = Loop(sites, label="live check", wants=self._wants)
+        # compiled regions run compiled under the check: their kernel launches are checked
+        self._loop = loop = Loop(sites, label="live check", compiled=True, wants=self._wants)
         loop.observe(self._memory, every_call=True)  # unchecked ops fill memory too
         loop.observe(self)
         loop.install()
-        self._compiled = CompileWatch(loop.is_on, module=lambda: sites.module).start()
+        # the dumper's compiled source: each launch a KernelCall into this loop (no writer, so
+        # no recorded states to link a launch's inputs to)
+        self._compiled = watch_dumper(loop, TensorStates(), loop.is_on)
+        self._regions = RegionTally(self._compiled)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        self._regions.settle()
         self.compiled = self._compiled.finish()
         self.notes[:0] = blind_lines(self.compiled)  # unseen compiled code comes first
         self._loop.uninstall(exc_type, exc, tb)
@@ -297,6 +309,12 @@ class LiveCheck:
         self._check_stacking()
         site = call.site
         result = OpResult(site.seq, site.op, site.phase, site.module, site.source, SKIPPED)
+        if type(call) is KernelCall:  # a compiled kernel's launch: it has run already
+            memory = self._memory.memory
+            with torch._C._DisableTorchDispatch():
+                unfilled = bool(memory) and any(memory.holds(t) for t in call.inputs)
+            self._pending = (result, UNFILLED_REASON if unfilled else None, None)
+            return
         reason = unrunnable(call.func, site.op, call.args, call.kwargs)
         if reason is None and self._reads_unfilled(call.plan, call.args, call.kwargs,
                                                     call.inputs):
@@ -313,17 +331,24 @@ class LiveCheck:
         result, reason, snapshot = pending
         if reason is None and self._left_unfilled(call, outputs):
             reason = UNFILLED_REASON  # it left (part of) an output unfilled: not data
+        kernel = type(call) is KernelCall
         if reason is not None:
             result.reason = reason
-        elif snapshot is not None:
+        elif snapshot is not None or kernel:
             try:
-                self._measure(call.func, result.op, call.args, call.kwargs, snapshot, outputs,
-                              result)
+                if kernel:
+                    self._measure_kernel(call, outputs, result)  # type: ignore[arg-type]
+                else:
+                    self._measure(call.func, result.op, call.args, call.kwargs, snapshot,
+                                  outputs, result)
             except Exception as e:  # noqa: BLE001 - the user's step never fails because of us
                 log.debug("live check of %s (call %d) failed", result.op, result.seq,
                           exc_info=True)
                 result.status, result.reason = FAILED, f"{type(e).__name__}: {str(e)[:300]}"
                 result.outputs, result.verdict = [], None
+        if kernel:
+            self._regions.add(None if result.verdict is not None
+                              else (result.reason or result.status).split(":")[0])
         self._tally(result)
         if self.stop_on and _RANK.get(result.verdict, 0) >= _RANK[self.stop_on]:
             raise LiveCheckError(result)
@@ -383,6 +408,27 @@ class LiveCheck:
             return
         outcome = guarded(result.seq, name,
                           lambda: self._rerun(func, name, args, kwargs, inputs, host, result))
+        self._judge(name, outcome, inputs, host, result)
+
+    def _measure_kernel(self, call: KernelCall, outs: list[torch.Tensor],
+                        result: OpResult) -> None:
+        """A kernel launch: its outputs against its ATen ops re-run (accuracy/live/kernels.py);
+        only outputs re-run from the graph Inductor was given are judged."""
+        host = list(enumerate(outs))
+        want = needs_upcast(call.inputs, [t.dtype for t in outs], False, self.upcast)
+        outcome = guarded(result.seq, result.op, lambda: kernel_outcome(
+            call, outs, Reference(self.device, self.upcast, keep=False), want))
+        self._judge(result.op, outcome, call.inputs, host, result, kernel=True)
+        if result.status == OK and result.verdict is None:
+            why = NOT_GIVEN_REASON if any(o.get("not_judged") for o in result.outputs) \
+                else "no output with data to judge"
+            result.reason = f"{why}; {result.reason}" if result.reason else why
+
+    def _judge(self, name: str, outcome: OpOutcome, inputs: list[torch.Tensor],
+               host: list[tuple[int, torch.Tensor]], result: OpResult,
+               kernel: bool = False) -> None:
+        """Each measured output judged by its local error, as compare judges a replayed one
+        (a kernel's only where re-run from the graph Inductor was given)."""
         result.status, result.reason = outcome.status, outcome.reason
         if outcome.status != OK:
             return
@@ -392,7 +438,9 @@ class LiveCheck:
             dev = by_idx[m["idx"]]
             entry = dict(m, dtype=_dtype_name(dev.dtype), shape=list(dev.shape),
                          verdict=None, compute_precision=None)
-            if dev.numel() > 0:  # compare leaves empty tensors unjudged too
+            if kernel and not judged_live(m):
+                entry["not_judged"] = NOT_GIVEN_REASON
+            elif dev.numel() > 0:  # compare leaves empty tensors unjudged too
                 entry["verdict"], figures = V.judge_local(
                     shapes, m["idx"], entry["dtype"],
                     _finite_or_none(m.get("error_ratio")), self.cfg, self.precision,

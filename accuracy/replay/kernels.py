@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -69,9 +70,10 @@ def _reference(rec: OpRecord) -> dict[str, Any]:
     return ref
 
 
-def _check(ref: dict[str, Any], rec: OpRecord) -> tuple[list[Any], list[dict[str, Any]],
+def _check(ref: dict[str, Any], n_outputs: int) -> tuple[list[Any], list[dict[str, Any]],
                                                         list[Any], list[Any]]:
-    """The reference's parts, checked: it comes from a file."""
+    """The reference's parts, checked: it comes from a file (or a launch site's
+    description, for the live check)."""
     inputs, nodes = ref.get("inputs"), ref.get("nodes")
     outputs, how = ref.get("outputs"), ref.get("graph")
     if not (isinstance(inputs, list) and isinstance(nodes, list) and isinstance(outputs, list)
@@ -80,9 +82,9 @@ def _check(ref: dict[str, Any], rec: OpRecord) -> tuple[list[Any], list[dict[str
         raise Unreplayable("compiled kernel whose reference is malformed (damaged dump)")
     if len(nodes) > MAX_NODES:
         raise Unreplayable(f"compiled kernel whose reference has over {MAX_NODES} ops")
-    if len(outputs) != len(rec.outputs):
+    if len(outputs) != n_outputs:
         raise Unreplayable(f"compiled kernel whose reference has {len(outputs)} outputs, the "
-                           f"row {len(rec.outputs)}")
+                           f"row {n_outputs}")
     n_values = len(inputs) + len(nodes)
     for o in outputs:
         if o is not None and (not isinstance(o, int) or isinstance(o, bool)
@@ -202,33 +204,66 @@ def replay_kernel(rec: OpRecord, device: torch.device, upcast: str,
     """Replay one kernel row (an OpOutcome); Unreplayable with the reason when it can't.
     `rerun` is `ops.rerun`, handed in by `ops._replay` (this module imports no `ops`)."""
     ref = _reference(rec)
-    inputs, nodes, outputs, how = _check(ref, rec)
+    _check(ref, len(rec.outputs))
     try:
         check_inputs(rec, compiled_ok=True)
     except Unreplayable as e:
         raise Unreplayable(f"compiled kernel: {e}") from None
-    names = rec.extra.get(schema.EXTRA_INPUTS)
-    if not isinstance(names, list) or len(names) != len(rec.inputs):
+    return rerun_kernel(
+        KernelRun(rec.seq, rec.op, ref, rec.extra.get(schema.EXTRA_INPUTS), rec.inputs,
+                  rec.outputs),
+        Reference(device, upcast), upcast != "none", rerun,
+        load_input=lambda t: cache.input(t, device),
+        load_output=lambda t: cache.load(t) if t.has_data else None)
+
+
+@dataclass(frozen=True)
+class KernelRun:
+    """One launch of a kernel as a reference re-runs it: its seq and row name, its launch
+    site's reference, the names of the buffers it read, and what it read and wrote (a dump's
+    tensor records, or the live buffers: `rerun_kernel` reads them through its loaders)."""
+
+    seq: int
+    op: str
+    reference: dict[str, Any]
+    input_names: Any
+    inputs: list[Any]
+    outputs: list[Any]
+
+
+def rerun_kernel(run: KernelRun, reference: Reference, want_upcast: bool,
+                 rerun: Callable[..., Any], *, load_input: Callable[[Any], torch.Tensor],
+                 load_output: Callable[[Any], torch.Tensor | None]) -> Any:
+    """Re-run a kernel launch's ATen ops on the reference and measure its outputs against
+    them (an OpOutcome): replay's kernel rows and the live check's launches alike.
+    `load_input(t)` is an input's value on the reference device, `load_output(t)` an
+    output's device value on the host (None: no data, not compared). Unreplayable with the
+    reason when it can't."""
+    ref = run.reference
+    inputs, nodes, outputs, how = _check(ref, len(run.outputs))
+    names = run.input_names
+    if not isinstance(names, list) or len(names) != len(run.inputs):
         raise Unreplayable("compiled kernel whose recorded inputs do not match its buffer "
                            "names (a buffer that is not a tensor)")
-    by_name = dict(zip(names, rec.inputs, strict=True))
+    by_name = dict(zip(names, run.inputs, strict=True))
     missing = [b for b in inputs if b not in by_name]
     if missing:
         raise Unreplayable("compiled kernel whose input buffer(s) "
                            f"{', '.join(map(str, missing[:3]))} were not recorded")
     fns = _ops(nodes, len(inputs))
-    env = size_bindings(ref, nodes, [by_name[b] for b in inputs], rec.outputs)
-    tensors = [cache.input(by_name[b], device) for b in inputs]
+    env = size_bindings(ref, nodes, [by_name[b] for b in inputs], run.outputs)
+    device = reference.device
+    tensors = [load_input(by_name[b]) for b in inputs]
     notes = []
     device_outputs = []
     for i, (o, kind) in enumerate(zip(outputs, how, strict=True)):
-        t = rec.outputs[i]
+        value = None if o is None else load_output(run.outputs[i])
         if o is None:
             notes.append(f"output {i} not replayed: {str(kind)[:200]}")
-        elif not t.has_data:
+        elif value is None:
             notes.append(f"output {i} has no data in the dump: not compared")
         else:
-            device_outputs.append((i, cache.load(t)))
+            device_outputs.append((i, value))
             if kind != "given":
                 notes.append(f"output {i} against the graph after Inductor's passes "
                              f"({str(kind)[:200]}): a pass that changed values is not seen")
@@ -240,8 +275,8 @@ def replay_kernel(rec: OpRecord, device: torch.device, upcast: str,
         return ([t.to(upcast_dtype(t.dtype, up), copy=True) for t in tensors], {"upcast": up})
 
     note = "; ".join(["compiled kernel re-run as its ATen ops"] + notes)
-    outcome = rerun(ReferenceCall(rec.seq, rec.op, fn, build, note), device_outputs,
-                    Reference(device, upcast), upcast != "none")
+    outcome = rerun(ReferenceCall(run.seq, run.op, fn, build, note), device_outputs,
+                    reference, want_upcast)
     for m in outcome.outputs:  # which graph each ratio is against: compare judges by
         i = m.get("idx")       # "given" ones only (a passed graph holds the pass's fault)
         if isinstance(i, int) and 0 <= i < len(how):

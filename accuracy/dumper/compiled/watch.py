@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 RAN_EAGER = "ran-eager"
 NOT_RECORDED = "not-recorded"
 RECORDED = "recorded-compiled"
+NOT_CHECKED = "not-checked"  # the live check: kernels of it ran that it could not judge
 DISPATCH_SKIP = "dispatch mode"  # dynamo's skip reason for an active TorchDispatchMode
 # Backends whose compiled program runs the graph's ops through the dispatcher, one by one:
 # the dumper's mode (which ignores compile internals only while compiling) records each op.
@@ -282,6 +283,11 @@ class CompileWatch:
             self._pending.append((code, region))
             del self._pending[:-64]  # bounded: entries dynamo never asked about age out
 
+    def latest_region(self) -> Region | None:
+        """The region entered latest (whose program a kernel launched now belongs to, as
+        `recorded()` files it), or None."""
+        return self._last[0] if self._last is not None else None
+
     def region_module(self) -> str:
         """The module path where the latest region was entered ('' if none)."""
         return self._last[1] if self._last is not None else ""
@@ -466,6 +472,7 @@ class DumperWatch(CompileWatch):
         from accuracy.dumper.compiled.source import CompiledSource
 
         self._sites = sites
+        self._label = loop.label
         self._codegen = codegen
         self._launches = launches
         self.source = CompiledSource(loop, states, recording, self.recorded,
@@ -510,14 +517,15 @@ class DumperWatch(CompileWatch):
         for r in self.regions.values():
             if r.status != NOT_RECORDED or not r.compiled_here or r.reason != NOT_SEEN:
                 continue
+            who = self._label  # "dumper", "live check"
             if r.backend == "inductor":
-                r.reason = ("compiled inside the dumper, yet none of its kernels was recorded"
+                r.reason = (f"compiled inside the {who}, yet none of its kernels was recorded"
                             + (f" ({len(unhooked)} kernel launch site(s) got no recording "
                                "hook: see compiled_kernels_not_recorded)" if unhooked else ""))
             else:
-                r.reason = (f"compiled inside the dumper by backend {r.backend}, whose program "
-                            "the dumper cannot see into: only the ATen calls it dispatched "
-                            "reached the dump")
+                r.reason = (f"compiled inside the {who} by backend {r.backend}, whose program "
+                            f"the {who} cannot see into: only the ATen calls it dispatched "
+                            f"reached {'the dump' if who == 'dumper' else 'the ' + who}")
         attrs = super().finish()
         attrs[schema.ROOT_COMPILED_KERNELS_RECORDED] = self.source.kernels
         if self.source.kernels:  # whose generator its kernels drew random numbers with

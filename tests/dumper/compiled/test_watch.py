@@ -165,10 +165,10 @@ def test_a_dump_of_an_eager_job_compares_without_blind_lines(tmp_path):
     assert rep.format().splitlines()[1].endswith("->  PASS")
 
 
-def test_the_region_compiles_again_after_a_live_check():
-    """Dynamo marks a frame it declined as skipped for good; a live check (whose mode dynamo
-    does not trace through) must not leave the user's compiled region eager for the rest of
-    the job."""
+def test_a_region_runs_compiled_under_the_live_check_and_stays_compiled():
+    """Under the live check a region runs its compiled program (the check's mode steps aside
+    while dynamo compiles; before, dynamo declined it and marked the frame skipped for good),
+    and the program compiled there serves the job's later calls, checked or not."""
     compiles = []
 
     def backend(gm, example_inputs):
@@ -183,6 +183,35 @@ def test_the_region_compiles_again_after_a_live_check():
     for _ in range(2):
         with live_check() as lc:
             f(x)
+        [region] = lc.report()["compiled_regions"]
+        # a backend the check cannot see into: its ATen calls were checked, said BLIND
+        assert region["status"] == "not-recorded"
+        assert any(r.op == "aten.sin.default" for r in lc.results)
+    assert len(compiles) == 1
+    f(x)
+    assert len(compiles) == 1
+
+
+def test_a_region_declined_under_another_mode_compiles_again_after_it():
+    """Dynamo marks a frame it declined as skipped for good; a region declined under a mode
+    dynamo does not trace through (`sim`'s, inside a live check) must not stay eager for the
+    rest of the job once that mode is gone."""
+    from accuracy.device_backend import sim
+
+    compiles = []
+
+    def backend(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    @torch.compile(backend=backend)
+    def f(x):
+        return (x * 2).sin()
+
+    x = torch.randn(3)
+    for _ in range(2):
+        with sim(profile="bf16"), live_check() as lc:
+            f(x)
         assert [r["status"] for r in lc.report()["compiled_regions"]] == ["ran-eager"]
         assert "TorchDispatchMode" in lc.report()["compiled_regions"][0]["reason"]
     assert compiles == []
@@ -196,9 +225,10 @@ def test_live_check_says_which_compiled_regions_it_did_not_check():
         loss_fn(net(torch.randn(4, 8)))
     names = [r["name"] for r in lc.report()["compiled_regions"]]
     assert any("blocks.1" in n for n in names) and any(n.endswith("loss_fn") for n in names)
-    # dynamo declined both under the live check's mode (a module's own frame is in dynamo's
-    # skip files: decided by its forward)
-    assert {r["status"] for r in lc.report()["compiled_regions"]} == {"ran-eager"}
+    # both ran compiled by a backend the check cannot see into as kernels
+    regions = lc.report()["compiled_regions"]
+    assert {r["status"] for r in regions} == {"not-recorded"}
+    assert all("live check" in r["reason"] for r in regions)
     text = lc.text().splitlines()
     assert text[1].startswith("  BLIND: ") and text[2].startswith("  BLIND: ")
     assert lc.notes[0].startswith("compiled region ")
