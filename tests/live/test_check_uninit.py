@@ -50,3 +50,20 @@ def test_live_check_does_not_judge_a_buffer_filled_long_after_its_empty():
     assert second.status == "ok" and second.verdict == "pass"  # filled: judged
     copies = [r for r in chk.results if r.op == "aten.copy_.default"]
     assert len(copies) == 2 and all(r.status == "ok" for r in copies)  # they fill it: judged
+
+
+def test_a_scalar_read_of_unfilled_bytes_is_said_not_data():
+    """`.item()` and `torch.equal` on a buffer no op has filled return Python values, so no
+    output of theirs carries the taint: the check itself must see that they read unfilled
+    bytes, and say so, rather than count them as checked ops."""
+    with torch.no_grad(), live_check() as chk:
+        buf = torch.empty(8)
+        with torch._C._DisableTorchDispatch():  # garbage planted below every mode
+            buf.copy_(torch.linspace(-1, 1, 8))
+        torch.equal(buf, torch.zeros(8))
+        buf.max().item()
+    scalar = [r for r in chk.results
+              if r.op in ("aten.equal.default", "aten._local_scalar_dense.default")]
+    assert len(scalar) == 2
+    assert all(r.status == "skipped" and r.reason.startswith("uninitialised memory")
+               for r in scalar), [(r.op, r.status, r.reason) for r in scalar]
