@@ -26,7 +26,7 @@ from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.identity import TensorStates, same_memory
 from accuracy.dumper.stats_window import StatsWindow
 from accuracy.dumper.uninit import Uninitialised
-from accuracy.dumpfile import schema
+from accuracy.dumpfile import schema, staging
 from accuracy.dumpfile.argcodec import encode_call
 from accuracy.dumpfile.stats import flat_view, tensor_stats
 from accuracy.dumpfile.writer import DumpWriteError, DumpWriter, OpEntry, TensorEntry
@@ -161,7 +161,7 @@ class Recorder:
                           and torch.get_num_threads() < (os.cpu_count() or 1) else None)
         # accelerator tensors' figures and copies: fetched once per window of ops
         # (accuracy/dumper/stats_window.py)
-        self._window = StatsWindow(writer.max_pending_bytes)
+        self._window = StatsWindow(min(writer.max_pending_bytes, staging.RING_BYTES))
 
     # -- the one write path ------------------------------------------------------------------
 
@@ -173,9 +173,6 @@ class Recorder:
             extra[schema.EXTRA_VIEW_OF] = views
         op = OpEntry(call.site, stack=call.stack, args=encode_call(call.args, call.kwargs),
                      n_in=n_in, n_out=n_out, extra=extra, epoch=call.epoch)
-        window = self._window
-        if window.full_of_bytes():  # the writer must never wait for a window it holds up
-            window.close()
         try:
             self.writer.add_op(op, entries)
         except DumpWriteError as e:
@@ -186,7 +183,7 @@ class Recorder:
             return
         self.ops_recorded += 1
         self.steps_seen.add(call.step)
-        window.op_written()
+        self._window.op_written()
 
     def write_tensors(self, call: Call, inputs: list[torch.Tensor],
                       outputs: list[torch.Tensor], extra: dict[str, Any],
@@ -437,8 +434,11 @@ class Recorder:
             stats = tensor_stats(t, sums=not self.tensor_mode)
             entry.stats = self._window.figures(stats) if StatsWindow.wants(stats) else stats
         if self.tensor_mode:
-            entry.data = (self.writer.stage(t) or _host_copy(t) if dev.type == "cpu"
-                          else self._window.copy(t, _host_copy))
+            if dev.type == "cpu":
+                self._window.hold(t.numel() * t.element_size())  # staged behind the window
+                entry.data = self.writer.stage(t) or _host_copy(t)
+            else:
+                entry.data = self._window.copy(t, _host_copy)
             entry.first = entry.row
             entry.nbytes = t.numel() * t.element_size()
         if not fresh:

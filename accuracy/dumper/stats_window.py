@@ -12,8 +12,9 @@ tensor dump waits once per window as well.
 The writer writes rows in order and waits (on a threading event) for a window still open;
 the training thread closes it, so it must always be closed: at `WINDOW_OPS` ops, when the
 step leaves the dumper, at close (also when the block raised), and early in a tensor dump
-when its copies would otherwise hold more than half of what the writer may queue (the
-writer could then wait for this window while the training thread waits for the writer).
+before the bytes it holds (device copies, and CPU tensors staged for the writer behind it)
+reach a quarter of what the writer may queue or stage: the writer, waiting for this window,
+would otherwise leave the training thread waiting for room in its queue or staging ring.
 A window whose fetch fails says "no statistics" in its rows (nan, counts -1), never a
 made-up figure.
 """
@@ -204,9 +205,16 @@ class StatsWindow:
         figures = _Figures(fetch, fetch.add(floats, checksum))
         return figures, _Checksum(figures)
 
+    def hold(self, nbytes: int) -> None:
+        """Make room for `nbytes` more bytes the writer reaches behind this window (a copy,
+        a staged CPU tensor): the window is closed first when they would fill it."""
+        if self._fetches and (self._bytes + nbytes) * 4 >= self.max_bytes:
+            self.close()
+        self._bytes += nbytes
+
     def copy(self, t: torch.Tensor, start: Any) -> _WindowCopy:
         """A tensor dump's host copy of `t`, started by `start(t)`, read after the window."""
-        self._bytes += t.numel() * t.element_size()
+        self.hold(t.numel() * t.element_size())
         return _WindowCopy(start(t), self._fetch(t.device))
 
     def op_written(self) -> None:
@@ -214,10 +222,6 @@ class StatsWindow:
         self._ops += 1
         if self._ops >= self.max_ops:
             self.close()
-
-    def full_of_bytes(self) -> bool:
-        """Whether the open window's copies reach half of what the writer may queue."""
-        return self._bytes * 2 >= self.max_bytes
 
     def close(self) -> None:
         """Close the window: each device's figures fetched with one copy."""

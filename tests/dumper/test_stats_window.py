@@ -47,14 +47,17 @@ def test_the_window_closes_at_its_size_and_not_before():
     assert list(floats)[:2] == [-1.5, 1.25]
 
 
-def test_a_tensor_dumps_copies_fill_the_window_to_half_the_writers_queue():
-    window = StatsWindow(max_bytes=4096)
-    window.copy(torch.zeros(256), lambda t: t.clone())  # 1 KiB
-    assert not window.full_of_bytes()
-    window.copy(torch.zeros(256), lambda t: t.clone())
-    assert window.full_of_bytes()
-    window.close()
-    assert not window.full_of_bytes()
+def test_bytes_that_would_fill_an_open_window_close_it_first():
+    window = StatsWindow(max_bytes=8192)
+    floats, _ = window.figures((_figures(2), 0))
+    window.hold(1024)
+    assert not floats._fetch._done.is_set()
+    window.hold(1024)  # 2 KiB behind the open window: a quarter of 8 KiB
+    assert floats._fetch._done.is_set()
+    assert window.windows_closed == 1
+    copied = window.copy(torch.zeros(256), lambda t: t.clone())  # the next window's first
+    window.copy(torch.zeros(512), lambda t: t.clone())  # would fill it: closed first
+    assert window.windows_closed == 2 and copied.wait().shape == (256,)
 
 
 def test_a_failed_fetch_leaves_no_statistics_never_a_figure(monkeypatch, caplog):

@@ -211,3 +211,26 @@ def test_the_online_overflow_check_writes_its_births_figures_on_the_device(npu, 
         assert len(births) == 1
         assert births[0].outputs[0].stats["inf_count"] == 32
         assert births[0].inputs[0].stats["max"] == 1.0
+
+
+def test_a_tensor_dump_of_cpu_and_device_tensors_bigger_than_its_ring_finishes(npu, tmp_path):
+    """CPU tensors staged for the writer behind an open window of device figures: the window
+    closes before they fill the staging ring (the writer, waiting for the window, would
+    never free the ring's slots)."""
+    done = threading.Event()
+
+    def run() -> None:
+        x = torch.ones(8, device="npu")
+        big = torch.ones(256, 1024)  # 1 MiB on CPU
+        with dumper(str(tmp_path / "mixed.h5"), mode="tensor", max_pending_bytes=3 << 20):
+            for _ in range(8):
+                x = x + 1
+                big = big * 1.5
+        done.set()
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(120)
+    assert done.is_set(), "the tensor dump hung: CPU tensors filled the ring behind a window"
+    with load_dump(tmp_path / "mixed.h5") as d:
+        assert len(d.records) == 16
