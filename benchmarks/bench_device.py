@@ -6,9 +6,14 @@ of µs on a GPU or NPU) where a CPU benchmark shows nothing. The test device cou
 small MLP on `npu`, this prints the copies to the host, their bytes and the
 synchronisations of the bare step and of the same step under a statistics dump, a tensor
 dump, the live check (reference on CPU) and the monitor (its defaults), in total and per
-recorded op (the statistics dump's row count). Counts, not times: the device's kernels are
-CPU's. The budget (statistics: at most one synchronisation per 64 ops and 64 bytes a tensor)
-belongs to the statistics path's redesign; these are the figures it starts from.
+recorded op (the statistics dump's row count), and for the dumps the bytes per tensor row and
+the bytes the dump stores (a tensor dump copies each once). Counts, not times: the device's
+kernels are CPU's. The budget (statistics: at most one synchronisation per 64 ops and 64
+bytes a tensor; tensor mode: each stored byte copied once, non-blocking, no wait per op) is
+kept by the statistics window (accuracy/dumper/stats_window.py): one copy of the figures and
+one wait per window of 64 ops. The step's ~60 ops make one window, whose wait is counted only
+when the writer reaches it before the device finished it (here the step's own
+`synchronize()` comes first).
 
     python benchmarks/bench_device.py --threads both
 """
@@ -53,9 +58,9 @@ def _model_and_step(device: str):
     return model, opt, step
 
 
-def _count(flow: str, folder: Path) -> tuple[dict[str, int], int | None]:
+def _count(flow: str, folder: Path) -> tuple[dict[str, int], tuple[int, int, int] | None]:
     """One step of `flow` after a warm-up step (AdamW's states made): its counters, and the
-    rows its dump holds (dumps only)."""
+    rows its dump holds, its tensor rows and its stored bytes (dumps only)."""
     import accuracy.testdevice as td
     from accuracy import dumper, live_check, load_dump
 
@@ -81,11 +86,15 @@ def _count(flow: str, folder: Path) -> tuple[dict[str, int], int | None]:
     if flow == "monitor":
         step.monitor.close()
     counts = {"d2h_copies": c["d2h_copies"], "d2h_bytes": c["d2h_bytes"],
+              "d2h_nonblocking": c["d2h_nonblocking"],
               "syncs": c["syncs_implicit"] + c["syncs_explicit"] - 1}  # less our own wait
     rows = None
     if flow in ("statistics", "tensor"):
         with load_dump(path) as d:
-            rows = len(d.records)
+            tensors = [t for r in d.records for t in (*r.inputs, *r.outputs)]
+            stored = sum(n for _, n in {(t.offset, t.nbytes) for t in tensors
+                                        if t.nbytes > 0 and t.offset >= 0})
+            rows = (len(d.records), len(tensors), stored)
     return counts, rows
 
 
@@ -106,7 +115,7 @@ def main() -> int:
     flows = ("bare", "statistics", "tensor", "live check", "monitor")
     with tempfile.TemporaryDirectory() as tmp:
         results = {f: _count(f, Path(tmp)) for f in flows}
-    ops = results["statistics"][1] or 1
+    ops = results["statistics"][1][0] or 1
     print(f"one step (forward, backward, AdamW) of Linear-GELU-LayerNorm-Linear on npu: "
           f"{ops} recorded ops")
     print(f"{'flow':<12} {'copies':>7} {'bytes':>9} {'syncs':>6} | per op: {'copies':>7} "
@@ -115,6 +124,11 @@ def main() -> int:
         print(f"{flow:<12} {c['d2h_copies']:>7} {c['d2h_bytes']:>9} {c['syncs']:>6} | "
               f"{'':8} {c['d2h_copies'] / ops:>7.2f} {c['d2h_bytes'] / ops:>8.1f} "
               f"{c['syncs'] / ops:>6.2f}")
+    for flow in ("statistics", "tensor"):
+        c, (_ops, tensors, stored) = results[flow]
+        print(f"{flow} dump: {tensors} tensor rows, {c['d2h_bytes'] / tensors:.1f} bytes copied "
+              f"a tensor row; {stored} bytes stored; {c['d2h_nonblocking']} of "
+              f"{c['d2h_copies']} copies non-blocking")
     return 0
 
 

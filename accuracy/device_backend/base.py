@@ -41,12 +41,24 @@ class HostCopy:
         return bool(query()) if query is not None else False
 
     def wait(self) -> torch.Tensor:
-        """Block until the copy is complete and return the host tensor."""
+        """Block until the copy is complete and return the host tensor (no wait for a copy
+        already known done: a later event on the same queue was waited for)."""
         if self._event is not None:
-            self._event.synchronize()
+            if not self.ready():
+                self._event.synchronize()
             self._event = None
             self._source = None
         return self._host
+
+
+def _registered_device(device_type: str) -> bool:
+    """Whether `device_type` is the PrivateUse1 device already registered with a
+    `torch.<device_type>` module (an out-of-tree device whose extension has another name)."""
+    try:
+        return (torch._C._get_privateuse1_backend_name() == device_type
+                and getattr(torch, device_type, None) is not None)
+    except Exception:  # an older torch without the query: the extension path decides
+        return False
 
 
 def _private_cpu_copy(t: torch.Tensor) -> torch.Tensor:
@@ -208,16 +220,23 @@ class AcceleratorBackend(Backend):
 
     def module(self) -> ModuleType | None:
         """`torch.<device_type>` after importing the extension; None when it cannot be had."""
-        if self._module is not _UNSET:
-            return self._module
+        if self._module is not _UNSET and (self._module is not None
+                                           or not _registered_device(self.device_type)):
+            return self._module  # (a device registered since the last call is taken up)
         mod = None
         try:
-            if self.extension is not None and self.extension not in sys.modules:
+            if _registered_device(self.device_type):
+                # the device is plugged in already, under this name, by whatever extension
+                # registered it (the test device, a vendor's renamed package): use it
+                mod = getattr(torch, self.device_type)
+            elif self.extension is not None and self.extension not in sys.modules:
                 # find_spec first: a missing extension is the common case and must be cheap.
                 if importlib.util.find_spec(self.extension) is None:
                     raise ImportError(f"{self.extension} is not installed")
                 importlib.import_module(self.extension)
-            mod = getattr(torch, self.device_type, None)
+                mod = getattr(torch, self.device_type, None)
+            else:
+                mod = getattr(torch, self.device_type, None)
         except Exception as exc:  # a broken vendor install must not break the tool
             log.debug("backend %s unavailable: %s", self.name, exc)
             mod = None
@@ -235,10 +254,14 @@ class AcceleratorBackend(Backend):
             return False
 
     def version(self) -> str | None:
-        if self.extension is not None and self.module() is not None:
+        if self.extension is None or self.module() is None:
+            return None
+        ext = sys.modules.get(self.extension)
+        if ext is None:  # the device was registered by another package (the test device)
+            if importlib.util.find_spec(self.extension) is None:
+                return None
             ext = importlib.import_module(self.extension)
-            return getattr(ext, "__version__", None) or _installed_version(self.extension)
-        return None
+        return getattr(ext, "__version__", None) or _installed_version(self.extension)
 
     def synchronize(self) -> None:
         mod = self.module()

@@ -272,6 +272,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             return
         self._installed = False
         self._recorder.drain()  # unwatched ops follow: no statistics may still be pending
+        self._recorder.close_window()  # the step's last figures fetched, not held idle
         loop.uninstall(*(exit_info or (None, None, None)))
 
     # -- internals -------------------------------------------------------------------------
@@ -320,6 +321,7 @@ class dumper:  # noqa: N801 - a context manager named like Ascend's torch.utils.
             # every observer's: the overflow watcher still writes its pending births
             attrs.update(loop.finish())
         finally:
+            self._recorder.close_window()  # the writer waits for the last window's figures
             if self._loader is not None:
                 attrs[schema.ROOT_LOAD_FILE_PATH] = str(self.load_file_path)
                 self._loader.close()

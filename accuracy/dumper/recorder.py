@@ -24,8 +24,9 @@ from accuracy.dumper.calls import Call, KernelCall, produced
 from accuracy.dumper.deferred_stats import DeferredStats
 from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.identity import TensorStates, same_memory
+from accuracy.dumper.stats_window import StatsWindow
 from accuracy.dumper.uninit import Uninitialised
-from accuracy.dumpfile import schema
+from accuracy.dumpfile import schema, staging
 from accuracy.dumpfile.argcodec import encode_call
 from accuracy.dumpfile.stats import flat_view, tensor_stats
 from accuracy.dumpfile.writer import DumpWriteError, DumpWriter, OpEntry, TensorEntry
@@ -158,6 +159,9 @@ class Recorder:
         self._deferred = (DeferredStats() if defer_stats and not self.tensor_mode
                           and os.environ.get("ACCURACY_STATS_THREAD") == "1"
                           and torch.get_num_threads() < (os.cpu_count() or 1) else None)
+        # accelerator tensors' figures and copies: fetched once per window of ops
+        # (accuracy/dumper/stats_window.py)
+        self._window = StatsWindow(min(writer.max_pending_bytes, staging.RING_BYTES))
 
     # -- the one write path ------------------------------------------------------------------
 
@@ -179,6 +183,7 @@ class Recorder:
             return
         self.ops_recorded += 1
         self.steps_seen.add(call.step)
+        self._window.op_written()
 
     def write_tensors(self, call: Call, inputs: list[torch.Tensor],
                       outputs: list[torch.Tensor], extra: dict[str, Any],
@@ -212,6 +217,11 @@ class Recorder:
         """Wait for the statistics still being computed (before memory may be written)."""
         if self._deferred is not None:
             self._deferred.drain()
+
+    def close_window(self) -> None:
+        """Fetch the open window's accelerator figures (the step leaves the dumper, or the
+        dump closes: the writer waits for them)."""
+        self._window.close()
 
     def write_received(self, call: Call, arrived: bool) -> None:
         """Write a point-to-point receive once its data is there (dumper/p2p.py): its
@@ -371,6 +381,7 @@ class Recorder:
         self.write(call, entries, len(call.inputs), len(outputs), extra)
 
     def finish(self) -> dict[str, Any]:
+        self._window.close()
         if self._deferred is not None:
             self._deferred.close()
             self._deferred = None
@@ -420,9 +431,14 @@ class Recorder:
         elif self._deferred is not None and self._deferred.wants(flat := flat_view(t)):
             entry.stats = self._deferred.submit(flat)
         else:  # a tensor dump's bytes carry a content hash: no bit-pattern sum beside it
-            entry.stats = tensor_stats(t, sums=not self.tensor_mode)
+            stats = tensor_stats(t, sums=not self.tensor_mode)
+            entry.stats = self._window.figures(stats) if StatsWindow.wants(stats) else stats
         if self.tensor_mode:
-            entry.data = self.writer.stage(t) or _host_copy(t)
+            if dev.type == "cpu":
+                self._window.hold(t.numel() * t.element_size())  # staged behind the window
+                entry.data = self.writer.stage(t) or _host_copy(t)
+            else:
+                entry.data = self._window.copy(t, _host_copy)
             entry.first = entry.row
             entry.nbytes = t.numel() * t.element_size()
         if not fresh:
