@@ -14,7 +14,7 @@ mutated there (removed on exit, Ctrl-C included).
     python tools/mutate.py -j 2           # two mutants at once, each in its own copy
     python tools/mutate.py --ci           # what CI runs: every mutant not killed on what it
                                           # covers today (.ci/mutants-killed.json) + a rotating
-                                          # quarter of the rest
+                                          # sixth of the rest
     python tools/mutate.py -k x --record  # note in .ci/mutants-killed.json what was killed
 
 Why a record per mutant and not one baseline commit: a full run takes hours on a 2-core machine
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ci", action="store_true",
                     help="only the mutants not killed on what they cover today "
                          "(.ci/mutants-killed.json), plus a rotating share of the rest")
-    ap.add_argument("--share", type=int, default=4, help="with --ci: 1/N of the rest runs")
+    ap.add_argument("--share", type=int, default=6, help="with --ci: 1/N of the rest runs")
     ap.add_argument("--record", action="store_true",
                     help="note the killed mutants in .ci/mutants-killed.json (a clean tree "
                          "only: commit the file)")
