@@ -66,9 +66,10 @@ def test_missing_extensions_are_unavailable_without_import():
     for name, ext in VENDORS.items():
         if importlib.util.find_spec(ext) is not None:
             continue  # really installed here: nothing to check
-        assert not get_backend(name).is_available()
-        assert get_backend(name).memory() is None
-        assert ext not in sys.modules
+        if torch._C._get_privateuse1_backend_name() != name:  # not the npu test device
+            assert not get_backend(name).is_available()
+            assert get_backend(name).memory() is None
+        assert ext not in sys.modules  # asking never imports a vendor's extension
 
 
 def test_backend_for_tensor_and_sim():
