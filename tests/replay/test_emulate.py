@@ -68,20 +68,25 @@ def _truncate_bf16(t: torch.Tensor) -> torch.Tensor:
     return (t.contiguous().view(torch.int32) & -65536).view(torch.float32).reshape(t.shape)
 
 
+def _on_a_truncating_device(tmp_path, monkeypatch, step):
+    """`step` dumped on CPU and on a bf16 sim whose converter truncates, compared with `-r`."""
+    with monkeypatch.context() as mp:
+        mp.setitem(rounding._ROUNDINGS, "bf16", _truncate_bf16)
+        gold, dev = tmp_path / "gold.h5", tmp_path / "trunc.h5"
+        with dumper(gold):
+            step()
+        with sim(profile="bf16"), dumper(dev):
+            step()
+    replay(dev, tmp_path / "trunc-r.h5")
+    return compare(dev, gold, tmp_path / "trunc-r.h5")
+
+
 def test_a_device_that_does_not_round_like_the_emulation_is_not_judged_by_it(tmp_path,
                                                                              monkeypatch):
     """The device's rules say bf16, its converter truncates: every honest matmul's residual
     against the round-to-nearest emulation is far over the bound, so the emulated figure is
     reported and not used (no false errors), and the usual judgement stands."""
-    with monkeypatch.context() as mp:
-        mp.setitem(rounding._ROUNDINGS, "bf16", _truncate_bf16)
-        gold, dev = tmp_path / "gold.h5", tmp_path / "trunc.h5"
-        with dumper(gold):
-            _step()
-        with sim(profile="bf16"), dumper(dev):
-            _step()
-    replay(dev, tmp_path / "trunc-r.h5")
-    rep = compare(dev, gold, tmp_path / "trunc-r.h5")
+    rep = _on_a_truncating_device(tmp_path, monkeypatch, _step)
     emulated = [r for r in rep.rows if r.emulated_excess is not None]
     assert emulated and sorted(r.emulated_excess for r in emulated)[len(emulated) // 2] > 1
     assert all("not used" in r.message for r in emulated)
@@ -103,15 +108,7 @@ def test_a_truncating_device_seen_over_few_ops_per_kernel_is_not_judged_by_the_e
     """A short step (one mm, one addmm, one bmm) on a device that truncates: no kernel has
     enough outputs of its own to show how it rounds, the run's matmuls together do, and their
     emulated residuals (far over the bound) are reported, not used: no false error."""
-    with monkeypatch.context() as mp:
-        mp.setitem(rounding._ROUNDINGS, "bf16", _truncate_bf16)
-        gold, dev = tmp_path / "gold.h5", tmp_path / "trunc.h5"
-        with dumper(gold):
-            _three_kernels()
-        with sim(profile="bf16"), dumper(dev):
-            _three_kernels()
-    replay(dev, tmp_path / "trunc-r.h5")
-    rep = compare(dev, gold, tmp_path / "trunc-r.h5")
+    rep = _on_a_truncating_device(tmp_path, monkeypatch, _three_kernels)
     emulated = [r for r in rep.rows if r.emulated_excess is not None]
     assert len({r.op for r in emulated}) == 3 and len(emulated) == 3, [r.op for r in emulated]
     assert min(r.emulated_excess for r in emulated) > 1
