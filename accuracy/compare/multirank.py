@@ -150,11 +150,18 @@ def _diverged(entry: dict[str, Any]) -> bool:
 
 def _brought_in(entry: dict[str, Any]) -> bool:
     """Whether a rank's divergence starts at a collective or a receive whose own check found
-    nothing wrong (none without a replay): what it brought in, not what the rank made."""
+    nothing wrong (none without a replay), with no deviation of its own work before it: what
+    it brought in, not what the rank made. (A rank whose own matmul deviated under the error
+    threshold just before the all-reduce where the error shows made it; seq numbers of two
+    ranks are not comparable, so this, not their order, tells the two apart.)"""
     first = min((x for x in (entry["culprit"], entry["first_divergence"]) if x), key=_at,
                 default=None)
-    return first is not None and is_collective(first.get("op") or "") \
-        and first.get("local_verdict") != V.ERROR
+    if first is None or not is_collective(first.get("op") or "") \
+            or first.get("local_verdict") == V.ERROR:
+        return False
+    at = first.get("seq_my")
+    return at is None or not any(own_evidence(r) for r in entry["_rows"]
+                                 if r.seq_my is not None and r.seq_my < at)
 
 
 def _start(entry: dict[str, Any]) -> tuple[tuple[float, float], tuple[float, float]]:

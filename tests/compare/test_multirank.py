@@ -180,3 +180,23 @@ def test_diverged_first_is_where_a_rank_kernel_fault_starts_not_where_error_grow
     assert s["first_rank"] == 1
     assert s["ranks"][1]["label"] == "culprit" and s["culprit"]["rank"] == 1
 
+
+
+def test_a_rank_whose_divergence_starts_at_a_collective_inflow_is_not_named_first():
+    """Tensor parallel, no replay: rank 0's own matmul is off by a fault under the error
+    threshold (a warning, seq 40); the all-reduce right after (epoch 1) carries it to rank 1
+    as an error. Rank 1 runs fewer ops before that all-reduce (seq 12), so by (epoch, seq) its
+    divergence sorts first; but it starts with what the all-reduce brought in, which its own
+    check found nothing wrong with. Rank 0 diverged first; rank 1 inherited via the
+    all-reduce."""
+    ar = "_c10d_functional.all_reduce.default"
+    r0 = [_row(40, "aten.mm.default", "warning", "warning"), _row(45, ar, "error", "error")]
+    r1 = [_row(12, ar, "error", "error"), _row(20, "aten.gelu.default", "error", "error")]
+    epochs = {0: {40: 1, 45: 1}, 1: {12: 1, 20: 2}}
+    s = merge({0: _report(r0, first_div=r0[1], verdict="error"),
+               1: _report(r1, first_div=r1[0], verdict="error")}, epochs, {}).summary
+    rank0, rank1 = s["ranks"]
+    assert s["first_rank"] == 0, [(e["rank"], e["label"]) for e in s["ranks"]]
+    assert rank0["label"] == "diverged"
+    assert rank1["label"] == "inherited" and rank1["inherited"]["from_rank"] == 0
+    assert rank1["inherited"]["via"] == ar
