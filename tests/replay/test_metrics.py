@@ -84,6 +84,21 @@ def test_the_live_checks_l2_of_an_input_is_its_fp64_norm(dtype):
     assert l2 == pytest.approx(t.double().norm().item(), rel=1e-9, abs=0)
 
 
+def test_the_l2_of_a_transposed_input_takes_the_one_c_pass(metrics_path, monkeypatch):
+    """A weight's `t` (most inputs of a linear's backward): its memory block is dense, so its
+    norm is the C pass's over that block, not a float64 copy of the transposed view."""
+    from accuracy.live.check import _TensorShape
+
+    w = torch.randn(300, 200, generator=torch.Generator().manual_seed(4))
+    want = w.double().norm().item()
+    if metrics_path == "fused":
+        def no_copy(*a, **k):
+            raise AssertionError("norm taken through a float64 copy")
+
+        monkeypatch.setattr(torch.linalg, "vector_norm", no_copy)
+    assert _TensorShape(0, w.t()).stats["l2"] == pytest.approx(want, rel=1e-9, abs=0)
+
+
 # -- bit identity: device output against the same-dtype reference ----------------------------
 
 @pytest.mark.parametrize("where", [0, 40_000, 99_999])  # first chunk, middle, last partial
