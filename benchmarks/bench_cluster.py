@@ -396,6 +396,9 @@ def print_ceiling(rounds: list[list[dict]], ceilings: list[dict[str, float]]) ->
         shares.append(against_ceiling(speedups[-1], c["memory"])[0])
     share = statistics.median(shares)
     judged = verdict(share, 0.9, lower_is_better=False, what=">= 0.9 of the ceiling")
+    busiest = max(float(r["load"].split()[1]) for runs in rounds for r in runs)
+    if busiest >= (os.cpu_count() or 1):  # a saturated machine streams no faster on two
+        judged += f"; NOT judgeable: load {busiest:.1f} on {os.cpu_count()} cores"
     mem = ", ".join(f"{c['memory']:.2f}x" for c in ceilings)
     cpu = ", ".join(f"{c['cpu']:.2f}x" for c in ceilings)
     per = ", ".join(f"{x:.2f}x / ceiling = {y:.2f}" for x, y in zip(speedups, shares, strict=True))
