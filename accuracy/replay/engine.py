@@ -166,15 +166,33 @@ def _held_by(source: Dump | None, t: TensorRecord | None, ref: torch.Tensor) -> 
             and t.nbytes == ref.numel() * ref.element_size())
 
 
+Links = dict[tuple[Any, int], int]  # `_row_key` or `_content_key`: the replay.h5 row
+
+
+def _row_key(t: TensorRecord) -> tuple[str, int]:
+    """A stored output's bytes by where they are: its file and `first` row (a resumed replay
+    reads outputs from an interrupted replay.h5 and from the dump, whose row numbers mean
+    different bytes)."""
+    return str(t.dump.path), t.first
+
+
+def _content_key(t: TensorRecord) -> tuple[int, int] | None:
+    """What names a device output's bytes by content: its stored content hash and size (the
+    proof replay already takes for bit identity, `StoredOutput.same_bits`), or None."""
+    return None if t.content_hash == NO_HASH else (t.content_hash, t.nbytes)
+
+
 def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
-           links: dict[int, int] | None = None, source: Dump | None = None,
+           links: Links | None = None, source: Dump | None = None,
            hashed: bool = False) -> int:
     """One record of replay.h5: the original's metadata, the reference outputs' bytes.
 
     A reference output with the device's bits has the bytes of the original's row `first`:
     with `source` (the replayed dump, when replay.h5 lies beside it), the row names them
     there and nothing is written (`schema.IN_SOURCE`); else `links` maps such rows to the
-    replay.h5 row already holding them, so they are written once. hashed: replay.h5 keeps
+    replay.h5 row already holding them, so they are written once: by the dump's `first`,
+    and by content (a `clone`, a weight's `t` again in the backward, a `squeeze`: the same
+    bytes the dump stored twice). hashed: replay.h5 keeps
     no bit-pattern sums (its bytes carry content hashes): a bit-exact output takes the
     device row's statistics as they are, the others get theirs without the sum.
     Returns how many outputs name the dump's bytes.
@@ -208,7 +226,12 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
                     ref, sums=False)
             else:
                 stats = (_stats_of(src) if src is not None else None) or tensor_stats(ref)
-            linked = links.get(src.first) if src is not None and src.has_data else None
+            key = _content_key(src) if src is not None and src.has_data else None
+            linked = None
+            if src is not None and src.has_data:
+                linked = links.get(_row_key(src))
+                if linked is None and key is not None:
+                    linked = links.get(key)
             entries.append(TensorEntry(
                 row=row, seq=rec.seq, io=schema.OUTPUT, idx=i, dtype=schema.dtype_name(ref.dtype),
                 shape=tuple(ref.shape), stride=tuple(ref.stride()), device=str(ref.device),
@@ -216,7 +239,9 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
                 first=row if linked is None else linked,
                 nbytes=ref.numel() * ref.element_size()))
             if src is not None and src.has_data and linked is None:
-                links[src.first] = row
+                links[_row_key(src)] = row
+                if key is not None:
+                    links[key] = row
         else:
             t = rec.outputs[i]
             entries.append(TensorEntry(row=row, seq=rec.seq, io=schema.OUTPUT, idx=i,
@@ -231,7 +256,7 @@ def _write(writer: DumpWriter, rec: OpRecord, outcome: OpOutcome,
 
 
 def _copy_finished(writer: DumpWriter, prev: Dump, wanted: set[int], result: ReplayResult,
-                   links: dict[int, int]) -> set[int]:
+                   links: Links) -> set[int]:
     """Carry finished ops over from an interrupted replay, reading their stored outputs."""
     done: set[int] = set()
     for rec in prev.records:
@@ -422,7 +447,7 @@ def replay(
         complete = False
         try:
             done: set[int] = set()
-            links: dict[int, int] = {}
+            links: Links = {}
             wanted = {r.seq for r in recs}
             for src in sources:
                 try:

@@ -122,6 +122,67 @@ def test_a_replay_elsewhere_holds_every_byte(pair, tmp_path):
                     assert torch.equal(_bytes(ta), _bytes(tb)), ra.seq
 
 
+def _own_rows(path):
+    """(row holding the bytes, content hash, nbytes) of each output row with data in `path`."""
+    with load_dump(path) as rp:
+        return [(t.first, t.content_hash, t.nbytes) for rec in rp.records for t in rec.outputs
+                if t.has_data and t.dump is rp]
+
+
+def test_a_replay_elsewhere_writes_the_same_bytes_once(tmp_path):
+    # a plain-CPU step: every output is the device's bits, and the dump stores some bytes
+    # twice (a clone, a weight's `t` in forward and backward): replay.h5 holds them once
+    dev = lm_dump(tmp_path / "dev.h5", seed=0)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    r = replay(dev, other / "rep.h5", metrics_only=False)
+    assert r.failed == 0 and r.held == 0
+    rows = _own_rows(other / "rep.h5")
+    by_bytes: dict[tuple[int, int], set[int]] = {}
+    for first, h, n in rows:
+        by_bytes.setdefault((h, n), set()).add(first)
+    assert all(len(firsts) == 1 for firsts in by_bytes.values())
+    assert len(rows) > len(by_bytes) + 10  # rows share stored bytes
+    with load_dump(dev) as d:
+        stored_twice = {}
+        for rec in d.records:
+            for t in rec.outputs:
+                if t.has_data and not t.is_link:
+                    stored_twice.setdefault((t.content_hash, t.nbytes), set()).add(t.first)
+        assert any(len(v) > 1 for v in stored_twice.values())  # the dump repeats bytes
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(other / "rep.h5", alone / "rep.h5")
+    held, own = _outputs_equal_device(alone / "rep.h5", dev)  # each row reads its own bits
+    assert held == 0 and own > 50
+    assert verify_file(alone / "rep.h5").ok
+
+
+def test_a_resumed_replay_elsewhere_links_only_the_same_bytes(tmp_path):
+    # the interrupted replay.h5's rows and the dump's rows are numbered apart: a row of one
+    # never names the bytes of the other's row of the same number
+    dev = lm_dump(tmp_path / "dev.h5", seed=0)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    with load_dump(dev) as d:
+        ops = sorted({rec.op for rec in d.records})
+    replay(dev, other / "fresh.h5", metrics_only=False)
+    replay(dev, other / "rep.h5", metrics_only=False, ops=ops[: len(ops) // 2])
+    r = replay(dev, other / "rep.h5", metrics_only=False, resume=True)
+    assert r.resumed > 50 and r.failed == 0
+    assert verify_file(other / "rep.h5").ok
+    with load_dump(other / "fresh.h5") as a, load_dump(other / "rep.h5") as b:
+        n = 0
+        for ra in a.records:
+            rb = b.record(ra.seq)
+            for ta, tb in zip(ra.outputs, rb.outputs, strict=True):
+                assert ta.has_data == tb.has_data, ra.seq
+                if ta.has_data:
+                    assert torch.equal(_bytes(ta), _bytes(tb)), (ra.seq, ra.op, ta.idx)
+                    n += 1
+        assert n > 100
+
+
 def test_compare_and_extract_give_the_same_answers(pair, tmp_path):
     dev, rep = pair
     gold = lm_dump(tmp_path / "gold.h5", seed=0)

@@ -82,3 +82,52 @@ def test_the_live_checks_l2_of_an_input_is_its_fp64_norm(dtype):
     t = (torch.randn(3000, generator=torch.Generator().manual_seed(3)) * 1e-20).to(dtype)
     l2 = _TensorShape(0, t).stats["l2"]
     assert l2 == pytest.approx(t.double().norm().item(), rel=1e-9, abs=0)
+
+
+def test_the_l2_of_a_transposed_input_takes_the_one_c_pass(metrics_path, monkeypatch):
+    """A weight's `t` (most inputs of a linear's backward): its memory block is dense, so its
+    norm is the C pass's over that block, not a float64 copy of the transposed view."""
+    from accuracy.live.check import _TensorShape
+
+    w = torch.randn(300, 200, generator=torch.Generator().manual_seed(4))
+    want = w.double().norm().item()
+    if metrics_path == "fused":
+        def no_copy(*a, **k):
+            raise AssertionError("norm taken through a float64 copy")
+
+        monkeypatch.setattr(torch.linalg, "vector_norm", no_copy)
+    assert _TensorShape(0, w.t()).stats["l2"] == pytest.approx(want, rel=1e-9, abs=0)
+
+
+# -- bit identity: device output against the same-dtype reference ----------------------------
+
+@pytest.mark.parametrize("where", [0, 40_000, 99_999])  # first chunk, middle, last partial
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.uint8])
+def test_one_changed_element_anywhere_is_told_apart(where, dtype):
+    from accuracy.replay.metrics import bit_equal
+
+    a = (torch.arange(100_000) % 251).to(dtype)
+    b = a.clone()
+    assert bit_equal(a, b)
+    b[where] = b[where] + 1
+    assert not bit_equal(a, b)
+
+
+def test_an_output_off_the_reference_is_told_apart_without_a_pass_over_all_of_it(monkeypatch):
+    import numpy as np
+
+    from accuracy.replay import metrics
+
+    seen = []
+    real = np.array_equal
+
+    def counting(x, y):
+        seen.append(x.nbytes)
+        return real(x, y)
+
+    monkeypatch.setattr(metrics.np, "array_equal", counting)
+    a = torch.randn(4 << 20)  # 16 MB
+    b = a.clone()
+    b[3] += 1  # differs at once, as a device output off the CPU reference does
+    assert not metrics.bit_equal(a, b)
+    assert sum(seen) <= 256 << 10
