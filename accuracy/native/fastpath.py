@@ -54,12 +54,11 @@ def loaded() -> ModuleType | None:
 
 
 def _load() -> ModuleType | None:
-    from accuracy.errors import ExtensionUnavailableError
-    from accuracy.native.cppext import load_extension
-
     import hashlib
 
+    from accuracy.errors import ExtensionUnavailableError
     from accuracy.native import _cpu_tag
+    from accuracy.native.cppext import load_extension
 
     cpu = hashlib.sha256(_cpu_tag().encode()).hexdigest()[:8]
     try:

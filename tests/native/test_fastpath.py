@@ -1,0 +1,146 @@
+"""The statistics dump's C++ per-tensor path (accuracy/native/stats.cpp via fastpath.py)
+against its Python fallback (`python_tensor_stats`): the same figures for every dtype the
+dumper records, every layout, zero-size, NaN and inf; the same figures at any thread count;
+what it does not take goes to the Python path; a build that fails, or ACCURACY_NATIVE=0,
+leaves the Python path with one log line and the dump whole."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+from accuracy import dumper, load_dump
+from accuracy.dumpfile import stats as stats_mod
+from accuracy.dumpfile.stats import python_tensor_stats
+from accuracy.errors import ExtensionUnavailableError
+from accuracy.native import cppext, fastpath
+
+FP8 = [d for d in (getattr(torch, n, None) for n in (
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")) if d is not None]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, *FP8, torch.int64,
+          torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
+LARGE = 3 * (1 << 16) + 5  # past the C++ path's 64 Ki chunks: reduced over threads
+
+
+@pytest.fixture(scope="module")
+def ext():
+    module = fastpath.load()
+    if module is None:
+        pytest.skip("no C++ toolchain here: the statistics module is not built")
+    return module
+
+
+def _tensor(dtype: torch.dtype, n: int, layout: str, special: bool) -> torch.Tensor:
+    g = torch.Generator().manual_seed(n + len(layout))
+    base = torch.randn(2 * n + 8, generator=g, dtype=torch.float64) * 50
+    if dtype == torch.bool:
+        base = base > 0
+    elif not dtype.is_floating_point:
+        base = base.round()
+    if special and dtype.is_floating_point:
+        base[3], base[n // 2 + 3], base[n + 1] = math.nan, math.inf, -math.inf
+    base = base.to(dtype)
+    if layout == "contiguous":
+        return base[3: n + 3]
+    if layout == "transposed":  # dense, not contiguous
+        return base[: (n // 4) * 4].view(4, -1).t()
+    if layout == "strided":  # not dense: copied
+        return base[: 2 * n: 2]
+    return base[:n].view(1, n, 1).expand(3, n, 1)  # stride 0: not dense
+
+
+def _same(got, want, dtype) -> None:
+    (mn, mx, mean, l2, nans, infs), cs = got
+    (wmn, wmx, wmean, wl2, wnans, winfs), wcs = want
+    assert (nans, infs, cs) == (wnans, winfs, wcs)
+    for a, b in ((mn, wmn), (mx, wmx)):
+        assert (math.isnan(a) and math.isnan(b)) or a == b
+    # the Python path sums large fp32/fp16/bf16 tensors in fp32, the C++ one in fp64
+    rel = 1e-5 if dtype in (torch.float64, torch.int64, torch.int32) else 1e-4
+    for a, b in ((mean, wmean), (l2, wl2)):
+        assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=rel, abs=1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 100, LARGE])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided", "expanded"])
+def test_the_cpp_path_gives_the_python_paths_figures(ext, dtype, n, layout):
+    t = _tensor(dtype, n, layout, special=False)
+    for sums in (True, False):
+        _same(ext.stats(t, sums), python_tensor_stats(t, sums), dtype)
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d.is_floating_point], ids=str)
+@pytest.mark.parametrize("n", [100, LARGE])
+def test_nan_and_inf_are_counted_as_the_python_path_counts_them(ext, dtype, n):
+    t = _tensor(dtype, n, "contiguous", special=True)
+    got = ext.stats(t, True)
+    _same(got, python_tensor_stats(t, True), dtype)
+    (mn, mx, _mean, _l2, nans, infs), _cs = got
+    if dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz):
+        assert (nans, infs) == (1, 2) and math.isnan(mn) and math.isnan(mx)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_zero_size_and_zero_dim_tensors(ext, dtype):
+    for t in (torch.empty(0, 3, dtype=dtype), torch.ones((), dtype=dtype)):
+        _same(ext.stats(t, True), python_tensor_stats(t, True), dtype)
+
+
+def test_a_lazily_negated_view_is_described_by_its_values(ext):
+    x = torch.randn(1000)
+    assert ext.stats(torch._neg_view(x), True) == ext.stats((-x).clone(), True)
+
+
+def test_the_figures_do_not_depend_on_the_thread_count(ext):
+    t = torch.randn(40 * (1 << 16) + 3, dtype=torch.float32) * 1e3
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ext.stats(t, True)
+        torch.set_num_threads(max(2, before))
+        many = ext.stats(t, True)
+    finally:
+        torch.set_num_threads(before)
+    assert one == many
+
+
+def test_what_it_does_not_take_goes_to_the_python_path(ext):
+    for t in (torch.randn(4, dtype=torch.complex64), torch.randn(4, device="meta"),
+              torch.randn(4).to_sparse(), torch.zeros(4, dtype=torch.uint16)):
+        assert ext.stats(t, True) is None
+    z = torch.complex(torch.randn(50), torch.randn(50))
+    assert stats_mod.tensor_stats(z) == python_tensor_stats(z)
+
+
+def test_accuracy_native_0_never_builds(monkeypatch):
+    monkeypatch.setenv("ACCURACY_NATIVE", "0")
+    monkeypatch.setattr(fastpath, "_resolved", [])
+
+    def refuse(*a, **k):
+        raise AssertionError("built although ACCURACY_NATIVE=0")
+
+    monkeypatch.setattr(cppext, "load_extension", refuse)
+    assert fastpath.load() is None and fastpath.loaded() is None
+
+
+def test_a_failed_build_logs_one_line_and_the_dump_keeps_its_figures(tmp_path, monkeypatch,
+                                                                       caplog):
+    monkeypatch.setattr(fastpath, "_resolved", [])
+
+    def broken(*a, **k):
+        raise ExtensionUnavailableError("cannot build the C++ extension accuracy_stats: boom")
+
+    monkeypatch.setattr(cppext, "load_extension", broken)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    with caplog.at_level(logging.WARNING, logger="accuracy.native"), \
+            dumper(dump_path=tmp_path / "d.h5", mode="statistics"):
+        model(torch.randn(4, 8)).sum().backward()
+    lines = [r for r in caplog.records if r.name.startswith("accuracy.native")]
+    assert len(lines) == 1 and "Python path" in lines[0].getMessage()
+    rows = load_dump(tmp_path / "d.h5").tensors
+    assert rows and all(r.stats["nan_count"] == 0 and math.isfinite(r.stats["max"])
+                        for r in rows if r.dtype == "float32" and math.prod(r.shape) > 0)
