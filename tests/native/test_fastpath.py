@@ -144,3 +144,34 @@ def test_a_failed_build_logs_one_line_and_the_dump_keeps_its_figures(tmp_path, m
     rows = load_dump(tmp_path / "d.h5").tensors
     assert rows and all(r.stats["nan_count"] == 0 and math.isfinite(r.stats["max"])
                         for r in rows if r.dtype == "float32" and math.prod(r.shape) > 0)
+
+
+@pytest.mark.filterwarnings("ignore::accuracy.overflow.OverflowWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_check_overflow_writes_the_same_births_with_either_path(ext, tmp_path, monkeypatch,
+                                                                dtype):
+    """The overflow check judges each op by its own probes and writes its births through the
+    recorder: the same births, with the same figures (their inf counted), either path."""
+    big = torch.finfo(dtype).max / 4
+
+    def step() -> None:
+        x = torch.full((64,), big, dtype=dtype)
+        y = (x * 8).float()  # inf born here
+        (y - y).sum()  # nan from inf: inherited, not a birth
+
+    rows = {}
+    for path in ("cpp", "python"):
+        if path == "python":
+            monkeypatch.setattr(fastpath, "_resolved", [None])
+        with dumper(tmp_path / f"{path}.h5", check_overflow=True):
+            step()
+        with load_dump(tmp_path / f"{path}.h5") as d:
+            rows[path] = [(r.op, [(t.dtype, t.stats) for t in r.outputs]) for r in d.records]
+    assert rows["cpp"] and rows["cpp"][0][0] == "aten.mul.Tensor"
+    assert rows["cpp"][0][1][0][1]["inf_count"] == 64
+    assert len(rows["cpp"]) == len(rows["python"])
+    for (op, outs), (op2, outs2) in zip(rows["cpp"], rows["python"], strict=True):
+        assert op == op2
+        for (_d, s), (_d2, s2) in zip(outs, outs2, strict=True):
+            assert {k: v for k, v in s.items() if v == v} == {k: v for k, v in s2.items()
+                                                              if v == v}
