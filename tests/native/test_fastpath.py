@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -175,3 +179,22 @@ def test_check_overflow_writes_the_same_births_with_either_path(ext, tmp_path, m
         for (_d, s), (_d2, s2) in zip(outs, outs2, strict=True):
             assert {k: v for k, v in s.items() if v == v} == {k: v for k, v in s2.items()
                                                               if v == v}
+
+
+def test_a_dump_loads_the_module_when_it_opens_not_inside_the_step(ext, tmp_path):
+    """A fresh process: nothing has asked for the module before the dump opens; by the first
+    op of the step it is loaded (the per-tensor path only takes one already loaded, so a
+    build never runs inside the user's step)."""
+    code = (
+        "import torch\n"
+        "from accuracy import dumper\n"
+        "from accuracy.native import fastpath\n"
+        "assert fastpath.loaded() is None\n"
+        f"with dumper(dump_path={str(tmp_path / 'd.h5')!r}, mode='statistics'):\n"
+        "    assert fastpath.loaded() is not None\n"
+        "    torch.ones(3) + 1\n"
+        "print('ok')\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
