@@ -224,6 +224,17 @@ py::object stats(const at::Tensor& tensor, bool sums) {
   if (n == 0) {
     return empty_stats();
   }
+  // memory the view reads past its storage's end (a storage resized to 0, as FSDP frees an
+  // unsharded parameter): an error the loop counts, never a read of freed memory
+  int64_t last = tensor.storage_offset();
+  for (int64_t d = 0; d < tensor.dim(); d++) {
+    last += (tensor.size(d) - 1) * tensor.stride(d);
+  }
+  if (!tensor.has_storage() || tensor.const_data_ptr() == nullptr ||
+      static_cast<uint64_t>(last + 1) * tensor.element_size() > tensor.storage().nbytes()) {
+    throw py::value_error("the tensor reads past the end of its storage (freed or resized "
+                          "memory): no statistics");
+  }
   at::Tensor t = tensor;
   if (t.is_neg()) {
     t = t.resolve_neg();  // its bits are not its values

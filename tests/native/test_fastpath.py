@@ -245,3 +245,17 @@ def test_a_strangers_step_gives_the_same_rows_with_either_path(ext, tmp_path, mo
                 w = y.stats[key]
                 assert (v != v and w != w) or v == pytest.approx(w, rel=1e-5, abs=1e-6), \
                     (x.address, key, v, w)
+
+
+def test_a_tensor_whose_storage_was_freed_is_an_error_not_a_read(ext):
+    """FSDP frees an unsharded parameter by resizing its storage to 0: a view of it reads no
+    memory of its own. The C++ path says so (the loop counts the op unrecorded and the step
+    goes on) instead of reading address 0."""
+    x = torch.randn(10)
+    x.untyped_storage().resize_(0)
+    with pytest.raises(ValueError, match="past the end of its storage"):
+        ext.stats(x, True)
+    y = torch.randn(100)
+    y.untyped_storage().resize_(40 * 4)  # 40 elements left, the view reads 100
+    with pytest.raises(ValueError, match="past the end of its storage"):
+        ext.stats(y, True)
