@@ -3,10 +3,12 @@
 Each variant switches off one more part of the statistics-mode dumper (monkeypatched in this
 process only) and runs interleaved with the bare step: bare, an empty TorchDispatchMode, the
 full statistics dump, and the dump without the statistics reductions, without the per-op
-observers other than the recorder, without the argument JSON. A part's cost is the full
-dump's time minus the variant's. Times are CPU seconds of the whole process (the writer and
-statistics threads included) and of the training thread alone (what the step waits for when
-a core is spare), which a shared machine disturbs less than wall time; wall time beside them.
+observers other than the recorder, without the argument JSON, and with the statistics'
+Python path instead of the C++ module (a negative part: what the C++ path saves). A part's
+cost is the full dump's time minus the variant's. Times are CPU seconds of the whole process
+(the writer and statistics threads included) and of the training thread alone (what the step
+waits for when a core is spare), which a shared machine disturbs less than wall time; wall
+time beside them.
 The same script runs on an older tree (parts it lacks are left as they are).
 
 Run: .venv/bin/python benchmarks/bench_dump_parts.py [--repeat 7] [--threads both|N]
@@ -36,6 +38,11 @@ from accuracy import dumper
 from accuracy.dumper import core, recorder
 from accuracy.dumpfile import stats as stats_mod
 from accuracy.examples import bench_setup, bench_step
+
+try:
+    from accuracy.native import fastpath
+except ImportError:  # an older tree: no C++ statistics path
+    fastpath = None
 
 
 class _Empty(TorchDispatchMode):
@@ -102,6 +109,15 @@ def main() -> None:
         with _patched(core, "QuantFigures", _Nothing), _patched(core, "SubclassWatch", _Nothing):
             stats_dump()
 
+    def python_stats() -> None:
+        # the statistics dump's Python path (dumpfile/stats.py) instead of the C++ module
+        # (accuracy/native/stats.cpp); absent before issue 51: the same dump
+        if fastpath is None:
+            stats_dump()
+            return
+        with _patched(fastpath, "_resolved", [None]), _patched(fastpath, "load", lambda: None):
+            stats_dump()
+
     def without_args_json() -> None:
         with _patched(recorder, "encode_call", lambda *a: "[]"):
             stats_dump()
@@ -114,6 +130,7 @@ def main() -> None:
         "  without reductions": without_stats,
         "  without QuantFigures+SubclassWatch": without_observers,
         "  without argument JSON": without_args_json,
+        "  Python statistics path, not C++": python_stats,
     }
     cpu: dict[str, list[float]] = {k: [] for k in variants}
     wall: dict[str, list[float]] = {k: [] for k in variants}

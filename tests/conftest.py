@@ -32,6 +32,11 @@ TESTDEVICE_TESTS = Path(__file__).resolve().parent / "testdevice"
 # runs; each pytest-xdist worker collects every test, so each loads it before its first test.
 # Where it cannot be had, its tests' fixture says why (load() raises the same reason again).
 def pytest_collection_finish(session):
+    # The statistics dump's C++ module (accuracy/native/stats.cpp): built once per cache (on a
+    # clean clone, tens of seconds) here, not inside the first test that opens a dumper.
+    from accuracy.native import fastpath
+
+    fastpath.load()
     if not any(item.path.resolve().is_relative_to(TESTDEVICE_TESTS) for item in session.items):
         return
     from accuracy.errors import ExtensionUnavailableError

@@ -30,6 +30,7 @@ from accuracy.dumpfile import schema, staging
 from accuracy.dumpfile.argcodec import encode_call
 from accuracy.dumpfile.stats import flat_view, tensor_stats
 from accuracy.dumpfile.writer import DumpWriteError, DumpWriter, OpEntry, TensorEntry
+from accuracy.native import fastpath
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,9 @@ class Recorder:
         # accelerator tensors' figures and copies: fetched once per window of ops
         # (accuracy/dumper/stats_window.py)
         self._window = StatsWindow(min(writer.max_pending_bytes, staging.RING_BYTES))
+        # the C++ per-tensor statistics (accuracy/native/stats.cpp): built or loaded now,
+        # before the step, never inside it; unavailable, dumpfile/stats.py's Python path runs
+        fastpath.load()
 
     # -- the one write path ------------------------------------------------------------------
 

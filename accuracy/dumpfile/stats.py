@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from accuracy import native
+from accuracy.native import fastpath
 
 _BITS_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _NAN = float("nan")
@@ -186,7 +187,19 @@ def cpu_float_stats(x: torch.Tensor, sums: bool = True):
 
 def tensor_stats(t: torch.Tensor, sums: bool = True):
     """Statistics of `t`; call with python dispatch disabled so other modes don't see it.
-    `sums=False`: no bit-pattern sum (0 in its place)."""
+    `sums=False`: no bit-pattern sum (0 in its place). A CPU tensor takes the C++ path
+    (accuracy/native/stats.cpp: one call, one pass) once a dump has loaded it; the Python path
+    below is its fallback and what it is compared against."""
+    ext = fastpath.loaded()
+    if ext is not None:
+        got = ext.stats(t, sums)
+        if got is not None:
+            return got
+    return python_tensor_stats(t, sums)
+
+
+def python_tensor_stats(t: torch.Tensor, sums: bool = True):
+    """`tensor_stats` by torch, numpy and the C kernels: the path without the C++ module."""
     if t.numel() == 0:
         return EMPTY_STATS
     if t.is_neg() or t.is_conj():  # lazy negation/conjugation: their bits are not the values

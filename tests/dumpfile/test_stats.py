@@ -16,7 +16,7 @@ import torch
 from accuracy import native
 from accuracy.dumpfile.checksum import checksum, part_size
 from accuracy.dumpfile.stats import _SMALL, tensor_stats
-from tests._support.native import PATHS, take_path
+from tests._support.native import STATS_PATHS, take_path
 
 
 def _reference(t: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -31,7 +31,7 @@ def _reference(t: torch.Tensor) -> tuple[int, torch.Tensor]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32,
                                    torch.int64])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided", "offset"])
-def test_every_path_stores_the_same_figures(n, dtype, layout):
+def test_every_path_stores_the_same_figures(stats_path, n, dtype, layout):
     g = torch.Generator().manual_seed(n)
     base = (torch.randn(2 * n + 4, generator=g) * 1000).to(dtype)
     if layout == "contiguous":
@@ -53,7 +53,7 @@ def test_every_path_stores_the_same_figures(n, dtype, layout):
 
 @pytest.mark.parametrize("n", [100, 3 * _SMALL])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
-def test_non_finite_values_are_counted_on_every_path(n, dtype):
+def test_non_finite_values_are_counted_on_every_path(stats_path, n, dtype):
     t = torch.randn(n).to(dtype)
     t[5], t[7], t[9], t[11] = math.nan, math.inf, -math.inf, math.nan
     (mn, mx, _mean, l2, nans, infs), cs = tensor_stats(t)
@@ -63,9 +63,10 @@ def test_non_finite_values_are_counted_on_every_path(n, dtype):
     assert cs == _reference(t)[0]
 
 
-@pytest.fixture(params=PATHS)
+@pytest.fixture(params=STATS_PATHS)
 def stats_path(request, monkeypatch):
-    """Each test below runs with the fused C pass and with the torch/numpy paths alone."""
+    """Each test below runs with the C++ module, the fused C pass and the torch/numpy paths
+    alone."""
     return take_path(request.param, monkeypatch)
 
 
@@ -157,7 +158,8 @@ def test_tiny_fp32_values_keep_their_l2_on_every_path(stats_path, n, value):
     assert mean == pytest.approx(v.mean().item(), rel=1e-6, abs=0)
 
 
-@pytest.mark.parametrize(("path", "n"), [("fused", 99), ("fused", 3 * _SMALL), ("python", 99)])
+@pytest.mark.parametrize(("path", "n"), [("cpp", 99), ("cpp", 3 * _SMALL), ("fused", 99),
+                                         ("fused", 3 * _SMALL), ("python", 99)])
 def test_the_fused_mean_is_an_fp64_sum(monkeypatch, path, n):
     """1 beside 1e8 is lost in an fp32 sum; numpy's small-tensor path summed in fp64, and so
     does the fused pass at any size (the torch path for large tensors keeps fp32 sums)."""

@@ -246,6 +246,35 @@ def test_a_statistics_dump_on_the_device_holds_cpus_figures(npu, tmp_path):
             assert sa["l2"] == pytest.approx(sb["l2"], rel=1e-5)
 
 
+def test_the_statistics_dumps_cpp_path_and_its_fallback_agree_on_cpu_and_on_the_device(
+        npu, tmp_path, monkeypatch):
+    """The C++ per-tensor path (accuracy/native/stats.cpp) takes CPU tensors; the device's
+    go through the window as before: every row of the same step holds the same figures with
+    it and without it (ACCURACY_NATIVE=0's Python path), on CPU and on the device."""
+    from accuracy.native import fastpath
+
+    if fastpath.load() is None:
+        pytest.skip("no C++ toolchain here: the statistics module is not built")
+    for path in ("cpp", "python"):
+        if path == "python":
+            monkeypatch.setattr(fastpath, "_resolved", [None])
+        for dev in ("cpu", "npu"):
+            torch.manual_seed(0)
+            with dumper(str(tmp_path / f"{dev}-{path}.h5"), mode="statistics"):
+                _mlp_step(_mlp().to(dev), dev)
+    for dev in ("cpu", "npu"):
+        with load_dump(tmp_path / f"{dev}-cpp.h5") as a, \
+                load_dump(tmp_path / f"{dev}-python.h5") as b:
+            rows_a, rows_b = a.tensors, b.tensors
+            assert len(rows_a) == len(rows_b) > 20
+            for x, y in zip(rows_a, rows_b, strict=True):
+                assert (x.address, x.dtype, x.shape) == (y.address, y.dtype, y.shape)
+                for key, v in x.stats.items():
+                    w = y.stats[key]
+                    assert (v != v and w != w) or v == pytest.approx(w, rel=1e-5, abs=1e-6), \
+                        (dev, x.address, key)
+
+
 def test_the_live_check_and_substitute_run_on_the_devices_tensors(npu):
     """The live check re-runs each device op on CPU and names a sim fault on the device;
     substitute runs the chosen op on CPU and sends its result back to the device."""

@@ -1,0 +1,270 @@
+// A recorded CPU tensor's statistics in one call and one pass: what accuracy/dumpfile/stats.py
+// computes with several numpy/torch reductions and a Python call each.
+//
+// Built and cached by accuracy/native/cppext.py, loaded by accuracy/native/fastpath.py, called
+// once per tensor the statistics dump describes. `stats(t, sums)` gives the same tuple as
+// `tensor_stats`: ((min, max, mean, l2, nan_count, inf_count), checksum), or None for what it
+// does not take (a tensor not on the CPU, complex and unsigned >8-bit dtypes, sparse layouts):
+// the caller's Python path then runs, as it does without a compiler or with ACCURACY_NATIVE=0.
+//
+// Figures: values are widened to double and summed in double (the Python path sums fp32 in
+// fp32 for large tensors: the two agree to fp32 rounding); min and max are NaN when a NaN is
+// present (as torch's aminmax and numpy's min are); NaN and inf are counted only when min or
+// max is not finite (then the first pass saw one). The checksum is the wrapping sum of the raw
+// bit patterns, bytes unsigned, wider types signed, accumulated in int32 (int64 for 8-byte
+// types): bit for bit what the other paths store. No -ffast-math: `omp simd` reductions
+// vectorise without it and NaN/inf stay what IEEE says.
+//
+// Large tensors are reduced in fixed 64 Ki-element chunks over torch's intra-op threads with
+// the GIL released, and the chunks combined in order: the same figures whatever the thread
+// count.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e4m3fnuz.h>
+#include <c10/util/Float8_e5m2.h>
+#include <c10/util/Float8_e5m2fnuz.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr int64_t kChunk = 1 << 16;
+constexpr int64_t kReleaseGil = 1 << 14;  // below this a pass is cheaper than the GIL hand-off
+
+struct Partial {
+  double mn = std::numeric_limits<double>::infinity();
+  double mx = -std::numeric_limits<double>::infinity();
+  double sum = 0.0;
+  double sumsq = 0.0;
+  uint64_t bits = 0;
+};
+
+// Each element as a double, and its raw bits widened as the checksum adds them.
+template <typename T>
+struct Elem {
+  static double value(const T* x, int64_t i) { return static_cast<double>(x[i]); }
+};
+template <>
+struct Elem<c10::BFloat16> {
+  static double value(const c10::BFloat16* x, int64_t i) {
+    uint32_t w = static_cast<uint32_t>(x[i].x) << 16;
+    float f;
+    std::memcpy(&f, &w, sizeof f);
+    return f;
+  }
+};
+template <>
+struct Elem<bool> {
+  static double value(const bool* x, int64_t i) {
+    return static_cast<double>(reinterpret_cast<const uint8_t*>(x)[i]);
+  }
+};
+
+// The checksum's accumulator: it wraps at 32 bits (64 for 8-byte types), as stored.
+template <typename T>
+using Bits = std::conditional_t<sizeof(T) == 8, uint64_t, uint32_t>;
+
+// The bit pattern of element i as the checksum adds it: bytes unsigned, wider types signed.
+template <typename T>
+inline Bits<T> bits_of(const T* x, int64_t i) {
+  if constexpr (sizeof(T) == 1) {
+    return reinterpret_cast<const uint8_t*>(x)[i];
+  } else if constexpr (sizeof(T) == 2) {
+    return static_cast<uint32_t>(static_cast<int32_t>(reinterpret_cast<const int16_t*>(x)[i]));
+  } else if constexpr (sizeof(T) == 4) {
+    return reinterpret_cast<const uint32_t*>(x)[i];
+  } else {
+    return reinterpret_cast<const uint64_t*>(x)[i];
+  }
+}
+
+// min and max kept in the element's own type where it is float (twice the lanes of double:
+// exact, a comparison rounds nothing); the sums always in double.
+template <typename T>
+using Extreme = std::conditional_t<std::is_same_v<T, float>, float, double>;
+
+template <typename T>
+Partial pass(const T* x, int64_t n) {
+  using M = Extreme<T>;
+  M mn = std::numeric_limits<M>::infinity();
+  M mx = -mn;
+  double sum = 0.0, sumsq = 0.0;
+  Bits<T> bits = 0;
+#pragma omp simd reduction(min : mn) reduction(max : mx) reduction(+ : sum, sumsq, bits)
+  for (int64_t i = 0; i < n; i++) {
+    M e = static_cast<M>(Elem<T>::value(x, i));
+    double v = e;
+    mn = e < mn ? e : mn;
+    mx = e > mx ? e : mx;
+    sum += v;
+    sumsq += v * v;
+    bits += bits_of(x, i);
+  }
+  return Partial{mn, mx, sum, sumsq, bits};
+}
+
+template <typename T>
+Partial reduce(const T* x, int64_t n) {
+  if (n <= 2 * kChunk) {
+    return pass(x, n);
+  }
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<Partial> parts(chunks);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; c++) {
+      const int64_t lo = c * kChunk;
+      parts[c] = pass(x + lo, std::min(kChunk, n - lo));
+    }
+  });
+  Partial all = parts[0];
+  for (int64_t c = 1; c < chunks; c++) {
+    const Partial& p = parts[c];
+    all.mn = p.mn < all.mn ? p.mn : all.mn;
+    all.mx = p.mx > all.mx ? p.mx : all.mx;
+    all.sum += p.sum;
+    all.sumsq += p.sumsq;
+    all.bits += p.bits;
+  }
+  return all;
+}
+
+// NaN and inf counted apart (only when the pass saw a non-finite value).
+template <typename T>
+std::pair<int64_t, int64_t> non_finite(const T* x, int64_t n) {
+  int64_t nans = 0, infs = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double v = Elem<T>::value(x, i);
+    nans += std::isnan(v);
+    infs += std::isinf(v);
+  }
+  return {nans, infs};
+}
+
+template <typename T>
+py::object figures(const at::Tensor& t, int64_t n, bool floating, bool sums) {
+  const T* x = static_cast<const T*>(t.const_data_ptr());
+  Partial p;
+  std::pair<int64_t, int64_t> counts{0, 0};
+  {
+    std::optional<py::gil_scoped_release> nogil;
+    if (n >= kReleaseGil) {
+      nogil.emplace();
+    }
+    p = reduce(x, n);
+    if (floating && !(std::isfinite(p.mn) && std::isfinite(p.mx) && !std::isnan(p.sum))) {
+      counts = non_finite(x, n);
+    }
+  }
+  double mn = p.mn, mx = p.mx;
+  if (counts.first > 0) {  // a NaN: min and max are NaN, as torch's and numpy's are
+    mn = mx = std::numeric_limits<double>::quiet_NaN();
+  }
+  int64_t checksum = 0;
+  if (sums) {
+    checksum = sizeof(T) == 8 ? static_cast<int64_t>(p.bits)
+                              : static_cast<int64_t>(static_cast<int32_t>(
+                                    static_cast<uint32_t>(p.bits)));
+  }
+  return py::make_tuple(
+      py::make_tuple(mn, mx, p.sum / static_cast<double>(n), std::sqrt(p.sumsq), counts.first,
+                     counts.second),
+      checksum);
+}
+
+// Whether t's elements fill one block of memory in some order of its dimensions.
+bool dense(const at::Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size), size-1 dims left out
+  for (int64_t d = 0; d < t.dim(); d++) {
+    if (t.size(d) != 1) {
+      dims.emplace_back(t.stride(d), t.size(d));
+    }
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) {
+      return false;
+    }
+    expected *= size;
+  }
+  return true;
+}
+
+py::object empty_stats() {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  return py::make_tuple(py::make_tuple(nan, nan, nan, nan, 0, 0), 0);
+}
+
+py::object stats(const at::Tensor& tensor, bool sums) {
+  if (!tensor.defined() || tensor.device().type() != c10::DeviceType::CPU ||
+      tensor.layout() != c10::Layout::Strided || tensor.is_conj() ||
+      tensor.is_complex()) {
+    return py::none();
+  }
+  switch (tensor.scalar_type()) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
+    case at::kFloat8_e4m3fn: case at::kFloat8_e5m2: case at::kFloat8_e4m3fnuz:
+    case at::kFloat8_e5m2fnuz: case at::kLong: case at::kInt: case at::kShort:
+    case at::kChar: case at::kByte: case at::kBool:
+      break;
+    default:
+      return py::none();
+  }
+  const int64_t n = tensor.numel();
+  if (n == 0) {
+    return empty_stats();
+  }
+  // memory the view reads past its storage's end (a storage resized to 0, as FSDP frees an
+  // unsharded parameter): an error the loop counts, never a read of freed memory
+  int64_t last = tensor.storage_offset();
+  for (int64_t d = 0; d < tensor.dim(); d++) {
+    last += (tensor.size(d) - 1) * tensor.stride(d);
+  }
+  if (!tensor.has_storage() || tensor.const_data_ptr() == nullptr ||
+      static_cast<uint64_t>(last + 1) * tensor.element_size() > tensor.storage().nbytes()) {
+    throw py::value_error("the tensor reads past the end of its storage (freed or resized "
+                          "memory): no statistics");
+  }
+  at::Tensor t = tensor;
+  if (t.is_neg()) {
+    t = t.resolve_neg();  // its bits are not its values
+  }
+  if (!t.is_contiguous()) {
+    t = dense(t) ? t.as_strided({n}, {1}, t.storage_offset()) : t.contiguous();
+  }
+  switch (t.scalar_type()) {
+    case at::kFloat: return figures<float>(t, n, true, sums);
+    case at::kDouble: return figures<double>(t, n, true, sums);
+    case at::kHalf: return figures<c10::Half>(t, n, true, sums);
+    case at::kBFloat16: return figures<c10::BFloat16>(t, n, true, sums);
+    case at::kFloat8_e4m3fn: return figures<c10::Float8_e4m3fn>(t, n, true, sums);
+    case at::kFloat8_e5m2: return figures<c10::Float8_e5m2>(t, n, true, sums);
+    case at::kFloat8_e4m3fnuz: return figures<c10::Float8_e4m3fnuz>(t, n, true, sums);
+    case at::kFloat8_e5m2fnuz: return figures<c10::Float8_e5m2fnuz>(t, n, true, sums);
+    case at::kLong: return figures<int64_t>(t, n, false, sums);
+    case at::kInt: return figures<int32_t>(t, n, false, sums);
+    case at::kShort: return figures<int16_t>(t, n, false, sums);
+    case at::kChar: return figures<int8_t>(t, n, false, sums);
+    case at::kByte: return figures<uint8_t>(t, n, false, sums);
+    case at::kBool: return figures<bool>(t, n, false, sums);
+    default: return py::none();
+  }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "One-pass statistics of CPU tensors for the statistics dump (accuracy/native)";
+  m.def("stats", &stats, py::arg("t"), py::arg("sums") = true,
+        "((min, max, mean, l2, nan_count, inf_count), checksum) of a CPU tensor, or None");
+}
