@@ -198,10 +198,24 @@ def tensor_stats(t: torch.Tensor, sums: bool = True):
     return python_tensor_stats(t, sums)
 
 
+def holds_its_elements(t: torch.Tensor) -> bool:
+    """Whether `t`'s storage reaches its last element: not so once the storage was freed by
+    resizing it to 0 (FSDP frees each unsharded parameter so), where a read through its
+    address would crash the process, not raise."""
+    if t.device.type == "meta" or t.layout is not torch.strided:
+        return True
+    last = t.storage_offset() + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(),
+                                                                      strict=True))
+    return t.untyped_storage().nbytes() >= (last + 1) * t.element_size()
+
+
 def python_tensor_stats(t: torch.Tensor, sums: bool = True):
     """`tensor_stats` by torch, numpy and the C kernels: the path without the C++ module."""
     if t.numel() == 0:
         return EMPTY_STATS
+    if not holds_its_elements(t):  # the C++ path's error, for the loop to count
+        raise ValueError("the tensor reads past the end of its storage (freed or resized "
+                         "to hold fewer bytes): no statistics")
     if t.is_neg() or t.is_conj():  # lazy negation/conjugation: their bits are not the values
         t = t.resolve_conj().resolve_neg()
     t = flat_view(t)

@@ -9,6 +9,8 @@ import logging
 import math
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -177,3 +179,29 @@ def test_lazily_negated_and_conjugated_views_are_described_by_their_values(stats
     assert tensor_stats(torch._neg_view(x)) == tensor_stats((-x).clone())
     z = torch.complex(x, x.flip(0))
     assert tensor_stats(z.conj()) == tensor_stats(z.conj().resolve_conj())
+
+
+@pytest.mark.parametrize("path", ["fused", "python"])
+def test_a_tensor_whose_storage_was_freed_is_an_error_not_a_crash(path, monkeypatch):
+    """FSDP frees an unsharded parameter by resizing its storage to 0. Without the C++ module
+    (no compiler), the statistics of such a tensor, large (the C pass) or small (numpy), raise
+    the error the loop counts, as the C++ path does, instead of reading address 0 and killing
+    the user's process. Run in a child process: the old failure was a segfault."""
+    take_path(path, monkeypatch)
+    script = (
+        "import torch\n"
+        "from accuracy.dumpfile.stats import tensor_stats\n"
+        "for n, keep in ((100_000, 0), (10, 0), (100, 40 * 4)):\n"
+        "    x = torch.randn(n)\n"
+        "    x.untyped_storage().resize_(keep)\n"
+        "    try:\n"
+        "        tensor_stats(x)\n"
+        "    except ValueError as e:\n"
+        "        assert 'past the end of its storage' in str(e), e\n"
+        "    else:\n"
+        "        raise SystemExit(f'{n}: no error')\n"
+        "print('refused')\n")
+    env = {**os.environ, "ACCURACY_NATIVE": os.environ.get("ACCURACY_NATIVE", "1")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0 and "refused" in out.stdout, (out.returncode, out.stderr[-500:])
