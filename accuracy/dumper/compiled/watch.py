@@ -57,6 +57,7 @@ _watches: list[CompileWatch] = []
 _INDUCTOR_CODEGEN = "torch._inductor.codegen.wrapper"  # loaded: hooking Inductor costs nothing
 _saved: dict[str, Any] = {}  # what was patched, to restore when the last watch stops
 _install_error: str | None = None
+_said: set[str] = set()  # reasons the watch could not start, already logged
 
 
 @dataclass
@@ -229,9 +230,11 @@ class CompileWatch:
         with _lock:
             err = _install()
             if err is not None:
-                self.error = err
-                log.warning("cannot watch for compiled regions (%s): a torch.compile'd region "
-                            "inside this block would go unreported", err)
+                self.error = err  # each dump says it (compare's BLIND line); the log once
+                say = log.warning if err not in _said else log.debug
+                _said.add(err)
+                say("cannot watch for compiled regions (%s): a torch.compile'd region inside "
+                    "a dumped block would go unreported (said once per process)", err)
             else:
                 _watches.append(self)
                 self.running = True

@@ -11,6 +11,7 @@ Small custom backends keep these tests fast (Inductor's are in test_inductor.py)
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -244,6 +245,28 @@ def test_a_watch_that_cannot_be_installed_is_said(tmp_path, monkeypatch):
     assert attrs["compiled_watch"].startswith("unavailable: ")
     lines = describe(tmp_path / "u.h5").format().splitlines()
     assert lines[1].startswith("  BLIND: compiled regions were not watched")
+
+
+def test_a_watch_that_cannot_be_installed_is_logged_once_and_said_in_every_dump(
+        tmp_path, monkeypatch, caplog):
+    """On a torch whose dynamo internals moved (torch 2.11 on a real GPU machine), a job that
+    opens a dumper per step logged the same warning every step; now once per process, while
+    every dump still says it (its BLIND line)."""
+    from torch._dynamo import convert_frame
+
+    from accuracy.dumper.compiled import watch
+
+    monkeypatch.delattr(convert_frame.CatchErrorsWrapper, "_handle_skip")
+    monkeypatch.setattr(watch, "_said", set(), raising=False)
+    with caplog.at_level(logging.WARNING, logger=watch.__name__):
+        for i in range(3):
+            with dumper(tmp_path / f"s{i}.h5", mode="statistics"):
+                torch.ones(2).sum()
+    said = [r for r in caplog.records if "cannot watch for compiled regions" in r.message]
+    assert len(said) == 1, [r.message for r in said]
+    for i in range(3):
+        assert load_dump(tmp_path / f"s{i}.h5").attrs["compiled_watch"].startswith(
+            "unavailable: ")
 
 
 def test_web_report_page_shows_unseen_compiled_regions_first(tmp_path):
