@@ -95,6 +95,8 @@ Value = Any  # a 0-d tensor still on its device, or a float read already (CPU)
 def _read_back(floats: list[Value], ints: list[Value]) -> tuple[list[float], list[float]]:
     """0-d tensors as Python floats: stacked per device (dtypes promoted), one copy to the host
     per device; counts (ints) kept apart so they stay exact. Floats pass through."""
+    if all(type(x) is float for x in floats) and all(type(x) is float for x in ints):
+        return list(floats), list(ints)  # on CPU every figure is read already
     out_f: list[float] = [NAN] * len(floats)
     out_i: list[float] = [NAN] * len(ints)
     groups: dict[torch.device, tuple[list[int], list[int]]] = {}
