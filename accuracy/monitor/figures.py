@@ -518,9 +518,15 @@ class Collector:
 
     def _grad_figures(self) -> None:
         """Reduce the gradients now (before the optimizer step, which may zero them)."""
-        have = [i for i, p in enumerate(self.params) if p.grad is not None]
+        have: list[int] = []
+        ts: list[torch.Tensor] = []
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is not None:
+                have.append(i)
+                ts.append(g.detach() if type(g) is torch.Tensor else _local(g).detach())
         red = _Reductions()
-        red.add([_local(self.params[i].grad).detach() for i in have])  # type: ignore[union-attr]
+        red.add(ts)
         self._grads = (have, red)
 
     def collect(self) -> dict[str, Any]:
@@ -593,17 +599,22 @@ class Collector:
                   par_norm: list[float], upd: list[float] | None,
                   states: dict[str, list[float]]) -> dict[str, Any]:
         m, p = len(self.module_names), len(self.params)
-        mod: dict[str, list[float]] = {f: [NAN] * m for f in MODULE_FIGURES}
-        for i, entries in self._acts.items():
-            row = _combine([acts[e] for e in entries])  # a module called several times: one
-            for j, f in enumerate(MODULE_FIGURES):
-                mod[f][i] = row[j]
+        unmeasured = (NAN,) * len(MODULE_FIGURES)
+        # a module called several times: one figure for all its calls
+        by_module = [_combine([acts[e] for e in self._acts[i]]) if i in self._acts
+                     else unmeasured for i in range(m)]
+        mod: dict[str, list[float]] = dict(zip(
+            MODULE_FIGURES, map(list, zip(*by_module, strict=True)), strict=True)) if m else \
+            {f: [] for f in MODULE_FIGURES}
         par: dict[str, list[float]] = {f: [NAN] * p for f in PARAM_FIGURES}
         par["norm"] = par_norm
-        for k, i in enumerate(have):
-            for j, f in enumerate(("grad_norm", "grad_min", "grad_max", "grad_nan",
-                                   "grad_inf")):
-                par[f][i] = grads[k][j]
+        grad_figures = ("grad_norm", "grad_min", "grad_max", "grad_nan", "grad_inf")
+        if len(have) == p and p:  # every parameter has its gradient: columns as they are
+            par.update(zip(grad_figures, map(list, zip(*grads, strict=True)), strict=True))
+        else:
+            for k, i in enumerate(have):
+                for j, f in enumerate(grad_figures):
+                    par[f][i] = grads[k][j]
         if upd is not None:
             par["update_ratio"] = [u / w if w > 0 else NAN for u, w in zip(upd, par_norm,
                                                                           strict=True)]
