@@ -79,6 +79,10 @@ class Capture:
 def loss_value(loss: Any) -> float:
     """The loss as a Python float (a tensor's value, read without any dispatch mode; a
     DTensor loss, as tensor parallel's `loss_parallel` gives, through its own dispatch)."""
+    if type(loss) is torch.Tensor and not torch._C._len_torch_dispatch_stack():
+        # the common case: a plain tensor, no mode to hide from (a context costs more than
+        # the read)
+        return float(loss.item()) if loss.numel() == 1 else math.nan
     if isinstance(loss, torch.Tensor):
         with _disable_current_modes():
             return float(loss.detach().float().item()) if loss.numel() == 1 else math.nan

@@ -252,6 +252,16 @@ class Monitor:
                         "param_names": self.collector.param_names,
                         "module": figs["module"], "param": figs["param"],
                         "state": figs["state"]})
+            changed = getattr(self.collector, "unmeasured", None)  # None: another Collector
+            if changed:
+                self.collector.unmeasured = set()
+                names = [self.collector.module_names[i] for i in sorted(changed)]
+                msg = (f"the outputs of {len(names)} module(s) were changed in place after the "
+                       f"module returned, before their figures were taken: not measured at "
+                       f"step {step} (NaN), measured as they return from now on: "
+                       f"{', '.join(names[:10])}")
+                log.warning("monitor: %s", msg)
+                self._event("not-measured", step=step, message=msg, modules=names)
             blind = self.collector.compiled_modules - self._said_compiled
             if blind:
                 self._said_compiled |= blind

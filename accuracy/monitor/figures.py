@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -44,9 +44,29 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _float_leaves(value: Any) -> list[torch.Tensor]:
-    return [lt for t in tree_leaves(value)
-            if isinstance(t, torch.Tensor) and t.is_floating_point()
-            and (lt := _local(t)).numel() > 0]
+    """The non-empty floating-point tensors of an output, each as `_local` gives it."""
+    out: list[torch.Tensor] = []
+    _leaves_into(value, out)
+    return out
+
+
+def _leaves_into(value: Any, out: list[torch.Tensor]) -> None:
+    """Tuples, lists and dicts (a `transformers` ModelOutput is one) walked here: a pytree
+    walk of a ModelOutput costs tens of microseconds, a module's whole figure budget. Other
+    containers (dataclasses, registered pytree nodes) take `tree_leaves`."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and (lt := _local(value)).numel() > 0:
+            out.append(lt)
+    elif isinstance(value, tuple | list):
+        for v in value:
+            _leaves_into(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _leaves_into(v, out)
+    elif value is not None and not isinstance(value, int | float | str | bytes):
+        out.extend(lt for t in tree_leaves(value)
+                   if isinstance(t, torch.Tensor) and t.is_floating_point()
+                   and (lt := _local(t)).numel() > 0)
 
 
 class _NoDispatch:
@@ -75,6 +95,8 @@ Value = Any  # a 0-d tensor still on its device, or a float read already (CPU)
 def _read_back(floats: list[Value], ints: list[Value]) -> tuple[list[float], list[float]]:
     """0-d tensors as Python floats: stacked per device (dtypes promoted), one copy to the host
     per device; counts (ints) kept apart so they stay exact. Floats pass through."""
+    if all(type(x) is float for x in floats) and all(type(x) is float for x in ints):
+        return list(floats), list(ints)  # on CPU every figure is read already
     out_f: list[float] = [NAN] * len(floats)
     out_i: list[float] = [NAN] * len(ints)
     groups: dict[torch.device, tuple[list[int], list[int]]] = {}
@@ -103,6 +125,20 @@ def _read_back(floats: list[Value], ints: list[Value]) -> tuple[list[float], lis
 
 
 _LOW = (torch.float16, torch.bfloat16)
+
+# A module's output of at most _HOLD_BYTES is held (a reference, no copy) for a pass over
+# many in one native call, where a call per output cost more than its pass; the held outputs
+# are passed over once they pass _HELD_BYTES together (while they are still in cache), and
+# at the step's end. Larger outputs take their pass at once: the call is then a small part
+# of it. So the monitor never holds more than about _HELD_BYTES + _HOLD_BYTES of the step's
+# outputs alive.
+_HOLD_BYTES = 256 << 10
+_LATER = -2  # a held output's entry: made at the pass (-1: a probe, reduced already)
+_HELD_BYTES = 1 << 20
+
+
+def _holdable(ts: list[torch.Tensor]) -> bool:
+    return all(_native_ok(t) and t.numel() * t.element_size() <= _HOLD_BYTES for t in ts)
 
 
 def _norms(ts: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -177,20 +213,30 @@ class _Reductions:
 
     def add(self, ts: list[torch.Tensor]) -> range:
         """Reduce `ts` (under _NoDispatch); returns the entries made."""
+        entries = self.reserve(len(ts))
+        self.fill(entries, ts)
+        return entries
+
+    def reserve(self, k: int) -> range:
+        """`k` entries whose figures come later (`fill`); NaN until then."""
         first = self.n
+        self.floats += (NAN, NAN, NAN) * k
+        self.n += k
+        return range(first, self.n)
+
+    def fill(self, entries: Sequence[int], ts: list[torch.Tensor]) -> None:
+        """The figures of `ts` into the reserved `entries`: the native pass for all it takes
+        in one call, the torch path for the rest."""
         rest: list[torch.Tensor] = []
         at: list[int] = []
-        for t, row in zip(ts, _cpu_rows(ts), strict=True):
+        for e, t, row in zip(entries, ts, _cpu_rows(ts), strict=True):
             if row is None:
-                at.append(self.n)
+                at.append(e)
                 rest.append(t)
-                self.floats += (NAN, NAN, NAN)
             else:
-                self.floats += row
-            self.n += 1
+                self.floats[3 * e:3 * e + 3] = row
         if rest:
             self._torch(rest, at)
-        return range(first, self.n)
 
     def _torch(self, ts: list[torch.Tensor], entries: list[int]) -> None:
         """The torch path of `ts`, into the places of `entries`."""
@@ -265,6 +311,13 @@ class Collector:
         self._act = _Reductions()               # this step's activation reductions
         self._acts: dict[int, list[int]] = {}   # module -> its entries in self._act
         self._seen: dict[tuple, tuple[tuple, range]] = {}  # an output reduced: (refs, entries)
+        # outputs held for a batched pass: (detached output, its version then, module, entry;
+        # -1: reduced already, held to prove the module's outputs stay unchanged)
+        self._held: list[tuple[torch.Tensor, int, int, int]] = []
+        self._held_bytes = 0
+        self._deferred = [False] * len(self.module_names)  # proven: reduced in batches
+        self._in_place: set[int] = set()   # outputs changed in place later: reduced at once
+        self.unmeasured: set[int] = set()  # this step's figure lost that way (NaN), said once
         self._before: list[torch.Tensor] | None = None
         self._buffers: list[torch.Tensor] | None = None
         self._grads: tuple[list[int], _Reductions] | None = None
@@ -289,6 +342,15 @@ class Collector:
                 return
             if not self.recording:
                 return
+            # a batched module's tensor: kept as it is (its values are read at the pass),
+            # nothing else here; a hook's every Python call costs about a microsecond
+            if (self._deferred[idx] and type(output) is torch.Tensor
+                    and (nb := output.nbytes) <= _HOLD_BYTES and not _len_dispatch_stack()):
+                self._held.append((output, output._version, idx, _LATER))
+                self._held_bytes += nb
+                if self._held_bytes > _HELD_BYTES:
+                    self._flush_or_log()
+                return
             measure(idx, output)
         return hook
 
@@ -311,7 +373,13 @@ class Collector:
             seen = self._seen.get(key)
             if seen is None or not all(r() is t for r, t in zip(seen[0], ts, strict=True)):
                 if _len_dispatch_stack() == 0:  # no mode to hide from: detached suffices
-                    entries = self._act.add([t.detach() for t in ts])
+                    ds = [t.detach() for t in ts]
+                    if self._deferred[idx] and _holdable(ds):
+                        entries = self._hold(idx, ds)
+                    else:
+                        entries = self._act.add(ds)
+                        if idx not in self._in_place and _holdable(ds):
+                            self._hold(idx, ds, probe=True)
                 else:
                     with _NoDispatch():
                         entries = self._act.add(ts)
@@ -320,6 +388,60 @@ class Collector:
         except Exception:  # never break the user's forward
             log.exception("monitor: activation figures of %s failed",
                           self.module_names[idx])
+
+    def _hold(self, idx: int, ds: list[torch.Tensor], probe: bool = False) -> range:
+        """Keep module `idx`'s small outputs `ds` for one batched pass (`_flush`), or, with
+        `probe`, to see whether they stay unchanged until it (they were reduced already).
+        A module's outputs are batched only once a probe saw them unchanged at the pass."""
+        entries = range(0) if probe else self._act.reserve(len(ds))
+        for k, t in enumerate(ds):
+            self._held.append((t, t._version, idx, -1 if probe else entries[k]))
+            self._held_bytes += t.numel() * t.element_size()
+        if self._held_bytes > _HELD_BYTES:
+            self._flush()
+        return entries
+
+    def _flush(self) -> None:
+        """The batched pass over the held outputs (one native call), after a check that each
+        is as its module returned it: one changed in place since (an in-place activation
+        after it, `x += y`) lost its values; its figure stays NaN this step, and its module
+        is reduced at once from now on."""
+        held, self._held, self._held_bytes = self._held, [], 0
+        ts: list[torch.Tensor] = []
+        entries: list[int] = []
+        made: dict[tuple[int, int], int] = {}  # (id, version) -> entry: all alive, held here
+        acts = self._acts
+        for t, version, idx, e in held:
+            if t._version != version:
+                self._deferred[idx] = False
+                self._in_place.add(idx)
+                if e == _LATER:  # the call's figure is lost: NaN, never the rest's alone
+                    e = self._act.reserve(1)[0]
+                    acts.setdefault(idx, []).append(e)
+                if e >= 0:
+                    self.unmeasured.add(idx)
+            elif e == _LATER:  # a tensor kept by the hook: reduced here, once per tensor
+                if not t.is_floating_point() or t.numel() == 0:
+                    continue
+                e = made.get((id(t), version), -1)
+                if e < 0:
+                    e = made[(id(t), version)] = self._act.reserve(1)[0]
+                    ts.append(t.detach())
+                    entries.append(e)
+                acts.setdefault(idx, []).append(e)
+            elif e >= 0:
+                ts.append(t)
+                entries.append(e)
+            elif idx not in self._in_place:
+                self._deferred[idx] = True
+        if ts:
+            self._act.fill(entries, ts)
+
+    def _flush_or_log(self) -> None:
+        try:
+            self._flush()
+        except Exception:  # never break the user's forward
+            log.exception("monitor: activation figures failed")
 
     def _pre_step(self, _opt: Any, args: Any, kwargs: Any) -> Any:
         if not self.recording:
@@ -390,14 +512,21 @@ class Collector:
         the optimizer state's norms too (on the other steps they are not measured: NaN)."""
         self._acts, self._before, self._grads, self._update = {}, None, None, None
         self._act, self._seen = _Reductions(), {}
+        self._held, self._held_bytes = [], 0  # a step left without collect(): not measured
         self.detail = detail
         self.recording = True
 
     def _grad_figures(self) -> None:
         """Reduce the gradients now (before the optimizer step, which may zero them)."""
-        have = [i for i, p in enumerate(self.params) if p.grad is not None]
+        have: list[int] = []
+        ts: list[torch.Tensor] = []
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is not None:
+                have.append(i)
+                ts.append(g.detach() if type(g) is torch.Tensor else _local(g).detach())
         red = _Reductions()
-        red.add([_local(self.params[i].grad).detach() for i in have])  # type: ignore[union-attr]
+        red.add(ts)
         self._grads = (have, red)
 
     def collect(self) -> dict[str, Any]:
@@ -405,6 +534,11 @@ class Collector:
         self.recording = False
         self._seen = {}
         with _NoDispatch():
+            try:
+                self._flush()
+            except Exception:  # the figures of the held outputs stay NaN
+                self._held, self._held_bytes = [], 0
+                log.exception("monitor: activation figures failed")
             if self._grads is None:  # no optimizer step seen: the gradients as they are
                 self._grad_figures()
             have, grads = self._grads  # type: ignore[misc]
@@ -465,17 +599,22 @@ class Collector:
                   par_norm: list[float], upd: list[float] | None,
                   states: dict[str, list[float]]) -> dict[str, Any]:
         m, p = len(self.module_names), len(self.params)
-        mod: dict[str, list[float]] = {f: [NAN] * m for f in MODULE_FIGURES}
-        for i, entries in self._acts.items():
-            row = _combine([acts[e] for e in entries])  # a module called several times: one
-            for j, f in enumerate(MODULE_FIGURES):
-                mod[f][i] = row[j]
+        unmeasured = (NAN,) * len(MODULE_FIGURES)
+        # a module called several times: one figure for all its calls
+        by_module = [_combine([acts[e] for e in self._acts[i]]) if i in self._acts
+                     else unmeasured for i in range(m)]
+        mod: dict[str, list[float]] = dict(zip(
+            MODULE_FIGURES, map(list, zip(*by_module, strict=True)), strict=True)) if m else \
+            {f: [] for f in MODULE_FIGURES}
         par: dict[str, list[float]] = {f: [NAN] * p for f in PARAM_FIGURES}
         par["norm"] = par_norm
-        for k, i in enumerate(have):
-            for j, f in enumerate(("grad_norm", "grad_min", "grad_max", "grad_nan",
-                                   "grad_inf")):
-                par[f][i] = grads[k][j]
+        grad_figures = ("grad_norm", "grad_min", "grad_max", "grad_nan", "grad_inf")
+        if len(have) == p and p:  # every parameter has its gradient: columns as they are
+            par.update(zip(grad_figures, map(list, zip(*grads, strict=True)), strict=True))
+        else:
+            for k, i in enumerate(have):
+                for j, f in enumerate(grad_figures):
+                    par[f][i] = grads[k][j]
         if upd is not None:
             par["update_ratio"] = [u / w if w > 0 else NAN for u, w in zip(upd, par_norm,
                                                                           strict=True)]
@@ -492,6 +631,7 @@ class Collector:
                 "grads": len(have)}
 
     def close(self) -> None:
+        self._held, self._held_bytes = [], 0
         for h in self._handles:
             h.remove()
         self._handles = []

@@ -35,10 +35,26 @@ class SnapshotBudgetError(UsageError):
     """The budget cannot hold a single snapshot."""
 
 
+def _flat_plain(obj: Any) -> list[Any] | None:
+    """The items of a batch `(args, kwargs)` whose args and kwargs' values are plain tensors
+    or scalars (the common batch): None for anything else, which takes the pytree path."""
+    if not (type(obj) is tuple and len(obj) == 2 and type(obj[0]) is tuple
+            and type(obj[1]) is dict):
+        return None
+    items = [*obj[0], *obj[1].values()]
+    if all(type(x) is torch.Tensor or x is None or type(x) in (int, float, bool, str)
+           for x in items):
+        return items
+    return None
+
+
 def _nbytes(obj: Any) -> int:
     """Host or device bytes a copy of `obj` takes on this rank: a DTensor's own shard (FSDP2,
     tensor parallel), not its global size, which overstated a sharded model's snapshot by
     the world size and refused budgets that held it."""
+    flat = _flat_plain(obj)
+    if flat is not None:  # a pytree walk costs more than the batch's copy
+        return sum(t.nbytes for t in flat if type(t) is torch.Tensor)
     total = 0
     for t in tree_leaves(obj):
         if isinstance(t, torch.Tensor):
@@ -53,8 +69,16 @@ def _clone(obj: Any) -> Any:
     shard, no collective): with all Python dispatch off, reading it crashes the process."""
     # the modes are popped only when there are some (a dumper, `sim`): popping none costs
     modes = _disable_current_modes() if torch._C._len_torch_dispatch_stack() else nullcontext()
+    if isinstance(modes, nullcontext) and _flat_plain(obj) is not None:
+        args, kwargs = obj
+        with torch.no_grad():
+            return (tuple(_copy(x) for x in args), {k: _copy(v) for k, v in kwargs.items()})
     with modes, torch.no_grad():
         return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, obj)
+
+
+def _copy(x: Any) -> Any:
+    return x.detach().clone() if type(x) is torch.Tensor else x
 
 
 def parse_bytes(value: int | str | None) -> int | None:

@@ -287,3 +287,98 @@ def test_on_an_accelerator_a_step_reads_its_figures_back_once(tmp_path):
     assert got["d2h_copies"] == got["steps"]  # one copy to the host per step
     assert all(math.isfinite(v) and v > 0 for v in got["act_norm"])
     assert math.isfinite(got["grad_norm"]) and got["grad_norm"] > 0
+
+
+class _InPlaceAfter(nn.Module):
+    """A Linear whose output an in-place ReLU (a module) changes, then the parent adds to in
+    place (`y += 1`, no module): read after the module returned, its values are no longer the
+    Linear's output."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(d, d)
+        self.act = nn.ReLU(inplace=True)
+        self.lin2 = nn.Linear(d, d)
+        self.head = nn.Linear(d, 1)
+        self.shift_from: int | None = None  # from this call on, lin2's output is shifted
+        self.calls = 0
+
+    def forward(self, x):
+        h = self.act(self.lin(x))
+        y = self.lin2(h)
+        if self.shift_from is None or self.calls >= self.shift_from:
+            y += 1.0
+        self.calls += 1
+        return self.head(y)
+
+
+def _train(model: nn.Module):
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step(batch):
+        x, y = batch
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def _batches(n: int) -> list:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(8, 16, generator=g) * (1 + i % 5), torch.randn(8, 1, generator=g))
+            for i in range(n)]
+
+
+def test_outputs_changed_in_place_after_their_module_keep_their_own_figures(tmp_path):
+    """Small outputs are reduced in batches after their module returned: a module whose
+    output is then changed in place (an in-place ReLU, `y += 1`) is still measured as it
+    returned, on every step from the first (never NaN, never the changed values)."""
+    model = _InPlaceAfter()
+    n_bad, checked, bad = _mismatches(model, _train(model), _batches(20), tmp_path)
+    assert checked >= 20 * 5
+    assert n_bad == 0, bad[:5]
+
+
+def test_an_output_changed_in_place_only_later_is_not_measured_rather_than_wrong(tmp_path):
+    """A module whose outputs stayed unchanged is reduced in a batch after it returned; when
+    its output is changed in place on a later step before that pass, the figure of that step
+    is NaN and said in an event, never the changed values, and the next steps are measured
+    as the module returns them."""
+    model = _InPlaceAfter()
+    model.shift_from = 6  # lin2's output is left alone on steps 0-5 (so batched), then not
+    n_bad, checked, bad = _mismatches(model, _train(model), _batches(12), tmp_path)
+    s = am.read_series(tmp_path / "f.monitor.h5")
+    names, act = s.figure("module", "act_norm")
+    lin2 = names.index("lin2")
+    assert np.isnan(act[6, lin2]) and np.isfinite(np.delete(act[:, lin2], 6)).all()
+    assert bad == [f"step 6 lin2: monitor nan, hook {bad[0].split('hook ')[1]}"]
+    assert n_bad == 1 and checked >= 12 * 5
+    said = [e for e in s.events if e["kind"] == "not-measured" and "in place" in e["message"]]
+    assert [(e["step"], e["modules"]) for e in said] == [(6, ["lin2"])]
+
+
+def test_outputs_held_for_the_batched_pass_stay_bounded(tmp_path):
+    """The small outputs held for a batched pass are passed over once they reach about a
+    MiB: outputs the forward frees are not all kept alive to the step's end."""
+    import weakref
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(40)])  # 128 KiB outputs
+    mon = am.Monitor(model, None, path=tmp_path / "m.monitor.h5", snapshot_every=None,
+                     triggers=None)
+    refs: list = []
+    handles = [m.register_forward_hook(lambda _m, _a, out: refs.append(weakref.ref(out)))
+               for m in model]
+    most = 0
+    for _ in range(3):
+        refs.clear()
+        mon.begin_step()
+        with torch.no_grad():
+            out = model(torch.randn(128, 256))
+        most = max(most, sum(r() is not None for r in refs))
+        mon.end_step(out.sum())
+    mon.close()
+    for h in handles:
+        h.remove()
+    assert most <= 11, most  # 1 MiB of 128 KiB outputs, one more, and the model's output
