@@ -168,17 +168,27 @@ def _cpu_rows(ts: list[torch.Tensor]) -> list[tuple[float, float, float] | None]
     the other tensors, where the kernels are not built, and where a value or the sum of
     squares is not finite (the torch path counts NaN/inf)."""
     out: list[tuple[float, float, float] | None] = [None] * len(ts)
-    idx = [i for i, t in enumerate(ts) if _native_ok(t)]
+    # a storage freed by resizing it to 0 (FSDP's unsharded parameters) has address 0: the
+    # native pass would read it and crash the process; torch's path raises instead
+    ptrs = [(i, t.data_ptr()) for i, t in enumerate(ts) if _native_ok(t)]
+    idx = [i for i, p in ptrs if p]
     if not idx:
         return out
-    got = native.stats_passes([(ts[i].data_ptr(), ts[i].numel(),
-                                ts[i].dtype is torch.float32) for i in idx])
+    got = native.stats_passes([(p, ts[i].numel(), ts[i].dtype is torch.float32)
+                               for i, p in ptrs if p])
     if got is None:
         return out
     for i, r in zip(idx, got, strict=True):
         if r is not None and math.isfinite(r[3]):
             out[i] = (math.sqrt(r[3]), r[0], r[1])
     return out
+
+
+def _freed(t: torch.Tensor) -> bool:
+    """A tensor whose storage was freed by resizing it to 0 (FSDP's unsharded parameters):
+    its figures are not measured (NaN). torch's own reductions read its address 0 and crash
+    the process (torch 2.13: `vector_norm`, `_foreach_norm`)."""
+    return t.layout is torch.strided and t.numel() > 0 and t.data_ptr() == 0
 
 
 def _norm_values(ts: list[torch.Tensor]) -> list[Value]:
@@ -188,7 +198,8 @@ def _norm_values(ts: list[torch.Tensor]) -> list[Value]:
     rest: list[int] = []
     for i, row in enumerate(_cpu_rows(ts)):
         if row is None:
-            rest.append(i)
+            if not _freed(ts[i]):
+                rest.append(i)
             out.append(NAN)
         else:
             out.append(row[0])
@@ -231,8 +242,9 @@ class _Reductions:
         at: list[int] = []
         for e, t, row in zip(entries, ts, _cpu_rows(ts), strict=True):
             if row is None:
-                at.append(e)
-                rest.append(t)
+                if not _freed(t):  # else NaN: not measured
+                    at.append(e)
+                    rest.append(t)
             else:
                 self.floats[3 * e:3 * e + 3] = row
         if rest:
@@ -319,6 +331,7 @@ class Collector:
         self._in_place: set[int] = set()   # outputs changed in place later: reduced at once
         self.unmeasured: set[int] = set()  # this step's figure lost that way (NaN), said once
         self._before: list[torch.Tensor] | None = None
+        self._kept: list[int] = []  # the parameters _before holds (a freed one is not read)
         self._buffers: list[torch.Tensor] | None = None
         self._grads: tuple[list[int], _Reductions] | None = None
         self._update: list[torch.Tensor] | None = None
@@ -488,8 +501,10 @@ class Collector:
                                        or b.device != p.device for b, p in zip(bufs, ps,
                                                                                 strict=True)):
                     bufs = self._buffers = [torch.empty_like(p) for p in ps]
-                torch._foreach_copy_(bufs, ps)  # reused buffers: no allocation per step
-                self._before = bufs
+                # reused buffers: no allocation per step; a freed parameter is not read
+                kept = [i for i, p in enumerate(ps) if not _freed(p)]
+                torch._foreach_copy_([bufs[i] for i in kept], [ps[i] for i in kept])
+                self._before, self._kept = bufs, kept
         except Exception:
             log.exception("monitor: keeping the parameters before the optimizer step failed")
 
@@ -498,9 +513,14 @@ class Collector:
             return
         try:
             with _NoDispatch():
-                diff = self._before
-                torch._foreach_sub_(diff, [_local(p).detach() for p in self.params])
-                self._update = _norm_values(diff)
+                ps = [_local(p).detach() for p in self.params]
+                both = [i for i in self._kept if not _freed(ps[i])]  # else NaN: not measured
+                diff = [self._before[i] for i in both]
+                torch._foreach_sub_(diff, [ps[i] for i in both])
+                update: list[Value] = [NAN] * len(ps)
+                for i, v in zip(both, _norm_values(diff), strict=True):
+                    update[i] = v
+                self._update = update
             self._before = None
         except Exception:
             log.exception("monitor: update figures failed")

@@ -382,3 +382,48 @@ def test_outputs_held_for_the_batched_pass_stay_bounded(tmp_path):
     for h in handles:
         h.remove()
     assert most <= 11, most  # 1 MiB of 128 KiB outputs, one more, and the model's output
+
+
+_FREED_SCRIPT = """
+import math, sys
+import torch
+from torch import nn
+import accuracy.monitor as am
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+freed = nn.Parameter(torch.randn(64))
+model.register_parameter("freed", freed)  # FSDP frees an unsharded parameter so, between uses
+opt = torch.optim.SGD([p for n, p in model.named_parameters() if n != "freed"], lr=0.1)
+
+def train_step(x):
+    loss = model(x).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+step = am.watch(train_step, model, opt, path=sys.argv[1], detail_every=1, snapshot_every=None)
+freed.data.untyped_storage().resize_(0)
+for i in range(3):
+    step(torch.randn(3, 4))
+step.monitor.close()
+s = am.read_series(sys.argv[1])
+i = s.param_names.index("freed")
+assert all(math.isnan(v) for v in s.param["norm"][:, i]), s.param["norm"][:, i]
+assert all(math.isfinite(v) for v in s.param["norm"][:, s.param_names.index("0.weight")])
+print("trained")
+"""
+
+
+def test_a_parameter_whose_storage_was_freed_is_not_measured_and_training_goes_on(tmp_path):
+    """FSDP frees each unsharded parameter by resizing its storage to 0. Its figures (the
+    parameter norm, every detail step) read NaN, not measured, where reading its address 0
+    killed the user's process (the native pass, and torch's own vector_norm). A child process:
+    the old failure was a segfault."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FREED_SCRIPT, str(tmp_path / "f.monitor.h5")],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0 and "trained" in out.stdout, (out.returncode, out.stderr[-800:])
