@@ -4,8 +4,10 @@
 // Built and cached by accuracy/native/cppext.py, loaded by accuracy/native/fastpath.py, called
 // once per tensor the statistics dump describes. `stats(t, sums)` gives the same tuple as
 // `tensor_stats`: ((min, max, mean, l2, nan_count, inf_count), checksum), or None for what it
-// does not take (a tensor not on the CPU, complex and unsigned >8-bit dtypes, sparse layouts):
-// the caller's Python path then runs, as it does without a compiler or with ACCURACY_NATIVE=0.
+// does not take (complex and unsigned >8-bit dtypes, sparse layouts, meta tensors): the
+// caller's Python path then runs, as it does without a compiler or with ACCURACY_NATIVE=0. A
+// tensor on an accelerator gets the Python path's device figures, launched from C++
+// (`device_stats`).
 //
 // Figures: values are widened to double and summed in double (the Python path sums fp32 in
 // fp32 for large tensors: the two agree to fp32 rounding); min and max are NaN when a NaN is
@@ -200,13 +202,65 @@ bool dense(const at::Tensor& t) {
   return true;
 }
 
+bool is_fp8(at::ScalarType s) {
+  return s == at::kFloat8_e4m3fn || s == at::kFloat8_e5m2 || s == at::kFloat8_e4m3fnuz ||
+         s == at::kFloat8_e5m2fnuz;
+}
+
+// A tensor on an accelerator: the Python path's reductions, launched from here (one Python
+// call instead of ~15: on a GPU the per-call cost, not the kernels, is the dump's time). The
+// figures stay on the device as 0-d results stacked into one float64 vector (the statistics
+// window fetches a window's vectors at once), the checksum a 0-d integer tensor: what
+// `python_tensor_stats` returns there, from the same kernels.
+py::object device_stats(at::Tensor t, int64_t n, bool sums) {
+  if (!t.is_contiguous() && dense(t)) {
+    t = t.as_strided({n}, {1}, t.storage_offset());
+  }
+  at::Tensor x = t;
+  if (t.scalar_type() == at::kBool) {
+    x = t.view(at::kByte);
+  } else if (is_fp8(t.scalar_type())) {
+    x = t.to(at::kFloat);
+  }
+  auto [mn, mx] = at::aminmax(x);
+  at::Tensor total, l2, nans, infs;
+  if (at::isFloatingType(x.scalar_type())) {
+    const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    total = at::sum(x, acc);
+    if (x.scalar_type() == acc && x.is_contiguous()) {
+      at::Tensor flat = x.reshape({-1});
+      l2 = at::dot(flat, flat).sqrt();
+    } else {
+      l2 = at::linalg_vector_norm(x, 2, c10::nullopt, false, acc);
+    }
+    nans = at::isnan(x).sum(at::kDouble);
+    infs = at::isinf(x).sum(at::kDouble);
+  } else {
+    total = at::sum(x, at::kDouble);
+    l2 = at::linalg_vector_norm(x.to(at::kDouble), 2);
+    nans = at::zeros({}, x.options().dtype(at::kDouble));
+    infs = nans.clone();
+  }
+  at::Tensor floats = at::stack({mn.to(at::kDouble), mx.to(at::kDouble),
+                                 total.to(at::kDouble) / static_cast<double>(n),
+                                 l2.to(at::kDouble), nans, infs});
+  if (!sums) {
+    return py::make_tuple(floats, 0);
+  }
+  at::Tensor b = t.scalar_type() == at::kBool ? t.view(at::kByte) : t;
+  const int64_t size = b.element_size();
+  const auto bits = size == 1 ? at::kByte : size == 2 ? at::kShort : size == 4 ? at::kInt
+                                                                              : at::kLong;
+  return py::make_tuple(floats, b.view(bits).sum(size == 8 ? at::kLong : at::kInt));
+}
+
 py::object empty_stats() {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   return py::make_tuple(py::make_tuple(nan, nan, nan, nan, 0, 0), 0);
 }
 
 py::object stats(const at::Tensor& tensor, bool sums) {
-  if (!tensor.defined() || tensor.device().type() != c10::DeviceType::CPU ||
+  if (!tensor.defined() || tensor.device().type() == c10::DeviceType::Meta ||
       tensor.layout() != c10::Layout::Strided || tensor.is_conj() ||
       tensor.is_complex()) {
     return py::none();
@@ -239,6 +293,9 @@ py::object stats(const at::Tensor& tensor, bool sums) {
   if (t.is_neg()) {
     t = t.resolve_neg();  // its bits are not its values
   }
+  if (t.device().type() != c10::DeviceType::CPU) {
+    return device_stats(t, n, sums);
+  }
   if (!t.is_contiguous()) {
     t = dense(t) ? t.as_strided({n}, {1}, t.storage_offset()) : t.contiguous();
   }
@@ -264,7 +321,8 @@ py::object stats(const at::Tensor& tensor, bool sums) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "One-pass statistics of CPU tensors for the statistics dump (accuracy/native)";
+  m.doc() = "Statistics of recorded tensors for the statistics dump (accuracy/native)";
   m.def("stats", &stats, py::arg("t"), py::arg("sums") = true,
-        "((min, max, mean, l2, nan_count, inf_count), checksum) of a CPU tensor, or None");
+        "((min, max, mean, l2, nan_count, inf_count), checksum) of a tensor, or None; on a "
+        "device the figures a float64 tensor there and the checksum a 0-d tensor");
 }
