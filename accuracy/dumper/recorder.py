@@ -25,6 +25,7 @@ from accuracy.dumper.deferred_stats import DeferredStats
 from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.identity import TensorStates, same_memory
 from accuracy.dumper.stats_window import StatsWindow
+from accuracy.dumper.storage_views import StoredStorages, restore, state
 from accuracy.dumper.uninit import Uninitialised
 from accuracy.dumpfile import schema, staging
 from accuracy.dumpfile.argcodec import encode_call
@@ -105,7 +106,9 @@ class TensorUse:
     same state (`TensorStates.get_alias`). same_as: the input entry of a view-like op whose
     output holds the same elements: its statistics are reused, and with `same_bytes` and
     both tensors contiguous, its stored bytes too. link: the recorded state the tensor holds
-    (a copy taken before a kernel launch of memory another write filled).
+    (a copy taken before a kernel launch of memory another write filled). view_of: the input
+    entry of a view op: an output inside the bytes stored for that input's storage version is
+    a strided row over them (`Placement`), not a copy.
     """
 
     skip: bool = False
@@ -114,6 +117,7 @@ class TensorUse:
     same_as: TensorEntry | None = None
     same_bytes: bool = False
     link: Any = None
+    view_of: TensorEntry | None = None
 
 
 PLAIN = TensorUse()
@@ -139,6 +143,7 @@ class Recorder:
         self.sim = sim
         self.strict = strict
         self.seen = TensorStates(track_storage=True)
+        self.storages = StoredStorages()  # where stored copies lie: views placed over them
         # bytes no op has filled yet: never recorded as data (kept by MemoryWatch)
         self.memory = memory if memory is not None else Uninitialised()
         self._uninit_in: list[int] = []
@@ -208,7 +213,7 @@ class Recorder:
                 entries.append(e)
                 if written and e.stats is not None:
                     self.seen.forget_aliases(t)
-                    self.seen.put(t, (e.first, e.stats), memory=True)
+                    self.seen.put(t, state(e), memory=True)
         self.write(call, entries, len(inputs), len(outputs), extra)
 
     # -- observer ----------------------------------------------------------------------------
@@ -244,7 +249,7 @@ class Recorder:
                     e = entry(seq, schema.OUTPUT, i, t, use(skip=not arrived, fresh=True))
                     entries.append(e)
                     if e.stats is not None:
-                        seen.put(t, (e.first, e.stats))
+                        seen.put(t, state(e))
                 n_out = len(call.inputs)
         if call.collective is not None:
             call.extra[schema.EXTRA_COLLECTIVE] = call.collective
@@ -335,9 +340,12 @@ class Recorder:
             seq, entry = call.seq, self.entry
             out_op = coll is None and _is_out(plan) and not torch.is_inference_mode_enabled()
             unfilled = use(skip=True, fresh=mutable)
-            if same is not None:
+            # a view op's outputs may be placed over the bytes stored for its input
+            view_of = entries[0] if (plan.view and not mutable and entries
+                                     and self.tensor_mode) else None
+            if same is not None or view_of is not None:
                 data = TensorUse(skip=plan.uninitialised, fresh=mutable, same_as=same,
-                                 same_bytes=plan.same_bytes)
+                                 same_bytes=plan.same_bytes, view_of=view_of)
             else:
                 data = use(skip=plan.uninitialised, fresh=mutable)
             with torch._C._DisableTorchDispatch():
@@ -350,14 +358,14 @@ class Recorder:
                         # buffer next links to this write
                         try:
                             self.seen.forget_aliases(t)
-                            self.seen.put(t, (e.first, e.stats), version=t._version + 1,
+                            self.seen.put(t, state(e), version=t._version + 1,
                                           memory=True)
                         except RuntimeError:  # inference tensors have no version counter
                             pass
                     if coll is not None and e.stats is not None:
                         # no version bump will follow: later uses may share these bytes
                         local = collectives.local_tensor(t)
-                        self.seen.put(t if local is None else local, (e.first, e.stats))
+                        self.seen.put(t if local is None else local, state(e))
 
         extra = call.extra
         if plan.uninitialised:
@@ -417,7 +425,7 @@ class Recorder:
                 if view is not None and view[0] >= 0:
                     self._views.setdefault(seq, {})[f"{'io'[io]}{idx}"] = view[0]
         if seen is not None:
-            entry.first, entry.stats = seen
+            restore(entry, seen)
             return entry
         same_as = how.same_as
         if same_as is not None and same_as.stats is not None and entry.dtype == same_as.dtype \
@@ -426,7 +434,9 @@ class Recorder:
             if (self.tensor_mode and how.same_bytes and same_as.first >= 0
                     and t.is_contiguous() and _contiguous(same_as)):
                 entry.first = same_as.first
-                self.seen.put(t, (entry.first, entry.stats))
+                if same_as.holder >= 0:  # the same elements at the same places
+                    entry.holder, entry.elem_offset = same_as.holder, same_as.elem_offset
+                self.seen.put(t, state(entry))
                 return entry
         elif self._deferred is not None and self._deferred.wants(flat := flat_view(t)):
             entry.stats = self._deferred.submit(flat)
@@ -434,13 +444,18 @@ class Recorder:
             stats = tensor_stats(t, sums=not self.tensor_mode)
             entry.stats = self._window.figures(stats) if StatsWindow.wants(stats) else stats
         if self.tensor_mode:
-            if dev.type == "cpu":
-                self._window.hold(t.numel() * t.element_size())  # staged behind the window
-                entry.data = self.writer.stage(t) or _host_copy(t)
-            else:
-                entry.data = self._window.copy(t, _host_copy)
-            entry.first = entry.row
-            entry.nbytes = t.numel() * t.element_size()
+            if how.view_of is None or not self.storages.place(t, entry, how.view_of):
+                src = self.storages.extent(t)  # storage order: a plain copy, views placed
+                entry.strided = src is not None
+                src = t if src is None else src
+                if dev.type == "cpu":
+                    self._window.hold(t.numel() * t.element_size())  # staged behind the window
+                    entry.data = self.writer.stage(src) or _host_copy(src)
+                else:
+                    entry.data = self._window.copy(src, _host_copy)
+                entry.first = entry.row
+                entry.nbytes = t.numel() * t.element_size()
+                self.storages.stored(entry, t)
         if not fresh:
-            self.seen.put(t, (entry.row if self.tensor_mode else -1, entry.stats))
+            self.seen.put(t, state(entry) if self.tensor_mode else (-1, entry.stats))
         return entry

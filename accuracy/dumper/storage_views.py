@@ -1,0 +1,105 @@
+"""Each storage version's bytes stored once: views of them become strided rows.
+
+A tensor dump copies a tensor's bytes when it first sees its state. The views a step makes of
+it (`t` and `transpose` of weights, `select`, `squeeze`, `permute` of activations) hold no
+new bytes: their elements are some of the stored ones, in another order. A view op's output
+whose elements lie inside the bytes stored for its input's storage (the same storage, whose
+state the input's record proves current: all views of one base share its version counter)
+is written as a strided row over them (schema 6, docs/dump-format.md): where its element 0
+lies and its strides. The writer hashes its elements in order, so the row's content hash is
+what a copy's would be. Anything else (another storage, elements sharing bytes as `expand`
+makes them, a layout the bytes do not cover) is copied as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from accuracy.dumpfile.layout import problem as layout_problem
+from accuracy.dumpfile.writer import TensorEntry
+
+_UNBOUNDED = 1 << 62
+
+
+class StoredStorages:
+    """Row holding a contiguous copy -> (storage pointer, its first element's storage offset,
+    elements, dtype): where each stored copy lies in its storage."""
+
+    def __init__(self) -> None:
+        self._holders: dict[int, tuple[int, int, int, torch.dtype]] = {}
+
+    @staticmethod
+    def extent(t: torch.Tensor) -> torch.Tensor | None:
+        """The storage range a dense non-contiguous `t` fills (a transposed or permuted
+        tensor: its elements in storage order, one plain copy), to store instead of gathering
+        its elements; None for a contiguous tensor or one with gaps or shared bytes."""
+        if t.is_contiguous() or t.numel() == 0:
+            return None
+        shape, stride = tuple(t.shape), tuple(t.stride())
+        if any(s < 0 for s in stride) or layout_problem(shape, stride, 1, 0, t.numel()):
+            return None
+        return t.as_strided((t.numel(),), (1,), t.storage_offset())
+
+    def stored(self, entry: TensorEntry, t: torch.Tensor) -> None:
+        """`entry` copies `t`'s bytes in storage order (`t` contiguous, or its `extent`)."""
+        if not (t.is_contiguous() or entry.strided):
+            return
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return
+        if ptr:
+            self._holders[entry.row] = (ptr, t.storage_offset(), t.numel(), t.dtype)
+            entry.holder, entry.elem_offset = entry.row, 0
+
+    def place(self, t: torch.Tensor, entry: TensorEntry, src: TensorEntry) -> bool:
+        """Make `entry` (a view op's output `t`) a strided row over the bytes stored for its
+        input `src`, when they hold all of `t`'s elements; False: copy it."""
+        held = self._holders.get(src.holder)
+        if held is None or t.dtype != held[3] or t.numel() == 0:
+            return False
+        ptr, base, n, _ = held
+        try:
+            if t.untyped_storage().data_ptr() != ptr:
+                return False
+            shape, stride, start = tuple(t.shape), tuple(t.stride()), t.storage_offset()
+        except (RuntimeError, NotImplementedError):
+            return False
+        # inside the input's own elements (as recorded) and the stored copy, no two
+        # elements in the same bytes (the reader refuses such a row)
+        lo_in = base + src.elem_offset
+        if not (_inside(start - lo_in, shape, stride, src.shape, src.stride)
+                and start >= base and not layout_problem(shape, stride, 1, start - base, n)):
+            return False
+        entry.holder, entry.elem_offset, entry.strided = src.holder, start - base, True
+        entry.first = entry.row
+        entry.nbytes = t.numel() * t.element_size()
+        return True
+
+
+def _inside(off: int, shape: tuple[int, ...], stride: tuple[int, ...],
+            in_shape: tuple[int, ...], in_stride: tuple[int, ...]) -> bool:
+    """Whether a layout starting `off` elements after the input's element 0 stays within the
+    input's span (its lowest to its highest element)."""
+    if off < 0 or any(s < 0 for s in stride) or any(s < 0 for s in in_stride):
+        return False
+    reach = off + sum((m - 1) * s for m, s in zip(shape, stride, strict=True))
+    in_reach = sum((m - 1) * s for m, s in zip(in_shape, in_stride, strict=True))
+    return reach <= in_reach < _UNBOUNDED
+
+
+def state(entry: TensorEntry) -> tuple[Any, ...]:
+    """What the recorder remembers of a stored state: its row and statistics, and where its
+    bytes lie when known (a later view of it can be placed there)."""
+    if entry.holder >= 0:
+        return (entry.first, entry.stats, entry.holder, entry.elem_offset)
+    return (entry.first, entry.stats)
+
+
+def restore(entry: TensorEntry, seen: tuple[Any, ...]) -> None:
+    """Fill `entry` from a remembered state (`state`)."""
+    entry.first, entry.stats = seen[0], seen[1]
+    if len(seen) > 2:
+        entry.holder, entry.elem_offset = seen[2], seen[3]
