@@ -118,6 +118,7 @@ class TensorUse:
     same_bytes: bool = False
     link: Any = None
     view_of: TensorEntry | None = None
+    view_base: Any = None  # the tensor `view_of` describes
 
 
 PLAIN = TensorUse()
@@ -345,7 +346,8 @@ class Recorder:
                                      and self.tensor_mode) else None
             if same is not None or view_of is not None:
                 data = TensorUse(skip=plan.uninitialised, fresh=mutable, same_as=same,
-                                 same_bytes=plan.same_bytes, view_of=view_of)
+                                 same_bytes=plan.same_bytes, view_of=view_of,
+                                 view_base=call.inputs[0] if view_of is not None else None)
             else:
                 data = use(skip=plan.uninitialised, fresh=mutable)
             with torch._C._DisableTorchDispatch():
@@ -444,7 +446,8 @@ class Recorder:
             stats = tensor_stats(t, sums=not self.tensor_mode)
             entry.stats = self._window.figures(stats) if StatsWindow.wants(stats) else stats
         if self.tensor_mode:
-            if how.view_of is None or not self.storages.place(t, entry, how.view_of):
+            if how.view_of is None or not self.storages.place(t, entry, how.view_of,
+                                                              how.view_base):
                 src = self.storages.extent(t)  # storage order: a plain copy, views placed
                 entry.strided = src is not None
                 src = t if src is None else src

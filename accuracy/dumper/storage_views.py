@@ -23,12 +23,19 @@ from accuracy.dumpfile.writer import TensorEntry
 _UNBOUNDED = 1 << 62
 
 
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors have no version counter: never placed over
+        return -1
+
+
 class StoredStorages:
-    """Row holding a contiguous copy -> (storage pointer, its first element's storage offset,
-    elements, dtype): where each stored copy lies in its storage."""
+    """Row holding a copy in storage order -> (storage pointer, its first element's storage
+    offset, elements, dtype, the storage version copied): where each stored copy lies."""
 
     def __init__(self) -> None:
-        self._holders: dict[int, tuple[int, int, int, torch.dtype]] = {}
+        self._holders: dict[int, tuple[int, int, int, torch.dtype, int]] = {}
 
     @staticmethod
     def extent(t: torch.Tensor) -> torch.Tensor | None:
@@ -50,17 +57,22 @@ class StoredStorages:
             ptr = t.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError):
             return
-        if ptr:
-            self._holders[entry.row] = (ptr, t.storage_offset(), t.numel(), t.dtype)
+        version = _version(t)
+        if ptr and version >= 0:
+            self._holders[entry.row] = (ptr, t.storage_offset(), t.numel(), t.dtype, version)
             entry.holder, entry.elem_offset = entry.row, 0
 
-    def place(self, t: torch.Tensor, entry: TensorEntry, src: TensorEntry) -> bool:
+    def place(self, t: torch.Tensor, entry: TensorEntry, src: TensorEntry,
+              base_tensor: torch.Tensor) -> bool:
         """Make `entry` (a view op's output `t`) a strided row over the bytes stored for its
-        input `src`, when they hold all of `t`'s elements; False: copy it."""
+        input `src` (the tensor `base_tensor`), when they are the copy of the storage's
+        current version and hold all of `t`'s elements; False: copy it."""
         held = self._holders.get(src.holder)
         if held is None or t.dtype != held[3] or t.numel() == 0:
             return False
-        ptr, base, n, _ = held
+        ptr, base, n, _, version = held
+        if _version(base_tensor) != version:  # the storage was written since it was copied
+            return False
         try:
             if t.untyped_storage().data_ptr() != ptr:
                 return False
