@@ -201,7 +201,7 @@ class DumpWriter:
         self._batch_since = time.monotonic()
         self._ring = staging.acquire(max_pending_bytes)
         # rows held by the replayed dump need a reader that knows them (schema 5)
-        self._source_rows = attrs.get("schema_version") == schema.SOURCE_ROWS_SCHEMA
+        self._source_rows = attrs.get("schema_version", 0) >= schema.SOURCE_ROWS_SCHEMA
         self._open(attrs)
         self._thread = threading.Thread(target=self._run, name="accuracy-dump-writer", daemon=True)
         self._thread.start()
@@ -278,7 +278,8 @@ class DumpWriter:
         self._attrs: dict[str, Any] = {}  # what the root attributes read back as
         self._set_attrs(f, {"format": schema.FORMAT_NAME,
                             "schema_version": schema.SCHEMA_VERSION, "complete": False})
-        self._set_attrs(f, {k: _attr_value(v) for k, v in attrs.items()})
+        self._set_attrs(f, {k: _attr_value(v) for k, v in attrs.items()
+                            if k != "schema_version"})  # this writer's layout: the newest
         self._space = BlobSpace(f, schema.BLOB, _BLOB_CHUNK if attrs.get("mode") == "tensor"
                                 else _TEXT_BLOB_CHUNK)
         self._blob = self._space.dataset
