@@ -23,7 +23,7 @@ from accuracy.dumpfile.writer import TensorEntry
 _UNBOUNDED = 1 << 62
 
 
-def _version(t: torch.Tensor) -> int:
+def _version_of(t: torch.Tensor) -> int:
     try:
         return t._version
     except RuntimeError:  # inference tensors have no version counter: never placed over
@@ -57,7 +57,7 @@ class StoredStorages:
             ptr = t.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError):
             return
-        version = _version(t)
+        version = _version_of(t)
         if ptr and version >= 0:
             self._holders[entry.row] = (ptr, t.storage_offset(), t.numel(), t.dtype, version)
             entry.holder, entry.elem_offset = entry.row, 0
@@ -71,7 +71,7 @@ class StoredStorages:
         if held is None or t.dtype != held[3] or t.numel() == 0:
             return False
         ptr, base, n, _, version = held
-        if _version(base_tensor) != version:  # the storage was written since it was copied
+        if _version_of(base_tensor) != version:  # the storage was written since it was copied
             return False
         try:
             if t.untyped_storage().data_ptr() != ptr:
