@@ -35,6 +35,7 @@ from accuracy.dumpfile.writer import DumpWriteError, DumpWriter, OpEntry, Tensor
 log = logging.getLogger(__name__)
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+_CLONE = "aten.clone.default"
 _STRIDED = torch.strided
 
 
@@ -118,7 +119,9 @@ class TensorUse:
     same_bytes: bool = False
     link: Any = None
     view_of: TensorEntry | None = None
-    view_base: Any = None  # the tensor `view_of` describes
+    copy_of: TensorEntry | None = None  # a `clone`'s input entry: the same values
+    view_base: Any = None  # the tensor `view_of` or `copy_of` describes
+    view_call: Any = None  # the view op's (func, args, kwargs)
 
 
 PLAIN = TensorUse()
@@ -342,12 +345,16 @@ class Recorder:
             out_op = coll is None and _is_out(plan) and not torch.is_inference_mode_enabled()
             unfilled = use(skip=True, fresh=mutable)
             # a view op's outputs may be placed over the bytes stored for its input
-            view_of = entries[0] if (plan.view and not mutable and entries
-                                     and self.tensor_mode) else None
-            if same is not None or view_of is not None:
+            # and a clone's output reads its input's (the same values)
+            placed = entries and self.tensor_mode and not mutable and len(outputs) == 1
+            view_of = entries[0] if placed and plan.view else None
+            copy_of = entries[0] if placed and plan.name == _CLONE else None
+            if same is not None or view_of is not None or copy_of is not None:
                 data = TensorUse(skip=plan.uninitialised, fresh=mutable, same_as=same,
-                                 same_bytes=plan.same_bytes, view_of=view_of,
-                                 view_base=call.inputs[0] if view_of is not None else None)
+                                 same_bytes=plan.same_bytes, view_of=view_of, copy_of=copy_of,
+                                 view_base=call.inputs[0] if placed else None,
+                                 view_call=(call.func, call.args, call.kwargs)
+                                 if view_of is not None else None)
             else:
                 data = use(skip=plan.uninitialised, fresh=mutable)
             with torch._C._DisableTorchDispatch():
@@ -436,18 +443,25 @@ class Recorder:
             if (self.tensor_mode and how.same_bytes and same_as.first >= 0
                     and t.is_contiguous() and _contiguous(same_as)):
                 entry.first = same_as.first
-                if same_as.holder >= 0:  # the same elements at the same places
-                    entry.holder, entry.elem_offset = same_as.holder, same_as.elem_offset
+                if same_as.holder >= 0:  # where those values lie, for later views of it
+                    self.storages.reshaped(entry, same_as)
                 self.seen.put(t, state(entry))
                 return entry
+        elif how.copy_of is not None and how.copy_of.stats is not None \
+                and entry.dtype == how.copy_of.dtype:
+            entry.stats = how.copy_of.stats  # a clone: its input's values
         elif self._deferred is not None and self._deferred.wants(flat := flat_view(t)):
             entry.stats = self._deferred.submit(flat)
         else:  # a tensor dump's bytes carry a content hash: no bit-pattern sum beside it
             stats = tensor_stats(t, sums=not self.tensor_mode)
             entry.stats = self._window.figures(stats) if StatsWindow.wants(stats) else stats
         if self.tensor_mode:
-            if how.view_of is None or not self.storages.place(t, entry, how.view_of,
-                                                              how.view_base):
+            storages = self.storages
+            if not ((how.view_of is not None
+                     and storages.place(t, entry, how.view_of, how.view_base,
+                                        how.view_call and (*how.view_call, idx)))
+                    or (how.copy_of is not None
+                        and storages.copy_of(t, entry, how.copy_of, how.view_base))):
                 src = self.storages.extent(t)  # storage order: a plain copy, views placed
                 entry.strided = src is not None
                 src = t if src is None else src

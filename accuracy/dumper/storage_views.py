@@ -13,6 +13,7 @@ makes them, a layout the bytes do not cover) is copied as before.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -21,6 +22,15 @@ from accuracy.dumpfile.layout import problem as layout_problem
 from accuracy.dumpfile.writer import TensorEntry
 
 _UNBOUNDED = 1 << 62
+# view ops whose arguments name absolute places in memory: never replayed over another layout
+_ABSOLUTE = re.compile(r"as_strided|_reshape_alias|set_|from_blob")
+
+
+def over(src: TensorEntry, n: int) -> torch.Tensor:
+    """A meta tensor with `src`'s shape laid out as its values lie in the `n` stored
+    elements: a view op applied to it lays its output out the same way."""
+    g = torch.empty(n, device="meta")
+    return g.as_strided(src.shape, src.layout or src.stride, src.elem_offset)
 
 
 def _version_of(t: torch.Tensor) -> int:
@@ -63,16 +73,22 @@ class StoredStorages:
             entry.holder, entry.elem_offset = entry.row, 0
 
     def place(self, t: torch.Tensor, entry: TensorEntry, src: TensorEntry,
-              base_tensor: torch.Tensor) -> bool:
+              base_tensor: torch.Tensor, view: tuple[Any, tuple, dict, int] | None = None
+              ) -> bool:
         """Make `entry` (a view op's output `t`) a strided row over the bytes stored for its
         input `src` (the tensor `base_tensor`), when they are the copy of the storage's
-        current version and hold all of `t`'s elements; False: copy it."""
+        current version and hold all of `t`'s elements; False: copy it. `view`: the op
+        (func, args, kwargs, output index), replayed on the meta device over `src`'s layout
+        when `src`'s values are not where its own memory is (a clone read from its input's
+        bytes): torch's own view rules then give the output's layout in the stored bytes."""
         held = self._holders.get(src.holder)
         if held is None or t.dtype != held[3] or t.numel() == 0:
             return False
         ptr, base, n, _, version = held
         if _version_of(base_tensor) != version:  # the storage was written since it was copied
             return False
+        if src.layout not in ((), src.stride):
+            return view is not None and self._replayed(t, entry, src, base_tensor, view, n)
         try:
             if t.untyped_storage().data_ptr() != ptr:
                 return False
@@ -82,10 +98,70 @@ class StoredStorages:
         # inside the input's own elements (as recorded) and the stored copy, no two
         # elements in the same bytes (the reader refuses such a row)
         lo_in = base + src.elem_offset
-        if not (_inside(start - lo_in, shape, stride, src.shape, src.stride)
+        if not (_inside(start - lo_in, shape, stride, src.shape, src.layout or src.stride)
                 and start >= base and not layout_problem(shape, stride, 1, start - base, n)):
             return False
         entry.holder, entry.elem_offset, entry.strided = src.holder, start - base, True
+        entry.layout = stride
+        entry.first = entry.row
+        entry.nbytes = t.numel() * t.element_size()
+        return True
+
+    def _replayed(self, t: torch.Tensor, entry: TensorEntry, src: TensorEntry,
+                  base_tensor: torch.Tensor, view: tuple[Any, tuple, dict, int], n: int
+                  ) -> bool:
+        func, args, kwargs, idx = view
+        if not args or args[0] is not base_tensor or _ABSOLUTE.search(str(func)):
+            return False
+        try:
+            with torch._C._DisableTorchDispatch():
+                g = over(src, n)
+                out = func(g, *args[1:], **kwargs)
+        except Exception:  # noqa: BLE001 - an op the meta device lacks: copy instead
+            return False
+        if isinstance(out, list | tuple):
+            out = out[idx] if idx < len(out) else None
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(t.shape):
+            return False
+        stride, start = tuple(out.stride()), out.storage_offset()
+        if layout_problem(tuple(out.shape), stride, 1, start, n):
+            return False
+        entry.holder, entry.elem_offset, entry.strided = src.holder, start, True
+        entry.layout = stride
+        entry.first = entry.row
+        entry.nbytes = t.numel() * t.element_size()
+        return True
+
+    def reshaped(self, entry: TensorEntry, src: TensorEntry) -> None:
+        """Give `entry` (a reshape of `src`'s values: its link) where those values lie in the
+        stored bytes, when torch's view rules can say it (else none: later views copy)."""
+        held = self._holders.get(src.holder)
+        if held is None:
+            return
+        if src.layout in ((), src.stride):  # row-major in place: the same elements, in order
+            entry.holder, entry.elem_offset, entry.layout = (src.holder, src.elem_offset,
+                                                             entry.stride)
+            return
+        try:
+            with torch._C._DisableTorchDispatch():
+                out = over(src, held[2]).view(entry.shape)
+        except RuntimeError:  # not a view of that layout
+            return
+        entry.holder, entry.elem_offset = src.holder, out.storage_offset()
+        entry.layout = tuple(out.stride())
+
+    def copy_of(self, t: torch.Tensor, entry: TensorEntry, src: TensorEntry,
+                base_tensor: torch.Tensor) -> bool:
+        """Make `entry` (a `clone` of `src`, the tensor `base_tensor`: `.contiguous()` of a
+        transposed view, say) a strided row reading `src`'s elements where they are stored:
+        the same values, no copy. Its recorded strides stay its own (replay rebuilds it so);
+        the row reads through `src`'s layout. False: copy it."""
+        held = self._holders.get(src.holder)
+        if held is None or t.dtype != held[3] or t.numel() == 0 \
+                or tuple(t.shape) != tuple(src.shape) or _version_of(base_tensor) != held[4]:
+            return False
+        entry.holder, entry.elem_offset, entry.strided = src.holder, src.elem_offset, True
+        entry.layout = src.layout or src.stride
         entry.first = entry.row
         entry.nbytes = t.numel() * t.element_size()
         return True
@@ -106,7 +182,8 @@ def state(entry: TensorEntry) -> tuple[Any, ...]:
     """What the recorder remembers of a stored state: its row and statistics, and where its
     bytes lie when known (a later view of it can be placed there)."""
     if entry.holder >= 0:
-        return (entry.first, entry.stats, entry.holder, entry.elem_offset)
+        return (entry.first, entry.stats, entry.holder, entry.elem_offset,
+                entry.layout or entry.stride)
     return (entry.first, entry.stats)
 
 
@@ -114,4 +191,4 @@ def restore(entry: TensorEntry, seen: tuple[Any, ...]) -> None:
     """Fill `entry` from a remembered state (`state`)."""
     entry.first, entry.stats = seen[0], seen[1]
     if len(seen) > 2:
-        entry.holder, entry.elem_offset = seen[2], seen[3]
+        entry.holder, entry.elem_offset, entry.layout = seen[2], seen[3], seen[4]

@@ -32,8 +32,7 @@ def tensor_records(dump: TensorSource, t: np.ndarray, op_names: dict[int, str],
     stats_cols = {k: t[k].tolist() for k in schema.STAT_FIELDS if k != "checksum" or sums}
     hashes = (t["hash"].tolist() if "hash" in (t.dtype.names or ())
               else [NO_HASH] * len(t))
-    strided = (t["strided"].tolist() if "strided" in (t.dtype.names or ())
-               else [0] * len(t))  # schema 6
+    layouts = _layouts(t, ndims, shapes)
     out = []
     for i, (seq, io, idx, off, nb, first) in enumerate(
         zip(t["seq"].tolist(), t["io"].tolist(), t["idx"].tolist(), t["offset"].tolist(),
@@ -46,8 +45,31 @@ def tensor_records(dump: TensorSource, t: np.ndarray, op_names: dict[int, str],
             offset=off if ndims[i] >= 0 else -1,
             nbytes=nb, first=first, stats={k: v[i] for k, v in stats_cols.items()},
             content_hash=hashes[i] if ndims[i] >= 0 else NO_HASH,
-            strided=strided[i] == 1 and ndims[i] >= 0,
+            layout=layouts[i],
         ))
+    return out
+
+
+def _layouts(t: np.ndarray, ndims: list[int], shapes: list[list[int]]
+             ) -> list[tuple[tuple[int, ...], tuple[int, ...]] | None]:
+    """Schema 6: each row's (shape, strides) to read its elements through, or None (row-major).
+    A strided link reads its first row's elements (checked on open: an earlier strided row
+    with the same bytes), in that row's shape."""
+    if "strided" not in (t.dtype.names or ()):
+        return [None] * len(t)
+    out: list[tuple[tuple[int, ...], tuple[int, ...]] | None] = [None] * len(t)
+    rows = np.flatnonzero(t["strided"] == 1).tolist()
+    if not rows:
+        return out
+    firsts, lay = t["first"].tolist(), t["layout"].tolist()
+    for i in rows:
+        if ndims[i] < 0:
+            continue
+        f = firsts[i]
+        if f == i:
+            out[i] = (tuple(shapes[i][:ndims[i]]), tuple(lay[i][:ndims[i]]))
+        else:
+            out[i] = out[f]
     return out
 
 
@@ -65,14 +87,14 @@ def resolve_in_source(rows: list[TensorRecord], src: Any) -> str:
         s = there.get((t.seq, t.io, t.idx))
         if s is None or not s.has_data or s.dump is not src or s.op != t.op \
                 or s.dtype != t.dtype or s.nbytes != t.nbytes \
-                or (s.strided and s.shape != t.shape) or s.content_hash != t.content_hash:
+                or s.content_hash != t.content_hash:
             wrong += 1
             continue
         rows[i] = TensorRecord(
             dump=src, row=t.row, op=t.op, seq=t.seq, io=t.io, idx=t.idx, dtype=t.dtype,
-            shape=t.shape, stride=s.stride if s.strided else t.stride, device=t.device,
-            offset=s.offset, nbytes=s.nbytes, first=t.row, stats=t.stats,
-            content_hash=t.content_hash, strided=s.strided)
+            shape=t.shape, stride=t.stride, device=t.device, offset=s.offset,
+            nbytes=s.nbytes, first=t.row, stats=t.stats, content_hash=t.content_hash,
+            layout=s.layout)
     if wrong:
         return (f"{wrong} of the {len(held)} rows held by the replayed dump {src.path} do not "
                 "match it (another dump of that name?)")

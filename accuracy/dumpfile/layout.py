@@ -96,17 +96,6 @@ def gather_window(raw: np.ndarray, shape: Sequence[int], stride: Sequence[int],
     return np.ascontiguousarray(view.flat[start:stop]).view(np.uint8)
 
 
-def link_strides(layout: tuple[tuple[int, ...], tuple[int, ...]], shape: tuple[int, ...]
-                  ) -> tuple[int, ...] | None:
-    """Strides through which a link to a strided row reads its bytes: the row's own for the
-    same shape; row-major ones for a reshape of a row-major view; None: not expressible."""
-    if tuple(shape) == tuple(layout[0]):
-        return tuple(layout[1])
-    if row_major(*layout):
-        return row_major_strides(shape)
-    return None
-
-
 def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     out, step = [], 1
     for n in reversed(shape):

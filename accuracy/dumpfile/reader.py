@@ -230,8 +230,9 @@ class Dump:
         if t.dump is not self:  # a replay's row held by the replayed dump
             return t.dump.read_tensor(t)
         dtype = self._dtype_with_data(t)
-        if t.byte_layout is not None:  # a view of stored bytes: its elements gathered
-            raw = self._bytes.elements(t.offset, t.shape, t.stride, dtype.itemsize, t.address)
+        lay = t.byte_layout
+        if lay is not None:  # a storage's bytes read through a layout: its elements gathered
+            raw = self._bytes.elements(t.offset, *lay, dtype.itemsize, t.address)
         else:
             raw = self.read_bytes(t.offset, t.nbytes, t.address)
         self.check_bytes(t, raw)
@@ -391,7 +392,7 @@ class Dump:
 def _stored_bytes(rows: list[TensorRecord]) -> int:
     """Bytes of the data these rows read, each byte once (a view's lie in another's)."""
     spans = sorted((t.offset, t.offset + (t.nbytes if t.byte_layout is None else layout.span(
-        t.shape, t.stride, t.nbytes // max(t.numel, 1)))) for t in rows if t.nbytes)
+        *t.byte_layout, t.nbytes // max(t.numel, 1)))) for t in rows if t.nbytes)
     total, reach = 0, 0
     for a, b in spans:
         if b > reach:

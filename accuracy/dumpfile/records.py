@@ -54,9 +54,9 @@ class TensorRecord:
     first: int
     stats: dict[str, float]
     content_hash: int = NO_HASH  # XXH3-64 of the elements in order (schema 3), else NO_HASH
-    # schema 6: the bytes are another row's, read through `stride` from `offset` (a view of
-    # a stored storage version, docs/dump-format.md); False: row-major at [offset, +nbytes)
-    strided: bool = False
+    # schema 6: (shape, strides) the elements are read through from `offset` (each storage
+    # version stored once, docs/dump-format.md); None: row-major at [offset, offset + nbytes)
+    layout: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     @property
     def address(self) -> str:
@@ -76,10 +76,16 @@ class TensorRecord:
         return math.prod(self.shape) if self.shape else 1  # plain ints: 10x cheaper than np.prod
 
     @property
+    def strided(self) -> bool:
+        """Whether the row reads its elements through a layout (schema 6)."""
+        return self.layout is not None
+
+    @property
     def byte_layout(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """(shape, strides) through which the stored bytes are read, or None: row-major."""
-        if self.strided and not layout.row_major(self.shape, self.stride):
-            return (self.shape, self.stride)
+        """(shape, strides) through which the stored bytes are read (its elements in that
+        shape's row-major order are the tensor's), or None: row-major bytes."""
+        if self.layout is not None and not layout.row_major(*self.layout):
+            return self.layout
         return None
 
     @property

@@ -112,14 +112,17 @@ TENSOR_ROW = np.dtype(
         ("inf_count", np.int64),
         ("checksum", np.int64),
         ("hash", np.uint64),  # XXH3-64 of the elements in row-major order (schema 3); 0: none
-        # schema 6: 1 when the bytes are read through `stride` (element i_0..i_k at offset +
-        # itemsize * sum(i_j * stride_j)): a view of bytes another row stored; 0 row-major
+        # schema 6: 1 when the elements are read through `layout` (element i_0..i_k at
+        # offset + itemsize * sum(i_j * layout_j)): each storage version's bytes stored once,
+        # a view (or a copy of one) reading them; a link row (first != row) with 1 reads its
+        # first row's elements. 0: row-major at [offset, offset + nbytes)
         ("strided", np.int8),
+        ("layout", np.int64, (MAX_DIMS,)),  # element strides in the blob (strided rows)
     ]
 )
 # The tensor row of schema 3-5 files (every row row-major): still readable.
 TENSOR_ROW_V5 = np.dtype([(n, TENSOR_ROW.fields[n][0]) for n in TENSOR_ROW.names
-                          if n != "strided"])
+                          if n not in ("strided", "layout")])
 # The tensor row of schema 1-2 files (no content hash): still readable, checked by the sum.
 TENSOR_ROW_V2 = np.dtype([(n, TENSOR_ROW.fields[n][0]) for n in TENSOR_ROW_V5.names
                           if n != "hash"])

@@ -78,6 +78,7 @@ class TensorEntry:
     holder: int = -1
     elem_offset: int = 0
     strided: bool = False
+    layout: tuple[int, ...] = ()  # strided: element strides in the stored bytes (else `stride`)
 
 
 @dataclass
@@ -304,7 +305,7 @@ class DumpWriter:
         self._blob_len = 0
         self._offsets: dict[int, tuple[int, int]] = {}
         self._hashes: dict[int, int] = {}  # row -> content hash of the bytes it points at
-        self._layouts: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # strided rows
+        self._layouts: dict[int, tuple[int, ...]] = {}  # strided rows: layout (links: ())
         self._op_rows: list[tuple[Any, ...]] = []
         self._op_texts: list[bytes] = []  # each op's text, stored in the blob at the flush
         self._text_bytes = 0  # their size: blob room kept for them (see _append_bytes)
@@ -454,9 +455,8 @@ class DumpWriter:
                 off = self._append_bytes(arr)
                 self._offsets[t.row] = (off, arr.size)
                 if t.strided:  # a storage range in storage order: hashed in element order
-                    size = dtypes.itemsize(t.dtype)
-                    self._layouts[t.row] = (t.shape, t.stride)
-                    arr = layout_of.gather(arr, t.shape, t.stride, size)
+                    lay = self._layouts[t.row] = t.layout or t.stride
+                    arr = layout_of.gather(arr, t.shape, lay, dtypes.itemsize(t.dtype))
                 self._hashes[t.row] = content_hash(arr)  # the one place stored bytes are hashed
                 self.bytes_written += arr.size
                 offset, nbytes, first = off, arr.size, t.row
@@ -471,13 +471,8 @@ class DumpWriter:
                 first = t.first
                 self._hashes[t.row] = self._hashes[t.first]
                 self.bytes_linked += nbytes
-                lay = self._layouts.get(first)
-                if lay is not None:  # the same view again: read through its strides
-                    t.stride = layout_of.link_strides(lay, t.shape)
-                    if t.stride is None:
-                        offset, nbytes, first, t.stride = -1, 0, -1, ()
-                    else:
-                        self._layouts[t.row] = (t.shape, t.stride)
+                if first in self._layouts:  # reads its first row's elements, as that row does
+                    self._layouts[t.row] = ()
             else:
                 offset, nbytes, first = -1, 0, -1
             ndim = len(t.shape)
@@ -486,21 +481,23 @@ class DumpWriter:
             else:
                 shape = t.shape + _NO_DIMS[ndim:]
                 stride = t.stride + _NO_DIMS[len(t.stride):]
+            lay = self._layouts.get(t.row) if offset >= 0 else None
             self._tensor_rows.append(
                 (t.seq, t.io, t.idx, t.dtype, ndim, shape, stride, t.device, offset, nbytes,
                  first, *_stats_values(t.stats), self._hashes.get(t.row, NO_HASH),
-                 int(t.row in self._layouts and offset >= 0))
+                 int(lay is not None and ndim >= 0),
+                 lay + _NO_DIMS[len(lay):] if lay and ndim >= 0 else _NO_DIMS)
             )
 
     def _write_view(self, t: TensorEntry) -> tuple[int, int, int]:
         """A strided row over the bytes stored for `t.holder`: its elements read back (from
         the page cache) and hashed in row-major order, as a copy of them would hash."""
-        size = dtypes.itemsize(t.dtype)
+        size, lay = dtypes.itemsize(t.dtype), t.layout or t.stride
         offset = self._offsets[t.holder][0] + t.elem_offset * size
-        need = layout_of.span(t.shape, t.stride, size)
-        elements = layout_of.gather(self._space.read(offset, need), t.shape, t.stride, size)
+        need = layout_of.span(t.shape, lay, size)
+        elements = layout_of.gather(self._space.read(offset, need), t.shape, lay, size)
         self._offsets[t.row] = (offset, t.nbytes)
-        self._layouts[t.row] = (t.shape, t.stride)
+        self._layouts[t.row] = lay
         self._hashes[t.row] = content_hash(elements)
         self.bytes_linked += t.nbytes
         return offset, t.nbytes, t.row

@@ -30,6 +30,7 @@ def _step(w: torch.Tensor, x: torch.Tensor) -> dict[str, torch.Tensor]:
     out["row"] = w[1]  # a contiguous part of it
     out["col"] = w[:, 2]  # a strided part
     out["perm"] = out["mm"].unsqueeze(0).permute(2, 0, 1)
+    out["flat"] = (w.t().contiguous().view(-1) * 1.5)  # a clone of a view, reshaped
     w.add_(1.0)  # a new version of w's storage: its views read the new values
     out["after"] = w.t() * 2
     out["after_col"] = w[:, 1].sum()
@@ -57,16 +58,23 @@ def test_views_read_back_their_values_from_the_storage_stored_once(views_dump):
     with load_dump(path) as d:
         assert d.schema_version == schema.SCHEMA_VERSION == 6
         ts = _outputs(d, "aten.t.default")
-        assert len(ts) == 2 and all(t.strided for t in ts)
-        assert torch.equal(ts[0].load(), w0.t()) and torch.equal(ts[1].load(), w1.t())
+        assert len(ts) == 3 and all(t.strided for t in ts)
+        assert [torch.equal(t.load(), v) for t, v in zip(ts, (w0.t(), w0.t(), w1.t()),
+                                                         strict=True)] == [True] * 3
         sel = _outputs(d, "aten.select.int")
         assert [torch.equal(t.load(), v) for t, v in zip(sel, (w0[1], w0[:, 2], w1[:, 1]),
                                                          strict=True)] == [True] * 3
         perm = _outputs(d, "aten.permute.default")[0]
         assert perm.strided and torch.equal(perm.load(), (x @ w0.t()).unsqueeze(0)
                                             .permute(2, 0, 1))
+        mm = next(r for r in d.records if r.op == "aten.mm.default")
+        assert mm.inputs[1].is_link and torch.equal(mm.inputs[1].load(), w0.t())
+        clone = _outputs(d, "aten.clone.default")[0]  # .contiguous(): its input's values
+        assert clone.strided and clone.stride == (6, 1) and torch.equal(clone.load(), w0.t())
+        flat = next(r for r in d.records if r.op == "aten.view.default").outputs[0]
+        assert flat.is_link and flat.strided and torch.equal(flat.load(), w0.t().reshape(-1))
         # each view's content hash is the hash of its elements in order, as a copy's was
-        for t in ts + sel + [perm]:
+        for t in ts + sel + [perm, clone, flat]:
             v = t.load().contiguous()
             assert t.content_hash == content_hash(v.reshape(-1).view(torch.uint8).numpy())
         # no view holds bytes of its own: each lies in its input's
@@ -75,7 +83,8 @@ def test_views_read_back_their_values_from_the_storage_stored_once(views_dump):
                 src, out = r.inputs[0], r.outputs[0]
                 assert src.offset <= out.offset < src.offset + src.nbytes, r.seq
         copies = sum(t.nbytes for t in d.tensors if t.has_data and not t.is_link)
-        assert d.summary()["bytes_written"] == copies - sum(t.nbytes for t in ts + sel + [perm])
+        assert d.summary()["bytes_written"] == copies - sum(
+            t.nbytes for t in ts + sel + [perm, clone])
         assert d.verify() == []
 
 
@@ -98,19 +107,17 @@ def test_a_dump_of_the_old_layout_still_reads(views_dump, tmp_path):
     old = tmp_path / "old.h5"
     shutil.copyfile(path, old)
     with load_dump(path) as d:
-        values = {t.row: (t.address, t.load()) for t in d.tensors if t.has_data}
+        values = {t.row: t.load() for t in d.tensors if t.has_data}
+        gathered = [t.row for t in d.tensors if t.has_data and t.byte_layout is not None]
     with h5py.File(old, "r+") as f:
         rows = f[schema.TENSORS][:]
         n_ops, n_tensors, complete, blob_len = (int(v) for v in f["_status"][:])
         extra = []
-        for i, r in enumerate(rows):
-            shape = tuple(int(n) for n in r["shape"][:max(r["ndim"], 0)])
-            stride = tuple(int(s) for s in r["stride"][:max(r["ndim"], 0)])
-            if r["offset"] >= 0 and r["strided"] and not layout.row_major(shape, stride):
-                raw = values[i][1].contiguous().reshape(-1).view(torch.uint8).numpy()
-                rows[i]["offset"] = blob_len + sum(len(e) for e in extra)
-                rows[i]["first"] = i
-                extra.append(raw)
+        for i in gathered:
+            raw = values[i].contiguous().reshape(-1).view(torch.uint8).numpy()
+            rows[i]["offset"] = blob_len + sum(len(e) for e in extra)
+            rows[i]["first"] = i
+            extra.append(raw)
         new = np.concatenate(extra)
         f[schema.BLOB].resize((blob_len + len(new),))
         f[schema.BLOB][blob_len:] = new
@@ -127,7 +134,7 @@ def test_a_dump_of_the_old_layout_still_reads(views_dump, tmp_path):
         assert d.verify() == []
         for t in d.tensors:
             if t.has_data:
-                assert torch.equal(t.load(), values[t.row][1]), t.address
+                assert torch.equal(t.load(), values[t.row]), t.address
 
 
 def _crafted(good, dst, row_of, edit) -> None:
@@ -141,14 +148,14 @@ def _crafted(good, dst, row_of, edit) -> None:
 
 def _strided_2d(rows) -> int:
     return int(next(i for i, r in enumerate(rows) if r["strided"] and r["ndim"] == 2
-                    and r["shape"][0] > 1 and r["shape"][1] > 1))
+                    and r["first"] == i and r["shape"][0] > 1 and r["shape"][1] > 1))
 
 
 def _set(**cols):
     def edit(r):
         for k, v in cols.items():
             if k in ("stride0", "stride1"):
-                r["stride"][int(k[-1])] = v
+                r["layout"][int(k[-1])] = v
             else:
                 r[k] = v
     return edit
@@ -174,6 +181,24 @@ def test_crafted_strides_and_offsets_are_refused_in_one_line(views_dump, tmp_pat
     assert main(["info", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "error:" in err[0] and why in err[0]
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda rows, i: rows[i].__setitem__("first", i + 1), "strided link to no earlier row"),
+    (lambda rows, i: rows[i].__setitem__("offset", rows[i]["offset"] + 4), "of other bytes"),
+])
+def test_a_crafted_strided_link_is_refused(views_dump, tmp_path, edit, why):
+    path, _, _ = views_dump
+    bad = tmp_path / "bad.h5"
+    shutil.copyfile(path, bad)
+    with h5py.File(bad, "r+") as f:
+        rows = f[schema.TENSORS][:]
+        i = int(next(j for j, r in enumerate(rows) if r["strided"] and r["first"] != j))
+        edit(rows, i)
+        f[schema.TENSORS][:] = rows
+        reseal(f)
+    with pytest.raises(DumpError, match=why):
+        load_dump(bad)
 
 
 def test_strides_are_applied_only_within_the_bytes_read():
