@@ -7,6 +7,7 @@ import os
 import h5py
 import numpy as np
 
+from accuracy.dumpfile.reserve import punch_hole
 from accuracy.errors import AccuracyError, RaisedForTheUser
 
 
@@ -53,6 +54,15 @@ class BlobSpace:
         if os.fstat(self.fd).st_size < end:
             os.ftruncate(self.fd, end)
         self.capacity = size
+
+    def release_unused(self, size: int) -> None:
+        """Give back the disk blocks of whole chunks past the first `size` bytes, allocated
+        ahead (the blob grows by up to 64 MiB at a time) and never written: a closed dump
+        holds its data, not its last growth. Done before `shrink`, while the chunks are
+        still the blob's and nothing else can have been written there."""
+        chunk, addr = self.chunk, self._addr
+        for c in range(-(-size // chunk), len(addr)):
+            punch_hole(self.fd, addr[c], chunk)
 
     def shrink(self, size: int) -> None:
         self.dataset.resize((size,))

@@ -559,6 +559,7 @@ class DumpWriter:
         self._hold(_CLOSE_ROOM)
         f = self._file
         if self._blob_len < self._space.capacity:
+            self._space.release_unused(self._blob_len)
             self._space.shrink(self._blob_len)
         ok = bool(complete and self.error is None)
         self._set_attrs(f, {**{k: _attr_value(v) for k, v in attrs.items()},
