@@ -346,9 +346,10 @@ class Recorder:
             unfilled = use(skip=True, fresh=mutable)
             # a view op's outputs may be placed over the bytes stored for its input
             # and a clone's output reads its input's (the same values)
-            placed = entries and self.tensor_mode and not mutable and len(outputs) == 1
+            placed = entries and self.tensor_mode and not mutable
             view_of = entries[0] if placed and plan.view else None
-            copy_of = entries[0] if placed and plan.name == _CLONE else None
+            copy_of = entries[0] if placed and plan.name == _CLONE and len(outputs) == 1 \
+                else None
             if same is not None or view_of is not None or copy_of is not None:
                 data = TensorUse(skip=plan.uninitialised, fresh=mutable, same_as=same,
                                  same_bytes=plan.same_bytes, view_of=view_of, copy_of=copy_of,

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from accuracy.dumpfile.layout import problem as layout_problem
+from accuracy.dumpfile.layout import row_major
 from accuracy.dumpfile.writer import TensorEntry
 
 _UNBOUNDED = 1 << 62
@@ -86,6 +87,8 @@ class StoredStorages:
             return False
         ptr, base, n, _, version = held
         if _version_of(base_tensor) != version:  # the storage was written since it was copied
+            return False
+        if len(src.layout or src.stride) != len(src.shape):
             return False
         if src.layout not in ((), src.stride):
             return view is not None and self._replayed(t, entry, src, base_tensor, view, n)
@@ -183,7 +186,7 @@ def state(entry: TensorEntry) -> tuple[Any, ...]:
     bytes lie when known (a later view of it can be placed there)."""
     if entry.holder >= 0:
         return (entry.first, entry.stats, entry.holder, entry.elem_offset,
-                entry.layout or entry.stride)
+                entry.layout or entry.stride, entry.shape)
     return (entry.first, entry.stats)
 
 
@@ -191,4 +194,9 @@ def restore(entry: TensorEntry, seen: tuple[Any, ...]) -> None:
     """Fill `entry` from a remembered state (`state`)."""
     entry.first, entry.stats = seen[0], seen[1]
     if len(seen) > 2:
-        entry.holder, entry.elem_offset, entry.layout = seen[2], seen[3], seen[4]
+        holder, offset, lay, shape = seen[2:]
+        if tuple(shape) != tuple(entry.shape):  # another view of the same elements (an alias)
+            if not (row_major(shape, lay) and row_major(entry.shape, entry.stride)):
+                return  # where its values lie is not known in its own shape
+            lay = entry.stride
+        entry.holder, entry.elem_offset, entry.layout = holder, offset, lay
