@@ -211,3 +211,18 @@ def test_strides_are_applied_only_within_the_bytes_read():
     assert layout.problem((3, 4), (1, 3), 1, 0, 12) == ""
     assert layout.problem((3, 4), (1, 3), 1, 1, 12) != ""
     assert layout.problem((4, 3), (0, 1), 1, 0, 12) != ""
+
+
+def test_each_output_of_a_multi_output_view_is_placed(tmp_path):
+    x = torch.randn(4, 6)
+    with dumper(dump_path=tmp_path / "u.h5", mode="tensor"):
+        parts = x.t().unbind(0)
+        halves = x.split(2)
+        torch.stack([p * 1 for p in parts]).sum()
+    with load_dump(tmp_path / "u.h5") as d:
+        unbound = _outputs(d, "aten.unbind.int")
+        assert len(unbound) == 6 and all(t.strided for t in unbound)
+        assert all(torch.equal(t.load(), p) for t, p in zip(unbound, parts, strict=True))
+        split = _outputs(d, "aten.split.Tensor")
+        assert all(t.strided for t in split)
+        assert all(torch.equal(t.load(), h) for t, h in zip(split, halves, strict=True))
