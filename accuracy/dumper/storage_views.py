@@ -118,13 +118,20 @@ class StoredStorages:
             return False
         try:
             with torch._C._DisableTorchDispatch():
-                g = over(src, n)
-                out = func(g, *args[1:], **kwargs)
+                if t.untyped_storage().data_ptr() != base_tensor.untyped_storage().data_ptr():
+                    return False  # not a view of its input's memory (a device's fresh data)
+                size = base_tensor.untyped_storage().nbytes() // base_tensor.element_size()
+                mine = torch.empty(size, device="meta").as_strided(
+                    base_tensor.shape, base_tensor.stride(), base_tensor.storage_offset())
+                real = _pick(func(mine, *args[1:], **kwargs), idx)
+                # the op did what torch's view rules say: its output is that view of its input
+                if real is None or (tuple(real.shape), real.stride(), real.storage_offset()) \
+                        != (tuple(t.shape), t.stride(), t.storage_offset()):
+                    return False
+                out = _pick(func(over(src, n), *args[1:], **kwargs), idx)
         except Exception:  # noqa: BLE001 - an op the meta device lacks: copy instead
             return False
-        if isinstance(out, list | tuple):
-            out = out[idx] if idx < len(out) else None
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(t.shape):
+        if out is None or tuple(out.shape) != tuple(t.shape):
             return False
         stride, start = tuple(out.stride()), out.storage_offset()
         if layout_problem(tuple(out.shape), stride, 1, start, n):
@@ -156,12 +163,14 @@ class StoredStorages:
     def copy_of(self, t: torch.Tensor, entry: TensorEntry, src: TensorEntry,
                 base_tensor: torch.Tensor) -> bool:
         """Make `entry` (a `clone` of `src`, the tensor `base_tensor`: `.contiguous()` of a
-        transposed view, say) a strided row reading `src`'s elements where they are stored:
-        the same values, no copy. Its recorded strides stay its own (replay rebuilds it so);
-        the row reads through `src`'s layout. False: copy it."""
+        transposed view, say) a strided row reading `src`'s elements where they are stored,
+        when it holds their very bits (checked: on CPU only), no copy. Its recorded strides
+        stay its own (replay rebuilds it so); the row reads through `src`'s layout. False:
+        copy it."""
         held = self._holders.get(src.holder)
         if held is None or t.dtype != held[3] or t.numel() == 0 \
-                or tuple(t.shape) != tuple(src.shape) or _version_of(base_tensor) != held[4]:
+                or tuple(t.shape) != tuple(src.shape) or _version_of(base_tensor) != held[4] \
+                or not _same_bits(t, base_tensor):
             return False
         entry.holder, entry.elem_offset, entry.strided = src.holder, src.elem_offset, True
         entry.layout = src.layout or src.stride
@@ -179,6 +188,28 @@ def _inside(off: int, shape: tuple[int, ...], stride: tuple[int, ...],
     reach = off + sum((m - 1) * s for m, s in zip(shape, stride, strict=True))
     in_reach = sum((m - 1) * s for m, s in zip(in_shape, in_stride, strict=True))
     return reach <= in_reach < _UNBOUNDED
+
+
+def _pick(out: Any, idx: int) -> torch.Tensor | None:
+    if isinstance(out, list | tuple):
+        out = out[idx] if idx < len(out) else None
+    return out if isinstance(out, torch.Tensor) else None
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a clone holds its input's very bits (a device under test may compute a clone
+    wrong: then it is stored). CPU only: on an accelerator the answer would sync each op."""
+    bits = _BITS.get(a.element_size())
+    if bits is None or a.device.type != "cpu" or b.device != a.device:
+        return False
+    try:
+        with torch._C._DisableTorchDispatch():
+            return bool(torch.equal(a.view(bits), b.view(bits)))
+    except RuntimeError:
+        return False
 
 
 def state(entry: TensorEntry) -> tuple[Any, ...]:

@@ -304,6 +304,9 @@ class DumpWriter:
         self._file = f
         self._blob_len = 0
         self._offsets: dict[int, tuple[int, int]] = {}
+        # the dumper's row number -> the row's index in the file's table (they part when an
+        # op is dropped whole: `first` names file rows, which a strided link's reader follows)
+        self._file_rows: dict[int, int] = {}
         self._hashes: dict[int, int] = {}  # row -> content hash of the bytes it points at
         self._layouts: dict[int, tuple[int, ...]] = {}  # strided rows: layout (links: ())
         self._op_rows: list[tuple[Any, ...]] = []
@@ -443,6 +446,8 @@ class DumpWriter:
             self._write_tensors(tensors)
         except BaseException:
             del self._tensor_rows[first_row:]  # an op is recorded whole or not at all
+            for t in tensors:
+                self._file_rows.pop(t.row, None)
             raise
         self._op_rows.append((site.seq, site.step, op.n_in, op.n_out, op.epoch))
         self._op_texts.append(text)
@@ -482,6 +487,13 @@ class DumpWriter:
                 shape = t.shape + _NO_DIMS[ndim:]
                 stride = t.stride + _NO_DIMS[len(t.stride):]
             lay = self._layouts.get(t.row) if offset >= 0 else None
+            self._file_rows[t.row] = self._n_tensors + len(self._tensor_rows)
+            if first >= 0:
+                first = self._file_rows.get(first, -1)
+                if first < 0 and lay == ():  # a strided link whose first row was dropped
+                    offset, nbytes, lay = -1, 0, None
+                elif first < 0:  # its first row was dropped with its op: it holds the bytes
+                    first = self._file_rows[t.row]
             self._tensor_rows.append(
                 (t.seq, t.io, t.idx, t.dtype, ndim, shape, stride, t.device, offset, nbytes,
                  first, *_stats_values(t.stats), self._hashes.get(t.row, NO_HASH),

@@ -47,3 +47,16 @@ def test_a_dense_transposed_tensor_is_stored_as_its_storage_range():
     assert rng is not None and rng.is_contiguous() and rng.numel() == x.numel()
     assert StoredStorages.extent(torch.randn(3, 5)) is None  # contiguous: copied as is
     assert StoredStorages.extent(torch.randn(4, 6)[:, ::2]) is None  # gaps: gathered
+
+
+def test_a_clone_is_read_from_its_input_only_when_it_holds_the_same_bits():
+    x = torch.randn(4, 6).t()  # dense, stored as its storage range
+    stored = StoredStorages()
+    src = _entry(0, x)
+    src.strided = True
+    stored.stored(src, x)
+    good = x.clone()
+    assert stored.copy_of(good, _entry(1, good), src, x)
+    wrong = x.clone()
+    wrong[0, 0] += 1.0  # a device under test computed the clone wrong: it is stored
+    assert not stored.copy_of(wrong, _entry(2, wrong), src, x)
