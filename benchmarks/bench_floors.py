@@ -8,9 +8,10 @@ Each floor is work a dump of the bench step cannot avoid, timed on the step with
 - `statistics pass`: the empty mode plus the statistics (`tensor_stats`, the C pass where it
   applies) of every new tensor state, as the recorder takes them (each output, and each input
   state not seen before), with no bookkeeping; a view of an op's input and an `empty*`
-  output are no new state (on the bench step: 310 MB in ~200 tensors, where the tensor dump
-  stores 568 MB: it stores the transposed views of weights and activations (`t`,
-  `transpose`, `squeeze`: 258 MB) again, in their own order);
+  output are no new state (on the bench step: 310 MB in ~200 tensors; the tensor dump stored
+  568 MB until schema 6, the transposed views of weights and activations (`t`, `transpose`,
+  `squeeze`: 258 MB) again in their own order, and stores 326.5 MB since: each storage
+  version once, views read through their strides);
 - `copy once`: the empty mode plus one private contiguous copy of every new tensor state: the
   issue's own yardstick for a tensor dump ("the step slowed by no more than copying its bytes
   once");

@@ -229,7 +229,7 @@ def overwritten_inputs(recs: list[OpRecord]) -> set[int]:
 
 
 def tensor_key(t: TensorRecord) -> tuple:
-    return (t.offset, t.nbytes, t.dtype)
+    return t.bytes_key  # a view read through its strides (schema 6) differs from its bytes
 
 
 def needs_data(s: PairSpec) -> bool:

@@ -25,6 +25,7 @@ from accuracy.dumper.deferred_stats import DeferredStats
 from accuracy.dumper.flatten import tensors_in
 from accuracy.dumper.identity import TensorStates, same_memory
 from accuracy.dumper.stats_window import StatsWindow
+from accuracy.dumper.storage_views import StoredStorages, restore, state
 from accuracy.dumper.uninit import Uninitialised
 from accuracy.dumpfile import schema, staging
 from accuracy.dumpfile.argcodec import encode_call
@@ -35,6 +36,7 @@ from accuracy.native import fastpath
 log = logging.getLogger(__name__)
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+_CLONE = "aten.clone.default"
 _STRIDED = torch.strided
 
 
@@ -106,7 +108,9 @@ class TensorUse:
     same state (`TensorStates.get_alias`). same_as: the input entry of a view-like op whose
     output holds the same elements: its statistics are reused, and with `same_bytes` and
     both tensors contiguous, its stored bytes too. link: the recorded state the tensor holds
-    (a copy taken before a kernel launch of memory another write filled).
+    (a copy taken before a kernel launch of memory another write filled). view_of: the input
+    entry of a view op: an output inside the bytes stored for that input's storage version is
+    a strided row over them (`Placement`), not a copy.
     """
 
     skip: bool = False
@@ -115,6 +119,10 @@ class TensorUse:
     same_as: TensorEntry | None = None
     same_bytes: bool = False
     link: Any = None
+    view_of: TensorEntry | None = None
+    copy_of: TensorEntry | None = None  # a `clone`'s input entry: the same values
+    view_base: Any = None  # the tensor `view_of` or `copy_of` describes
+    view_call: Any = None  # the view op's (func, args, kwargs)
 
 
 PLAIN = TensorUse()
@@ -140,6 +148,7 @@ class Recorder:
         self.sim = sim
         self.strict = strict
         self.seen = TensorStates(track_storage=True)
+        self.storages = StoredStorages()  # where stored copies lie: views placed over them
         # bytes no op has filled yet: never recorded as data (kept by MemoryWatch)
         self.memory = memory if memory is not None else Uninitialised()
         self._uninit_in: list[int] = []
@@ -212,7 +221,7 @@ class Recorder:
                 entries.append(e)
                 if written and e.stats is not None:
                     self.seen.forget_aliases(t)
-                    self.seen.put(t, (e.first, e.stats), memory=True)
+                    self.seen.put(t, state(e), memory=True)
         self.write(call, entries, len(inputs), len(outputs), extra)
 
     # -- observer ----------------------------------------------------------------------------
@@ -248,7 +257,7 @@ class Recorder:
                     e = entry(seq, schema.OUTPUT, i, t, use(skip=not arrived, fresh=True))
                     entries.append(e)
                     if e.stats is not None:
-                        seen.put(t, (e.first, e.stats))
+                        seen.put(t, state(e))
                 n_out = len(call.inputs)
         if call.collective is not None:
             call.extra[schema.EXTRA_COLLECTIVE] = call.collective
@@ -339,9 +348,18 @@ class Recorder:
             seq, entry = call.seq, self.entry
             out_op = coll is None and _is_out(plan) and not torch.is_inference_mode_enabled()
             unfilled = use(skip=True, fresh=mutable)
-            if same is not None:
+            # a view op's outputs may be placed over the bytes stored for its input
+            # and a clone's output reads its input's (the same values)
+            placed = entries and self.tensor_mode and not mutable
+            view_of = entries[0] if placed and plan.view else None
+            copy_of = entries[0] if placed and plan.name == _CLONE and len(outputs) == 1 \
+                else None
+            if same is not None or view_of is not None or copy_of is not None:
                 data = TensorUse(skip=plan.uninitialised, fresh=mutable, same_as=same,
-                                 same_bytes=plan.same_bytes)
+                                 same_bytes=plan.same_bytes, view_of=view_of, copy_of=copy_of,
+                                 view_base=call.inputs[0] if placed else None,
+                                 view_call=(call.func, call.args, call.kwargs)
+                                 if view_of is not None else None)
             else:
                 data = use(skip=plan.uninitialised, fresh=mutable)
             with torch._C._DisableTorchDispatch():
@@ -354,14 +372,14 @@ class Recorder:
                         # buffer next links to this write
                         try:
                             self.seen.forget_aliases(t)
-                            self.seen.put(t, (e.first, e.stats), version=t._version + 1,
+                            self.seen.put(t, state(e), version=t._version + 1,
                                           memory=True)
                         except RuntimeError:  # inference tensors have no version counter
                             pass
                     if coll is not None and e.stats is not None:
                         # no version bump will follow: later uses may share these bytes
                         local = collectives.local_tensor(t)
-                        self.seen.put(t if local is None else local, (e.first, e.stats))
+                        self.seen.put(t if local is None else local, state(e))
 
         extra = call.extra
         if plan.uninitialised:
@@ -421,7 +439,7 @@ class Recorder:
                 if view is not None and view[0] >= 0:
                     self._views.setdefault(seq, {})[f"{'io'[io]}{idx}"] = view[0]
         if seen is not None:
-            entry.first, entry.stats = seen
+            restore(entry, seen)
             return entry
         same_as = how.same_as
         if same_as is not None and same_as.stats is not None and entry.dtype == same_as.dtype \
@@ -430,21 +448,36 @@ class Recorder:
             if (self.tensor_mode and how.same_bytes and same_as.first >= 0
                     and t.is_contiguous() and _contiguous(same_as)):
                 entry.first = same_as.first
-                self.seen.put(t, (entry.first, entry.stats))
+                if same_as.holder >= 0:  # where those values lie, for later views of it
+                    self.storages.reshaped(entry, same_as)
+                self.seen.put(t, state(entry))
                 return entry
+        elif how.copy_of is not None and how.copy_of.stats is not None \
+                and entry.dtype == how.copy_of.dtype:
+            entry.stats = how.copy_of.stats  # a clone: its input's values
         elif self._deferred is not None and self._deferred.wants(flat := flat_view(t)):
             entry.stats = self._deferred.submit(flat)
         else:  # a tensor dump's bytes carry a content hash: no bit-pattern sum beside it
             stats = tensor_stats(t, sums=not self.tensor_mode)
             entry.stats = self._window.figures(stats) if StatsWindow.wants(stats) else stats
         if self.tensor_mode:
-            if dev.type == "cpu":
-                self._window.hold(t.numel() * t.element_size())  # staged behind the window
-                entry.data = self.writer.stage(t) or _host_copy(t)
-            else:
-                entry.data = self._window.copy(t, _host_copy)
-            entry.first = entry.row
-            entry.nbytes = t.numel() * t.element_size()
+            storages = self.storages
+            if not ((how.view_of is not None
+                     and storages.place(t, entry, how.view_of, how.view_base,
+                                        how.view_call and (*how.view_call, idx)))
+                    or (how.copy_of is not None
+                        and storages.copy_of(t, entry, how.copy_of, how.view_base))):
+                src = self.storages.extent(t)  # storage order: a plain copy, views placed
+                entry.strided = src is not None
+                src = t if src is None else src
+                if dev.type == "cpu":
+                    self._window.hold(t.numel() * t.element_size())  # staged behind the window
+                    entry.data = self.writer.stage(src) or _host_copy(src)
+                else:
+                    entry.data = self._window.copy(src, _host_copy)
+                entry.first = entry.row
+                entry.nbytes = t.numel() * t.element_size()
+                self.storages.stored(entry, t)
         if not fresh:
-            self.seen.put(t, (entry.row if self.tensor_mode else -1, entry.stats))
+            self.seen.put(t, state(entry) if self.tensor_mode else (-1, entry.stats))
         return entry

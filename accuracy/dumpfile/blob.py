@@ -12,7 +12,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from accuracy.dumpfile import dtypes
+from accuracy.dumpfile import dtypes, layout
 from accuracy.dumpfile.errors import H5_ERRORS, DamagedDataError, DumpError
 from accuracy.dumpfile.records import TensorRef
 
@@ -43,11 +43,31 @@ class StoredBytes:
             raise DamagedDataError(f"{self.path}: cannot read {what}: damaged data "
                                    f"({type(e).__name__}: {e})") from None
 
+    def span_bytes(self, offset: int, shape: tuple[int, ...], stride: tuple[int, ...],
+                   itemsize: int, what: str) -> np.ndarray:
+        """The stored bytes a strided layout reaches from `offset` (its element 0), read-only:
+        a view of the mapping where it can be, else read."""
+        need = layout.span(shape, stride, itemsize)
+        raw = self.view(offset, need)
+        if raw is None:
+            raw = self.read(offset, need, what)
+        raw.flags.writeable = False
+        return raw
+
+    def elements(self, offset: int, shape: tuple[int, ...], stride: tuple[int, ...],
+                 itemsize: int, what: str) -> np.ndarray:
+        """A strided row's elements in row-major order, as a private uint8 array. The
+        layout was checked on open (validate.py); `layout` checks the span again."""
+        raw = self.span_bytes(offset, shape, stride, itemsize, what)
+        return layout.gather(raw, shape, stride, itemsize)
+
     def read_range(self, ref: TensorRef, start: int, stop: int) -> np.ndarray:
         """Bytes of values [start, stop) of `ref` (in units of its value dtype), read-only: a
         view of the mapping where it can be, else read through HDF5."""
         size = dtypes.itemsize(ref.value_dtype)
         a, b = start * size, min(stop * size, ref.nbytes)
+        if ref.layout is not None:
+            return self._strided_range(ref, a, b)
         offset, nbytes = ref.offset + a, max(0, b - a)
         view = self.view(offset, nbytes)
         if view is not None:
@@ -56,6 +76,19 @@ class StoredBytes:
         raw = self.read(offset, nbytes, ref.what)
         raw.flags.writeable = False
         return raw
+
+    def _strided_range(self, ref: TensorRef, a: int, b: int) -> np.ndarray:
+        """Bytes [a, b) of a strided row's elements in row-major order: only the elements
+        holding them are gathered."""
+        shape, stride = ref.layout  # type: ignore[misc]
+        size = dtypes.itemsize(ref.dtype)
+        if b <= a:
+            return np.empty(0, np.uint8)
+        raw = self.span_bytes(ref.offset, shape, stride, size, ref.what)
+        e0, e1 = a // size, -(-b // size)
+        out = layout.gather_window(raw, shape, stride, size, e0, e1)[a - e0 * size:b - e0 * size]
+        out.flags.writeable = False
+        return out
 
     def view(self, offset: int, nbytes: int, align: int = 1) -> np.ndarray | None:
         """Bytes [offset, offset + nbytes) as a copy-on-write view of the file's mapping

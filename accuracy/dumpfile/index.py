@@ -32,6 +32,7 @@ def tensor_records(dump: TensorSource, t: np.ndarray, op_names: dict[int, str],
     stats_cols = {k: t[k].tolist() for k in schema.STAT_FIELDS if k != "checksum" or sums}
     hashes = (t["hash"].tolist() if "hash" in (t.dtype.names or ())
               else [NO_HASH] * len(t))
+    layouts = _layouts(t, ndims, shapes)
     out = []
     for i, (seq, io, idx, off, nb, first) in enumerate(
         zip(t["seq"].tolist(), t["io"].tolist(), t["idx"].tolist(), t["offset"].tolist(),
@@ -44,7 +45,31 @@ def tensor_records(dump: TensorSource, t: np.ndarray, op_names: dict[int, str],
             offset=off if ndims[i] >= 0 else -1,
             nbytes=nb, first=first, stats={k: v[i] for k, v in stats_cols.items()},
             content_hash=hashes[i] if ndims[i] >= 0 else NO_HASH,
+            layout=layouts[i],
         ))
+    return out
+
+
+def _layouts(t: np.ndarray, ndims: list[int], shapes: list[list[int]]
+             ) -> list[tuple[tuple[int, ...], tuple[int, ...]] | None]:
+    """Schema 6: each row's (shape, strides) to read its elements through, or None (row-major).
+    A strided link reads its first row's elements (checked on open: an earlier strided row
+    with the same bytes), in that row's shape."""
+    if "strided" not in (t.dtype.names or ()):
+        return [None] * len(t)
+    out: list[tuple[tuple[int, ...], tuple[int, ...]] | None] = [None] * len(t)
+    rows = np.flatnonzero(t["strided"] == 1).tolist()
+    if not rows:
+        return out
+    firsts, lay = t["first"].tolist(), t["layout"].tolist()
+    for i in rows:
+        if ndims[i] < 0:
+            continue
+        f = firsts[i]
+        if f == i:
+            out[i] = (tuple(shapes[i][:ndims[i]]), tuple(lay[i][:ndims[i]]))
+        else:
+            out[i] = out[f]
     return out
 
 
@@ -68,7 +93,8 @@ def resolve_in_source(rows: list[TensorRecord], src: Any) -> str:
         rows[i] = TensorRecord(
             dump=src, row=t.row, op=t.op, seq=t.seq, io=t.io, idx=t.idx, dtype=t.dtype,
             shape=t.shape, stride=t.stride, device=t.device, offset=s.offset,
-            nbytes=s.nbytes, first=t.row, stats=t.stats, content_hash=t.content_hash)
+            nbytes=s.nbytes, first=t.row, stats=t.stats, content_hash=t.content_hash,
+            layout=s.layout)
     if wrong:
         return (f"{wrong} of the {len(held)} rows held by the replayed dump {src.path} do not "
                 "match it (another dump of that name?)")

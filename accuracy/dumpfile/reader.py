@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from accuracy.dumpfile import index, optext, schema, validate, verify
+from accuracy.dumpfile import index, layout, optext, schema, validate, verify
 from accuracy.dumpfile.blob import StoredBytes
 from accuracy.dumpfile.checksum import Checksum, ContentHash
 from accuracy.dumpfile.errors import H5_ERRORS, DamagedDataError, DumpError
@@ -230,7 +230,11 @@ class Dump:
         if t.dump is not self:  # a replay's row held by the replayed dump
             return t.dump.read_tensor(t)
         dtype = self._dtype_with_data(t)
-        raw = self.read_bytes(t.offset, t.nbytes, t.address)
+        lay = t.byte_layout
+        if lay is not None:  # a storage's bytes read through a layout: its elements gathered
+            raw = self._bytes.elements(t.offset, *lay, dtype.itemsize, t.address)
+        else:
+            raw = self.read_bytes(t.offset, t.nbytes, t.address)
         self.check_bytes(t, raw)
         if t.nbytes == 0:
             return torch.empty(t.shape, dtype=dtype)
@@ -261,8 +265,8 @@ class Dump:
         """
         if t.dump is not self:  # a replay's row held by the replayed dump
             return t.dump.read_tensor_mapped(t)  # type: ignore[attr-defined]
-        if not t.has_data or t.nbytes == 0:
-            return self.read_tensor(t)
+        if not t.has_data or t.nbytes == 0 or t.byte_layout is not None:
+            return self.read_tensor(t)  # a strided row is gathered: a copy either way
         import torch
 
         dtype = self._dtype_with_data(t)
@@ -337,9 +341,10 @@ class Dump:
         """What `accuracy info` shows: counts by op, phase, module and dtype, and bytes."""
         recs = self.records
         tensors = self.tensors
-        written = sum(t.nbytes for t in tensors if t.has_data and not t.is_link
-                      and t.dump is self)
-        linked = sum(t.nbytes for t in tensors if t.is_link)
+        written = _stored_bytes([t for t in tensors if t.has_data and not t.is_link
+                                 and t.dump is self])
+        # links, and views of stored bytes (schema 6)
+        linked = sum(t.nbytes for t in tensors if t.has_data and t.dump is self) - written
         in_source = sum(t.nbytes for t in tensors if t.dump is not self
                         or t.offset == schema.IN_SOURCE)
         return {
@@ -382,6 +387,18 @@ class Dump:
 
     def __repr__(self) -> str:
         return f"Dump({str(self.path)!r}, ops={len(self)}, complete={self.attrs['complete']})"
+
+
+def _stored_bytes(rows: list[TensorRecord]) -> int:
+    """Bytes of the data these rows read, each byte once (a view's lie in another's)."""
+    spans = sorted((t.offset, t.offset + (t.nbytes if t.byte_layout is None else layout.span(
+        *t.byte_layout, t.nbytes // max(t.numel, 1)))) for t in rows if t.nbytes)
+    total, reach = 0, 0
+    for a, b in spans:
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
 
 
 def load_dump(path: str | os.PathLike[str], *, sources: bool = True) -> Dump:

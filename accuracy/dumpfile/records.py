@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from accuracy.dumpfile import dtypes, schema
+from accuracy.dumpfile import dtypes, layout, schema
 from accuracy.dumpfile.checksum import NO_HASH, Checksum, ContentHash, running_check
 
 if TYPE_CHECKING:  # torch is imported only by the calls that return tensors
@@ -53,7 +53,10 @@ class TensorRecord:
     nbytes: int
     first: int
     stats: dict[str, float]
-    content_hash: int = NO_HASH  # XXH3-64 of the stored bytes (schema 3), else NO_HASH
+    content_hash: int = NO_HASH  # XXH3-64 of the elements in order (schema 3), else NO_HASH
+    # schema 6: (shape, strides) the elements are read through from `offset` (each storage
+    # version stored once, docs/dump-format.md); None: row-major at [offset, offset + nbytes)
+    layout: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     @property
     def address(self) -> str:
@@ -73,10 +76,30 @@ class TensorRecord:
         return math.prod(self.shape) if self.shape else 1  # plain ints: 10x cheaper than np.prod
 
     @property
+    def strided(self) -> bool:
+        """Whether the row reads its elements through a layout (schema 6)."""
+        return self.layout is not None
+
+    @property
+    def byte_layout(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """(shape, strides) through which the stored bytes are read (its elements in that
+        shape's row-major order are the tensor's), or None: row-major bytes."""
+        if self.layout is not None and not layout.row_major(*self.layout):
+            return self.layout
+        return None
+
+    @property
+    def bytes_key(self) -> tuple:
+        """Where and how this row's values are read: equal keys, equal values (a view of
+        stored bytes reads them through its strides, so its layout is part of the key)."""
+        return (self.offset, self.nbytes, self.dtype, self.byte_layout)
+
+    @property
     def values_key(self) -> tuple:
         """Which values this tensor holds, to match uses of one tensor across ops: the row
         that first held its bytes (tensor dumps), else its dtype and statistics (statistics
-        dumps record no bytes; a view's shape differs, its values do not)."""
+        dumps record no bytes; a view's shape differs, its values do not). A strided row is
+        the first row of its own values (its bytes lie in another's)."""
         if self.first >= 0:
             return ("row", self.first)
         return ("stats", self.dtype, tuple(sorted(self.stats.items())))
@@ -103,11 +126,12 @@ class TensorRef:
     stats: tuple[tuple[str, float], ...]
     address: str = ""
     content_hash: int = NO_HASH
+    layout: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # strided rows: shape, strides
 
     @classmethod
     def of(cls, t: TensorRecord) -> TensorRef:
         return cls(str(t.dump.path), t.offset, t.nbytes, t.dtype, t.numel,
-                   tuple(sorted(t.stats.items())), t.address, t.content_hash)
+                   tuple(sorted(t.stats.items())), t.address, t.content_hash, t.byte_layout)
 
     @property
     def what(self) -> str:

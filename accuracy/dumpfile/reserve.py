@@ -25,6 +25,7 @@ import os
 log = logging.getLogger(__name__)
 
 _KEEP_SIZE = 0x01
+_PUNCH_HOLE = 0x02
 _UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV}
 # allocated blocks that are not data (extent and indirect blocks): never counted as held
 _METADATA_SLACK = 64 << 10
@@ -84,6 +85,13 @@ class SpaceReserve:
             return
         if err:
             raise OSError(err, os.strerror(err))
+
+
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Give the file system back the blocks of [offset, offset + length) of the file (they
+    read as zeros, the size stays): space allocated and never written. False where the file
+    system cannot."""
+    return _fallocate(fd, _PUNCH_HOLE | _KEEP_SIZE, offset, length) == 0
 
 
 def give_back(path: os.PathLike[str] | str) -> None:

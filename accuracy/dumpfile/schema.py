@@ -21,10 +21,13 @@ EXTRACT_FORMAT_NAME = "accuracy-extract"  # `accuracy extract` output: plain HDF
 # 3: tensor rows gained `hash` (XXH3-64 of the stored bytes); older files are checked by sum.
 # 4: op rows are fixed-size; their text lies in the blob (see optext.py): no HDF5 heap.
 # 5: a replay's output row may hold no bytes of its own but the replayed dump's (`IN_SOURCE`);
-#    written only by replays that have such rows, every other file stays schema 4.
-SCHEMA_VERSION = 4
+#    written only by replays that have such rows (schema 4 otherwise).
+# 6: tensor rows gained `strided`: a view's row may point into the bytes another row stored
+#    (per storage version: a view's elements read through its strides), every file is 6.
+SCHEMA_VERSION = 6
 SOURCE_ROWS_SCHEMA = 5
-NEWEST_READABLE = SOURCE_ROWS_SCHEMA
+STRIDED_SCHEMA = 6
+NEWEST_READABLE = STRIDED_SCHEMA
 OLDEST_READABLE = 1
 # Tensor row offset of a replay output proven bit-identical to the device output it replays:
 # its bytes are those the replayed dump (root attribute `replayed_from`, found beside the
@@ -108,12 +111,22 @@ TENSOR_ROW = np.dtype(
         ("nan_count", np.int64),
         ("inf_count", np.int64),
         ("checksum", np.int64),
-        ("hash", np.uint64),  # XXH3-64 of the stored bytes (schema 3); 0: none stored
+        ("hash", np.uint64),  # XXH3-64 of the elements in row-major order (schema 3); 0: none
+        # schema 6: 1 when the elements are read through `layout` (element i_0..i_k at
+        # offset + itemsize * sum(i_j * layout_j)): each storage version's bytes stored once,
+        # a view (or a copy of one) reading them; a link row (first != row) with 1 reads its
+        # first row's elements. 0: row-major at [offset, offset + nbytes)
+        ("strided", np.int8),
+        ("layout", np.int64, (MAX_DIMS,)),  # element strides in the blob (strided rows)
     ]
 )
+# The tensor row of schema 3-5 files (every row row-major): still readable.
+TENSOR_ROW_V5 = np.dtype([(n, TENSOR_ROW.fields[n][0]) for n in TENSOR_ROW.names
+                          if n not in ("strided", "layout")])
 # The tensor row of schema 1-2 files (no content hash): still readable, checked by the sum.
-TENSOR_ROW_V2 = np.dtype([(n, TENSOR_ROW.fields[n][0]) for n in TENSOR_ROW.names if n != "hash"])
-TENSOR_ROWS = (TENSOR_ROW, TENSOR_ROW_V2)
+TENSOR_ROW_V2 = np.dtype([(n, TENSOR_ROW.fields[n][0]) for n in TENSOR_ROW_V5.names
+                          if n != "hash"])
+TENSOR_ROWS = (TENSOR_ROW, TENSOR_ROW_V5, TENSOR_ROW_V2)
 
 STAT_FIELDS = ("min", "max", "mean", "l2", "nan_count", "inf_count", "checksum")
 # Root attribute of a dump whose statistics hold no bit-pattern sum ("omitted"): the dumper's

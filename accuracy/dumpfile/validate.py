@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 
 from accuracy import jsonsafe
-from accuracy.dumpfile import dtypes, schema
+from accuracy.dumpfile import dtypes, layout, schema
 from accuracy.errors import AccuracyError
 
 STATUS = "_status"
@@ -290,7 +290,48 @@ def check_tensor_rows(t: np.ndarray, blob_len: int, in_source: bool = False) -> 
         for name, size in sizes.items():
             itemsize[t["dtype"] == name] = size
         refuse(sized & (numel * itemsize != nb), "byte count does not match dtype and shape")
+    if "strided" in (t.dtype.names or ()):
+        _check_strided(t, data, blob_len, sizes)
     _check_unique_addresses(t)
+
+
+def _check_strided(t: np.ndarray, data: np.ndarray, blob_len: int,
+                   sizes: dict[bytes, int]) -> None:
+    """Schema 6: a strided row's elements lie inside the committed data, in distinct bytes
+    (see layout.py), checked before any `as_strided` reads them; a strided link names an
+    earlier strided row of its own values with the same bytes."""
+    flag = t["strided"]
+    bad = (flag != 0) & (flag != 1)
+    if bad.any():
+        raise LayoutError(f"tensor row {int(np.argmax(bad))}: strided is neither 0 nor 1")
+    strided = flag == 1
+    bad = strided & ~data
+    if bad.any():
+        raise LayoutError(f"tensor row {int(np.argmax(bad))}: strided without stored bytes")
+    first = t["first"]
+    link = strided & (first != np.arange(len(t)))
+    if link.any():
+        rows = np.flatnonzero(link)
+        f = first[rows]
+        bad = (f < 0) | (f >= rows)
+        if bad.any():
+            raise LayoutError(f"tensor row {int(rows[np.argmax(bad)])}: strided link to no "
+                              "earlier row")
+        same = ((t["strided"][f] == 1) & (first[f] == f) & (t["offset"][f] == t["offset"][rows])
+                & (t["nbytes"][f] == t["nbytes"][rows]) & (t["dtype"][f] == t["dtype"][rows]))
+        if not same.all():
+            raise LayoutError(f"tensor row {int(rows[np.argmin(same)])}: strided link to a row "
+                              "of other bytes")
+    rows = np.flatnonzero(strided & ~link)
+    if not len(rows):
+        return
+    sub = t[rows]
+    found = layout.check_rows(sub["shape"].tolist(), sub["layout"].tolist(),
+                              sub["ndim"].astype(np.int64).tolist(),
+                              [sizes[d] for d in sub["dtype"].tolist()],
+                              sub["offset"].tolist(), blob_len, rows.tolist())
+    if found is not None:
+        raise LayoutError(f"tensor row {found[0]}: {found[1]}")
 
 
 def _check_unique_addresses(t: np.ndarray) -> None:

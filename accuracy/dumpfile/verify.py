@@ -63,7 +63,7 @@ def verify(path: Path, tensors: list[TensorRecord], source_problem: str) -> list
     dump holding them (this file, or the replayed dump holding a replay's row).
     """
     problems: list[str] = []
-    seen: set[tuple[int, int, int, int, int]] = set()
+    seen: set[tuple] = set()
     held = [t for t in tensors if t.offset == schema.IN_SOURCE]
     if held:
         problems.append(f"{path}: {len(held)} reference outputs cannot be read: "
@@ -79,15 +79,21 @@ def verify(path: Path, tensors: list[TensorRecord], source_problem: str) -> list
         if check is None:
             continue
         c, stored = check
-        key = (id(t.dump), t.offset, t.nbytes, dtypes.itemsize(t.dtype), stored)
+        key = (id(t.dump), t.offset, t.nbytes, dtypes.itemsize(t.dtype), stored,
+               t.byte_layout)
         if key in seen:
             continue
         seen.add(key)
         d = t.dump  # this file, or the replayed dump holding a replay's row
         try:
             step = PIECE - PIECE % 16  # whole parts of any element size
-            for a in range(0, t.nbytes, step):
-                c.update(d.read_bytes(t.offset + a, min(step, t.nbytes - a), t.address))
+            if t.byte_layout is not None:  # a view of stored bytes: in row-major order
+                ref, size = t.ref(), dtypes.itemsize(t.ref().value_dtype)
+                for a in range(0, t.nbytes // size, step // size):
+                    c.update(d.read_range(ref, a, a + step // size))
+            else:
+                for a in range(0, t.nbytes, step):
+                    c.update(d.read_bytes(t.offset + a, min(step, t.nbytes - a), t.address))
             d.check_checksum(t.address, c.value, stored)
         except DumpError as e:
             problems.append(str(e))

@@ -29,10 +29,12 @@ import h5py
 import numpy as np
 import torch
 
-from accuracy.dumpfile import optext, schema, staging
+from accuracy.dumpfile import dtypes, optext, schema, staging
+from accuracy.dumpfile import layout as layout_of
+from accuracy.dumpfile.blobspace import BlobSpace, DumpWriteError
 from accuracy.dumpfile.checksum import ATTRS_HASH, NO_HASH, attrs_hash, content_hash, rows_hash
 from accuracy.dumpfile.reserve import SpaceReserve, give_back
-from accuracy.errors import AccuracyError, OutputExistsError, RaisedForTheUser
+from accuracy.errors import AccuracyError, OutputExistsError
 from accuracy.outputs import writable_folder
 from accuracy.records import CallSite
 
@@ -71,6 +73,12 @@ class TensorEntry:
     # a replay's output whose bytes are the replayed dump's at the same address, with this
     # content hash (`schema.IN_SOURCE`): nothing is written for it (schema-5 files only)
     source_hash: int = NO_HASH
+    # a view of bytes stored for row `holder` (schema 6): its element 0 lies `elem_offset`
+    # elements into them, its elements are read through `stride`; nothing is copied for it
+    holder: int = -1
+    elem_offset: int = 0
+    strided: bool = False
+    layout: tuple[int, ...] = ()  # strided: element strides in the stored bytes (else `stride`)
 
 
 @dataclass
@@ -86,10 +94,6 @@ class OpEntry:
     n_out: int
     extra: dict[str, Any] = field(default_factory=dict)
     epoch: int = schema.UNKNOWN_EPOCH  # collective epoch (see accuracy/dumper/collectives.py)
-
-
-class DumpWriteError(AccuracyError, RaisedForTheUser, RuntimeError):
-    """Writing the dump failed (disk full, permissions...); the training step is not affected."""
 
 
 class DiskFullError(AccuracyError, OSError):
@@ -141,70 +145,6 @@ def _stats_values(stats: Any) -> tuple[float, float, float, float, int, int, int
     mn, mx, mean, l2, nans, infs = floats.tolist() if isinstance(floats, torch.Tensor) else floats
     cs = int(checksum.item()) if isinstance(checksum, torch.Tensor) else int(checksum)
     return (mn, mx, mean, l2, int(nans), int(infs), cs)
-
-
-class BlobSpace:
-    """The blob dataset's file space, written directly.
-
-    The dataset is chunked and growable (the format readers know), but its chunks are
-    allocated when it grows (H5D_ALLOC_TIME_EARLY, never filled), their file addresses read
-    once, and the file extended (sparsely) to cover them at once, so an index that names a
-    chunk never points past the end of the file, even after a kill. HDF5 never caches or writes
-    these chunks itself: each byte is written once, by `write`, with `os.pwrite` (no GIL).
-    """
-
-    def __init__(self, f: h5py.File, name: str, chunk: int) -> None:
-        group, _, leaf = name.rpartition("/")
-        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-        dcpl.set_chunk((chunk,))
-        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)  # no zeros written before the data
-        space = h5py.h5s.create_simple((0,), (h5py.h5s.UNLIMITED,))
-        dsid = h5py.h5d.create(f.require_group(group).id, leaf.encode(), h5py.h5t.STD_U8LE,
-                               space, dcpl=dcpl)
-        self.dataset = h5py.Dataset(dsid)
-        self.chunk = chunk
-        self.capacity = 0
-        self._name = f.filename
-        self.fd = f.id.get_vfd_handle()  # the sec2 driver's descriptor (see _discard_writes)
-        self._addr: list[int] = []  # file offset of each chunk
-
-    def grow(self, size: int) -> None:
-        """Allocate chunks up to `size` bytes and extend the file over them."""
-        self.dataset.resize((size,))
-        dsid, chunk = self.dataset.id, self.chunk
-        for c in range(len(self._addr), -(-size // chunk)):
-            addr = dsid.get_chunk_info_by_coord((c * chunk,)).byte_offset
-            if addr is None:
-                raise DumpWriteError(f"HDF5 did not allocate chunk {c} of the blob")
-            self._addr.append(addr)
-        end = max(self._addr) + chunk if self._addr else 0
-        if os.fstat(self.fd).st_size < end:
-            os.ftruncate(self.fd, end)
-        self.capacity = size
-
-    def shrink(self, size: int) -> None:
-        self.dataset.resize((size,))
-        del self._addr[-(-size // self.chunk):]
-        self.capacity = size
-
-    def write(self, data: memoryview, offset: int) -> None:
-        """Write bytes at blob offset `offset` (inside the capacity), chunk run by chunk run."""
-        fd, chunk, addr = self.fd, self.chunk, self._addr
-        pos, n = 0, len(data)
-        while pos < n:
-            c, within = divmod(offset + pos, chunk)
-            start = addr[c] + within
-            length = min(chunk - within, n - pos)
-            # chunks allocated one after the other in the file: one write for the whole run
-            while pos + length < n and addr[c + 1] == addr[c] + chunk:
-                c += 1
-                length = min(length + chunk, n - pos)
-            while length:
-                done = os.pwrite(fd, data[pos:pos + length], start)
-                if done <= 0:
-                    raise OSError(f"short write to {self._name}")
-                pos, start, length = pos + done, start + done, length - done
 
 
 def _discard_writes(f: h5py.File) -> None:
@@ -262,7 +202,7 @@ class DumpWriter:
         self._batch_since = time.monotonic()
         self._ring = staging.acquire(max_pending_bytes)
         # rows held by the replayed dump need a reader that knows them (schema 5)
-        self._source_rows = attrs.get("schema_version") == schema.SOURCE_ROWS_SCHEMA
+        self._source_rows = attrs.get("schema_version", 0) >= schema.SOURCE_ROWS_SCHEMA
         self._open(attrs)
         self._thread = threading.Thread(target=self._run, name="accuracy-dump-writer", daemon=True)
         self._thread.start()
@@ -339,7 +279,8 @@ class DumpWriter:
         self._attrs: dict[str, Any] = {}  # what the root attributes read back as
         self._set_attrs(f, {"format": schema.FORMAT_NAME,
                             "schema_version": schema.SCHEMA_VERSION, "complete": False})
-        self._set_attrs(f, {k: _attr_value(v) for k, v in attrs.items()})
+        self._set_attrs(f, {k: _attr_value(v) for k, v in attrs.items()
+                            if k != "schema_version"})  # this writer's layout: the newest
         self._space = BlobSpace(f, schema.BLOB, _BLOB_CHUNK if attrs.get("mode") == "tensor"
                                 else _TEXT_BLOB_CHUNK)
         self._blob = self._space.dataset
@@ -363,7 +304,11 @@ class DumpWriter:
         self._file = f
         self._blob_len = 0
         self._offsets: dict[int, tuple[int, int]] = {}
+        # the dumper's row number -> the row's index in the file's table (they part when an
+        # op is dropped whole: `first` names file rows, which a strided link's reader follows)
+        self._file_rows: dict[int, int] = {}
         self._hashes: dict[int, int] = {}  # row -> content hash of the bytes it points at
+        self._layouts: dict[int, tuple[int, ...]] = {}  # strided rows: layout (links: ())
         self._op_rows: list[tuple[Any, ...]] = []
         self._op_texts: list[bytes] = []  # each op's text, stored in the blob at the flush
         self._text_bytes = 0  # their size: blob room kept for them (see _append_bytes)
@@ -501,6 +446,8 @@ class DumpWriter:
             self._write_tensors(tensors)
         except BaseException:
             del self._tensor_rows[first_row:]  # an op is recorded whole or not at all
+            for t in tensors:
+                self._file_rows.pop(t.row, None)
             raise
         self._op_rows.append((site.seq, site.step, op.n_in, op.n_out, op.epoch))
         self._op_texts.append(text)
@@ -512,6 +459,9 @@ class DumpWriter:
                 arr = _as_bytes(host)
                 off = self._append_bytes(arr)
                 self._offsets[t.row] = (off, arr.size)
+                if t.strided:  # a storage range in storage order: hashed in element order
+                    lay = self._layouts[t.row] = t.layout or t.stride
+                    arr = layout_of.gather(arr, t.shape, lay, dtypes.itemsize(t.dtype))
                 self._hashes[t.row] = content_hash(arr)  # the one place stored bytes are hashed
                 self.bytes_written += arr.size
                 offset, nbytes, first = off, arr.size, t.row
@@ -519,11 +469,15 @@ class DumpWriter:
             elif t.source_hash != NO_HASH:  # the replayed dump holds the bytes (add_op checked)
                 offset, nbytes, first = schema.IN_SOURCE, t.nbytes, -1
                 self._hashes[t.row] = t.source_hash
+            elif t.strided and t.holder in self._offsets:  # a view of bytes stored before
+                offset, nbytes, first = self._write_view(t)
             elif t.first >= 0 and t.first in self._offsets:
                 offset, nbytes = self._offsets[t.first]
                 first = t.first
                 self._hashes[t.row] = self._hashes[t.first]
                 self.bytes_linked += nbytes
+                if first in self._layouts:  # reads its first row's elements, as that row does
+                    self._layouts[t.row] = ()
             else:
                 offset, nbytes, first = -1, 0, -1
             ndim = len(t.shape)
@@ -532,10 +486,33 @@ class DumpWriter:
             else:
                 shape = t.shape + _NO_DIMS[ndim:]
                 stride = t.stride + _NO_DIMS[len(t.stride):]
+            lay = self._layouts.get(t.row) if offset >= 0 else None
+            self._file_rows[t.row] = self._n_tensors + len(self._tensor_rows)
+            if first >= 0:
+                first = self._file_rows.get(first, -1)
+                if first < 0 and lay == ():  # a strided link whose first row was dropped
+                    offset, nbytes, lay = -1, 0, None
+                elif first < 0:  # its first row was dropped with its op: it holds the bytes
+                    first = self._file_rows[t.row]
             self._tensor_rows.append(
                 (t.seq, t.io, t.idx, t.dtype, ndim, shape, stride, t.device, offset, nbytes,
-                 first, *_stats_values(t.stats), self._hashes.get(t.row, NO_HASH))
+                 first, *_stats_values(t.stats), self._hashes.get(t.row, NO_HASH),
+                 int(lay is not None and ndim >= 0),
+                 lay + _NO_DIMS[len(lay):] if lay and ndim >= 0 else _NO_DIMS)
             )
+
+    def _write_view(self, t: TensorEntry) -> tuple[int, int, int]:
+        """A strided row over the bytes stored for `t.holder`: its elements read back (from
+        the page cache) and hashed in row-major order, as a copy of them would hash."""
+        size, lay = dtypes.itemsize(t.dtype), t.layout or t.stride
+        offset = self._offsets[t.holder][0] + t.elem_offset * size
+        need = layout_of.span(t.shape, lay, size)
+        elements = layout_of.gather(self._space.read(offset, need), t.shape, lay, size)
+        self._offsets[t.row] = (offset, t.nbytes)
+        self._layouts[t.row] = lay
+        self._hashes[t.row] = content_hash(elements)
+        self.bytes_linked += t.nbytes
+        return offset, t.nbytes, t.row
 
     @staticmethod
     def _append_rows(ds: h5py.Dataset, rows: list[tuple[Any, ...]], start: int
@@ -594,6 +571,7 @@ class DumpWriter:
         self._hold(_CLOSE_ROOM)
         f = self._file
         if self._blob_len < self._space.capacity:
+            self._space.release_unused(self._blob_len)
             self._space.shrink(self._blob_len)
         ok = bool(complete and self.error is None)
         self._set_attrs(f, {**{k: _attr_value(v) for k, v in attrs.items()},

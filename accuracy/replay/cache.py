@@ -66,8 +66,10 @@ class TensorCache:
     @staticmethod
     def _raw_key(t: TensorRecord) -> Any:
         # the stored bytes and what they are checked against: uses of one byte range with
-        # other shapes share the read; one claiming another checksum is read (and refused)
-        return ("raw", id(t.dump), t.offset, t.nbytes, t.dtype, t.stats.get("checksum"))
+        # other shapes share the read; one claiming another checksum is read (and refused);
+        # a view read through its strides (schema 6) is its own values
+        return ("raw", id(t.dump), t.offset, t.nbytes, t.dtype, t.stats.get("checksum"),
+                t.byte_layout)
 
     def load(self, t: TensorRecord) -> torch.Tensor:
         """The recorded tensor (contiguous, CPU), read from the file at most once per byte

@@ -115,9 +115,14 @@ class TensorSource:
         item, base, t = self.itemsize, self.t.offset, self.t
         running = self.d.new_check(t)
         check, stored = running if running is not None else (None, 0)
+        ref = t.ref() if t.byte_layout is not None else None  # a view: read via its strides
+        parts = ref.n_values // max(ref.numel, 1) if ref is not None else 1
         try:
             for s, e in spans:  # the spans cover the tensor once, in order
-                raw = self.d.read_bytes(base + s * item, (e - s) * item, t.address)
+                if ref is not None:
+                    raw = self.d.read_range(ref, s * parts, e * parts).copy()
+                else:
+                    raw = self.d.read_bytes(base + s * item, (e - s) * item, t.address)
                 if check is not None:
                     check.update(raw)
                 yield s, _as_f64(torch.from_numpy(raw).view(self.dtype))

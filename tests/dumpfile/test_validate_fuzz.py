@@ -119,6 +119,78 @@ def test_every_corruption_is_detected(tmp_path):
     assert sum(counts.values()) >= CASES * 0.9 and missed == []
 
 
+# -- schema 6: crafted layouts of strided rows, the hashes resealed ---------------------------
+
+def _mutate_layout(r: np.void, rng: random.Random) -> str:
+    nd = int(r["ndim"])
+    j = rng.randrange(max(nd, 1))
+    kind = rng.choice(["zero", "negative", "huge", "small", "swap", "offset", "flag"])
+    if kind == "zero":
+        r["stride"][j] = 0
+    elif kind == "negative":
+        r["stride"][j] = -rng.randrange(1, 1 << 20)
+    elif kind == "huge":
+        r["stride"][j] = rng.choice([1 << 40, (1 << 62) + 1, (1 << 63) - 1])
+    elif kind == "small":
+        r["stride"][j] = rng.randrange(1, 64)
+    elif kind == "swap" and nd >= 2:
+        a, b = rng.sample(range(nd), 2)
+        r["stride"][a], r["stride"][b] = int(r["stride"][b]), int(r["stride"][a])
+    elif kind == "offset":
+        r["offset"] = int(r["offset"]) + rng.choice([-1, 1]) * rng.randrange(1, 1 << 16)
+    else:
+        r["strided"] = rng.choice([0, 2, -1, 127])
+    return kind
+
+
+@pytest.mark.slow
+def test_crafted_layouts_are_refused_or_read_the_values_they_hold(tmp_path):
+    """Strides, offsets and the flag of real strided rows mutated, the hashes resealed (an
+    attacker recomputes them): every read is refused in one DumpError or gives the row's
+    recorded values (a mutation that changes nothing read), never another exception, a
+    crash, or bytes from outside the data."""
+    from tests._support.crafted import reseal
+
+    good = tmp_path / "good.h5"
+    with dumper(dump_path=good, mode="tensor"):
+        lm_step(tiny_lm(), lm_batch())
+    with load_dump(good) as d:
+        strided = [t.row for t in d.tensors if t.strided]
+        values = {i: d.tensors[i].load() for i in strided}
+    assert strided
+    rng = random.Random(51)
+    kinds: dict[str, int] = {}
+    for case in range(CASES):
+        p = tmp_path / f"l{case}.h5"
+        shutil.copyfile(good, p)
+        i = rng.choice(strided)
+        with h5py.File(p, "r+") as f:
+            rows = f[schema.TENSORS][:]
+            kind = _mutate_layout(rows[i], rng)
+            f[schema.TENSORS][:] = rows
+            reseal(f)
+        kinds[kind] = kinds.get(kind, 0) + 1
+        try:
+            with load_dump(p) as d:
+                try:
+                    got = d.tensors[i].load()
+                except DumpError:
+                    continue
+                assert torch.equal(got, values[i]), (case, kind)
+                ref = d.tensors[i].ref()
+                n = ref.n_values
+                try:
+                    raw = np.concatenate([d.read_range(ref, a, a + 97) for a in range(0, n, 97)])
+                except DumpError:
+                    continue
+                assert raw.tobytes() == values[i].contiguous().view(torch.uint8).numpy().tobytes()
+        except DumpError:
+            pass
+        p.unlink()
+    print(f"layout mutations by kind: {kinds}")
+    assert len(kinds) >= 6
+
+
 # -- compiled dumps: the graph fields replay and `accuracy repro` read (issue 44) -------------
 # Kept apart from the corruption kinds above: these are crafted values (the hashes resealed),
 # not damage. Each case mutates a real kernel row's `fused_graph` or `reference` and asks

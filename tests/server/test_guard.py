@@ -357,6 +357,37 @@ def test_streamed_views_equal_whole_views(tmp_path):
         assert a["edges"] == pytest.approx(b["edges"])
 
 
+def test_streamed_view_of_a_strided_row_reads_its_elements_in_order(tmp_path):
+    """A view stored as strides over another row's bytes (schema 6: `w.t()`) is read in
+    windows through its strides: the windowed figures are those of the whole view."""
+    import torch
+
+    from accuracy import dumper
+    from accuracy.dumpfile import load_dump
+    from accuracy.server import tensorview
+    from accuracy.server.boundedread import (
+        TensorSource,
+        ViewLimits,
+        stream_downsample,
+        stream_histogram,
+    )
+
+    w = torch.randn(401, 300)
+    with dumper(dump_path=tmp_path / "w.h5", mode="tensor"):
+        w.t().sum()
+    with load_dump(tmp_path / "w.h5") as d:
+        t = next(r for r in d.tensors if r.op == "aten.t.default" and r.io == 1)
+        assert t.strided and torch.equal(t.load(), w.t())
+        limits = ViewLimits()
+        limits.budget_bytes = 4 << 20
+        src = TensorSource(d, t, limits)
+        assert not src.whole
+        a, b = stream_downsample(src, 1000), tensorview.downsample(w.t(), 1000)
+        assert a["index"] == b["index"] and a["max"] == pytest.approx(b["max"])
+        a, b = stream_histogram([src], 33), tensorview.histogram([w.t()], 33)
+        assert a["counts"] == b["counts"]
+
+
 def test_streamed_view_of_damaged_data_is_refused(tmp_path):
     """A view read in windows checks the stored checksum like a whole read: one flipped byte
     is a 410 naming the tensor, not a plot of altered values."""
