@@ -198,6 +198,13 @@ def tensor_stats(t: torch.Tensor, sums: bool = True):
     return python_tensor_stats(t, sums)
 
 
+def freed(t: torch.Tensor) -> bool:
+    """A tensor whose storage was freed by resizing it to 0 (FSDP's unsharded parameters):
+    its address is 0, and torch's own reductions read it and crash the process (torch 2.13:
+    `vector_norm`, `_foreach_norm`). One attribute read: cheap enough for every tensor."""
+    return t.layout is torch.strided and t.numel() > 0 and t.data_ptr() == 0
+
+
 def holds_its_elements(t: torch.Tensor) -> bool:
     """Whether `t`'s storage reaches its last element: not so once the storage was freed by
     resizing it to 0 (FSDP frees each unsharded parameter so), where a read through its

@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_leaves
 
 from accuracy import native
 from accuracy.dumper.collectives import local_tensor
+from accuracy.dumpfile.stats import freed
 from accuracy.patterns import module_matches
 
 log = logging.getLogger(__name__)
@@ -168,8 +169,7 @@ def _cpu_rows(ts: list[torch.Tensor]) -> list[tuple[float, float, float] | None]
     the other tensors, where the kernels are not built, and where a value or the sum of
     squares is not finite (the torch path counts NaN/inf)."""
     out: list[tuple[float, float, float] | None] = [None] * len(ts)
-    # a storage freed by resizing it to 0 (FSDP's unsharded parameters) has address 0: the
-    # native pass would read it and crash the process; torch's path raises instead
+    # a freed storage (FSDP's unsharded parameters) is at address 0: not measured (NaN)
     ptrs = [(i, t.data_ptr()) for i, t in enumerate(ts) if _native_ok(t)]
     idx = [i for i, p in ptrs if p]
     if not idx:
@@ -184,13 +184,6 @@ def _cpu_rows(ts: list[torch.Tensor]) -> list[tuple[float, float, float] | None]
     return out
 
 
-def _freed(t: torch.Tensor) -> bool:
-    """A tensor whose storage was freed by resizing it to 0 (FSDP's unsharded parameters):
-    its figures are not measured (NaN). torch's own reductions read its address 0 and crash
-    the process (torch 2.13: `vector_norm`, `_foreach_norm`)."""
-    return t.layout is torch.strided and t.numel() > 0 and t.data_ptr() == 0
-
-
 def _norm_values(ts: list[torch.Tensor]) -> list[Value]:
     """L2 norms of `ts`: read at once through the native pass where `_cpu_rows` takes the
     tensor, the others batched in one `_foreach_norm` (0-d tensors, read back later)."""
@@ -198,7 +191,7 @@ def _norm_values(ts: list[torch.Tensor]) -> list[Value]:
     rest: list[int] = []
     for i, row in enumerate(_cpu_rows(ts)):
         if row is None:
-            if not _freed(ts[i]):
+            if not freed(ts[i]):
                 rest.append(i)
             out.append(NAN)
         else:
@@ -242,7 +235,7 @@ class _Reductions:
         at: list[int] = []
         for e, t, row in zip(entries, ts, _cpu_rows(ts), strict=True):
             if row is None:
-                if not _freed(t):  # else NaN: not measured
+                if not freed(t):  # else NaN: not measured
                     at.append(e)
                     rest.append(t)
             else:
@@ -502,7 +495,7 @@ class Collector:
                                                                                 strict=True)):
                     bufs = self._buffers = [torch.empty_like(p) for p in ps]
                 # reused buffers: no allocation per step; a freed parameter is not read
-                kept = [i for i, p in enumerate(ps) if not _freed(p)]
+                kept = [i for i, p in enumerate(ps) if not freed(p)]
                 torch._foreach_copy_([bufs[i] for i in kept], [ps[i] for i in kept])
                 self._before, self._kept = bufs, kept
         except Exception:
@@ -514,7 +507,7 @@ class Collector:
         try:
             with _NoDispatch():
                 ps = [_local(p).detach() for p in self.params]
-                both = [i for i in self._kept if not _freed(ps[i])]  # else NaN: not measured
+                both = [i for i in self._kept if not freed(ps[i])]  # else NaN: not measured
                 diff = [self._before[i] for i in both]
                 torch._foreach_sub_(diff, [ps[i] for i in both])
                 update: list[Value] = [NAN] * len(ps)
