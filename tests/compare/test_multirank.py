@@ -200,3 +200,16 @@ def test_a_rank_whose_divergence_starts_at_a_collective_inflow_is_not_named_firs
     assert rank0["label"] == "diverged"
     assert rank1["label"] == "inherited" and rank1["inherited"]["from_rank"] == 0
     assert rank1["inherited"]["via"] == ar
+
+
+def test_two_ranks_deviating_on_their_own_before_one_all_reduce_name_the_earlier_first():
+    """Both ranks' own matmuls deviate under the error threshold before the all-reduce where
+    the error shows on both, at the same epoch and seq: neither only brought it in, so the
+    one whose own deviation came first (rank 1, seq 4) is named, not the lower rank number."""
+    ar = "_c10d_functional.all_reduce.default"
+    r0 = [_row(6, "aten.mm.default", "warning", "warning"), _row(8, ar, "error", "error")]
+    r1 = [_row(4, "aten.mm.default", "warning", "warning"), _row(8, ar, "error", "error")]
+    epochs = {0: {6: 0, 8: 0}, 1: {4: 0, 8: 0}}
+    s = merge({0: _report(r0, first_div=r0[1], verdict="error"),
+               1: _report(r1, first_div=r1[1], verdict="error")}, epochs, {}).summary
+    assert s["first_rank"] == 1, [(e["rank"], e["label"]) for e in s["ranks"]]

@@ -85,8 +85,11 @@ def _mismatches(model, step_fn, batches, tmp_path) -> tuple[int, int, list[str]]
     return len(bad), checked, bad
 
 
-def test_every_module_figure_is_its_own_over_40_steps_of_reused_allocations(tmp_path):
-    model = _Stack()
+@pytest.mark.parametrize("rows,d", [(8, 16), (300, 256)])
+def test_every_module_figure_is_its_own_over_40_steps_of_reused_allocations(tmp_path, rows, d):
+    """Small outputs (reduced in batches, held by reference) and outputs over the holding
+    bound (300 KB: reduced at once, and known again only by identity, never by address)."""
+    model = _Stack(d)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 
     def step(batch):
@@ -98,8 +101,8 @@ def test_every_module_figure_is_its_own_over_40_steps_of_reused_allocations(tmp_
 
     g = torch.Generator().manual_seed(0)
     # each step's scale differs, so a figure taken from another module or step shows
-    batches = [(torch.randn(8, 16, generator=g) * (1 + i % 7), torch.randn(8, 1, generator=g))
-               for i in range(40)]
+    batches = [(torch.randn(rows, d, generator=g) * (1 + i % 7),
+                torch.randn(rows, 1, generator=g)) for i in range(40)]
     n_bad, checked, bad = _mismatches(model, step, batches, tmp_path)
     assert checked >= 40 * 13
     assert n_bad == 0, bad[:5]
