@@ -20,7 +20,11 @@ hash, dump schema 3, no slower than the bit-pattern sums it replaced in tensor m
 on the step (`--modes statistics,tensor,tensor-sum`: the tensor dump as it was, the sum on the
 training thread and no hash, beside today's) and, per call, on the tensor dump's own bytes.
 
-Run: .venv/bin/python benchmarks/bench_dump.py [--repeat 7] [--threads both|N]
+`--model gpt2` times a 4-layer `transformers` GPT-2 of the same width instead (a transformer
+this project did not write: benchmarks/bench_models.py; msprobe's venv then needs
+`transformers` too).
+
+Run: .venv/bin/python benchmarks/bench_dump.py [--repeat 7] [--threads both|N] [--model gpt2]
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from _common import threads_from_argv
 if __name__ == "__main__":
     threads_from_argv()  # before torch reads OMP_NUM_THREADS
 
+import bench_models
 import torch
 import xxhash
 from _common import (
@@ -52,6 +57,7 @@ from _common import (
     spread,
     verdict,
 )
+from bench_models import MODELS
 
 from accuracy import dumper, load_dump
 from accuracy.dumper import recorder as recorder_mod
@@ -156,6 +162,10 @@ def main() -> None:
     add_threads_arg(ap)
     ap.add_argument("--dir", default=_TMPFS if os.path.isdir(_TMPFS) else None,
                     help="folder for the dumps (default: tmpfs /dev/shm where there is one)")
+    ap.add_argument("--model", choices=MODELS, default="bench",
+                    help="bench: the benchmark step (accuracy.examples); gpt2: a 4-layer "
+                    "transformers GPT-2 of the same width, a model this project did not write "
+                    "(benchmarks/bench_models.py; msprobe's venv then needs transformers)")
     ap.add_argument("--modes", default="statistics,tensor",
                     help="dump modes to run beside the bare step, comma-separated "
                     "(tensor-sum: the tensor dump before the content hash, with the sums on the "
@@ -164,7 +174,16 @@ def main() -> None:
     if args.threads == "both":
         sys.exit(run_both_threads())
     modes = [m for m in args.modes.split(",") if m]
-    model, batch = bench_setup()
+    if args.model == "bench":
+        model, batch = bench_setup()
+        step = bench_step
+    else:
+        model, inputs, model_step = bench_models.setup(args.model)
+
+        def step(model, batch):
+            return model_step(model, *batch)
+        batch = inputs
+    print(f"model: {args.model}")
     tmp = Path(tempfile.mkdtemp(prefix="bench_dump_", dir=args.dir))
     print(f"dumps in {tmp} ({_file_system(tmp)}); OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; before: load {_load()}, dirty page "
@@ -178,17 +197,17 @@ def main() -> None:
                 recorder_mod.tensor_stats = lambda t, sums=True: real_stats(t)
                 try:
                     with dumper(dump_path=tmp / f"{mode}.h5", mode="tensor", overwrite=True):
-                        bench_step(model, batch)
+                        step(model, batch)
                 finally:
                     writer_mod.content_hash, recorder_mod.tensor_stats = real_hash, real_stats
             return run
 
         def run():
             with dumper(dump_path=tmp / f"{mode}.h5", mode=mode, overwrite=True):
-                bench_step(model, batch)
+                step(model, batch)
         return run
 
-    sides = {"bare": lambda: bench_step(model, batch)}
+    sides = {"bare": lambda: step(model, batch)}
     sides.update({m: dumped(m) for m in modes})
     # the last round's file is removed before the clock starts (overwrite=True would free a
     # tensor dump's pages inside it), as msprobe_runner.py removes its run folder
@@ -200,6 +219,7 @@ def main() -> None:
           f"median (min–max); after: load {_load()}, dirty page cache {_dirty_mb()}")
     print(f"{'run':24s} {'seconds':>28s}   {'x bare (per round)':>28s}  details")
     print(f"{'bare step':24s} {spread(t['bare']):>28s}")
+    ops = 0  # ATen ops a dump of the step recorded
     for mode in modes:
         if mode == "tensor-sum":  # its file's hashes are not real: not opened
             print(f"{'tensor, sums, no hash':24s} {spread(t[mode]):>28s}   "
@@ -207,6 +227,7 @@ def main() -> None:
             continue
         with load_dump(tmp / f"{mode}.h5") as d:
             s = d.summary()
+        ops = s["ops"]
         print(f"{'accuracy ' + mode:24s} {spread(t[mode]):>28s}   "
               f"{spread(ratios(t[mode], t['bare']), '{:.2f}'):>28s}  {s['ops']} ops, data "
               f"{s['bytes_written'] / 1e6:.1f} MB, saved by links "
@@ -214,7 +235,7 @@ def main() -> None:
               f"{(tmp / f'{mode}.h5').stat().st_size / 1e6:.1f} MB")
     if "statistics" in t:
         stats_ratio = statistics.median(ratios(t["statistics"], t["bare"]))
-        per_op = (statistics.median(t["statistics"]) - statistics.median(t["bare"])) / 559
+        per_op = (statistics.median(t["statistics"]) - statistics.median(t["bare"])) / ops
         print(f"accuracy statistics / bare step (median): {stats_ratio:.2f}x "
               f"({verdict(stats_ratio, 1.3)}); {per_op * 1e6:.0f} us per op "
               f"({verdict(per_op * 1e6, 60, unit=' us')})")
@@ -226,7 +247,8 @@ def main() -> None:
     if "tensor" in t:
         _hash_cost(tmp / "tensor.h5")
     if msprobe_available() and not args.no_msprobe and set(modes) == {"statistics", "tensor"}:
-        m = run_msprobe("interleaved", str(args.repeat), str(tmp / "msprobe"), timeout=3600)
+        m = run_msprobe("--model", args.model, "interleaved", str(args.repeat),
+                        str(tmp / "msprobe"), timeout=3600)
         print(f"{'msprobe venv bare step':24s} {spread(m['bare']):>28s}")
         for task in ("statistics", "tensor"):
             print(f"{'msprobe L1 ' + task:24s} {spread(m[task]):>28s}   "
@@ -243,7 +265,8 @@ def main() -> None:
     else:
         print("msprobe not installed in benchmarks/.msprobe-venv: side-by-side skipped "
               "(python3.11 -m venv benchmarks/.msprobe-venv && "
-              "benchmarks/.msprobe-venv/bin/pip install torch==2.13.0 mindstudio-probe)")
+              "benchmarks/.msprobe-venv/bin/pip install torch==2.13.0 mindstudio-probe "
+              "transformers)")
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -1,7 +1,7 @@
 """Runs inside benchmarks/.msprobe-venv (never the project's venv): msprobe dumps of the
 benchmark transformer step, timed the same way as ours. Prints one JSON line.
 
-Usage: msprobe_runner.py dump statistics|tensor OUT_DIR [REPEAT]
+Usage: msprobe_runner.py [--model bench|gpt2] dump statistics|tensor OUT_DIR [REPEAT]
        msprobe_runner.py interleaved REPEAT OUT_DIR   (bare, statistics, tensor in turn, as
                                                        bench_dump.py times ours)
 """
@@ -15,44 +15,24 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from torch import nn
+import bench_models
 
-
-class EncoderClassifier(nn.Module):
-    # Same model as accuracy.examples.EncoderClassifier (that package is not in this venv).
-    def __init__(self) -> None:
-        super().__init__()
-        layer = nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
-        self.head = nn.Linear(256, 1000)
-
-    def forward(self, x):
-        return self.head(self.encoder(x).mean(dim=1))
+MODEL = "bench"  # `--model NAME` before the command: benchmarks/bench_models.py
 
 
 def setup():
-    torch.manual_seed(0)
-    model = EncoderClassifier()
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(8, 128, 256, generator=g)
-    y = torch.randint(0, 1000, (8,), generator=g)
-    return model, x, y
-
-
-def step(model, x, y):
-    loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
+    """(model, batch, step) of the model named by `--model` (bench_models.setup)."""
+    return bench_models.setup(MODEL)
 
 
 def dump(task: str, out_dir: str, repeat: int) -> dict:
     """`repeat` timed L1 dumps of the step after one untimed warm-up; the last one is kept."""
     out = Path(out_dir)
-    model, x, y = setup()
+    model, batch, step = setup()
     times, sizes = [], []
     for i in range(repeat + 1):
         run_dir = out / f"run{i}"
-        elapsed = _timed_dump(_debugger(task, run_dir), model, x, y)
+        elapsed = _timed_dump(_debugger(task, run_dir), model, batch, step)
         if i:  # the first run warms up
             times.append(elapsed)
             sizes.append(sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file()))
@@ -60,11 +40,11 @@ def dump(task: str, out_dir: str, repeat: int) -> dict:
             "dump_dir": str(out / f"run{repeat}")}
 
 
-def _timed_dump(debugger, model, x, y) -> float:
+def _timed_dump(debugger, model, batch, step) -> float:
     """Seconds of one step under msprobe (its config was written before the clock starts)."""
     t0 = time.perf_counter()
     debugger.start(model)
-    step(model, x, y)
+    step(model, *batch)
     debugger.stop()
     debugger.step()
     return time.perf_counter() - t0
@@ -86,7 +66,7 @@ def _debugger(task: str, run_dir: Path):
 
 def interleaved(repeat: int, out_dir: str) -> dict:
     """Bare, L1 statistics and L1 tensor steps in turn; one untimed warm-up round first."""
-    model, x, y = setup()
+    model, batch, step = setup()
     out = Path(out_dir)
     times: dict[str, list[float]] = {"bare": [], "statistics": [], "tensor": []}
     sizes: dict[str, int] = {}
@@ -94,11 +74,11 @@ def interleaved(repeat: int, out_dir: str) -> dict:
         for kind in times:
             if kind == "bare":
                 t0 = time.perf_counter()
-                step(model, x, y)
+                step(model, *batch)
                 elapsed = time.perf_counter() - t0
             else:
                 run_dir = out / f"{kind}{i}"
-                elapsed = _timed_dump(_debugger(kind, run_dir), model, x, y)
+                elapsed = _timed_dump(_debugger(kind, run_dir), model, batch, step)
                 sizes[kind] = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
                 shutil.rmtree(run_dir, ignore_errors=True)
             if i:
@@ -107,17 +87,20 @@ def interleaved(repeat: int, out_dir: str) -> dict:
 
 
 def bare(repeat: int) -> dict:
-    model, x, y = setup()
-    step(model, x, y)
+    model, batch, step = setup()
+    step(model, *batch)
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        step(model, x, y)
+        step(model, *batch)
         times.append(time.perf_counter() - t0)
     return {"task": "bare", "seconds": statistics.median(times)}
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--model":
+        MODEL = sys.argv[2]
+        del sys.argv[1:3]
     kind = sys.argv[1]
     if kind == "interleaved":
         print(json.dumps(interleaved(int(sys.argv[2]), sys.argv[3])))
