@@ -6,7 +6,7 @@ import json
 import os
 import sys
 import sysconfig
-from types import FrameType
+from types import CodeType, FrameType
 
 import torch
 
@@ -41,24 +41,47 @@ def is_internal(filename: str) -> bool:
     return hit
 
 
-def _user_frames(frame: FrameType | None):
+# code object -> whether its frames are internal: one dict lookup per frame of the walk below.
+# Bounded: code made at run time (FX graph modules, exec) would otherwise be kept forever.
+_internal_code: dict[CodeType, bool] = {}
+_MAX_CODES = 4096
+
+
+def _first_user_frame(frame: FrameType | None) -> FrameType | None:
+    """The innermost frame at or above `frame` that is the user's. Per op this walks 10 to
+    30 frames (ours, torch's module calls and dispatch), so it is one plain loop with one
+    dict lookup a frame: the generator and call a frame it replaced cost ~24 µs an op."""
+    internal = _internal_code
     while frame is not None:
-        if not is_internal(frame.f_code.co_filename):
-            yield frame
+        code = frame.f_code
+        hit = internal.get(code)
+        if hit is None:
+            if len(internal) >= _MAX_CODES:
+                internal.clear()
+            hit = internal[code] = is_internal(code.co_filename)
+        if not hit:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _user_frames(frame: FrameType | None):
+    while (frame := _first_user_frame(frame)) is not None:
+        yield frame
         frame = frame.f_back
 
 
 def user_source(with_stack: bool = False) -> tuple[str, str]:
     """(file:line of the innermost user frame, JSON list of user frames or "")."""
-    frames = _user_frames(sys._getframe(1))
-    first = next(frames, None)
+    first = _first_user_frame(sys._getframe(1))
     if first is None:
         return "", ""
     line = f"{first.f_code.co_filename}:{first.f_lineno}"
     if not with_stack:
         return line, ""
     stack = [line] + [
-        f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}" for f in frames
+        f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
+        for f in _user_frames(first.f_back)
     ]
     stack[0] = f"{line} in {first.f_code.co_name}"
     return line, json.dumps(stack)

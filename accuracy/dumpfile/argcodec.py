@@ -11,6 +11,7 @@ import json
 import math
 import threading
 from collections.abc import Callable, Sequence
+from json.encoder import c_make_encoder, encode_basestring, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 import torch
@@ -89,11 +90,15 @@ def _encode_natively(args: Sequence[Any], kwargs: dict[str, Any],
     to the walk: a non-finite float (json refuses it here; `_encode` tags it), or a dict
     among the arguments (json spells a `True` or `None` key its own way; no ATen schema
     takes a dict, and kwargs' keys are checked)."""
-    if any(type(k) is not str for k in kwargs) or any(isinstance(a, dict) for a in args):
-        return None
+    for k in kwargs:
+        if type(k) is not str:
+            return None
+    for a in args:
+        if isinstance(a, dict):
+            return None
     _NATIVE_STATE.index = tensor_index if tensor_index is not None else _in_order()
     try:
-        return _NATIVE.encode({"args": args, "kwargs": kwargs})
+        return _native_encode({"args": args, "kwargs": kwargs})
     except (ValueError, TypeError):
         return None
 
@@ -109,6 +114,32 @@ def _native_default(obj: Any) -> Any:
 
 
 _NATIVE = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=_native_default)
+
+
+def _one_shot(enc: json.JSONEncoder) -> Callable[[Any], str]:
+    """`enc.encode`, less the per-call setup: json builds its C encoder anew at every
+    `encode` (a few µs, per op here); this builds it once from `enc`'s own settings (no
+    circular-reference check: call arguments hold no cycles). Without the C encoder
+    (another Python), `enc.encode` itself."""
+    if c_make_encoder is None or enc.indent is not None:
+        return enc.encode
+    encode = c_make_encoder(None, enc.default,
+                            encode_basestring_ascii if enc.ensure_ascii else encode_basestring,
+                            enc.indent, enc.key_separator, enc.item_separator, enc.sort_keys,
+                            enc.skipkeys, enc.allow_nan)
+    def one_shot(obj: Any) -> str:
+        return "".join(encode(obj, 0))
+
+    probe = {"args": [1, 2.5, "a", None, True, [3]], "kwargs": {"k": (4,)}}
+    try:  # the C encoder's arguments are CPython's own: another version, another list
+        if one_shot(probe) == enc.encode(probe):
+            return one_shot
+    except (TypeError, ValueError):
+        pass
+    return enc.encode
+
+
+_native_encode = _one_shot(_NATIVE)
 
 # json.dumps with any non-default option builds a new encoder per call; this runs per op
 _COMPACT = json.JSONEncoder(separators=(",", ":"))

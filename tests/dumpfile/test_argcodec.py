@@ -85,3 +85,21 @@ def test_a_device_of_a_backend_not_loaded_here_rebuilds_as_privateuse1():
             assert "bad recorded argument __device__" in str(e)
         else:
             raise AssertionError(f"{bad} decoded")
+
+
+def test_another_pythons_c_encoder_leaves_json_to_build_its_own(monkeypatch):
+    # the encoder built once from CPython's own C constructor: where that constructor takes
+    # other arguments (another Python version), json's own encode is used, never a wrong text
+    import json
+
+    from accuracy.dumpfile import argcodec
+
+    def other_signature(*args):
+        def encode(obj, level):
+            return ["[]"]  # what a constructor with its arguments shifted might write
+        return encode
+
+    monkeypatch.setattr(argcodec, "c_make_encoder", other_signature)
+    enc = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+    one_shot = argcodec._one_shot(enc)
+    assert one_shot({"args": [1, [2]], "kwargs": {}}) == '{"args":[1,[2]],"kwargs":{}}'
