@@ -215,7 +215,7 @@ def _rows_of(ts: list[torch.Tensor]) -> list[tuple[float, ...]]:
     red = figures._Reductions()
     red.add(ts)
     f, c = figures._read_back(red.floats, red.ints)
-    return figures._rows(red, f, c)
+    return list(zip(*figures._columns(red, f, c), strict=True))
 
 
 def test_the_native_pass_gives_the_figures_of_the_torch_path(monkeypatch):
