@@ -475,25 +475,23 @@ class Collector:
                         acts.setdefault(idx, []).append(e)
                     if e >= 0:
                         self.unmeasured.add(idx)
-                elif e == _LATER:  # a tensor kept by the hook: reduced here, once per tensor
+                    continue
+                if e == -1:  # a probe, reduced already: its module's outputs stay unchanged
+                    if idx not in self._in_place:
+                        self._deferred[idx] = True
+                    continue
+                if e == _LATER:  # a tensor kept by the hook: its entry made here
                     if not t.is_floating_point() or t.numel() == 0:
                         continue
-                    e = made.get((id(t), version), -1)
-                    if e < 0:
-                        e = made[(id(t), version)] = nxt
-                        nxt += 1
-                        ts.append(t)
-                        entries.append(e)
+                    e, nxt = nxt, nxt + 1
                     acts.setdefault(idx, []).append(e)
-                elif e >= 0:
-                    first = made.setdefault((id(t), version), e)
-                    if first == e:
-                        ts.append(t)
-                        entries.append(e)
-                    else:
-                        same.append((e, first))
-                elif idx not in self._in_place:
-                    self._deferred[idx] = True
+                tensor = (id(t), version)  # every tensor held is alive: its id is its own
+                first = made.setdefault(tensor, e)
+                if first == e:
+                    ts.append(t)
+                    entries.append(e)
+                else:  # held before: its figures are that entry's
+                    same.append((e, first))
         finally:  # every entry a module was given exists (NaN until filled)
             red.reserve(nxt - first_new)
         if ts:
