@@ -505,3 +505,30 @@ def test_a_tensor_returned_again_by_its_container_is_passed_over_once(tmp_path, 
     once = 128 + 64 + 64 + 4 + params
     # steps 3-9; step 10 reads the parameters' norms too (every 10th step)
     assert per_step[4:] == [once] * 7 + [once + params], per_step
+
+
+def test_a_tensor_is_known_again_only_while_it_lives():
+    """A tensor measured already is known again by its identity, checked through a weak
+    reference: a later output that CPython gives the freed one's id (and the same version)
+    is measured as itself, never given the freed one's figure."""
+    from accuracy.monitor import figures
+
+    col = figures.Collector(nn.Sequential(nn.Identity(), nn.Identity()))
+    first, second = col.module_names.index("0"), col.module_names.index("1")
+    n, calls, reused = 70_000, 50, 0  # 280 KB: over the holding bound, measured at once
+    col.start(detail=False)
+    for _ in range(calls):
+        a = torch.full((n,), 1.0)
+        col._measure(first, a)
+        freed_id = id(a)
+        del a
+        b = torch.full((n,), 2.0)
+        reused += id(b) == freed_id
+        col._measure(second, b)
+        del b
+    figs = col.collect()
+    col.close()
+    assert reused > 0  # the case this test is about did happen
+    norms = dict(zip(col.module_names, figs["module"]["act_norm"], strict=True))
+    assert norms["0"] == pytest.approx(math.sqrt(n * calls))
+    assert norms["1"] == pytest.approx(2 * math.sqrt(n * calls))
