@@ -9,6 +9,7 @@ so a dumper or `sim` above never sees (or counts, or rounds) the monitor's own w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import weakref
@@ -82,6 +83,16 @@ class _NoDispatch:
     def __exit__(self, *exc: Any) -> None:
         self._b.__exit__(*exc)
         self._a.__exit__(*exc)
+
+
+_UNGUARDED = contextlib.nullcontext()
+
+
+def _guards() -> contextlib.AbstractContextManager[Any]:
+    """`_NoDispatch` where a Python dispatch mode is active (a dumper, `sim`); with none, no
+    context at all: nothing reaches a mode, and every reduction reads a detached tensor (or
+    its memory), so none records a graph (a context costs the step's end microseconds)."""
+    return _NoDispatch() if _len_dispatch_stack() else _UNGUARDED
 
 
 def _len_dispatch_stack() -> int:
@@ -521,7 +532,7 @@ class Collector:
                 if kwargs and "closure" in kwargs:
                     return tuple(args), {**kwargs, "closure": wrapped}
                 return (wrapped, *args[1:]), dict(kwargs or {})
-            with _NoDispatch():
+            with _guards():
                 self._grad_figures()
             if self.detail:
                 self._keep_parameters()
@@ -533,7 +544,7 @@ class Collector:
         def measured_closure() -> Any:
             out = closure()
             try:
-                with _NoDispatch():
+                with _guards():
                     self._grad_figures()  # a closure called again (LBFGS): its last call's
             except Exception:
                 log.exception("monitor: reading gradients after the closure failed")
@@ -543,7 +554,7 @@ class Collector:
     def _keep_parameters(self) -> None:
         """The parameters before the update, into buffers reused step to step."""
         try:
-            with _NoDispatch():
+            with _guards():
                 ps = [_local(p).detach() for p in self.params]
                 bufs = self._buffers
                 if bufs is None or any(b.shape != p.shape or b.dtype != p.dtype
@@ -561,7 +572,7 @@ class Collector:
         if not self.recording or self._before is None:
             return
         try:
-            with _NoDispatch():
+            with _guards():
                 ps = [_local(p).detach() for p in self.params]
                 both = [i for i in self._kept if not freed(ps[i])]  # else NaN: not measured
                 diff = [self._before[i] for i in both]
@@ -602,7 +613,7 @@ class Collector:
         """Stop recording; return this step's figures as Python floats (one read-back)."""
         self.recording = False
         self._seen = {}
-        with _NoDispatch():
+        with _guards():
             try:
                 self._flush()
             except Exception:  # the figures of the held outputs stay NaN
