@@ -9,6 +9,7 @@ so a dumper or `sim` above never sees (or counts, or rounds) the monitor's own w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import weakref
@@ -84,6 +85,16 @@ class _NoDispatch:
         self._a.__exit__(*exc)
 
 
+_UNGUARDED = contextlib.nullcontext()
+
+
+def _guards() -> contextlib.AbstractContextManager[Any]:
+    """`_NoDispatch` where a Python dispatch mode is active (a dumper, `sim`); with none, no
+    context at all: nothing reaches a mode, and every reduction reads a detached tensor (or
+    its memory), so none records a graph (a context costs the step's end microseconds)."""
+    return _NoDispatch() if _len_dispatch_stack() else _UNGUARDED
+
+
 def _len_dispatch_stack() -> int:
     """How many Python dispatch modes are active (a dumper, `sim`): with none, reductions of
     detached plain tensors reach no mode and record no graph, so the guards are skipped."""
@@ -93,10 +104,13 @@ def _len_dispatch_stack() -> int:
 Value = Any  # a 0-d tensor still on its device, or a float read already (CPU)
 
 
+_FLOAT = {float}
+
+
 def _read_back(floats: list[Value], ints: list[Value]) -> tuple[list[float], list[float]]:
     """0-d tensors as Python floats: stacked per device (dtypes promoted), one copy to the host
     per device; counts (ints) kept apart so they stay exact. Floats pass through."""
-    if all(type(x) is float for x in floats) and all(type(x) is float for x in ints):
+    if {*map(type, floats), *map(type, ints)} <= _FLOAT:
         return list(floats), list(ints)  # on CPU every figure is read already
     out_f: list[float] = [NAN] * len(floats)
     out_i: list[float] = [NAN] * len(ints)
@@ -229,19 +243,46 @@ class _Reductions:
         return range(first, self.n)
 
     def fill(self, entries: Sequence[int], ts: list[torch.Tensor]) -> None:
-        """The figures of `ts` into the reserved `entries`: the native pass for all it takes
-        in one call, the torch path for the rest."""
-        rest: list[torch.Tensor] = []
-        at: list[int] = []
-        for e, t, row in zip(entries, ts, _cpu_rows(ts), strict=True):
-            if row is None:
-                if not freed(t):  # else NaN: not measured
-                    at.append(e)
-                    rest.append(t)
+        """The figures of `ts` into the reserved `entries`: the native pass (as `_cpu_rows`
+        takes a tensor, in one loop: this runs for every output and gradient of every step)
+        for all it takes in one call, the torch path for the rest."""
+        blocks: list[tuple[int, int, bool]] = []
+        native_at: list[int] = []   # positions in ts of the blocks
+        rest: list[int] = []        # positions in ts of the torch path's tensors
+        for k, t in enumerate(ts):
+            dt = t.dtype
+            if (t.is_cpu and (dt is torch.float32 or dt is torch.float64)
+                    and t.layout is torch.strided and t.is_contiguous() and not t.is_neg()
+                    and (n := t.numel()) > 0):
+                # a freed storage (FSDP's unsharded parameters) is at address 0: NaN
+                if p := t.data_ptr():
+                    blocks.append((p, n, dt is torch.float32))
+                    native_at.append(k)
+            elif not freed(t):
+                rest.append(k)
+        if blocks:
+            got = native.stats_passes(blocks)
+            if got is None:  # the kernels are not built
+                rest += native_at
             else:
-                self.floats[3 * e:3 * e + 3] = row
-        if rest:
-            self._torch(rest, at)
+                f = self.floats
+                for k, r in zip(native_at, got, strict=True):
+                    if r is not None and math.isfinite(r[3]):
+                        e = 3 * entries[k]
+                        f[e:e + 3] = (math.sqrt(r[3]), r[0], r[1])
+                    else:  # a value or the sum of squares not finite: counted there
+                        rest.append(k)
+        if rest:  # an output as its module returned it: detached, no graph
+            self._torch([ts[k].detach() for k in rest], [entries[k] for k in rest])
+
+    def copy(self, pairs: Iterable[tuple[int, int]]) -> None:
+        """Each `(entry, source)`: the entry takes the figures (and counts) of `source`, an
+        entry of the same tensor filled already."""
+        f = self.floats
+        for e, src in pairs:
+            f[3 * e:3 * e + 3] = f[3 * src:3 * src + 3]
+            if src in self.counted:
+                self.counted[e] = self.counted[src]
 
     def _torch(self, ts: list[torch.Tensor], entries: list[int]) -> None:
         """The torch path of `ts`, into the places of `entries`."""
@@ -263,14 +304,17 @@ class _Reductions:
 Row = tuple[float, float, float, float, float]
 
 
-def _rows(red: _Reductions, f: list[float], c: list[float]) -> list[Row]:
-    """(norm, min, max, nan, inf) per entry of `red`, from its read-back floats and counts."""
-    out = []
-    for e in range(red.n):
-        at = red.counted.get(e)
-        nan, inf = (c[at], c[at + 1]) if at is not None else (0.0, 0.0)
-        out.append((f[3 * e], f[3 * e + 1], f[3 * e + 2], nan, inf))
-    return out
+Columns = tuple[list[float], list[float], list[float], list[float], list[float]]
+
+
+def _columns(red: _Reductions, f: list[float], c: list[float]) -> Columns:
+    """(norm, min, max, nan, inf) columns over the entries of `red`, from its read-back floats
+    and counts (slices, not a tuple per entry: this runs every step)."""
+    end = 3 * red.n
+    nan, inf = [0.0] * red.n, [0.0] * red.n
+    for e, at in red.counted.items():
+        nan[e], inf[e] = c[at], c[at + 1]
+    return f[0:end:3], f[1:end:3], f[2:end:3], nan, inf
 
 
 def _combine(rows: list[Row]) -> Row:
@@ -315,8 +359,8 @@ class Collector:
         self.compiled_modules: set[int] = set()  # hooks seen inside torch.compile regions
         self._act = _Reductions()               # this step's activation reductions
         self._acts: dict[int, list[int]] = {}   # module -> its entries in self._act
-        self._seen: dict[tuple, tuple[tuple, range]] = {}  # an output reduced: (refs, entries)
-        # outputs held for a batched pass: (detached output, its version then, module, entry;
+        self._seen: dict[tuple[int, int], tuple[Any, int]] = {}  # a tensor reduced: (ref, entry)
+        # outputs held for a batched pass: (output, its version then, module, entry;
         # -1: reduced already, held to prove the module's outputs stay unchanged)
         self._held: list[tuple[torch.Tensor, int, int, int]] = []
         self._held_bytes = 0
@@ -371,32 +415,42 @@ class Collector:
                 ts = _float_leaves(output)
             if not ts:
                 return
-            # a container returning its child's output gets the child's entries: the same
-            # tensor objects, unchanged since. Identity is checked through weak references
-            # (an address or an id is reused once its tensor is freed, and the next output
-            # put there would take the freed one's figure); nothing here keeps a tensor alive
-            key = tuple((id(t), t._version) for t in ts)
-            seen = self._seen.get(key)
-            if seen is None or not all(r() is t for r, t in zip(seen[0], ts, strict=True)):
-                if _len_dispatch_stack() == 0:  # no mode to hide from: detached suffices
-                    ds = [t.detach() for t in ts]
-                    if self._deferred[idx] and _holdable(ds):
-                        entries = self._hold(idx, ds)
-                    else:
-                        entries = self._act.add(ds)
-                        if idx not in self._in_place and _holdable(ds):
-                            self._hold(idx, ds, probe=True)
+            # a container returning its child's output (the whole of it, or one tensor of
+            # its tuple) gets the child's entry of each such tensor: the same tensor object,
+            # unchanged since. Identity is checked through weak references (an address or an
+            # id is reused once its tensor is freed, and the next output put there would take
+            # the freed one's figure); nothing here keeps a tensor alive
+            seen = self._seen
+            mine = self._acts.setdefault(idx, [])
+            new = []
+            for t in ts:
+                hit = seen.get((id(t), t._version))
+                if hit is not None and hit[0]() is t:
+                    mine.append(hit[1])
                 else:
-                    with _NoDispatch():
-                        entries = self._act.add(ts)
-                seen = self._seen[key] = (tuple(weakref.ref(t) for t in ts), entries)
-            self._acts.setdefault(idx, []).extend(seen[1])
+                    new.append(t)
+            if not new:
+                return
+            if _len_dispatch_stack() == 0:  # no mode to hide from: reductions record nothing
+                if self._deferred[idx] and _holdable(new):
+                    entries = self._hold(idx, new)
+                else:
+                    entries = self._act.add(new)
+                    if idx not in self._in_place and _holdable(new):
+                        self._hold(idx, new, probe=True)
+            else:
+                with _NoDispatch():
+                    entries = self._act.add(new)
+            for t, e in zip(new, entries, strict=True):
+                seen[(id(t), t._version)] = (weakref.ref(t), e)
+            mine.extend(entries)
         except Exception:  # never break the user's forward
             log.exception("monitor: activation figures of %s failed",
                           self.module_names[idx])
 
     def _hold(self, idx: int, ds: list[torch.Tensor], probe: bool = False) -> range:
-        """Keep module `idx`'s small outputs `ds` for one batched pass (`_flush`), or, with
+        """Keep module `idx`'s small outputs `ds` (the tensors it returned: the pass knows a
+        tensor held twice by its identity) for one batched pass (`_flush`), or, with
         `probe`, to see whether they stay unchanged until it (they were reduced already).
         A module's outputs are batched only once a probe saw them unchanged at the pass."""
         entries = range(0) if probe else self._act.reserve(len(ds))
@@ -415,33 +469,46 @@ class Collector:
         held, self._held, self._held_bytes = self._held, [], 0
         ts: list[torch.Tensor] = []
         entries: list[int] = []
-        made: dict[tuple[int, int], int] = {}  # (id, version) -> entry: all alive, held here
+        # a tensor held twice (a container returning its child's output) is passed over
+        # once: (id, version) -> its entry, sound here because every tensor held is alive
+        made: dict[tuple[int, int], int] = {}
+        same: list[tuple[int, int]] = []  # (entry, the entry of the same tensor) to copy
         acts = self._acts
-        for t, version, idx, e in held:
-            if t._version != version:
-                self._deferred[idx] = False
-                self._in_place.add(idx)
-                if e == _LATER:  # the call's figure is lost: NaN, never the rest's alone
-                    e = self._act.reserve(1)[0]
-                    acts.setdefault(idx, []).append(e)
-                if e >= 0:
-                    self.unmeasured.add(idx)
-            elif e == _LATER:  # a tensor kept by the hook: reduced here, once per tensor
-                if not t.is_floating_point() or t.numel() == 0:
+        red = self._act
+        first_new = nxt = red.n  # the hook's tensors' entries, reserved together below
+        try:
+            for t, version, idx, e in held:
+                if t._version != version:
+                    self._deferred[idx] = False
+                    self._in_place.add(idx)
+                    if e == _LATER:  # the call's figure is lost: NaN, never the rest's alone
+                        e, nxt = nxt, nxt + 1
+                        acts.setdefault(idx, []).append(e)
+                    if e >= 0:
+                        self.unmeasured.add(idx)
                     continue
-                e = made.get((id(t), version), -1)
-                if e < 0:
-                    e = made[(id(t), version)] = self._act.reserve(1)[0]
-                    ts.append(t.detach())
+                if e == -1:  # a probe, reduced already: its module's outputs stay unchanged
+                    if idx not in self._in_place:
+                        self._deferred[idx] = True
+                    continue
+                if e == _LATER:  # a tensor kept by the hook: its entry made here
+                    if not t.is_floating_point() or t.numel() == 0:
+                        continue
+                    e, nxt = nxt, nxt + 1
+                    acts.setdefault(idx, []).append(e)
+                tensor = (id(t), version)  # every tensor held is alive: its id is its own
+                first = made.setdefault(tensor, e)
+                if first == e:
+                    ts.append(t)
                     entries.append(e)
-                acts.setdefault(idx, []).append(e)
-            elif e >= 0:
-                ts.append(t)
-                entries.append(e)
-            elif idx not in self._in_place:
-                self._deferred[idx] = True
+                else:  # held before: its figures are that entry's
+                    same.append((e, first))
+        finally:  # every entry a module was given exists (NaN until filled)
+            red.reserve(nxt - first_new)
         if ts:
             self._act.fill(entries, ts)
+        if same:
+            self._act.copy(same)
 
     def _flush_or_log(self) -> None:
         try:
@@ -465,7 +532,7 @@ class Collector:
                 if kwargs and "closure" in kwargs:
                     return tuple(args), {**kwargs, "closure": wrapped}
                 return (wrapped, *args[1:]), dict(kwargs or {})
-            with _NoDispatch():
+            with _guards():
                 self._grad_figures()
             if self.detail:
                 self._keep_parameters()
@@ -477,7 +544,7 @@ class Collector:
         def measured_closure() -> Any:
             out = closure()
             try:
-                with _NoDispatch():
+                with _guards():
                     self._grad_figures()  # a closure called again (LBFGS): its last call's
             except Exception:
                 log.exception("monitor: reading gradients after the closure failed")
@@ -487,7 +554,7 @@ class Collector:
     def _keep_parameters(self) -> None:
         """The parameters before the update, into buffers reused step to step."""
         try:
-            with _NoDispatch():
+            with _guards():
                 ps = [_local(p).detach() for p in self.params]
                 bufs = self._buffers
                 if bufs is None or any(b.shape != p.shape or b.dtype != p.dtype
@@ -505,7 +572,7 @@ class Collector:
         if not self.recording or self._before is None:
             return
         try:
-            with _NoDispatch():
+            with _guards():
                 ps = [_local(p).detach() for p in self.params]
                 both = [i for i in self._kept if not freed(ps[i])]  # else NaN: not measured
                 diff = [self._before[i] for i in both]
@@ -537,7 +604,7 @@ class Collector:
             g = p.grad
             if g is not None:
                 have.append(i)
-                ts.append(g.detach() if type(g) is torch.Tensor else _local(g).detach())
+                ts.append(g if type(g) is torch.Tensor else _local(g))  # read, not changed
         red = _Reductions()
         red.add(ts)
         self._grads = (have, red)
@@ -546,7 +613,7 @@ class Collector:
         """Stop recording; return this step's figures as Python floats (one read-back)."""
         self.recording = False
         self._seen = {}
-        with _NoDispatch():
+        with _guards():
             try:
                 self._flush()
             except Exception:  # the figures of the held outputs stay NaN
@@ -565,8 +632,8 @@ class Collector:
             floats = act.floats + grads.floats + p_norms + update + \
                 [n for _, _, ns in state for n in ns]
             f, c = _read_back(floats, act.ints + grads.ints)
-        acts = _rows(act, f, c)
-        g_rows = _rows(grads, f[3 * act.n:], c[len(act.ints):])
+        acts = _columns(act, f, c)
+        g_cols = _columns(grads, f[3 * act.n:], c[len(act.ints):])
         at = 3 * (act.n + grads.n)
         par_norm = f[at:at + len(p_norms)] if detail else [NAN] * len(self.params)
         at += len(p_norms)
@@ -577,7 +644,7 @@ class Collector:
             for i, v in zip(idx, f[at:at + len(ns)], strict=True):
                 row[i] = v
             states[key], at = row, at + len(ns)
-        return self._assemble(acts, have, g_rows, par_norm, upd, states)
+        return self._assemble(acts, have, g_cols, par_norm, upd, states)
 
     def _state_norms(self, detail: bool = True
                      ) -> list[tuple[str, list[int], list[Value]]]:
@@ -608,30 +675,36 @@ class Collector:
                 out.append((k, [], []))
         return out
 
-    def _assemble(self, acts: list[Row], have: list[int], grads: list[Row],
+    def _assemble(self, acts: Columns, have: list[int], grads: Columns,
                   par_norm: list[float], upd: list[float] | None,
                   states: dict[str, list[float]]) -> dict[str, Any]:
         m, p = len(self.module_names), len(self.params)
-        unmeasured = (NAN,) * len(MODULE_FIGURES)
-        # a module called several times: one figure for all its calls
-        by_module = [_combine([acts[e] for e in self._acts[i]]) if i in self._acts
-                     else unmeasured for i in range(m)]
-        mod: dict[str, list[float]] = dict(zip(
-            MODULE_FIGURES, map(list, zip(*by_module, strict=True)), strict=True)) if m else \
-            {f: [] for f in MODULE_FIGURES}
+        cols = tuple([NAN] * m for _ in MODULE_FIGURES)  # a module that did not run: NaN
+        norm, lo, hi, nan, inf = cols
+        e_norm, e_lo, e_hi, e_nan, e_inf = acts
+        for i, es in self._acts.items():
+            if len(es) == 1:
+                e = es[0]
+                norm[i], lo[i], hi[i], nan[i], inf[i] = (e_norm[e], e_lo[e], e_hi[e],
+                                                         e_nan[e], e_inf[e])
+            elif es:  # a module called several times: one figure for all its calls
+                norm[i], lo[i], hi[i], nan[i], inf[i] = _combine(
+                    [(e_norm[e], e_lo[e], e_hi[e], e_nan[e], e_inf[e]) for e in es])
+        mod: dict[str, list[float]] = dict(zip(MODULE_FIGURES, cols, strict=True))
         par: dict[str, list[float]] = {f: [NAN] * p for f in PARAM_FIGURES}
         par["norm"] = par_norm
         grad_figures = ("grad_norm", "grad_min", "grad_max", "grad_nan", "grad_inf")
-        if len(have) == p and p:  # every parameter has its gradient: columns as they are
-            par.update(zip(grad_figures, map(list, zip(*grads, strict=True)), strict=True))
+        if len(have) == p:  # every parameter has its gradient: the columns as they are
+            par.update(zip(grad_figures, grads, strict=True))
         else:
-            for k, i in enumerate(have):
-                for j, f in enumerate(grad_figures):
-                    par[f][i] = grads[k][j]
+            for f, src in zip(grad_figures, grads, strict=True):
+                col = par[f]
+                for k, i in enumerate(have):
+                    col[i] = src[k]
         if upd is not None:
             par["update_ratio"] = [u / w if w > 0 else NAN for u, w in zip(upd, par_norm,
                                                                           strict=True)]
-        gn = [par["grad_norm"][i] for i in have]
+        gn = grads[0]  # the gradients' norms, of the parameters that have one
         total = math.sqrt(sum(x * x for x in gn)) if gn else NAN
         # the sum of all states' norms per parameter, for the one 'state_norm' figure
         if states and self.detail:

@@ -70,9 +70,8 @@ def _clone(obj: Any) -> Any:
     # the modes are popped only when there are some (a dumper, `sim`): popping none costs
     modes = _disable_current_modes() if torch._C._len_torch_dispatch_stack() else nullcontext()
     if isinstance(modes, nullcontext) and _flat_plain(obj) is not None:
-        args, kwargs = obj
-        with torch.no_grad():
-            return (tuple(_copy(x) for x in args), {k: _copy(v) for k, v in kwargs.items()})
+        args, kwargs = obj  # detached copies record no graph: no grad-mode context needed
+        return (tuple(_copy(x) for x in args), {k: _copy(v) for k, v in kwargs.items()})
     with modes, torch.no_grad():
         return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, obj)
 

@@ -215,7 +215,7 @@ def _rows_of(ts: list[torch.Tensor]) -> list[tuple[float, ...]]:
     red = figures._Reductions()
     red.add(ts)
     f, c = figures._read_back(red.floats, red.ints)
-    return figures._rows(red, f, c)
+    return list(zip(*figures._columns(red, f, c), strict=True))
 
 
 def test_the_native_pass_gives_the_figures_of_the_torch_path(monkeypatch):
@@ -430,3 +430,105 @@ def test_a_parameter_whose_storage_was_freed_is_not_measured_and_training_goes_o
     out = subprocess.run([sys.executable, "-c", _FREED_SCRIPT, str(tmp_path / "f.monitor.h5")],
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0 and "trained" in out.stdout, (out.returncode, out.stderr[-800:])
+
+
+class _Narrow(nn.Module):
+    """Returns the first rows of its Linear's output: another tensor at the same address."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.lin(x)[:4]
+
+
+class _Passing(nn.Module):
+    """Returns its Linear's output itself, in a tuple (as an attention block returns its
+    output projection's)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.lin(x), None
+
+
+class _SharedOutputs(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.narrow = _Narrow(d)
+        self.passing = _Passing(d)
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x):
+        y, _ = self.passing(self.narrow(x))
+        return self.head(y)
+
+
+def test_a_tensor_returned_again_by_its_container_is_passed_over_once(tmp_path, monkeypatch):
+    """A container returning its child's output (the tensor itself, or in a tuple) shares
+    the child's figure, and the step's pass reads that tensor once; another tensor at the
+    same address (a view of the first rows) keeps its own figure."""
+    from accuracy import native
+
+    if native.kernels() is None:
+        pytest.skip("no C compiler: the native pass is not built")
+    model = _SharedOutputs()
+    offered: list[int] = []
+    real = native.stats_passes
+
+    def spy(blocks):
+        offered.extend(n for _, n, _ in blocks)
+        return real(blocks)
+
+    monkeypatch.setattr(native, "stats_passes", spy)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    per_step: list[int] = []
+
+    def step(batch):  # the values offered in the monitored step before (its end included)
+        per_step.append(sum(offered))
+        offered.clear()
+        x, y = batch
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y[:4]).backward()
+        opt.step()
+
+    n_bad, checked, bad = _mismatches(model, step, _batches(12), tmp_path)
+    assert checked >= 12 * 6
+    assert n_bad == 0, bad[:5]
+    # narrow.lin 8x16, narrow 4x16, passing.lin 4x16 (passing's tuple: the same tensor),
+    # head 4x1 (the root's output: the same tensor), then every gradient
+    params = sum(p.numel() for p in model.parameters())
+    once = 128 + 64 + 64 + 4 + params
+    # steps 3-9; step 10 reads the parameters' norms too (every 10th step)
+    assert per_step[4:] == [once] * 7 + [once + params], per_step
+
+
+def test_a_tensor_is_known_again_only_while_it_lives():
+    """A tensor measured already is known again by its identity, checked through a weak
+    reference: a later output that CPython gives the freed one's id (and the same version)
+    is measured as itself, never given the freed one's figure."""
+    from accuracy.monitor import figures
+
+    col = figures.Collector(nn.Sequential(nn.Identity(), nn.Identity()))
+    first, second = col.module_names.index("0"), col.module_names.index("1")
+    n, calls, reused = 70_000, 50, 0  # 280 KB: over the holding bound, measured at once
+    col.start(detail=False)
+    for _ in range(calls):
+        a = torch.full((n,), 1.0)
+        col._measure(first, a)
+        freed_id = id(a)
+        del a
+        b = torch.full((n,), 2.0)
+        reused += id(b) == freed_id
+        col._measure(second, b)
+        del b
+    figs = col.collect()
+    col.close()
+    assert reused > 0  # the case this test is about did happen
+    norms = dict(zip(col.module_names, figs["module"]["act_norm"], strict=True))
+    assert norms["0"] == pytest.approx(math.sqrt(n * calls))
+    assert norms["1"] == pytest.approx(2 * math.sqrt(n * calls))
