@@ -20,7 +20,7 @@ from accuracy.compare.terminal import NOT_COMPARED, NOT_REPLAYED, format_summary
 from accuracy.compare.writers import DEFAULT_FORMATS, WRITERS
 from accuracy.compare.writers import FORMATS as ALL_FORMATS
 from accuracy.errors import InputNotFoundError, OutputExistsError, UsageError
-from accuracy.outputs import writable_folder
+from accuracy.outputs import folder_could_be_written, writable_folder
 
 FORMATS = DEFAULT_FORMATS  # the compare command's default --formats (xlsx only when asked)
 
@@ -278,10 +278,12 @@ def check_formats(formats: tuple[str, ...]) -> None:
         raise UsageError(f"unknown report formats {sorted(bad)}; choose from {ALL_FORMATS}")
 
 
-def check_report_dir(out_dir: str | os.PathLike[str], overwrite: bool) -> Path:
-    """`out_dir`, created, if a report may be written there: never over a file, over an
-    earlier report only with overwrite, and only where files can be written (else an
-    OutputExistsError or OutputNotWritableError saying what to do)."""
+def check_report_dir(out_dir: str | os.PathLike[str], overwrite: bool, *,
+                     create: bool = True) -> Path:
+    """`out_dir`, created (unless `create` is False: a check before the compare runs), if a
+    report may be written there: never over a file, over an earlier report only with
+    overwrite, and only where files can be written (else an OutputExistsError or
+    OutputNotWritableError saying what to do)."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"-o {out} is a file, not a report folder; name a folder "
@@ -289,6 +291,8 @@ def check_report_dir(out_dir: str | os.PathLike[str], overwrite: bool) -> Path:
     if (out / "summary.json").exists() and not overwrite:
         raise OutputExistsError(f"{out} already holds a report; pass --overwrite or choose "
                                 "another -o folder")
+    if not create:
+        return folder_could_be_written(out, "-o")
     return writable_folder(out, "-o")
 
 
