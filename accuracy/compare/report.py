@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from accuracy.compare.checks import OWN_RANDOM
+from accuracy.compare.checks import LOSS_SCALES_DIFFER, OWN_RANDOM
 from accuracy.compare.compiled_align import FUSED_AWAY
 from accuracy.compare.draws import DRAWS_DIFFER, draws_line, ops_drawn
 from accuracy.compare.judge import KERNEL_PREFIX, amplification_is_evidence
@@ -140,8 +140,9 @@ def analyse(rows: list[Row], cfg: dict[str, Any], meta: dict[str, Any]
         summary["coverage"]["random_ops_differ"] = ops_drawn(drawn)
         key = "notes" if replayed else "blind"
         summary[key] = [*(summary.get(key) or []), draws]
-    first = [m for m in meta.get("refusals") or [] if "incomplete" in m or OWN_RANDOM in m]
-    if first:  # the reason for missing rows comes before any count of them
+    first = [m for m in meta.get("refusals") or []
+             if "incomplete" in m or OWN_RANDOM in m or m.startswith(LOSS_SCALES_DIFFER)]
+    if first:  # the reason for missing rows or figures comes before any count of them
         summary["warning"] = " ".join(first + [summary.get("warning", "")]).strip()
     return summary
 

@@ -256,6 +256,10 @@ def test_a_loss_scaled_on_one_side_only_is_said_before_the_counts(tmp_path):
     assert "scaled the loss by 65536, golden's by 1 (no GradScaler)" in lines[0]
     text = rep.format()
     assert text.index("loss scales differ") < text.index("  rows ")
+    assert text.count("loss scales differ") == 1
+    assert rep.summary["warning"].startswith("loss scales differ")  # the page's warning box
+    rep.write(tmp_path / "rep", ("html",))
+    assert "loss scales differ" in (tmp_path / "rep" / "index.html").read_text()
     same = compare(dev, _scaled_step(tmp_path / "dev2.h5", scaler_on=True))
     assert not any("loss scales" in m for m in same.summary["refusals"])
     other = compare(dev, _scaled_step(tmp_path / "dev3.h5", True, init_scale=1024.0))
