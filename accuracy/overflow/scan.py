@@ -30,6 +30,7 @@ from accuracy.aten import (
 )
 from accuracy.dumpfile import Dump, load_dump, schema
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
+from accuracy.errors import UsageError
 from accuracy.records import CallSite, OverflowFinding
 
 FILL_PREFIXES = tuple(FILL_VALUE_ARGS)
@@ -184,7 +185,12 @@ def _ops_judged(d: Dump, online: bool) -> int:
 
 
 def scan_dump(d: Dump) -> OverflowReport:
-    """Scan an opened dump."""
+    """Scan an opened dump; a replay is refused (UsageError)."""
+    src = d.attrs.get(schema.ROOT_REPLAYED_FROM)
+    if src:  # the reference's figures of another dump's ops: its births would not show
+        raise UsageError(f"{d.path} is a replay of {src} (written by `accuracy replay`), not a "
+                         f"dump of a run: scan the dump itself (`accuracy overflow {src}`; "
+                         "--confirm-on cpu replays its births)")
     online = bool(d.attrs.get(schema.ROOT_CHECK_OVERFLOW))
     rep = OverflowReport(str(d.path), str(d.attrs.get(schema.ROOT_MODE, "?")), online,
                          _ops_judged(d, online),

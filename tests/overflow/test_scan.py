@@ -323,3 +323,21 @@ def test_a_dump_the_run_left_incomplete_is_said_so_before_no_birth(tmp_path, mod
     with dumper(str(whole), mode=mode):
         nn.Linear(4, 2)(torch.randn(3, 4)).sum().backward()
     assert scan(whole).complete and "INCOMPLETE" not in scan(whole).format()
+
+
+def test_a_replay_is_refused_for_the_dump_it_replayed(tmp_path, capsys):
+    """`accuracy overflow replay.h5` scanned the reference's figures of an fp16 step whose
+    matmul overflowed and printed "no op produced inf/nan from finite inputs"."""
+    from accuracy.errors import UsageError
+    from accuracy.replay import replay
+
+    dump, rep_path = tmp_path / "run.h5", tmp_path / "replay.h5"
+    with dumper(str(dump)):
+        _chain()
+    assert scan(dump).births
+    replay(dump, rep_path)
+    with pytest.raises(UsageError, match=r"is a replay of .*run\.h5.*accuracy overflow"):
+        scan(rep_path)
+    assert main(["overflow", str(rep_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("accuracy overflow: error: ") and "\n" not in err
