@@ -19,17 +19,19 @@ if TYPE_CHECKING:
     from accuracy.dumper import dumper
     from accuracy.dumper.compiled.standing import watch_compiled
     from accuracy.dumpfile import Dump, DumpError, load_dump
-    from accuracy.live import live_check, substitute
+    from accuracy.live import LiveCheckError, live_check, substitute
     from accuracy.steps import Schedule, schedule
 
 _LAZY = {"load_dump": "accuracy.dumpfile", "Dump": "accuracy.dumpfile",
          "DumpError": "accuracy.dumpfile",
          "live_check": "accuracy.live", "substitute": "accuracy.live",
+         "LiveCheckError": "accuracy.live",
          "PrecisionDebugger": "accuracy.debugger", "schedule": "accuracy.steps",
          "Schedule": "accuracy.steps",
          "watch_compiled": "accuracy.dumper.compiled.standing"}
 
-__all__ = ["dumper", "load_dump", "Dump", "DumpError", "live_check", "substitute",
+__all__ = ["dumper", "load_dump", "Dump", "DumpError", "live_check", "LiveCheckError",
+           "substitute",
            "PrecisionDebugger", "schedule", "Schedule", "watch_compiled", "__version__"]
 
 

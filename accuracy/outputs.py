@@ -23,9 +23,34 @@ def writable_folder(folder: str | os.PathLike[str], what: str = "output") -> Pat
         with tempfile.TemporaryFile(dir=p):
             pass
     except OSError as e:
-        reason = e.strerror or type(e).__name__
-        if isinstance(e, FileExistsError) or (p.exists() and not p.is_dir()):
-            reason = "a file is in the way of the folder"
-        raise OutputNotWritableError(f"{what} {p}: cannot write there ({reason}); choose "
-                                     "another place") from None
+        raise _not_writable(p, e, what) from None
     return p
+
+
+def folder_could_be_written(folder: str | os.PathLike[str], what: str = "output") -> Path:
+    """Check `folder` could be created and written, creating nothing; returns it.
+
+    For a check made before the work: a command refused later (its input unreadable) must
+    not leave an empty folder the user did not have. The probe file goes in the nearest
+    folder that exists, where creating `folder` would need the same right.
+    """
+    p = Path(folder) if str(folder) else Path(".")
+    existing = p
+    while not (existing.exists() or existing.is_symlink()) and existing.parent != existing:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise FileExistsError(f"{existing} is not a folder")
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise _not_writable(p, e, what) from None
+    return p
+
+
+def _not_writable(p: Path, e: OSError, what: str) -> OutputNotWritableError:
+    reason = e.strerror or type(e).__name__
+    if isinstance(e, FileExistsError) or (p.exists() and not p.is_dir()):
+        reason = "a file is in the way of the folder"
+    return OutputNotWritableError(f"{what} {p}: cannot write there ({reason}); choose "
+                                  "another place")

@@ -387,3 +387,22 @@ def test_compare_to_an_existing_file_says_so(lm_runs, in_tmp, capsys):
         assert "\n" not in err
     assert Path("taken").read_text() == "someone's notes"
 
+
+
+REFUSED_COMPARES = [
+    (["-m", "{text}", "-g", "{dump}"], "not an HDF5 file"),
+    (["-m", "{missing}", "-g", "{dump}"], "no such file"),
+    (["-m", "{dump}", "-g", "{dump}", "-r", "{dump}"], "not a replay"),
+    (["-m", "{dump}", "-g", "{dump}", "--formats", "json,pdf"], "unknown report formats"),
+]
+
+
+@pytest.mark.parametrize("argv,word", REFUSED_COMPARES,
+                         ids=[" ".join(c[0]) for c in REFUSED_COMPARES])
+def test_a_refused_compare_leaves_no_report_folder(argv, word, files, tmp_path, capsys):
+    out = tmp_path / "new" / "report"
+    assert main(["compare", *_fill(argv, files), "-o", str(out)]) == 2
+    assert word in capsys.readouterr().err
+    assert not (tmp_path / "new").exists(), "a refused compare made the -o folder"
+    assert main(["compare", "-m", files["dump"], "-g", files["dump"], "-o", str(out)]) == 0
+    assert (out / "summary.json").exists()  # made when the report is written

@@ -23,6 +23,7 @@ from accuracy.compare.checks import (
     check_same_model,
     check_swapped,
     incomplete,
+    loss_scales_differ,
     own_random,
 )
 from accuracy.compare.compiled_align import is_kernel
@@ -115,7 +116,8 @@ def compare(my: DumpLike, golden: DumpLike, replay: DumpLike | None = None, *,
             check_replay(dm, dr)
         check_swapped(dm, dg)
         refusals = [m for m in (incomplete(dm, "my"), incomplete(dg, "golden"),
-                                own_random(dm, "my"), own_random(dg, "golden")) if m]
+                                own_random(dm, "my"), own_random(dg, "golden"),
+                                loss_scales_differ(dm, dg)) if m]
         for m in refusals:  # the report carries them (summary refusals, the terminal's
             log.info("%s", m)  # WARNING lines): at warning level the CLI printed them twice
         blind = blind_lines(dm.attrs, "my") + blind_lines(dg.attrs, "golden")

@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from accuracy.aten import AMP_UPDATE_OP
 from accuracy.dumpfile import Dump
 from accuracy.dumpfile import compiled as compiled_attrs
 from accuracy.errors import NotComparableError, UsageError
@@ -29,6 +30,9 @@ from accuracy.errors import NotComparableError, UsageError
 log = logging.getLogger(__name__)
 # Backends a golden run is normally recorded on.
 REFERENCE_BACKENDS = ("cpu",)
+
+
+LOSS_SCALES_DIFFER = "loss scales differ"  # a WARNING line said before the counts
 
 
 def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
@@ -69,6 +73,39 @@ def incomplete(d: Dump, side: str) -> str | None:
     return (f"{side} dump {d.path} is incomplete (the run stopped before the dumper closed: "
             f"a crash, a kill or a full disk); it holds {len(d.records)} ops, and rows after "
             "its last op are unmatched for that reason")
+
+
+def loss_scales(d: Dump) -> list[float]:
+    """The loss scale of each GradScaler step in the dump: its update's scale input, recorded
+    before the update. (Not the unscale's inv_scale: with a fused optimizer it is 1 and the
+    optimizer unscales.) Empty without GradScaler."""
+    out = []
+    for r in d.records:
+        if r.op == AMP_UPDATE_OP and r.inputs:
+            top = (r.inputs[0].stats or {}).get("max")
+            if top is not None:
+                out.append(float(top))
+    return out
+
+
+def loss_scales_differ(my: Dump, golden: Dump) -> str | None:
+    """A sentence when the two runs scaled their loss differently (GradScaler on one side
+    only, or other scales), else None: every gradient before the unscale then differs from
+    golden's by the ratio, and the backward's accumulated figures measure the scale."""
+    a, b = loss_scales(my), loss_scales(golden)
+    if (a or [1.0]) == (b or [1.0]):
+        return None
+
+    def said(scales: list[float]) -> str:
+        if not scales:
+            return "1 (no GradScaler)"
+        return ", ".join(f"{v:g}" for v in dict.fromkeys(scales))
+
+    return (f"{LOSS_SCALES_DIFFER}: my run's GradScaler scaled the loss by {said(a)}, golden's "
+            f"by {said(b)}: gradients before the unscale differ from golden's by that factor, "
+            "so the backward's accumulated figures and first divergence show the scale, not "
+            "numerics; scale both runs alike (the same GradScaler init_scale, or none on "
+            "either side) or compare with -r (each op judged on its own inputs)")
 
 
 def _run_name(d: Dump) -> str:

@@ -54,7 +54,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from accuracy.ranks import is_multirank
 
     if args.output:  # refused before the compare runs, not after
-        check_report_dir(args.output, args.overwrite)
+        check_report_dir(args.output, args.overwrite, create=False)  # made when written
         check_formats(_formats(args))
     from accuracy.compare.steps import is_step_tree
 

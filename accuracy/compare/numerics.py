@@ -161,7 +161,14 @@ _SUMS_OF_INPUT0: dict[str, tuple[int | None, tuple[int, ...]]] = {
     "aten.native_batch_norm_backward": (9, (1, 2)),
     "aten.native_layer_norm_backward": (7, (1, 2)),
     "aten.native_group_norm_backward": (9, (1, 2)),
+    # a norm's mean output: the mean of input 0 over what it normalises (a residual stream's
+    # rows cancel to 1/1000 of their size)
+    "aten.native_layer_norm": (None, (1,)), "aten.native_batch_norm": (None, (1,)),
+    "aten.native_group_norm": (None, (1,)),
 }
+# Those of them that are means (the sum over K terms divided by K).
+_MEANS = frozenset({"aten.mean", "aten.native_layer_norm", "aten.native_batch_norm",
+                    "aten.native_group_norm"})
 
 
 def cancellation(record: Any, out_idx: int) -> float | None:
@@ -189,7 +196,7 @@ def cancellation(record: Any, out_idx: int) -> float | None:
     if lx is None or lo is None or not (math.isfinite(lx) and math.isfinite(lo)):
         return None
     k = x.numel // out.numel
-    total = lo * (k if op == "aten.mean" else 1)  # a mean is its sum over k
+    total = lo * (k if op in _MEANS else 1)  # a mean is its sum over k
     if total <= 0:
         return math.inf if lx > 0 else 1.0
     return max(1.0, math.sqrt(k) * lx / total)

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from accuracy.compare.checks import OWN_RANDOM
+from accuracy.compare.checks import LOSS_SCALES_DIFFER, OWN_RANDOM
 from accuracy.compare.compiled_align import FUSED_AWAY
 from accuracy.compare.draws import DRAWS_DIFFER, draws_line, ops_drawn
 from accuracy.compare.judge import KERNEL_PREFIX, amplification_is_evidence
@@ -20,7 +20,7 @@ from accuracy.compare.terminal import NOT_COMPARED, NOT_REPLAYED, format_summary
 from accuracy.compare.writers import DEFAULT_FORMATS, WRITERS
 from accuracy.compare.writers import FORMATS as ALL_FORMATS
 from accuracy.errors import InputNotFoundError, OutputExistsError, UsageError
-from accuracy.outputs import writable_folder
+from accuracy.outputs import folder_could_be_written, writable_folder
 
 FORMATS = DEFAULT_FORMATS  # the compare command's default --formats (xlsx only when asked)
 
@@ -140,8 +140,9 @@ def analyse(rows: list[Row], cfg: dict[str, Any], meta: dict[str, Any]
         summary["coverage"]["random_ops_differ"] = ops_drawn(drawn)
         key = "notes" if replayed else "blind"
         summary[key] = [*(summary.get(key) or []), draws]
-    first = [m for m in meta.get("refusals") or [] if "incomplete" in m or OWN_RANDOM in m]
-    if first:  # the reason for missing rows comes before any count of them
+    first = [m for m in meta.get("refusals") or []
+             if "incomplete" in m or OWN_RANDOM in m or m.startswith(LOSS_SCALES_DIFFER)]
+    if first:  # the reason for missing rows or figures comes before any count of them
         summary["warning"] = " ".join(first + [summary.get("warning", "")]).strip()
     return summary
 
@@ -278,10 +279,12 @@ def check_formats(formats: tuple[str, ...]) -> None:
         raise UsageError(f"unknown report formats {sorted(bad)}; choose from {ALL_FORMATS}")
 
 
-def check_report_dir(out_dir: str | os.PathLike[str], overwrite: bool) -> Path:
-    """`out_dir`, created, if a report may be written there: never over a file, over an
-    earlier report only with overwrite, and only where files can be written (else an
-    OutputExistsError or OutputNotWritableError saying what to do)."""
+def check_report_dir(out_dir: str | os.PathLike[str], overwrite: bool, *,
+                     create: bool = True) -> Path:
+    """`out_dir`, created (unless `create` is False: a check before the compare runs), if a
+    report may be written there: never over a file, over an earlier report only with
+    overwrite, and only where files can be written (else an OutputExistsError or
+    OutputNotWritableError saying what to do)."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"-o {out} is a file, not a report folder; name a folder "
@@ -289,6 +292,8 @@ def check_report_dir(out_dir: str | os.PathLike[str], overwrite: bool) -> Path:
     if (out / "summary.json").exists() and not overwrite:
         raise OutputExistsError(f"{out} already holds a report; pass --overwrite or choose "
                                 "another -o folder")
+    if not create:
+        return folder_could_be_written(out, "-o")
     return writable_folder(out, "-o")
 
 

@@ -64,6 +64,9 @@ class DumpInfo:
                if s.get("bytes_in_replayed_dump") else ""),
             f"  stored bytes checked by {s.get('checksum_kind', 'bit-pattern sum')}",
         ]
+        if a.get("load_file_path"):  # its ops ran on another run's inputs, not the device's
+            lines.append(f"  load mode: {a.get('ops_loaded', 0)} ops computed on the golden "
+                         f"inputs of {shown(str(a['load_file_path']))}")
         faults = a.get("faults_applied") or []
         if faults:
             lines.append(f"  faults injected: {len(faults)}")

@@ -30,6 +30,7 @@ from accuracy.aten import (
 )
 from accuracy.dumpfile import Dump, load_dump, schema
 from accuracy.dumpfile.reader import OpRecord, TensorRecord
+from accuracy.errors import UsageError
 from accuracy.records import CallSite, OverflowFinding
 
 FILL_PREFIXES = tuple(FILL_VALUE_ARGS)
@@ -53,6 +54,7 @@ class OverflowReport:
     skipped_steps: list[int] = field(default_factory=list)
     intended: list[Finding] = field(default_factory=list)  # masks: -inf fills and their uses
     contained: list[Finding] = field(default_factory=list)  # births later ops dropped
+    complete: bool = True  # the dumper closed it: every op of the run is in
 
     @property
     def culprits(self) -> list[Finding]:
@@ -71,6 +73,11 @@ class OverflowReport:
         verb = "checked" if self.online else "scanned"  # online: the dump holds only births
         lines = [f"{self.path}: {self.ops_scanned} ops {verb} ({self.mode} mode"
                  + (", recorded by check_overflow" if self.online else "") + ")"]
+        if not self.complete:
+            lines.append("INCOMPLETE: the run stopped before the dumper closed (an exception, "
+                         "Ctrl-C, a kill or a full disk): only the ops it kept were scanned; "
+                         "an inf/nan born after them is not seen (`accuracy info` says what "
+                         "it kept)")
         if not self.births:
             lines.append("no op produced inf/nan from finite inputs")
         else:
@@ -178,10 +185,16 @@ def _ops_judged(d: Dump, online: bool) -> int:
 
 
 def scan_dump(d: Dump) -> OverflowReport:
-    """Scan an opened dump."""
+    """Scan an opened dump; a replay is refused (UsageError)."""
+    src = d.attrs.get(schema.ROOT_REPLAYED_FROM)
+    if src:  # the reference's figures of another dump's ops: its births would not show
+        raise UsageError(f"{d.path} is a replay of {src} (written by `accuracy replay`), not a "
+                         f"dump of a run: scan the dump itself (`accuracy overflow {src}`; "
+                         "--confirm-on cpu replays its births)")
     online = bool(d.attrs.get(schema.ROOT_CHECK_OVERFLOW))
     rep = OverflowReport(str(d.path), str(d.attrs.get(schema.ROOT_MODE, "?")), online,
-                         _ops_judged(d, online))
+                         _ops_judged(d, online),
+                         complete=bool(d.attrs.get(schema.ROOT_COMPLETE)) and d.closed_cleanly)
     window: list[tuple[Finding, set[tuple]]] = []  # births, with their inputs' identities
     masks = _Masks()
     lineages: list[_Lineage] = []  # offline: where each birth's values went

@@ -229,3 +229,38 @@ def test_a_compiled_run_against_its_eager_golden_is_compared(compiled_runs):
     comp, eager = compiled_runs
     rep = compare(comp, eager)
     assert rep.summary["counts"]["error"] == 0 and rep.summary["counts"]["pass"] > 0
+
+
+def _scaled_step(path, scaler_on: bool, init_scale: float = 2.0 ** 16) -> str:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)  # unscales inside
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, enabled=scaler_on)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(1))
+    with dumper(str(path)):
+        scaler.scale(model(x).square().mean()).backward()
+        scaler.step(opt)
+        scaler.update()
+    return str(path)
+
+
+def test_a_loss_scaled_on_one_side_only_is_said_before_the_counts(tmp_path):
+    """A bf16 LSTM/GRU with GradScaler against its fp32 run without one: every gradient
+    before the unscale was 65536x golden's, the backward's accumulated figures were all
+    errors and the first divergence was nll_loss_backward, with no word on why."""
+    gold = _scaled_step(tmp_path / "gold.h5", scaler_on=False)
+    dev = _scaled_step(tmp_path / "dev.h5", scaler_on=True)
+    rep = compare(dev, gold)
+    lines = [m for m in rep.summary["refusals"] if m.startswith("loss scales differ")]
+    assert len(lines) == 1, rep.summary["refusals"]
+    assert "scaled the loss by 65536, golden's by 1 (no GradScaler)" in lines[0]
+    text = rep.format()
+    assert text.index("loss scales differ") < text.index("  rows ")
+    assert text.count("loss scales differ") == 1
+    assert rep.summary["warning"].startswith("loss scales differ")  # the page's warning box
+    rep.write(tmp_path / "rep", ("html",))
+    assert "loss scales differ" in (tmp_path / "rep" / "index.html").read_text()
+    same = compare(dev, _scaled_step(tmp_path / "dev2.h5", scaler_on=True))
+    assert not any("loss scales" in m for m in same.summary["refusals"])
+    other = compare(dev, _scaled_step(tmp_path / "dev3.h5", True, init_scale=1024.0))
+    assert any("by 65536, golden's by 1024:" in m for m in other.summary["refusals"])

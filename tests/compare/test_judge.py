@@ -98,3 +98,35 @@ def test_only_a_rank_own_kernels_warnings_are_evidence_against_it():
     assert own_evidence(out("aten.addcdiv_.default",
                             message="arguments differ: args[3] 0.001 vs 0.002"))
     assert not own_evidence(out("aten.gelu.default", produced_by="/aten.mm.default/3/output/0"))
+
+
+def _muls(out_devs: list[float], statistics: bool) -> list[Row]:
+    """One aten.mul per output deviation, each given inputs that deviate by 1e-3; from
+    statistics (the largest relative difference of max/min/mean/L2) or from tensors."""
+    rows: list[Row] = []
+    for seq, out_dev in enumerate(out_devs):
+        group = _op(len(rows), "aten.mul.Tensor", seq, seq, [(1e-3, V.WARNING)] * 2, out_dev)
+        if statistics:
+            for r in group:
+                r.max_rel_diff, r.rel_euc_dist = r.rel_euc_dist, None
+        rows += group
+    return rows
+
+
+def test_statistics_alone_make_no_error_of_an_amplification_honest_kernels_reach():
+    """A tiny Llama's clean bf16 autocast step against fp32, dumped in statistics mode: a
+    backward mul of RMSNorm turned a gradient whose extremes deviated by 0.34% into an output
+    whose max deviated by 1.6%, 4.9x, an outlier among the run's muls, and was named the
+    culprit of a clean run (tensor dumps of the same step: 1.07x, pass). A tensor's statistics
+    do not bound the deviation of its other elements; on them an outlier is at most a warning
+    below amplification_error, while a kernel far beyond it is still the culprit."""
+    devs = [1e-3] * 20 + [5e-3]
+    rows, summary = _judged(_muls(devs, statistics=True))
+    out = rows[-1]
+    assert out.amplification > 4 and out.amplification_z >= 5
+    assert out.verdict == V.WARNING and summary["culprit"] is None
+    assert "statistics" in out.message and "compare -r" in out.message
+    rows, summary = _judged(_muls(devs, statistics=False))  # the same figures from tensors
+    assert rows[-1].verdict == V.ERROR and summary["culprit"]["index"] == rows[-1].index
+    rows, summary = _judged(_muls([1e-3] * 20 + [5e-2], statistics=True))  # 25x: a kernel
+    assert rows[-1].verdict == V.ERROR and summary["culprit"]["index"] == rows[-1].index

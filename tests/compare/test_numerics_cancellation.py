@@ -68,3 +68,35 @@ def test_a_fault_in_a_sum_whose_terms_do_not_cancel_is_still_the_culprit(golden,
     culprit = rep.summary["culprit"]
     assert culprit is not None and culprit["op"] == "aten.sum.dim_IntList"
     assert 1.0 <= culprit["cancellation"] < 10
+
+
+def _norm_step(path, dtype: torch.dtype) -> None:
+    """A LayerNorm and a training-mode BatchNorm on inputs whose means nearly cancel (as a
+    residual stream's rows do), the model cast to `dtype`."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 32, generator=g)
+    x = 100 * (x - x.mean(-1, keepdim=True)) + 0.1  # rows of size 100, means of 0.1
+    c = torch.randn(8, 4, 5, 5, generator=g)
+    c = 100 * (c - c.mean((0, 2, 3), keepdim=True)) + 0.1
+    torch.manual_seed(0)
+    ln, bn = nn.LayerNorm(32).to(dtype), nn.BatchNorm2d(4).to(dtype)
+    with dumper(str(path)):
+        (ln(x.to(dtype)).square().sum() + bn(c.to(dtype)).square().sum()).backward()
+
+
+def test_a_norms_mean_of_terms_that_cancel_is_no_culprit_of_a_clean_bf16_run(tmp_path):
+    """A tiny BERT cast to bf16 against fp32, without a replay: LayerNorm's mean output (a
+    mean of its row) of rows whose values cancel to 1/1657 of their size differed from golden
+    by 108% (cosine 0.69), "124x what its inputs explain", and was the culprit of a clean run.
+    It is a sum of input 0: its honest error is relative to its terms."""
+    gold, dev = tmp_path / "gold.h5", tmp_path / "dev.h5"
+    _norm_step(gold, torch.float32)
+    _norm_step(dev, torch.bfloat16)
+    rep = compare(dev, gold)
+    means = [r for r in rep.rows if r.kind == "op" and r.io == "output" and r.tensor_index == 1
+             and r.op in ("aten.native_layer_norm.default", "aten.native_batch_norm.default")]
+    assert len(means) == 2
+    for r in means:
+        assert r.rel_euc_dist > 0.1 and r.cancellation > 100, (r.op, r.rel_euc_dist)
+        assert r.verdict != "error" and "they cancel" in r.message
+    assert rep.summary["culprit"] is None

@@ -310,6 +310,16 @@ def test_top_level_names_resolve_lazily():
         accuracy.no_such_name  # noqa: B018
 
 
+def test_the_error_that_stops_a_live_check_is_caught_by_its_top_level_name():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    with pytest.raises(accuracy.LiveCheckError) as err:  # the name live.md's snippet uses
+        with sim(profile="exact", faults=[sim.fault("aten.addmm", kind="bias", value=0.1)]):
+            with accuracy.live_check(on="cpu", stop_on="error"):
+                lin(torch.randn(2, 4))
+    assert err.value.result.op == "aten.addmm.default"
+
+
 def test_proof_page_escapes_names():
     from accuracy.live.html import render_proof
 

@@ -298,3 +298,46 @@ def test_a_custom_op_writing_a_parameters_memory_leaves_no_stale_value(tmp_path)
             after = x @ param  # kept, as a model's activations are: not a contained birth
     assert param._version == 0 and before.isfinite().all() and after.isnan().all()
     assert scan(tmp_path / "o.h5").births == []  # inherited from the parameter, not born
+
+
+@pytest.mark.parametrize("mode", ["statistics", "tensor"])
+def test_a_dump_the_run_left_incomplete_is_said_so_before_no_birth(tmp_path, mode, capsys):
+    """A step stopped by Ctrl-C (or a kill) keeps the ops before it; "no op produced inf/nan"
+    over those alone read as a clean step, while the births it would have seen came later."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    model[1].register_forward_hook(interrupt)
+    path = tmp_path / "cut.h5"
+    with pytest.raises(KeyboardInterrupt), dumper(str(path), mode=mode):
+        model(torch.randn(3, 4)).sum().backward()
+    rep = scan(path)
+    assert rep.complete is False and rep.to_dict()["complete"] is False
+    text = rep.format().splitlines()
+    assert text[1].startswith("INCOMPLETE:") and "not seen" in text[1]
+    assert main(["overflow", str(path)]) == 0
+    assert "INCOMPLETE:" in capsys.readouterr().out
+    whole = tmp_path / "whole.h5"
+    with dumper(str(whole), mode=mode):
+        nn.Linear(4, 2)(torch.randn(3, 4)).sum().backward()
+    assert scan(whole).complete and "INCOMPLETE" not in scan(whole).format()
+
+
+def test_a_replay_is_refused_for_the_dump_it_replayed(tmp_path, capsys):
+    """`accuracy overflow replay.h5` scanned the reference's figures of an fp16 step whose
+    matmul overflowed and printed "no op produced inf/nan from finite inputs"."""
+    from accuracy.errors import UsageError
+    from accuracy.replay import replay
+
+    dump, rep_path = tmp_path / "run.h5", tmp_path / "replay.h5"
+    with dumper(str(dump)):
+        _chain()
+    assert scan(dump).births
+    replay(dump, rep_path)
+    with pytest.raises(UsageError, match=r"is a replay of .*run\.h5.*accuracy overflow"):
+        scan(rep_path)
+    assert main(["overflow", str(rep_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("accuracy overflow: error: ") and "\n" not in err
