@@ -29,6 +29,7 @@ import h5py
 import numpy as np
 import torch
 
+from accuracy import background
 from accuracy.dumpfile import dtypes, optext, schema, staging
 from accuracy.dumpfile import layout as layout_of
 from accuracy.dumpfile.blobspace import BlobSpace, DumpWriteError
@@ -327,6 +328,7 @@ class DumpWriter:
             self.error = e
 
     def _run(self) -> None:
+        background.lower_this_thread()  # the step's threads first (accuracy/background.py)
         last_flush = time.monotonic()
         while True:
             try:

@@ -1,0 +1,70 @@
+"""Our background threads (the dump's writer) run at the lowest CPU priority on Linux, so the
+training step's own threads keep the cores; the step's thread keeps its own."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from accuracy import background, dumper
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice is Linux's")
+
+
+def _nice(tid: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, tid)
+
+
+def _writer_nice(d) -> int:
+    tid = d._writer._thread.native_id
+    deadline = time.monotonic() + 5
+    while _nice(tid) != background.LOWEST and time.monotonic() < deadline:
+        time.sleep(0.01)  # the thread lowers itself once it starts
+    return _nice(tid)
+
+
+def test_the_dump_writer_yields_the_cores_and_the_step_keeps_its_priority(tmp_path):
+    mine = _nice(threading.get_native_id())
+    d = dumper(dump_path=tmp_path / "d.h5")
+    with d:
+        torch.ones(3).exp()
+        assert _writer_nice(d) == background.LOWEST
+    assert _nice(threading.get_native_id()) == mine
+
+
+def test_a_nice_of_zero_leaves_the_writer_as_it_is(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCURACY_BACKGROUND_NICE", "0")
+    mine = _nice(threading.get_native_id())
+    d = dumper(dump_path=tmp_path / "d.h5")
+    with d:
+        torch.ones(3).exp()
+        time.sleep(0.05)
+        assert _nice(d._writer._thread.native_id) == mine
+
+
+def test_the_main_thread_is_never_lowered():
+    mine = _nice(threading.get_native_id())
+    assert threading.current_thread() is threading.main_thread()
+    assert background.lower_this_thread() is False
+    assert _nice(threading.get_native_id()) == mine
+
+
+def test_a_thread_already_lower_is_never_raised(monkeypatch):
+    monkeypatch.setenv("ACCURACY_BACKGROUND_NICE", "5")
+    seen = []
+
+    def run():
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, background.LOWEST)
+        background.lower_this_thread()
+        seen.append(_nice(tid))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert seen == [background.LOWEST]
