@@ -11,6 +11,7 @@ the strides, to a buffer holding exactly the row's span.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -105,5 +106,12 @@ def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def row_major(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether `stride` walks `shape` in row-major order (asked for each row a reader or a
+    replay meets, twice or more: the answer per distinct pair is kept)."""
+    return _row_major(tuple(shape), tuple(stride))
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_major(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     return all(n == 1 or s == r for n, s, r in zip(shape, stride, row_major_strides(shape),
                                                    strict=True))

@@ -192,10 +192,20 @@ def _kernel(rec: OpRecord) -> tuple[Any, str]:
     return fn, ""
 
 
+# (op, recorded arguments, input count) of calls checked and allowed -> the op to run: most
+# ops of a step repeat a few call texts, checked once each; bounded (cleared when full)
+_ALLOWED: dict[tuple[str, str, int], Any] = {}
+_MAX_ALLOWED = 4096
+
+
 def _allowed(rec: OpRecord) -> Any:
     """The op a row names, when it is on the allow-list of compute ops and its recorded
     arguments are of the kinds it accepts (accuracy/safeops.py): a crafted row naming
     `aten.from_file` or a walk out of `torch.ops` is refused before anything runs."""
+    key = (rec.op, rec.args_json, len(rec.inputs))
+    fn = _ALLOWED.get(key)
+    if fn is not None:
+        return fn
     try:
         fn = safeops.compute_op(rec.op)
         safeops.check_call(fn, *rec.call([None] * len(rec.inputs)))
@@ -206,6 +216,9 @@ def _allowed(rec: OpRecord) -> Any:
     except safeops.RefusedOp as e:
         raise Unreplayable(f"not run from a file: {e}; register a reference with "
                            "register_reference() to replay it") from None
+    if len(_ALLOWED) >= _MAX_ALLOWED:
+        _ALLOWED.clear()
+    _ALLOWED[key] = fn
     return fn
 
 
