@@ -319,10 +319,14 @@ def test_a_dump_the_run_left_incomplete_is_said_so_before_no_birth(tmp_path, mod
     assert text[1].startswith("INCOMPLETE:") and "not seen" in text[1]
     assert main(["overflow", str(path)]) == 0
     assert "INCOMPLETE:" in capsys.readouterr().out
+    # a CI gate does not pass a step it did not see to its end
+    assert main(["overflow", str(path), "--fail-on-birth"]) == 1
+    assert "INCOMPLETE:" in capsys.readouterr().out
     whole = tmp_path / "whole.h5"
     with dumper(str(whole), mode=mode):
         nn.Linear(4, 2)(torch.randn(3, 4)).sum().backward()
     assert scan(whole).complete and "INCOMPLETE" not in scan(whole).format()
+    assert main(["overflow", str(whole), "--fail-on-birth"]) == 0
 
 
 def test_a_replay_is_refused_for_the_dump_it_replayed(tmp_path, capsys):
