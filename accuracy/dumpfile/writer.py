@@ -328,7 +328,7 @@ class DumpWriter:
             self.error = e
 
     def _run(self) -> None:
-        background.lower_this_thread()  # the step's threads first (accuracy/background.py)
+        background.lower_this_thread()  # opt-in: the step's threads first (background.py)
         last_flush = time.monotonic()
         while True:
             try:
