@@ -218,6 +218,21 @@ def _rows_of(ts: list[torch.Tensor]) -> list[tuple[float, ...]]:
     return list(zip(*figures._columns(red, f, c), strict=True))
 
 
+def _offered_to_native_pass(monkeypatch) -> list[int]:
+    """The element count of every block offered to the native pass from now on."""
+    from accuracy import native
+
+    offered: list[int] = []
+    real = native.stats_passes
+
+    def spy(blocks):
+        offered.extend(n for _, n, _ in blocks)
+        return real(blocks)
+
+    monkeypatch.setattr(native, "stats_passes", spy)
+    return offered
+
+
 def test_the_native_pass_gives_the_figures_of_the_torch_path(monkeypatch):
     """The monitor's one-pass native figures (contiguous fp32/fp64 on CPU) equal the torch
     path's and float64 references, for every kind of tensor, in one batch with the tensors it
@@ -229,14 +244,7 @@ def test_the_native_pass_gives_the_figures_of_the_torch_path(monkeypatch):
         pytest.skip("no C compiler: the native pass is not built")
     cases = _figure_cases()
     names, ts = list(cases), list(cases.values())
-    taken: list[int] = []
-    real = native.stats_passes
-
-    def spy(blocks):
-        taken.extend(n for _, n, _ in blocks)
-        return real(blocks)
-
-    monkeypatch.setattr(native, "stats_passes", spy)
+    taken = _offered_to_native_pass(monkeypatch)
     fast = _rows_of(ts)
     # offered: every contiguous fp32/fp64 tensor (NaN/inf ones come back declined)
     assert sorted(taken) == sorted(cases[n].numel() for n in ("fp32", "fp64", "one", "nan",
@@ -477,14 +485,7 @@ def test_a_tensor_returned_again_by_its_container_is_passed_over_once(tmp_path, 
     if native.kernels() is None:
         pytest.skip("no C compiler: the native pass is not built")
     model = _SharedOutputs()
-    offered: list[int] = []
-    real = native.stats_passes
-
-    def spy(blocks):
-        offered.extend(n for _, n, _ in blocks)
-        return real(blocks)
-
-    monkeypatch.setattr(native, "stats_passes", spy)
+    offered = _offered_to_native_pass(monkeypatch)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     per_step: list[int] = []
 
