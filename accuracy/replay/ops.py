@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from accuracy.aten import (
     written_tensors,
 )
 from accuracy.dumpfile import dtypes, schema
+from accuracy.dumpfile.argcodec import decode_call
 from accuracy.dumpfile.checksum import NO_HASH, content_hash
 from accuracy.dumpfile.reader import DamagedDataError, DumpError, OpRecord, TensorRecord
 from accuracy.replay import rnn as _rnn  # noqa: F401  (registers the RNN references)
@@ -192,23 +194,12 @@ def _kernel(rec: OpRecord) -> tuple[Any, str]:
     return fn, ""
 
 
-# (op, recorded arguments, input count) of calls checked and allowed -> the op to run: most
-# ops of a step repeat a few call texts, checked once each; bounded (cleared when full)
-_ALLOWED: dict[tuple[str, str, int], Any] = {}
-_MAX_ALLOWED = 4096
-
-
 def _allowed(rec: OpRecord) -> Any:
     """The op a row names, when it is on the allow-list of compute ops and its recorded
     arguments are of the kinds it accepts (accuracy/safeops.py): a crafted row naming
     `aten.from_file` or a walk out of `torch.ops` is refused before anything runs."""
-    key = (rec.op, rec.args_json, len(rec.inputs))
-    fn = _ALLOWED.get(key)
-    if fn is not None:
-        return fn
     try:
-        fn = safeops.compute_op(rec.op)
-        safeops.check_call(fn, *rec.call([None] * len(rec.inputs)))
+        return _allowed_call(rec.op, rec.args_json, len(rec.inputs))
     except safeops.UnknownOp:
         raise Unreplayable(f"no kernel on the reference: {rec.op} is unknown to torch "
                            f"{torch.__version__}; register one with register_reference()"
@@ -216,9 +207,14 @@ def _allowed(rec: OpRecord) -> Any:
     except safeops.RefusedOp as e:
         raise Unreplayable(f"not run from a file: {e}; register a reference with "
                            "register_reference() to replay it") from None
-    if len(_ALLOWED) >= _MAX_ALLOWED:
-        _ALLOWED.clear()
-    _ALLOWED[key] = fn
+
+
+@functools.lru_cache(maxsize=4096)
+def _allowed_call(op: str, args_json: str, n_inputs: int) -> Any:
+    """`_allowed`'s check, once per distinct call text (most ops of a step repeat a few; a
+    refusal raises, so it is never kept)."""
+    fn = safeops.compute_op(op)
+    safeops.check_call(fn, *decode_call(args_json, [None] * n_inputs))
     return fn
 
 
