@@ -21,9 +21,13 @@ never served for each other) and its random-number choice (codegen.random_mode);
 dumper's two global module hooks (no-ops with no dumper active, kept for good): dynamo guards
 a program that inlines module hooks on the global hook dicts being empty (a monitored model:
 `len(_global_forward_hooks) != 0`), so a dumper adding them recompiled it at the dumped step.
-They cost every eager module call a Python call (benchmarks/bench_compile.py). `ensure()`
-does the same once dynamo is loaded (a `torch.compile` call happened, so a compile may come),
-and is what the debugger and the monitor call: a job that never loads dynamo pays nothing.
+They cost every eager module call a Python call (benchmarks/bench_compile.py: 0.2-0.4 ms of a
+tiny Qwen2's 12 ms step). `ensure()`, what the debugger and the monitor call, puts them in at
+the start of the first compile from then on (dynamo's compile-start callback, which runs before
+dynamo traces, so the program is guarded on the hooks being there): loading dynamo is no sign
+of a compile (`transformers` loads it in every eager forward), and a job that never compiles
+pays nothing. Where torch has no such callback, `ensure()` puts them in at once once dynamo is
+loaded.
 """
 
 from __future__ import annotations
@@ -65,13 +69,47 @@ def watch_compiled() -> bool:
 
 
 def ensure() -> bool:
-    """`watch_compiled()` once torch's compiler front end is loaded, else nothing (an eager
-    job never loads Inductor on our account). Cheap on every call after the first."""
+    """`watch_compiled()` at the start of the next compile (armed once dynamo is loaded; an
+    eager job never loads Inductor on our account, nor pays for the module hooks). Cheap on
+    every call after the first. True once the hooks are in."""
     if "on" in _state:
         return _state["on"]
     if "torch._dynamo" not in sys.modules:
         return False
+    if _arm():
+        return False
     return watch_compiled()
+
+
+def _on_compile_start(_args: object) -> None:
+    if "on" not in _state:
+        watch_compiled()
+
+
+def _start_callbacks() -> list | None:
+    """Dynamo's compile-start callbacks (`torch._dynamo.reset()` empties the list), or None
+    where this torch has none."""
+    handler = getattr(sys.modules["torch._dynamo"], "callback_handler", None)
+    callbacks = getattr(handler, "start_callbacks", None)
+    return callbacks if isinstance(callbacks, list) else None
+
+
+def _arm() -> bool:
+    """Have dynamo call `watch_compiled()` when it starts its next compile; False where this
+    torch has no compile-start callback."""
+    callbacks = _start_callbacks()
+    if callbacks is None:
+        return False
+    with _lock:
+        if _on_compile_start not in callbacks:
+            callbacks.append(_on_compile_start)
+    return True
+
+
+def _disarm() -> None:
+    callbacks = _start_callbacks() if "torch._dynamo" in sys.modules else None
+    if callbacks is not None and _on_compile_start in callbacks:
+        callbacks.remove(_on_compile_start)
 
 
 def watching() -> bool:
@@ -83,6 +121,7 @@ def stop() -> None:
     """Programs compiled from now on get no hook lines (those compiled with them keep them,
     idle); the global module hooks stay (compiled code may be guarded on them)."""
     with _lock:
+        _disarm()
         if _state.pop("on", False):
             from accuracy.dumper.compiled import codegen
 

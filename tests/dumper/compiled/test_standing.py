@@ -128,3 +128,39 @@ def test_without_the_standing_hooks_a_warm_program_stays_blind(tmp_path):
     torch._dynamo.reset()
     [region] = load_dump(tmp_path / "d.h5").attrs["compiled_regions"]
     assert region["status"] == "not-recorded" and "before the dumper" in region["reason"]
+
+
+def _module_hooks() -> set:
+    from torch.nn.modules import module as m
+
+    return {*m._global_forward_pre_hooks.values(), *m._global_forward_hooks.values()}
+
+
+def test_ensure_costs_an_eager_job_nothing_and_hooks_the_next_compile(tmp_path):
+    """What the debugger and the monitor call each step: dynamo being loaded (transformers
+    loads it in every eager forward) puts no global module hook in, so the eager steps pay
+    nothing; the next compile starts with the hooks in, so its program is recorded by a later
+    dumper as it runs, without a recompile."""
+    from accuracy.dumper import scope
+
+    standing.stop()
+    scope._KEEP[0] = False  # as in a fresh process: no global hook kept yet (the compile below
+    scope._remove_hooks()   # keeps them again)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(4, 8)
+    assert standing.ensure() is False
+    net(x).sum().backward()  # eager steps
+    assert not standing.watching() and scope._global_pre not in _module_hooks()
+    compiled = torch.compile(net)
+    compiled(x).sum().backward()  # compiled at its first call
+    assert standing.watching() and scope._global_pre in _module_hooks()
+    frames = _frames()
+    with dumper(tmp_path / "d.h5", mode="statistics"):
+        compiled(x).sum().backward()
+    torch._dynamo.reset()
+    assert _frames() == frames
+    d = load_dump(tmp_path / "d.h5")
+    [region] = d.attrs["compiled_regions"]
+    assert region["status"] == "recorded-compiled", region
+    assert any(r.op.startswith("inductor.") for r in d.records)
