@@ -36,6 +36,7 @@ from accuracy.monitor.series import SeriesWriter
 from accuracy.monitor.sinks import TensorBoard, scalars_of
 from accuracy.monitor.snapshots import Store, parse_bytes
 from accuracy.monitor.triggers import StepFigures, Trigger, resolve
+from accuracy.native import fastpath
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,7 @@ class Monitor:
         stem = self.path.name[:-3] if self.path.name.endswith(".h5") else self.path.name
         self.capture_dir = Path(capture_dir) if capture_dir is not None else \
             self.path.with_name(stem + ".captures")
+        fastpath.load_in_background()  # the figures' C++ path, once built (reductions.py)
         self.collector = Collector(model, optimizer, modules)
         writes = not (reduce and self.world_size > 1 and self.rank != 0)
         self.fired: list[tuple[int, str]] = []

@@ -16,6 +16,7 @@ import torch
 
 from accuracy import native
 from accuracy.dumpfile.stats import freed
+from accuracy.native import fastpath
 
 NAN = float("nan")
 
@@ -105,15 +106,21 @@ def _cpu_rows(ts: list[torch.Tensor]) -> list[tuple[float, float, float] | None]
 def _norm_values(ts: list[torch.Tensor]) -> list[Value]:
     """L2 norms of `ts`: read at once through the native pass where `_cpu_rows` takes the
     tensor, the others batched in one `_foreach_norm` (0-d tensors, read back later)."""
-    out: list[Value] = []
-    rest: list[int] = []
-    for i, row in enumerate(_cpu_rows(ts)):
-        if row is None:
-            if not freed(ts[i]):
-                rest.append(i)
-            out.append(NAN)
-        else:
-            out.append(row[0])
+    ext = fastpath.loaded()
+    out: list[Value]
+    rest: list[int]
+    if ext is not None:  # the C++ module's norms; what it declines (not freed) takes torch's
+        vals, rest = ext.norms(ts)
+        out = vals[0::3]
+    else:
+        out, rest = [], []
+        for i, row in enumerate(_cpu_rows(ts)):
+            if row is None:
+                if not freed(ts[i]):
+                    rest.append(i)
+                out.append(NAN)
+            else:
+                out.append(row[0])
     if rest:
         for i, n in zip(rest, _norms([ts[i] for i in rest]), strict=True):
             out[i] = n
@@ -150,6 +157,10 @@ class _Reductions:
         """The figures of `ts` into the reserved `entries`: the native pass (as `_cpu_rows`
         takes a tensor, in one loop: this runs for every output and gradient of every step)
         for all it takes in one call, the torch path for the rest."""
+        ext = fastpath.loaded()
+        if ext is not None:
+            self._fill_ext(ext, entries, ts)
+            return
         blocks: list[tuple[int, int, bool]] = []
         native_at: list[int] = []   # positions in ts of the blocks
         rest: list[int] = []        # positions in ts of the torch path's tensors
@@ -178,6 +189,17 @@ class _Reductions:
                         rest.append(k)
         if rest:  # an output as its module returned it: detached, no graph
             self._torch([ts[k].detach() for k in rest], [entries[k] for k in rest])
+
+    def _fill_ext(self, ext: Any, entries: Sequence[int], ts: list[torch.Tensor]) -> None:
+        """`fill` through the C++ module (accuracy/native/stats.cpp, `norms`): the checks, the
+        passes over torch's threads and the figures of every tensor in one call, with fp16
+        and bf16 too; what it declines takes the torch path."""
+        vals, declined = ext.norms(ts)
+        f = self.floats
+        for k, e in enumerate(entries):
+            f[3 * e:3 * e + 3] = vals[3 * k:3 * k + 3]
+        if declined:
+            self._torch([ts[k].detach() for k in declined], [entries[k] for k in declined])
 
     def copy(self, pairs: Iterable[tuple[int, int]]) -> None:
         """Each `(entry, source)`: the entry takes the figures (and counts) of `source`, an

@@ -6,7 +6,8 @@ of µs), the C++ one a single call and pass. It is a `torch.utils.cpp_extension`
 through accuracy/native/cppext.py (the cache, its checks and its lock, as the npu test device
 is built), so it takes torch tensors as they are.
 
-It is asked for when a dump opens (`load`), never inside the step: the first dump on a
+It is asked for when a dump opens (`load`) or a monitor starts (`load_in_background`), never
+inside the step: the first dump on a
 machine builds it (tens of seconds, once; later processes load it from the cache). Where it
 cannot be had (no C++ compiler or ninja, a cache others can write, a compile error) one line
 is logged and every tensor takes the Python path, the same figures, slower;
@@ -51,6 +52,14 @@ def loaded() -> ModuleType | None:
     """The extension if `load` has resolved it already, else None: never builds (what the
     per-tensor path asks, so a tensor described outside a dump never waits for a build)."""
     return _resolved[0] if _resolved else None
+
+
+def load_in_background() -> None:
+    """Resolve `load` on a thread of its own (the monitor, whose figures take it once loaded
+    and the C kernels until then: a first build never stalls a training step)."""
+    if _resolved or not enabled():
+        return
+    threading.Thread(target=load, name="accuracy-native-load", daemon=True).start()
 
 
 def _load() -> ModuleType | None:

@@ -31,8 +31,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -318,6 +320,136 @@ py::object stats(const at::Tensor& tensor, bool sums) {
   }
 }
 
+// The monitor's figures of a list of tensors in one call (accuracy/monitor/reductions.py: a
+// step's outputs and gradients, most of them small): L2 norm, min and max of each CPU
+// fp32/fp64/fp16/bf16 contiguous tensor, the sum of squares in double (min and max in the
+// element's float type: exact). Every tensor's elements are cut into fixed 64 Ki-element
+// chunks, spread over torch's intra-op threads with the GIL released and combined in order:
+// the same figures at any thread count, and a step's many small tensors cost one call.
+struct Norm {
+  double mn = std::numeric_limits<double>::infinity();
+  double mx = -std::numeric_limits<double>::infinity();
+  double sumsq = 0.0;
+};
+
+template <typename T>
+using NormExtreme = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename T>
+Norm norm_pass(const void* data, int64_t n) {
+  const T* x = static_cast<const T*>(data);
+  using M = NormExtreme<T>;
+  M mn = std::numeric_limits<M>::infinity();
+  M mx = -mn;
+  double sumsq = 0.0;
+#pragma omp simd reduction(min : mn) reduction(max : mx) reduction(+ : sumsq)
+  for (int64_t i = 0; i < n; i++) {
+    M e = static_cast<M>(Elem<T>::value(x, i));
+    double v = e;
+    mn = e < mn ? e : mn;
+    mx = e > mx ? e : mx;
+    sumsq += v * v;
+  }
+  return Norm{mn, mx, sumsq};
+}
+
+Norm norm_of(at::ScalarType dtype, const void* data, int64_t n) {
+  switch (dtype) {
+    case at::kFloat: return norm_pass<float>(data, n);
+    case at::kDouble: return norm_pass<double>(data, n);
+    case at::kHalf: return norm_pass<c10::Half>(data, n);
+    default: return norm_pass<c10::BFloat16>(data, n);
+  }
+}
+
+// Whether the tensor's storage still holds every element its view reads (FSDP resizes an
+// unsharded parameter's storage to 0 to free it: no read, its figures stay NaN).
+bool holds_its_elements(const at::Tensor& t) {
+  if (!t.has_storage() || t.storage().data() == nullptr) {
+    return false;
+  }
+  int64_t last = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); d++) {
+    last += (t.size(d) - 1) * std::abs(t.stride(d));
+  }
+  return static_cast<uint64_t>(last + 1) * t.element_size() <= t.storage().nbytes();
+}
+
+// (figures, declined): [norm, min, max] of tensor i at 3i (NaN where not measured); declined,
+// the indices the caller's torch path takes (another device, dtype or layout, no elements,
+// or a value or the sum of squares not finite: that path counts NaN and inf). A tensor whose
+// storage was freed is in neither: NaN.
+py::tuple norms(const std::vector<at::Tensor>& ts) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const int64_t k = static_cast<int64_t>(ts.size());
+  std::vector<double> out(3 * k, nan);
+  std::vector<int64_t> declined;
+  struct Item {
+    int64_t tensor, first, n;
+  };
+  std::vector<Item> items;
+  std::vector<int64_t> measured;
+  int64_t total = 0;
+  for (int64_t i = 0; i < k; i++) {
+    const at::Tensor& t = ts[i];
+    const auto dt = t.scalar_type();
+    if (t.layout() == c10::Layout::Strided && t.numel() > 0 && !holds_its_elements(t)) {
+      continue;
+    }
+    if (!t.is_cpu() || t.layout() != c10::Layout::Strided || t.is_neg() || t.numel() == 0 ||
+        !(dt == at::kFloat || dt == at::kDouble || dt == at::kHalf || dt == at::kBFloat16) ||
+        !t.is_contiguous()) {
+      declined.push_back(i);
+      continue;
+    }
+    const int64_t n = t.numel();
+    for (int64_t first = 0; first < n; first += kChunk) {
+      items.push_back({i, first, std::min(kChunk, n - first)});
+    }
+    measured.push_back(i);
+    total += n;
+  }
+  std::vector<Norm> parts(items.size());
+  {
+    std::optional<py::gil_scoped_release> nogil;
+    if (total >= kReleaseGil) {
+      nogil.emplace();
+    }
+    auto body = [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; j++) {
+        const Item& it = items[j];
+        const at::Tensor& t = ts[it.tensor];
+        const char* base = static_cast<const char*>(t.const_data_ptr());
+        parts[j] = norm_of(t.scalar_type(), base + it.first * t.element_size(), it.n);
+      }
+    };
+    const int64_t count = static_cast<int64_t>(items.size());
+    if (total > 2 * kChunk) {
+      at::parallel_for(0, count, 1, body);
+    } else {
+      body(0, count);
+    }
+  }
+  size_t j = 0;
+  for (int64_t i : measured) {
+    Norm all;
+    for (; j < items.size() && items[j].tensor == i; j++) {
+      all.mn = parts[j].mn < all.mn ? parts[j].mn : all.mn;
+      all.mx = parts[j].mx > all.mx ? parts[j].mx : all.mx;
+      all.sumsq += parts[j].sumsq;
+    }
+    if (!(std::isfinite(all.mn) && std::isfinite(all.mx) && std::isfinite(all.sumsq))) {
+      declined.push_back(i);
+      continue;
+    }
+    out[3 * i] = std::sqrt(all.sumsq);
+    out[3 * i + 1] = all.mn;
+    out[3 * i + 2] = all.mx;
+  }
+  std::sort(declined.begin(), declined.end());
+  return py::make_tuple(out, declined);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -325,4 +457,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stats", &stats, py::arg("t"), py::arg("sums") = true,
         "((min, max, mean, l2, nan_count, inf_count), checksum) of a tensor, or None; on a "
         "device the figures a float64 tensor there and the checksum a 0-d tensor");
+  m.def("norms", &norms, py::arg("tensors"),
+        "([norm, min, max] per tensor, flat, NaN where not measured; the indices declined to "
+        "the caller's torch path) of CPU fp32/fp64/fp16/bf16 contiguous tensors");
 }

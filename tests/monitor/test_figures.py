@@ -218,9 +218,34 @@ def _rows_of(ts: list[torch.Tensor]) -> list[tuple[float, ...]]:
     return list(zip(*figures._columns(red, f, c), strict=True))
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _cpp_path_resolved():
+    """The monitor loads the C++ module on a thread of its own: resolved here first, so which
+    path a test's figures take does not depend on how far that thread got."""
+    from accuracy.native import fastpath
+
+    fastpath.load()
+
+
+class _NormsSpy:
+    """The C++ module with its `norms` counting the elements of every tensor it measures."""
+
+    def __init__(self, ext, offered: list[int]) -> None:
+        self.ext, self.offered = ext, offered
+
+    def norms(self, ts):
+        vals, declined = self.ext.norms(ts)
+        skip = set(declined)
+        self.offered.extend(t.numel() for i, t in enumerate(ts)
+                            if i not in skip and not math.isnan(vals[3 * i]))
+        return vals, declined
+
+
 def _offered_to_native_pass(monkeypatch) -> list[int]:
-    """The element count of every block offered to the native pass from now on."""
+    """The element count of every tensor a native pass reads from now on (the C++ module's
+    where it is built, else the C kernels')."""
     from accuracy import native
+    from accuracy.native import fastpath
 
     offered: list[int] = []
     real = native.stats_passes
@@ -230,7 +255,16 @@ def _offered_to_native_pass(monkeypatch) -> list[int]:
         return real(blocks)
 
     monkeypatch.setattr(native, "stats_passes", spy)
+    ext = fastpath.loaded()
+    if ext is not None:
+        monkeypatch.setattr(fastpath, "_resolved", [_NormsSpy(ext, offered)])
     return offered
+
+
+def _without_cpp_module(monkeypatch) -> None:
+    from accuracy.native import fastpath
+
+    monkeypatch.setattr(fastpath, "_resolved", [None])
 
 
 def test_the_native_pass_gives_the_figures_of_the_torch_path(monkeypatch):
@@ -242,6 +276,7 @@ def test_the_native_pass_gives_the_figures_of_the_torch_path(monkeypatch):
 
     if native.kernels() is None:
         pytest.skip("no C compiler: the native pass is not built")
+    _without_cpp_module(monkeypatch)  # the C kernels' pass (the C++ module's: below)
     cases = _figure_cases()
     names, ts = list(cases), list(cases.values())
     taken = _offered_to_native_pass(monkeypatch)
@@ -260,6 +295,33 @@ def test_the_native_pass_gives_the_figures_of_the_torch_path(monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=0, equal_nan=True, err_msg=name)
 
 
+def test_the_cpp_module_gives_the_figures_of_the_torch_path(monkeypatch):
+    """The C++ module's figures (accuracy/native/stats.cpp `norms`: one call for the step's
+    tensors, fp16 and bf16 too, over torch's threads) equal float64 references, and the
+    torch path's for what it declines (NaN/inf, non-contiguous views, empty): every tensor
+    of one batch; the same bits at one thread and at two."""
+    from accuracy.native import fastpath
+
+    if fastpath.loaded() is None:
+        pytest.skip("no C++ toolchain: the statistics module is not built")
+    cases = _figure_cases() | {"large": torch.randn(5 * (1 << 16) + 3) * 7}  # many chunks
+    names, ts = list(cases), list(cases.values())
+    taken = _offered_to_native_pass(monkeypatch)
+    rows = _rows_of(ts)
+    native_ones = ("fp32", "fp64", "bf16", "fp16", "one", "large")
+    assert sorted(taken) == sorted(cases[n].numel() for n in native_ones)
+    for name, t, got in zip(names, ts, rows, strict=True):
+        np.testing.assert_allclose(got, _reference_row(t), rtol=1e-12 if name in native_ones
+                                   else 1e-6, atol=0, equal_nan=True, err_msg=name)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _rows_of(ts)
+    finally:
+        torch.set_num_threads(before)
+    assert np.array_equal(np.array(one), np.array(rows), equal_nan=True)
+
+
 def test_parameter_and_state_norms_take_the_native_pass_or_torch_alike(monkeypatch):
     from accuracy import native
     from accuracy.monitor import figures
@@ -267,6 +329,11 @@ def test_parameter_and_state_norms_take_the_native_pass_or_torch_alike(monkeypat
     if native.kernels() is None:
         pytest.skip("no C compiler: the native pass is not built")
     ts = list(_figure_cases().values())
+    from accuracy.native import fastpath
+
+    has_cpp = fastpath.loaded() is not None
+    cpp = figures._read_back(figures._norm_values(ts), [])[0]
+    _without_cpp_module(monkeypatch)
     fast = figures._read_back(figures._norm_values(ts), [])[0]
     monkeypatch.setattr(native, "_resolved", [None])
     slow = figures._read_back(figures._norm_values(ts), [])[0]
@@ -274,6 +341,9 @@ def test_parameter_and_state_norms_take_the_native_pass_or_torch_alike(monkeypat
     np.testing.assert_allclose(fast, ref, rtol=1e-2, equal_nan=True)
     np.testing.assert_allclose(fast[:2], ref[:2], rtol=1e-6)  # fp32, fp64: native, exact
     np.testing.assert_allclose(fast, slow, rtol=1e-2, equal_nan=True)
+    np.testing.assert_allclose(cpp, ref, rtol=1e-6, equal_nan=True)
+    if has_cpp:  # fp32, fp64, bf16, fp16 through the C++ module, summed in double
+        np.testing.assert_allclose(cpp[:4], ref[:4], rtol=1e-12)
 
 
 def test_on_an_accelerator_a_step_reads_its_figures_back_once(tmp_path):

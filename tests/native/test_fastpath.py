@@ -259,3 +259,22 @@ def test_a_tensor_whose_storage_was_freed_is_an_error_not_a_read(ext):
     y.untyped_storage().resize_(40 * 4)  # 40 elements left, the view reads 100
     with pytest.raises(ValueError, match="past the end of its storage"):
         ext.stats(y, True)
+
+
+def test_the_monitors_norms_read_no_freed_storage_and_decline_what_they_do_not_take(ext):
+    """`norms` (the monitor's figures of many tensors in one call): a tensor whose storage was
+    freed or cut short is not read and not declined (NaN: not measured); another device's,
+    dtype's or layout's tensor, an empty one and one holding inf go to the torch path."""
+    freed, short = torch.randn(10), torch.randn(100)
+    freed.untyped_storage().resize_(0)
+    short.untyped_storage().resize_(40 * 4)
+    inf = torch.ones(4)
+    inf[1] = math.inf
+    ts = [torch.tensor([3.0, -4.0]), freed, short, torch.randn(4, 4).t(), torch.empty(0),
+          inf, torch.arange(3), torch.randn(3, device="meta"),
+          torch._neg_view(torch.tensor([1.0, 2.0]))]  # its bits are not its values
+    vals, declined = ext.norms(ts)
+    assert vals[:3] == [5.0, -4.0, 3.0]
+    assert all(math.isnan(v) for v in vals[3:])
+    # the meta tensor has no memory to read: not measured, as a freed one
+    assert declined == [3, 4, 5, 6, 8]
