@@ -498,3 +498,35 @@ def test_a_sharded_parameter_counts_its_own_shard_in_the_snapshot_budget():
         assert _nbytes({"w": sharded, "b": torch.ones(3)}) == (32 + 3) * 4
     finally:
         dist.destroy_process_group()
+
+
+def test_a_monitor_takes_the_cpp_figures_without_waiting_for_them(tmp_path):
+    """A monitor starts the C++ module's load on a thread of its own (its figures take it once
+    loaded, the C kernels until then): in a fresh process nobody else asks for it, and after
+    a few steps the figures come from it. A fresh process, so that no other test loaded it."""
+    from accuracy.native import fastpath
+
+    if fastpath.load() is None:  # built into the cache here, loaded from it there
+        pytest.skip("no C++ toolchain: the statistics module is not built")
+    code = textwrap.dedent(f"""
+        import time, torch
+        import accuracy.monitor as am
+        from accuracy.native import fastpath
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def step(x):
+            opt.zero_grad(); loss = model(x).square().mean(); loss.backward(); opt.step()
+            return loss
+        mon = am.watch(step, model, opt, path={str(tmp_path / "m.monitor.h5")!r})
+        for _ in range(600):
+            mon(torch.randn(4, 8))
+            if fastpath.loaded() is not None:
+                break
+            time.sleep(0.05)
+        mon.monitor.close()
+        print("LOADED", fastpath.loaded() is not None)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "LOADED True" in out.stdout
