@@ -526,7 +526,8 @@ def test_a_monitor_takes_the_cpp_figures_without_waiting_for_them(tmp_path):
         mon.monitor.close()
         print("LOADED", fastpath.loaded() is not None)
     """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=False)
+                         timeout=120, check=False, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "LOADED True" in out.stdout

@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -264,17 +265,28 @@ def test_a_tensor_whose_storage_was_freed_is_an_error_not_a_read(ext):
 def test_the_monitors_norms_read_no_freed_storage_and_decline_what_they_do_not_take(ext):
     """`norms` (the monitor's figures of many tensors in one call): a tensor whose storage was
     freed or cut short is not read and not declined (NaN: not measured); another device's,
-    dtype's or layout's tensor, an empty one and one holding inf go to the torch path."""
-    freed, short = torch.randn(10), torch.randn(100)
-    freed.untyped_storage().resize_(0)
-    short.untyped_storage().resize_(40 * 4)
-    inf = torch.ones(4)
-    inf[1] = math.inf
-    ts = [torch.tensor([3.0, -4.0]), freed, short, torch.randn(4, 4).t(), torch.empty(0),
-          inf, torch.arange(3), torch.randn(3, device="meta"),
-          torch._neg_view(torch.tensor([1.0, 2.0]))]  # its bits are not its values
-    vals, declined = ext.norms(ts)
-    assert vals[:3] == [5.0, -4.0, 3.0]
-    assert all(math.isnan(v) for v in vals[3:])
-    # the meta tensor has no memory to read: not measured, as a freed one
-    assert declined == [3, 4, 5, 6, 8]
+    dtype's or layout's tensor, an empty one and one holding inf go to the torch path. A
+    child process: a read of freed memory kills the process, as it would the user's."""
+    code = textwrap.dedent("""
+        import math, torch
+        from accuracy.native import fastpath
+        freed, short = torch.randn(10), torch.randn(100)
+        freed.untyped_storage().resize_(0)
+        short.untyped_storage().resize_(40 * 4)
+        inf = torch.ones(4)
+        inf[1] = math.inf
+        ts = [torch.tensor([3.0, -4.0]), freed, short, torch.randn(4, 4).t(),
+              torch.empty(0), inf, torch.arange(3), torch.randn(3, device="meta"),
+              torch._neg_view(torch.tensor([1.0, 2.0]))]  # its bits are not its values
+        vals, declined = fastpath.load().norms(ts)
+        assert vals[:3] == [5.0, -4.0, 3.0], vals[:3]
+        assert all(math.isnan(v) for v in vals[3:]), vals
+        # the meta tensor has no memory to read: not measured, as a freed one
+        assert declined == [3, 4, 5, 6, 8], declined
+        print("ok")
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode,
+                                                                   done.stderr[-2000:])
