@@ -21,9 +21,9 @@ never served for each other) and its random-number choice (codegen.random_mode);
 dumper's two global module hooks (no-ops with no dumper active, kept for good): dynamo guards
 a program that inlines module hooks on the global hook dicts being empty (a monitored model:
 `len(_global_forward_hooks) != 0`), so a dumper adding them recompiled it at the dumped step.
-They cost every eager module call a Python call (benchmarks/bench_compile.py: 0.2-0.4 ms of a
-tiny Qwen2's 12 ms step). `ensure()`, what the debugger and the monitor call, puts them in at
-the start of the first compile from then on (dynamo's compile-start callback, which runs before
+They cost every eager module call a Python call (0.1-0.2 ms of a tiny Qwen2's 12-15 ms step,
+1-1.5%). `ensure()`, what the debugger and the monitor call, puts them in at the start of the
+first compile from then on (dynamo's compile-start callback, which runs before
 dynamo traces, so the program is guarded on the hooks being there): loading dynamo is no sign
 of a compile (`transformers` loads it in every eager forward), and a job that never compiles
 pays nothing. Where torch has no such callback, `ensure()` puts them in at once once dynamo is
