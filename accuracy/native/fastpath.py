@@ -78,11 +78,12 @@ def _load() -> ModuleType | None:
                 raise
         return load_extension("accuracy_stats", [SOURCE], CFLAGS)
     except ExtensionUnavailableError as e:
-        log.warning("the statistics dump's C++ path is unavailable (%s); its Python path is "
-                    "used: the same figures, slower", e)
+        log.warning("the C++ statistics module is unavailable (%s): the statistics dump and "
+                    "the monitor take their slower paths, with the same figures", e)
     except Exception as e:  # noqa: BLE001 - a broken toolchain never breaks the user's step
-        log.warning("the statistics dump's C++ path failed to load (%s: %s); its Python path "
-                    "is used: the same figures, slower", type(e).__name__, e)
+        log.warning("the C++ statistics module failed to load (%s: %s): the statistics dump "
+                    "and the monitor take their slower paths, with the same figures",
+                    type(e).__name__, e)
     return None
 
 
