@@ -237,13 +237,19 @@ def stats_pass(ptr: int, n: int, fp32: bool) -> tuple[float, float, float, float
     return out[0], out[1], out[2], out[3], counts[1]
 
 
-def stats_passes(blocks: list[tuple[int, int, bool]]
+def kernels_if_loaded() -> ctypes.CDLL | None:
+    """`kernels()` if resolved already, else None: never builds nor waits for a build (a
+    training step's path: the monitor resolves them on a thread of its own)."""
+    return _resolved[0] if _resolved else None
+
+
+def stats_passes(blocks: list[tuple[int, int, bool]], build: bool = True
                  ) -> list[tuple[float, float, float, float] | None] | None:
     """`stats_pass` of many blocks `(ptr, n, fp32)` in one call: (min, max, sum, sum of
     squares) per block, None for a block holding a non-finite value; None where the kernels
-    are not built. One ctypes call however many blocks: a step's small tensors cost their
-    passes, not a call each."""
-    lib = kernels()
+    are not built (with `build=False`, also while they are not loaded yet). One ctypes call
+    however many blocks: a step's small tensors cost their passes, not a call each."""
+    lib = kernels() if build else kernels_if_loaded()
     if lib is None:
         return None
     k = len(blocks)
