@@ -60,7 +60,7 @@ def load_in_background() -> None:
     torch's path before either: a first build of either never stalls a training step)."""
     from accuracy import native
 
-    if (_resolved and native.kernels_if_loaded() is not None) or not enabled():
+    if not enabled() or (_resolved and native.kernels_if_built() is not None):
         return
     threading.Thread(target=_load_both, name="accuracy-native-load", daemon=True).start()
 
