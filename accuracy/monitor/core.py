@@ -468,6 +468,8 @@ class Monitor:
             else:  # parameters, their gradients (all-reduced), updates: replicated, so the
                 # largest shows a rank that strays
                 red = np.nanmax(block, axis=0)
+            # nansum of a column no rank measured is 0: it stays "not measured" (NaN)
+            red = np.where(np.isnan(block).all(axis=0), np.nan, red)
             out[kind][k] = red.tolist()
 
     def close(self) -> None:

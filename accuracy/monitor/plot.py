@@ -20,6 +20,7 @@ import html
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,10 @@ def _table(s: Series, key: str) -> tuple[list[str], np.ndarray] | None:
 
 def _stands_out(values: np.ndarray, row: int) -> int | None:
     """The column whose value at `row` is furthest from its own median (log ratio)."""
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        # a column never measured (a module run inside torch.compile) has no median: NaN,
+        # without numpy's "All-NaN slice" warning, which errstate does not cover
+        warnings.simplefilter("ignore", RuntimeWarning)
         med = np.nanmedian(np.abs(values), axis=0)
         ratio = np.abs(np.log10(np.abs(values[row]) / med))
     ratio = np.where(np.isfinite(values[row]), ratio, np.inf)

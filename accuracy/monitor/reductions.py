@@ -94,7 +94,7 @@ def _cpu_rows(ts: list[torch.Tensor]) -> list[tuple[float, float, float] | None]
     if not idx:
         return out
     got = native.stats_passes([(p, ts[i].numel(), ts[i].dtype is torch.float32)
-                               for i, p in ptrs if p])
+                               for i, p in ptrs if p], build=False)
     if got is None:
         return out
     for i, r in zip(idx, got, strict=True):
@@ -176,8 +176,8 @@ class _Reductions:
             elif not freed(t):
                 rest.append(k)
         if blocks:
-            got = native.stats_passes(blocks)
-            if got is None:  # the kernels are not built
+            got = native.stats_passes(blocks, build=False)
+            if got is None:  # the kernels are not built (or not loaded yet)
                 rest += native_at
             else:
                 f = self.floats

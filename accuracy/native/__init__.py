@@ -181,16 +181,26 @@ def kernels() -> ctypes.CDLL | None:
     return _resolved[0]
 
 
+_stems: dict[tuple[str, ...], str] = {}
+
+
+def _stem(cc: list[str]) -> str:
+    """The library's name before its content hash: source, compiler, flags and CPU."""
+    key = tuple(cc)
+    if key not in _stems:
+        digest = hashlib.sha256("\0".join([
+            _SOURCE.read_text(), *_identity(cc), " ".join(_FLAGS), _cpu_tag()]).encode()
+        ).hexdigest()[:20]
+        _stems[key] = f"kernels-{digest}"
+    return _stems[key]
+
 def _load() -> ctypes.CDLL | None:
     cc = _compiler()
     if cc is None:
         log.info("native kernels: no C compiler found (set CC); the torch/numpy path is used")
         return None
     try:
-        digest = hashlib.sha256("\0".join([
-            _SOURCE.read_text(), *_identity(cc), " ".join(_FLAGS), _cpu_tag()]).encode()
-        ).hexdigest()[:20]
-        folder, stem = cache_dir(), f"kernels-{digest}"
+        folder, stem = cache_dir(), _stem(cc)
         if folder.exists() and not _owned_privately(folder):
             log.warning("native kernels: %s is writable by others or not yours; not used, "
                         "the torch/numpy path is (set ACCURACY_CACHE_DIR to a private folder)",
@@ -237,13 +247,30 @@ def stats_pass(ptr: int, n: int, fp32: bool) -> tuple[float, float, float, float
     return out[0], out[1], out[2], out[3], counts[1]
 
 
-def stats_passes(blocks: list[tuple[int, int, bool]]
+def kernels_if_built() -> ctypes.CDLL | None:
+    """`kernels()` where that needs no compile: resolved already, or a build in the cache to
+    load (so a step's figures take them from the first step, as before); else None, left
+    unresolved: a training step's path, which never waits for a first build (the monitor
+    builds them on a thread of its own)."""
+    if _resolved:
+        return _resolved[0]
+    cc = _compiler()
+    if cc is not None and os.environ.get("ACCURACY_NATIVE", "1") != "0":
+        try:
+            if not any(cache_dir().glob(f"{_stem(cc)}-*.so")):
+                return None
+        except OSError:
+            return None
+    return kernels()
+
+
+def stats_passes(blocks: list[tuple[int, int, bool]], build: bool = True
                  ) -> list[tuple[float, float, float, float] | None] | None:
     """`stats_pass` of many blocks `(ptr, n, fp32)` in one call: (min, max, sum, sum of
     squares) per block, None for a block holding a non-finite value; None where the kernels
-    are not built. One ctypes call however many blocks: a step's small tensors cost their
-    passes, not a call each."""
-    lib = kernels()
+    are not built (with `build=False`, also while a first build is under way). One ctypes call
+    however many blocks: a step's small tensors cost their passes, not a call each."""
+    lib = kernels() if build else kernels_if_built()
     if lib is None:
         return None
     k = len(blocks)

@@ -24,6 +24,7 @@ import os
 import platform
 import shlex
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -143,6 +144,14 @@ def _build(name: str, module_name: str, folder: Path, sources: Sequence[Path],
         cpp_extension.load(name=module_name, sources=[str(s) for s in sources],
                            extra_cflags=[*_FLAGS, *cflags], build_directory=str(folder),
                            verbose=False, is_python_module=True)
+    except subprocess.CalledProcessError as e:  # torch runs the compiler (CXX --version) first
+        output = e.output.decode(errors="replace") if isinstance(e.output, bytes) else ""
+        log_path.write_text(f"{e}\n{output}")
+        command = shlex.join(map(str, e.cmd)) if isinstance(e.cmd, list | tuple) else str(e.cmd)
+        raise ExtensionUnavailableError(
+            f"cannot build the C++ extension {name}: `{command}` failed (exit {e.returncode}): "
+            f"set CXX to a working C++ compiler (now {shlex.join(_compiler())!r}; full log: "
+            f"{log_path})") from e
     except (RuntimeError, OSError, ImportError) as e:
         text = str(e)
         log_path.write_text(text)

@@ -55,11 +55,21 @@ def loaded() -> ModuleType | None:
 
 
 def load_in_background() -> None:
-    """Resolve `load` on a thread of its own (the monitor, whose figures take it once loaded
-    and the C kernels until then: a first build never stalls a training step)."""
-    if _resolved or not enabled():
+    """Resolve the C kernels (`accuracy.native.kernels`), then `load`, on a thread of its own
+    (the monitor, whose figures take the C++ module once loaded, the C kernels until then and
+    torch's path before either: a first build of either never stalls a training step)."""
+    from accuracy import native
+
+    if not enabled() or (_resolved and native.kernels_if_built() is not None):
         return
-    threading.Thread(target=load, name="accuracy-native-load", daemon=True).start()
+    threading.Thread(target=_load_both, name="accuracy-native-load", daemon=True).start()
+
+
+def _load_both() -> None:
+    from accuracy import native
+
+    native.kernels()
+    load()
 
 
 def _load() -> ModuleType | None:

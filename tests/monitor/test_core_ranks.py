@@ -20,6 +20,7 @@ WORKER = textwrap.dedent("""
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    model[1].add_module("spare", nn.Identity())  # never called: measured by no rank
     ddp = DDP(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     def step(x, y):
@@ -61,3 +62,8 @@ def test_files_per_rank_and_reduced_across_ranks(tmp_path):
                        equal_nan=True)
     assert np.allclose(red.loss, (r0.loss + r1.loss) / 2)
     assert np.allclose(red.param["grad_norm"], r0.param["grad_norm"])
+    # a module no rank measured stays "not measured" (NaN), not a norm of 0 and counts of 0
+    spare = red.module_names.index("1.spare")
+    assert np.isnan(r0.module["act_norm"][:, spare]).all()
+    for fig in ("act_norm", "act_min", "act_max", "act_nan", "act_inf"):
+        assert np.isnan(m[fig][:, spare]).all(), fig

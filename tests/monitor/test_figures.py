@@ -258,9 +258,9 @@ def _offered_to_native_pass(monkeypatch) -> list[int]:
     offered: list[int] = []
     real = native.stats_passes
 
-    def spy(blocks):
+    def spy(blocks, build=True):
         offered.extend(n for _, n, _ in blocks)
-        return real(blocks)
+        return real(blocks, build)
 
     monkeypatch.setattr(native, "stats_passes", spy)
     ext = fastpath.loaded()

@@ -309,3 +309,35 @@ def test_the_page_marks_the_loss_gap_and_says_what_black_and_grey_mean(tmp_path)
     assert 'class="uplot' in dom
     assert "loss NaN, Inf or not recorded at steps 3, 4, 5" in dom, dom[-3000:]
     assert "NaN or Inf" in dom and "not measured" in dom
+
+
+def test_a_module_never_measured_draws_without_a_numpy_warning(tmp_path):
+    """A module with no figure on any row (one run inside torch.compile, one never called)
+    beside a trigger: the page's focus skips its all-NaN column. Before, numpy's "All-NaN
+    slice encountered" RuntimeWarning reached the user's terminal from `accuracy monitor plot`."""
+    import warnings
+
+    from accuracy.monitor.plot import write_plot
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))
+    model.add_module("unused", nn.Linear(8, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(x):
+        opt.zero_grad()
+        loss = model[1](model[0](x)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    path = tmp_path / "run.monitor.h5"
+    step = am.watch(step, model, opt, path=path, snapshot_every=None,
+                    triggers=[am.Predicate(lambda s: s.step == 3, name="flagged")])
+    for _ in range(5):
+        step(torch.randn(4, 8))
+    step.monitor.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_plot(path, tmp_path / "plot.html")
+    assert "flagged" in (tmp_path / "plot.html").read_text()

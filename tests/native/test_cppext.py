@@ -133,6 +133,17 @@ def test_a_cache_others_can_write_is_refused(source, cache, monkeypatch):
         cppext.load_extension(name, [source])
 
 
+def test_a_compiler_that_does_not_run_is_one_clear_line(source, cache, monkeypatch):
+    # CXX names a program that exists but fails (`false`, a broken wrapper): torch's own check
+    # of it raised CalledProcessError, which escaped as "Command '['false', '--version']'
+    # returned non-zero exit status 1", saying neither what failed nor what to do
+    monkeypatch.setenv("CXX", "false")
+    with pytest.raises(ExtensionUnavailableError) as caught:
+        cppext.load_extension("tiny_brokencompiler", [source])
+    message = str(caught.value)
+    assert "\n" not in message and "'false'" in message and "set CXX" in message
+
+
 def test_no_compiler_or_a_compile_error_is_one_clear_line(source, cache, monkeypatch):
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     with pytest.raises(ExtensionUnavailableError, match="no C\\+\\+ compiler"):
