@@ -194,6 +194,7 @@ def _stem(cc: list[str]) -> str:
         _stems[key] = f"kernels-{digest}"
     return _stems[key]
 
+
 def _load() -> ctypes.CDLL | None:
     cc = _compiler()
     if cc is None:
