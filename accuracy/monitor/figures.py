@@ -66,7 +66,10 @@ def _leaves_into(value: Any, out: list[torch.Tensor]) -> None:
     walk of a ModelOutput costs tens of microseconds, a module's whole figure budget. Other
     containers (dataclasses, registered pytree nodes) take `tree_leaves`."""
     if isinstance(value, torch.Tensor):
-        if value.is_floating_point() and (lt := _local(value)).numel() > 0:
+        if value.is_nested:  # its components are plain tensors: the module's figures theirs
+            for part in value.unbind():
+                _leaves_into(part, out)
+        elif value.is_floating_point() and (lt := _local(value)).numel() > 0:
             out.append(lt)
     elif isinstance(value, tuple | list):
         for v in value:
@@ -191,7 +194,7 @@ class Collector:
                 return
             # a batched module's tensor: kept as it is (its values are read at the pass),
             # nothing else here; a hook's every Python call costs about a microsecond
-            if (self._deferred[idx] and type(output) is torch.Tensor
+            if (self._deferred[idx] and type(output) is torch.Tensor and not output.is_nested
                     and (nb := output.nbytes) <= _HOLD_BYTES and not _len_dispatch_stack()):
                 self._held.append((output, output._version, idx, _LATER))
                 self._held_bytes += nb
@@ -203,9 +206,10 @@ class Collector:
 
     def _measure(self, idx: int, output: Any) -> None:
         try:
-            if type(output) is torch.Tensor:  # the common case: no unwrapping, no tree walk
+            if type(output) is torch.Tensor and not output.is_nested:
+                # the common case: no unwrapping, no tree walk
                 ts = [output] if output.is_floating_point() and output.numel() > 0 else []
-            elif isinstance(output, torch.Tensor):
+            elif isinstance(output, torch.Tensor) and not output.is_nested:
                 out = _local(output)
                 ts = [out] if out.is_floating_point() and out.numel() > 0 else []
             else:

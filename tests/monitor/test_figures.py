@@ -611,3 +611,61 @@ def test_a_tensor_is_known_again_only_while_it_lives():
     norms = dict(zip(col.module_names, figs["module"]["act_norm"], strict=True))
     assert norms["0"] == pytest.approx(math.sqrt(n * calls))
     assert norms["1"] == pytest.approx(2 * math.sqrt(n * calls))
+
+
+class _Ragged(nn.Module):
+    """A module returning a nested tensor (ragged rows, as a packed-sequence model would)."""
+
+    def __init__(self, layout: torch.layout) -> None:
+        super().__init__()
+        self.proj = nn.Linear(6, 6)
+        self.layout = layout
+
+    def forward(self, x):
+        y = self.proj(x)
+        return torch.nested.as_nested_tensor([y[0:2], y[2:5]], layout=self.layout)
+
+
+class _RaggedModel(nn.Module):
+    def __init__(self, layout: torch.layout) -> None:
+        super().__init__()
+        self.ragged = _Ragged(layout)
+
+    def forward(self, x):
+        return sum(part.square().sum() for part in self.ragged(x).unbind())
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged])
+def test_a_nested_tensor_output_is_measured_by_its_components(tmp_path, caplog, layout):
+    """A module returning a nested tensor gets the figures of its components taken together
+    (norm over every element, min, max), as a tuple of them would; before, every step logged
+    a traceback and the module read NaN."""
+    torch.manual_seed(0)
+    model = _RaggedModel(layout)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    want = []
+
+    def step(x):
+        opt.zero_grad()
+        loss = model(x)
+        loss.backward()
+        opt.step()
+        return loss
+
+    hook = model.ragged.register_forward_hook(lambda m, a, out: want.append(
+        torch.cat([p.detach().reshape(-1).double() for p in out.unbind()])))
+    path = tmp_path / "nested.monitor.h5"
+    watched = am.watch(step, model, opt, path=path, snapshot_every=None, triggers=None)
+    with caplog.at_level("ERROR"):
+        for _ in range(4):
+            watched(torch.randn(5, 6))
+    watched.monitor.close()
+    hook.remove()
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    s = am.read_series(path)
+    for fig, ref in (("act_norm", lambda v: float(v.norm())), ("act_min", lambda v: float(v.min())),
+                     ("act_max", lambda v: float(v.max()))):
+        names, values = s.figure("module", fig)
+        col = names.index("ragged")
+        np.testing.assert_allclose(values[:, col], [ref(v) for v in want], rtol=1e-6)
