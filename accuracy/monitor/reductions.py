@@ -219,12 +219,24 @@ class _Reductions:
                 self.floats[3 * e:3 * e + 3] = (n, lo, hi)
                 if not math.isfinite(n):  # a finite norm proves there is no nan or inf
                     self.counted[e] = len(self.ints)
-                    self.ints += (float(torch.isnan(t).sum()), float(torch.isinf(t).sum()))
+                    counts = (float(torch.isnan(t).sum()), float(torch.isinf(t).sum()))
+                    self.ints += counts
+                    if counts == (0.0, 0.0):  # every value finite: the squares overflowed
+                        self.floats[3 * e] = _scaled_norm(t, max(abs(lo), abs(hi)))
             else:
                 lo, hi = torch.aminmax(t) if t.numel() else (nrm.new_full((), NAN),) * 2
                 self.floats[3 * e:3 * e + 3] = (nrm, lo, hi)
                 self.counted[e] = len(self.ints)
                 self.ints += (torch.isnan(t).sum(), torch.isinf(t).sum())
+
+
+def _scaled_norm(t: torch.Tensor, largest: float) -> float:
+    """The L2 norm of finite values whose sum of squares overflows (fp32 above about 1.8e19
+    summed in fp32, as torch's norms sum it; fp64 above about 1e154): summed over the values
+    divided by the largest magnitude, in double."""
+    if largest == 0.0:
+        return 0.0
+    return largest * float(torch.linalg.vector_norm(t.double() / largest))
 
 
 Row = tuple[float, float, float, float, float]

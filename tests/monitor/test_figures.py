@@ -669,3 +669,16 @@ def test_a_nested_tensor_output_is_measured_by_its_components(tmp_path, caplog, 
         names, values = s.figure("module", fig)
         col = names.index("ragged")
         np.testing.assert_allclose(values[:, col], [ref(v) for v in want], rtol=1e-6)
+
+
+def test_finite_values_whose_squares_overflow_keep_a_finite_norm():
+    """Values too large to square in their sum's type (fp32 above about 1.8e19 where torch's
+    path sums fp32 in fp32: a non-contiguous view; fp64 near 1e200 in any path) read their
+    true norm with no NaN or inf counted; before, the norm read inf beside counts of 0, and a
+    diverging run read "non-finite" with no inf value in it."""
+    big32 = torch.full((8, 4), 3e20).t()  # transposed: torch's path
+    big64 = torch.full((6,), -2e200, dtype=torch.float64)
+    for t, want in ((big32, 3e20 * math.sqrt(32)), (big64, 2e200 * math.sqrt(6))):
+        [(norm, lo, hi, nans, infs)] = _rows_of([t])
+        assert norm == pytest.approx(want, rel=1e-6)
+        assert (nans, infs) == (0.0, 0.0) and lo == hi
