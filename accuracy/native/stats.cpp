@@ -97,7 +97,10 @@ inline Bits<T> bits_of(const T* x, int64_t i) {
 template <typename T>
 using Extreme = std::conditional_t<std::is_same_v<T, float>, float, double>;
 
-template <typename T>
+// One pass: min and max (in the element's float type where that is exact), the sum of squares
+// in double, and with `Full` the sum and the checksum's bits (the dump's figures; the monitor's
+// norms need neither, and skip their lanes).
+template <typename T, bool Full = true>
 Partial pass(const T* x, int64_t n) {
   using M = Extreme<T>;
   M mn = std::numeric_limits<M>::infinity();
@@ -110,11 +113,22 @@ Partial pass(const T* x, int64_t n) {
     double v = e;
     mn = e < mn ? e : mn;
     mx = e > mx ? e : mx;
-    sum += v;
     sumsq += v * v;
-    bits += bits_of(x, i);
+    if constexpr (Full) {
+      sum += v;
+      bits += bits_of(x, i);
+    }
   }
   return Partial{mn, mx, sum, sumsq, bits};
+}
+
+// `p` (the pass over the elements after `all`'s) folded into `all`.
+inline void merge(Partial& all, const Partial& p) {
+  all.mn = p.mn < all.mn ? p.mn : all.mn;
+  all.mx = p.mx > all.mx ? p.mx : all.mx;
+  all.sum += p.sum;
+  all.sumsq += p.sumsq;
+  all.bits += p.bits;
 }
 
 template <typename T>
@@ -132,12 +146,7 @@ Partial reduce(const T* x, int64_t n) {
   });
   Partial all = parts[0];
   for (int64_t c = 1; c < chunks; c++) {
-    const Partial& p = parts[c];
-    all.mn = p.mn < all.mn ? p.mn : all.mn;
-    all.mx = p.mx > all.mx ? p.mx : all.mx;
-    all.sum += p.sum;
-    all.sumsq += p.sumsq;
-    all.bits += p.bits;
+    merge(all, parts[c]);
   }
   return all;
 }
@@ -256,6 +265,19 @@ py::object device_stats(at::Tensor t, int64_t n, bool sums) {
   return py::make_tuple(floats, b.view(bits).sum(size == 8 ? at::kLong : at::kInt));
 }
 
+// Whether the tensor's storage still holds every element its view reads (FSDP resizes an
+// unsharded parameter's storage to 0 to free it: no read, its figures stay NaN).
+bool holds_its_elements(const at::Tensor& t) {
+  if (!t.has_storage() || t.storage().data() == nullptr) {
+    return false;
+  }
+  int64_t last = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); d++) {
+    last += (t.size(d) - 1) * std::abs(t.stride(d));
+  }
+  return static_cast<uint64_t>(last + 1) * t.element_size() <= t.storage().nbytes();
+}
+
 py::object empty_stats() {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   return py::make_tuple(py::make_tuple(nan, nan, nan, nan, 0, 0), 0);
@@ -282,12 +304,7 @@ py::object stats(const at::Tensor& tensor, bool sums) {
   }
   // memory the view reads past its storage's end (a storage resized to 0, as FSDP frees an
   // unsharded parameter): an error the loop counts, never a read of freed memory
-  int64_t last = tensor.storage_offset();
-  for (int64_t d = 0; d < tensor.dim(); d++) {
-    last += (tensor.size(d) - 1) * tensor.stride(d);
-  }
-  if (!tensor.has_storage() || tensor.const_data_ptr() == nullptr ||
-      static_cast<uint64_t>(last + 1) * tensor.element_size() > tensor.storage().nbytes()) {
+  if (!holds_its_elements(tensor)) {
     throw py::value_error("the tensor reads past the end of its storage (freed or resized "
                           "memory): no statistics");
   }
@@ -322,57 +339,19 @@ py::object stats(const at::Tensor& tensor, bool sums) {
 
 // The monitor's figures of a list of tensors in one call (accuracy/monitor/reductions.py: a
 // step's outputs and gradients, most of them small): L2 norm, min and max of each CPU
-// fp32/fp64/fp16/bf16 contiguous tensor, the sum of squares in double (min and max in the
-// element's float type: exact). Every tensor's elements are cut into fixed 64 Ki-element
-// chunks, spread over torch's intra-op threads with the GIL released and combined in order:
-// the same figures at any thread count, and a step's many small tensors cost one call.
-struct Norm {
-  double mn = std::numeric_limits<double>::infinity();
-  double mx = -std::numeric_limits<double>::infinity();
-  double sumsq = 0.0;
-};
-
-template <typename T>
-using NormExtreme = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-template <typename T>
-Norm norm_pass(const void* data, int64_t n) {
-  const T* x = static_cast<const T*>(data);
-  using M = NormExtreme<T>;
-  M mn = std::numeric_limits<M>::infinity();
-  M mx = -mn;
-  double sumsq = 0.0;
-#pragma omp simd reduction(min : mn) reduction(max : mx) reduction(+ : sumsq)
-  for (int64_t i = 0; i < n; i++) {
-    M e = static_cast<M>(Elem<T>::value(x, i));
-    double v = e;
-    mn = e < mn ? e : mn;
-    mx = e > mx ? e : mx;
-    sumsq += v * v;
-  }
-  return Norm{mn, mx, sumsq};
-}
-
-Norm norm_of(at::ScalarType dtype, const void* data, int64_t n) {
+// fp32/fp64/fp16/bf16 contiguous tensor (`pass` without the dump's sum and checksum: the sum of
+// squares in double, min and max exact). Every tensor's elements are cut into fixed 64
+// Ki-element chunks, spread over torch's intra-op threads with the GIL released and combined
+// in order: the same figures at any thread count, and a step's many small tensors cost one
+// call.
+Partial norm_of(at::ScalarType dtype, const void* data, int64_t n) {
   switch (dtype) {
-    case at::kFloat: return norm_pass<float>(data, n);
-    case at::kDouble: return norm_pass<double>(data, n);
-    case at::kHalf: return norm_pass<c10::Half>(data, n);
-    default: return norm_pass<c10::BFloat16>(data, n);
+    case at::kFloat: return pass<float, false>(static_cast<const float*>(data), n);
+    case at::kDouble: return pass<double, false>(static_cast<const double*>(data), n);
+    case at::kHalf: return pass<c10::Half, false>(static_cast<const c10::Half*>(data), n);
+    default:
+      return pass<c10::BFloat16, false>(static_cast<const c10::BFloat16*>(data), n);
   }
-}
-
-// Whether the tensor's storage still holds every element its view reads (FSDP resizes an
-// unsharded parameter's storage to 0 to free it: no read, its figures stay NaN).
-bool holds_its_elements(const at::Tensor& t) {
-  if (!t.has_storage() || t.storage().data() == nullptr) {
-    return false;
-  }
-  int64_t last = t.storage_offset();
-  for (int64_t d = 0; d < t.dim(); d++) {
-    last += (t.size(d) - 1) * std::abs(t.stride(d));
-  }
-  return static_cast<uint64_t>(last + 1) * t.element_size() <= t.storage().nbytes();
 }
 
 // (figures, declined): [norm, min, max] of tensor i at 3i (NaN where not measured); declined,
@@ -409,7 +388,7 @@ py::tuple norms(const std::vector<at::Tensor>& ts) {
     measured.push_back(i);
     total += n;
   }
-  std::vector<Norm> parts(items.size());
+  std::vector<Partial> parts(items.size());
   {
     std::optional<py::gil_scoped_release> nogil;
     if (total >= kReleaseGil) {
@@ -432,11 +411,9 @@ py::tuple norms(const std::vector<at::Tensor>& ts) {
   }
   size_t j = 0;
   for (int64_t i : measured) {
-    Norm all;
+    Partial all;
     for (; j < items.size() && items[j].tensor == i; j++) {
-      all.mn = parts[j].mn < all.mn ? parts[j].mn : all.mn;
-      all.mx = parts[j].mx > all.mx ? parts[j].mx : all.mx;
-      all.sumsq += parts[j].sumsq;
+      merge(all, parts[j]);
     }
     if (!(std::isfinite(all.mn) && std::isfinite(all.mx) && std::isfinite(all.sumsq))) {
       declined.push_back(i);
