@@ -148,6 +148,20 @@ def _stats_values(stats: Any) -> tuple[float, float, float, float, int, int, int
     return (mn, mx, mean, l2, int(nans), int(infs), cs)
 
 
+def _row(t: TensorEntry, offset: int, nbytes: int, first: int, content: int,
+         lay: tuple[int, ...] | None) -> tuple[Any, ...]:
+    """One tensor row of the file's table (`schema.TENSOR_ROW`'s fields, in order)."""
+    ndim = len(t.shape)
+    if ndim > schema.MAX_DIMS:
+        ndim, shape, stride = -1, _NO_DIMS, _NO_DIMS
+    else:
+        shape = t.shape + _NO_DIMS[ndim:]
+        stride = t.stride + _NO_DIMS[len(t.stride):]
+    return (t.seq, t.io, t.idx, t.dtype, ndim, shape, stride, t.device, offset, nbytes, first,
+            *_stats_values(t.stats), content, int(lay is not None and ndim >= 0),
+            lay + _NO_DIMS[len(lay):] if lay and ndim >= 0 else _NO_DIMS)
+
+
 def _discard_writes(f: h5py.File) -> None:
     """Point the file's descriptor at an anonymous memory file (or /dev/null where there is
     none): HDF5's later writes and its truncation succeed, and vanish."""
@@ -455,7 +469,13 @@ class DumpWriter:
         self._op_texts.append(text)
 
     def _write_tensors(self, tensors: list[TensorEntry]) -> None:
+        rows = self._tensor_rows
         for t in tensors:
+            if t.data is None and t.first < 0 and not t.strided and t.source_hash == NO_HASH:
+                # no bytes, none shared (every row of a statistics dump): only its row, and
+                # no entry in the maps that find bytes (they would grow with every row)
+                rows.append(_row(t, -1, 0, -1, NO_HASH, None))
+                continue
             if t.data is not None:
                 host = t.data if isinstance(t.data, torch.Tensor) else t.data.wait()
                 arr = _as_bytes(host)
@@ -482,26 +502,17 @@ class DumpWriter:
                     self._layouts[t.row] = ()
             else:
                 offset, nbytes, first = -1, 0, -1
-            ndim = len(t.shape)
-            if ndim > schema.MAX_DIMS:
-                ndim, shape, stride = -1, _NO_DIMS, _NO_DIMS
-            else:
-                shape = t.shape + _NO_DIMS[ndim:]
-                stride = t.stride + _NO_DIMS[len(t.stride):]
-            lay = self._layouts.get(t.row) if offset >= 0 else None
-            self._file_rows[t.row] = self._n_tensors + len(self._tensor_rows)
+            lay = None
+            if offset >= 0:  # a row others' `first` may name: its index in the file's table
+                lay = self._layouts.get(t.row)
+                self._file_rows[t.row] = self._n_tensors + len(rows)
             if first >= 0:
                 first = self._file_rows.get(first, -1)
                 if first < 0 and lay == ():  # a strided link whose first row was dropped
                     offset, nbytes, lay = -1, 0, None
                 elif first < 0:  # its first row was dropped with its op: it holds the bytes
                     first = self._file_rows[t.row]
-            self._tensor_rows.append(
-                (t.seq, t.io, t.idx, t.dtype, ndim, shape, stride, t.device, offset, nbytes,
-                 first, *_stats_values(t.stats), self._hashes.get(t.row, NO_HASH),
-                 int(lay is not None and ndim >= 0),
-                 lay + _NO_DIMS[len(lay):] if lay and ndim >= 0 else _NO_DIMS)
-            )
+            rows.append(_row(t, offset, nbytes, first, self._hashes.get(t.row, NO_HASH), lay))
 
     def _write_view(self, t: TensorEntry) -> tuple[int, int, int]:
         """A strided row over the bytes stored for `t.holder`: its elements read back (from

@@ -255,3 +255,35 @@ def test_chunks_past_the_committed_bytes_may_lie_past_the_measured_end(tmp_path)
         assert validate.check_index(status, table, table, blob, first_chunk_end) == (0, 0, 64)
         with pytest.raises(validate.LayoutError, match="outside the file"):
             validate.check_index(status, table, table, blob, first_chunk_end - 1)
+
+
+def test_a_long_statistics_dump_keeps_no_memory_per_row(tmp_path):
+    """A statistics dump over a long run: rows that hold no bytes leave nothing behind in
+    the writer once committed (it kept a dict entry per row, ~110 bytes, for the whole run:
+    gigabytes over a long run of a large model)."""
+    import gc
+    import tracemalloc
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 8)
+    writer_code = tracemalloc.Filter(True, "*accuracy/dumpfile/writer.py")
+    tracemalloc.start()
+    try:
+        with dumper(dump_path=tmp_path / "long.h5", mode="statistics", flush_ops=64) as dp:
+            sizes = []
+            for step in range(61):
+                model(x).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+                dp.step()
+                if step in (20, 60):
+                    gc.collect()
+                    snap = tracemalloc.take_snapshot().filter_traces([writer_code])
+                    sizes.append(sum(s.size for s in snap.statistics("filename")))
+    finally:
+        tracemalloc.stop()
+    rows = len(load_dump(tmp_path / "long.h5").tensors)
+    assert rows > 5000  # 40 steps of ~90 rows between the two snapshots
+    assert sizes[1] - sizes[0] < 64 << 10, sizes
