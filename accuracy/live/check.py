@@ -26,6 +26,7 @@ said first (`BLIND:`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -53,6 +54,7 @@ from accuracy.errors import AccuracyError, RaisedForTheUser
 from accuracy.jsonsafe import jsonable
 from accuracy.live.kernels import NOT_GIVEN_REASON, RegionTally, judged_live, kernel_outcome
 from accuracy.live.select import CallSelection, in_sample, unrunnable
+from accuracy.live.window import HOLE, CheckWindow, on_device, to_host
 from accuracy.replay.engine import reference_device
 from accuracy.replay.ops import (
     FAILED,
@@ -84,7 +86,7 @@ def fill_tensors(obj: Any, tensors: Iterable[Any]) -> Any:
     it = iter(tensors)
 
     def walk(o: Any) -> Any:
-        if isinstance(o, torch.Tensor):
+        if isinstance(o, torch.Tensor) or o is HOLE:
             return next(it)
         if isinstance(o, list | tuple):
             return type(o)(walk(x) for x in o)
@@ -103,6 +105,13 @@ def _has_dtype(obj: Any) -> bool:
     if isinstance(obj, dict):
         return any(_has_dtype(x) for x in obj.values())
     return False
+
+
+def _failed(result: OpResult, e: Exception) -> None:
+    """A check that failed (a bug of ours, or the device's): said in its result."""
+    log.debug("live check of %s (call %d) failed", result.op, result.seq, exc_info=True)
+    result.status, result.reason = FAILED, f"{type(e).__name__}: {str(e)[:300]}"
+    result.outputs, result.verdict = [], None
 
 
 class _LiveCall:
@@ -251,7 +260,10 @@ class LiveCheck:
         self._sim: Any = None
         self._loop: Loop | None = None
         self._memory = MemoryWatch()  # bytes no op has filled yet (as the dumper follows)
-        self._pending: tuple[OpResult, str | None, list[torch.Tensor] | None] | None = None
+        # before -> after: the call's result, why it is not re-run, its inputs on the
+        # reference (tensors), or queued host copies (`deferred`: judged in the window)
+        self._pending: tuple[OpResult, str | None, list[Any] | None, bool] | None = None
+        self._window = CheckWindow()  # device ops waiting to be judged (accuracy/live/window.py)
         self._warned_stack = False
         # compiled regions entered (accuracy/dumper/compiled/watch.py)
         self.compiled: dict[str, Any] = {}
@@ -271,6 +283,7 @@ class LiveCheck:
         self.sampled_out = 0
         self._counts, self._reasons = Counter(), Counter()
         self._memory = MemoryWatch()
+        self._window = CheckWindow()
         sites = Sites(rank=current_rank()[0], step=self.step)
         # compiled regions run compiled under the check: their kernel launches are checked
         self._loop = loop = Loop(sites, label="live check", compiled=True, wants=self._wants)
@@ -284,6 +297,7 @@ class LiveCheck:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        waiting = self._window.close()  # judged before the loop goes (their order kept)
         self._regions.settle()
         self.compiled = self._compiled.finish()
         self.notes[:0] = blind_lines(self.compiled)  # unseen compiled code comes first
@@ -291,6 +305,8 @@ class LiveCheck:
         if self._loop.failed:
             self.notes.append(f"{self._loop.failed['count']} call(s) not checked: the live "
                               f"check failed on them (first: {self._loop.failed['first']})")
+        # a stop it asks for is raised here, unless the block is already raising its own
+        self._settle(waiting, stop=exc_type is None)
         log.info("live check: %s", self.counts())
         return False
 
@@ -315,25 +331,28 @@ class LiveCheck:
             memory = self._memory.memory
             with torch._C._DisableTorchDispatch():
                 unfilled = bool(memory) and any(memory.holds(t) for t in call.inputs)
-            self._pending = (result, UNFILLED_REASON if unfilled else None, None)
+            self._pending = (result, UNFILLED_REASON if unfilled else None, None, False)
             return
         reason = unrunnable(call.func, site.op, call.args, call.kwargs)
         if reason is None and self._reads_unfilled(call.plan, call.args, call.kwargs,
                                                     call.inputs):
             reason = UNFILLED_REASON
-        snapshot = None
+        snapshot, deferred = None, False
         if reason is None:
-            snapshot = self._snapshot(call.func, call.args, call.kwargs, result)
-        self._pending = (result, reason, snapshot)
+            snapshot, deferred = self._snapshot(call.func, call.args, call.kwargs, result)
+        self._pending = (result, reason, snapshot, deferred)
 
     def after(self, call: Call, outputs: list[torch.Tensor]) -> None:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        result, reason, snapshot = pending
+        result, reason, snapshot, deferred = pending
         if reason is None and self._left_unfilled(call, outputs):
             reason = UNFILLED_REASON  # it left (part of) an output unfilled: not data
         kernel = type(call) is KernelCall
+        if reason is None and deferred and not kernel:
+            self._defer(call, outputs, snapshot, result)  # type: ignore[arg-type]
+            return
         if reason is not None:
             result.reason = reason
         elif snapshot is not None or kernel:
@@ -344,16 +363,54 @@ class LiveCheck:
                     self._measure(call.func, result.op, call.args, call.kwargs, snapshot,
                                   outputs, result)
             except Exception as e:  # noqa: BLE001 - the user's step never fails because of us
-                log.debug("live check of %s (call %d) failed", result.op, result.seq,
-                          exc_info=True)
-                result.status, result.reason = FAILED, f"{type(e).__name__}: {str(e)[:300]}"
-                result.outputs, result.verdict = [], None
+                _failed(result, e)
         if kernel:
             self._regions.add(None if result.verdict is not None
                               else (result.reason or result.status).split(":")[0])
-        self._tally(result)
-        if self.stop_on and _RANK.get(result.verdict, 0) >= _RANK[self.stop_on]:
-            raise LiveCheckError(result)
+        self._judged(result)
+
+    def _defer(self, call: Call, outputs: list[torch.Tensor], inputs: list[Any],
+               result: OpResult) -> None:
+        """Queue the outputs' host copies and leave the op's re-run to the window."""
+        try:
+            with torch._C._DisableTorchDispatch(), torch.no_grad():
+                outs = [(i, to_host(t)) for i, t in enumerate(outputs)]
+        except RuntimeError as e:
+            result.status, result.reason = FAILED, f"device output to host: {str(e)[:200]}"
+            self._judged(result)
+            return
+        func, name = call.func, result.op
+        # the call's arguments without its tensors: the window holds no device memory
+        args, kwargs = fill_tensors((list(call.args), call.kwargs), itertools.repeat(HOLE))
+
+        def judge() -> OpResult:
+            try:
+                ins = [c.wait() for c in inputs]
+                host = [(i, c.wait()) for i, c in outs]
+                outcome = guarded(result.seq, name, lambda: self._rerun(
+                    func, name, tuple(args), kwargs, ins, host, result))
+                self._judge(name, outcome, ins, host, result)
+            except Exception as e:  # noqa: BLE001 - as in `after`
+                _failed(result, e)
+            return result
+
+        size = sum(t.numel() * t.element_size() for t in (*call.inputs, *outputs))
+        devices = {t.device for t in (*call.inputs, *outputs) if t.device.type != "cpu"}
+        self._settle(self._window.add(judge, size, devices))
+
+    def _judged(self, result: OpResult) -> None:
+        """A call judged now: behind device ops still waiting, in order with them."""
+        self._settle(self._window.add(lambda: result) if len(self._window) else [result])
+
+    def _settle(self, results: list[OpResult], stop: bool = True) -> None:
+        """Count judged calls, in order; then stop at the first at `stop_on`'s level."""
+        for r in results:
+            self._tally(r)
+        if not (self.stop_on and stop):
+            return
+        for r in results:
+            if _RANK.get(r.verdict, 0) >= _RANK[self.stop_on]:
+                raise LiveCheckError(r)
 
     def finish(self) -> dict[str, Any]:
         return {}
@@ -383,22 +440,27 @@ class LiveCheck:
             return any(memory.holds(t) for t in outs)
 
     def _snapshot(self, func: Any, args: tuple, kwargs: dict, result: OpResult
-                  ) -> list[torch.Tensor] | None:
-        """The device's inputs on the reference, copied before the op may write to them."""
+                  ) -> tuple[list[Any] | None, bool]:
+        """The device's inputs on the reference, copied before the op may write to them;
+        and whether the op waits in the window: inputs on an accelerator checked on the CPU
+        are host copies queued without waiting (their `wait()` gives the tensor)."""
         inputs = tensors_in(kwargs, tensors_in(args))
         for t in inputs:
             if t.layout != torch.strided or type(t) not in (torch.Tensor, torch.nn.Parameter) \
                     or t.device.type == "meta":
                 result.reason = f"input is not a plain strided tensor ({type(t).__name__}, " \
                                 f"{t.layout}, {t.device})"
-                return None
+                return None, False
         copy = func._schema.is_mutable
+        deferred = self.device.type == "cpu" and on_device(inputs)
         try:
             with torch._C._DisableTorchDispatch(), torch.no_grad():
-                return [t.detach().to(self.device, copy=copy) for t in inputs]
+                if deferred:
+                    return [to_host(t) for t in inputs], True
+                return [t.detach().to(self.device, copy=copy) for t in inputs], False
         except RuntimeError as e:
             result.status, result.reason = FAILED, f"copy to {self.device}: {str(e)[:200]}"
-            return None
+            return None, False
 
     def _measure(self, func: Any, name: str, args: tuple, kwargs: dict,
                  inputs: list[torch.Tensor], outs: list[torch.Tensor], result: OpResult) -> None:

@@ -234,3 +234,50 @@ def test_a_tensor_dump_of_cpu_and_device_tensors_bigger_than_its_ring_finishes(n
     assert done.is_set(), "the tensor dump hung: CPU tensors filled the ring behind a window"
     with load_dump(tmp_path / "mixed.h5") as d:
         assert len(d.records) == 16
+
+
+# -- the live check (accuracy/live/window.py) ------------------------------------------------
+
+def test_the_live_check_waits_for_the_device_once_per_window(npu):
+    """Each checked op's inputs and outputs reach the host without waiting; the device is
+    waited for once per window of 64 ops (it waited ~3 times per op), and the verdicts are
+    the CPU run's."""
+    from accuracy import live_check
+
+    counts = {}
+    for device in ("cpu", "npu"):
+        w, x = _inputs(device)
+        with testdevice.counting() as c, live_check(on="cpu") as chk:
+            for i in range(90):
+                x = torch.tanh(x @ w)
+                if i % 30 == 0:  # a host op between them: judged at once, kept in order
+                    torch.ones(2).mul(2)
+        counts[device] = chk.counts()
+        assert [r.seq for r in chk.results] == sorted(r.seq for r in chk.results)
+    windows = math.ceil(chk.checked / WINDOW_OPS)
+    assert chk.checked > 180  # 90 (mm, tanh) pairs and the host ops
+    assert c["d2h_copies"] == c["d2h_nonblocking"] >= 2 * 180  # an mm reads two
+    assert c["syncs_implicit"] == 0
+    assert c["syncs_explicit"] <= windows
+    assert counts["npu"] == counts["cpu"]
+
+
+def test_a_live_check_stop_still_names_the_faulty_device_op(npu):
+    """The window judges late, never wrongly: a fault on the device stops the block at the
+    window's end with the faulty op named, and the block's own error is never hidden by it."""
+    from accuracy import live_check
+    from accuracy.device_backend import sim
+    from accuracy.live import LiveCheckError
+
+    fault = sim.fault("aten.tanh.default", kind="bias", value=0.5, occurrence=3)
+    w, x = _inputs("npu")
+    with pytest.raises(LiveCheckError) as stopped, sim(profile="exact", faults=[fault]), \
+            live_check(on="cpu", stop_on="error") as chk:
+        _chain(w, x, 10)  # 20 ops: one window, closed when the block ends
+    assert stopped.value.result.op == "aten.tanh.default"
+    assert [r.op for r in chk.errors()] == ["aten.tanh.default"]
+    with pytest.raises(RuntimeError, match="user's bug"), sim(profile="exact", faults=[fault]), \
+            live_check(on="cpu", stop_on="error") as chk:
+        _chain(w, x, 10)
+        raise RuntimeError("the user's bug")
+    assert [r.op for r in chk.errors()] == ["aten.tanh.default"]  # judged all the same
