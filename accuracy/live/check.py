@@ -81,8 +81,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def fill_tensors(obj: Any, tensors: Iterable[Any]) -> Any:
-    """`obj` (call arguments, an op's result) with its tensors replaced, in `tensors_in`
-    order, by the next of `tensors`."""
+    """`obj` (call arguments, an op's result) with its tensors, or the holes a call waiting
+    in the window left for them (`window.HOLE`), replaced in `tensors_in` order by the next
+    of `tensors`."""
     it = iter(tensors)
 
     def walk(o: Any) -> Any:
