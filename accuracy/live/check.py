@@ -387,7 +387,7 @@ class LiveCheck:
             self._judged(result)
             return
         func, name = call.func, result.op
-        # the call's arguments without its tensors: the window holds no device memory
+        # the call's arguments without its tensors (the copies hold what the re-run reads)
         args, kwargs = fill_tensors((list(call.args), call.kwargs), itertools.repeat(HOLE))
 
         def judge() -> OpResult:
