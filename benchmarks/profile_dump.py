@@ -146,6 +146,31 @@ def _child(mode: str, folder: str) -> None:
     shutil.rmtree(dumps, ignore_errors=True)
 
 
+def find_py_spy(given: str) -> str:
+    """The py-spy executable `given` names (a path, or a name on PATH); else exit with one
+    line saying what to do, before the profiled process is started."""
+    found = shutil.which(given) if given else None
+    if not found:
+        where = f" at {given!r}" if given else ""
+        sys.exit(f"py-spy not found{where}: `pip install py-spy` (any environment), or "
+                 f"--py-spy PATH to its executable")
+    return found
+
+
+def record(py_spy: str, pid: int, rate: int, seconds: float, raw: Path) -> None:
+    """Sample `pid` into `raw` (py-spy's raw format); a py-spy that fails (no permission to
+    read another process's memory, say) ends the run with its own last words."""
+    # blocking samples (py-spy's default): the stacks it reads are whole
+    done = subprocess.run([py_spy, "record", "--pid", str(pid), "-r", str(rate), "--duration",
+                           str(max(1, round(seconds))), "-f", "raw", "-o", str(raw)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        said = (done.stderr or "").strip().splitlines()
+        sys.exit(f"py-spy failed (exit {done.returncode}): {said[-1] if said else 'no message'}"
+                 f" (it must be allowed to read another process: run as its owner, or with "
+                 f"CAP_SYS_PTRACE)")
+
+
 def _profile(py_spy: str, mode: str, seconds: float, rate: int) -> tuple[Profile, int]:
     """Start the child, let it warm up, sample it for `seconds`; its profile and steps."""
     import time
@@ -159,11 +184,7 @@ def _profile(py_spy: str, mode: str, seconds: float, rate: int) -> tuple[Profile
                     sys.exit(f"the profiled process ended early (exit {child.returncode})")
                 time.sleep(0.05)
             (signals / "go").touch()
-            # blocking samples (py-spy's default): the stacks it reads are whole
-            subprocess.run([py_spy, "record", "--pid", str(child.pid), "-r", str(rate),
-                            "--duration", str(max(1, round(seconds))), "-f", "raw", "-o",
-                            str(raw)], check=True, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+            record(py_spy, child.pid, rate, seconds, raw)
             (signals / "stop").touch()
             child.wait(timeout=120)
         finally:
@@ -188,9 +209,7 @@ def main() -> None:
         return
     if args.threads == "both":
         sys.exit(run_both_threads())
-    if not args.py_spy:
-        sys.exit("py-spy not found: `pip install py-spy` (any environment), or --py-spy PATH")
-    prof, steps = _profile(args.py_spy, args.mode, args.seconds, args.rate)
+    prof, steps = _profile(find_py_spy(args.py_spy), args.mode, args.seconds, args.rate)
     print(f"{args.mode} dump of the bench step, OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, load {os.getloadavg()[0]:.2f}")
     print(report(prof, args.rate, steps, args.top))

@@ -129,14 +129,22 @@ def _read_fetch(fetched: Any, device: torch.device) -> list[tuple[tuple[float, .
 class _Figures:
     """[min, max, mean, l2, nan_count, inf_count] of one tensor, once its window is read."""
 
-    __slots__ = ("_fetch", "_i")
+    __slots__ = ("_fetch", "_i", "_got")
 
     def __init__(self, fetch: _Fetch, i: int) -> None:
-        self._fetch, self._i = fetch, i
+        self._fetch: _Fetch | None = fetch
+        self._i = i
+        self._got: tuple[tuple[float, ...], int] | None = None
 
     def _row(self) -> tuple[tuple[float, ...], int]:
-        values = self._fetch.values()
-        return values[self._i] if self._i < len(values) else (_NO_FIGURES, 0)
+        """Its row, read once: then it lets go of its window (the dumper keeps figures of
+        tensors it has seen for the whole run: each would keep its window's 64 ops' rows)."""
+        fetch = self._fetch
+        if fetch is not None:
+            values = fetch.values()
+            self._got = values[self._i] if self._i < len(values) else (_NO_FIGURES, 0)
+            self._fetch = None
+        return self._got  # type: ignore[return-value]
 
     def __iter__(self) -> Iterator[float]:
         return iter(self._row()[0])

@@ -351,7 +351,7 @@ class LiveCheck:
         if reason is None and self._left_unfilled(call, outputs):
             reason = UNFILLED_REASON  # it left (part of) an output unfilled: not data
         kernel = type(call) is KernelCall
-        if reason is None and deferred and not kernel:
+        if reason is None and not kernel and (deferred or self._made_on_device(snapshot, outputs)):
             self._defer(call, outputs, snapshot, result)  # type: ignore[arg-type]
             return
         if reason is not None:
@@ -370,6 +370,13 @@ class LiveCheck:
                               else (result.reason or result.status).split(":")[0])
         self._judged(result)
 
+    def _made_on_device(self, inputs: list[Any] | None, outputs: list[torch.Tensor]) -> bool:
+        """An op with no tensor input whose outputs are on an accelerator (`zeros`, `arange`,
+        `full` on the device: masks, positions, optimizer states): nothing of the host's can
+        change under it, so it waits in the window too, instead of reading back with a wait."""
+        return inputs is not None and not inputs and self.device.type == "cpu" \
+            and on_device(outputs)
+
     def _defer(self, call: Call, outputs: list[torch.Tensor], inputs: list[Any],
                result: OpResult) -> None:
         """Queue the outputs' host copies and leave the op's re-run to the window."""
@@ -381,7 +388,7 @@ class LiveCheck:
             self._judged(result)
             return
         func, name = call.func, result.op
-        # the call's arguments without its tensors: the window holds no device memory
+        # the call's arguments without its tensors (the copies hold what the re-run reads)
         args, kwargs = fill_tensors((list(call.args), call.kwargs), itertools.repeat(HOLE))
 
         def judge() -> OpResult:

@@ -9,8 +9,10 @@ synchronised once, then the ops are re-run and judged in order.
 
 The copies are queued before the op runs (inputs) and right after it (outputs), on the
 device's queue, so they hold what the op read and wrote whatever later ops do. What waits is a
-closure over those copies and the call's non-tensor arguments: the device's own tensors are
-not held (a window keeps no device memory alive).
+closure over those copies and the call's non-tensor arguments. Each copy in flight keeps its
+device tensor alive until the window closes (a device may reuse freed memory before a queued
+copy has read it): `max_bytes` bounds both the host copies and the device memory a window
+keeps beyond the step's own.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from profile_dump import read_profile, report  # noqa: E402
@@ -53,3 +55,28 @@ def test_report_gives_milliseconds_per_step():
     assert "other threads                30.0 ms" in text
     own = text.split("ours, by innermost function:\n")[1].splitlines()
     assert own[0].split() == ["tensor_stats", "35.00", "ms"] and len(own) >= 2
+
+
+def test_a_py_spy_that_is_not_there_is_said_in_one_line(tmp_path):
+    from profile_dump import find_py_spy
+
+    with pytest.raises(SystemExit) as gone:
+        find_py_spy(str(tmp_path / "py-spy"))
+    assert str(gone.value).startswith("py-spy not found at ") and "--py-spy PATH" in str(gone.value)
+    spy = tmp_path / "spy"
+    spy.write_text("#!/bin/sh\nexit 0\n")
+    spy.chmod(0o755)
+    assert find_py_spy(str(spy)) == str(spy)
+
+
+def test_a_py_spy_that_fails_is_said_with_its_own_words(tmp_path):
+    from profile_dump import record
+
+    spy = tmp_path / "py-spy"
+    spy.write_text("#!/bin/sh\necho 'Error: Permission Denied: Try running again with elevated "
+                   "permissions' >&2\nexit 1\n")
+    spy.chmod(0o755)
+    with pytest.raises(SystemExit) as failed:
+        record(str(spy), 1, 100, 1, tmp_path / "raw.txt")
+    said = str(failed.value)
+    assert said.startswith("py-spy failed (exit 1): Error: Permission Denied") and "\n" not in said

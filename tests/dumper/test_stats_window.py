@@ -81,3 +81,31 @@ def test_closing_an_empty_window_fetches_nothing(empty):
         window.figures((_figures(0), 0))
     window.close()
     assert window.windows_closed == (0 if empty else 1)
+
+
+def test_a_figure_kept_after_it_was_read_keeps_its_own_row_not_its_windows():
+    """The dumper keeps the figures of every tensor it has seen (to know it again): one kept
+    figure must not keep its whole window's rows (on an accelerator that grew by a window's
+    rows, ~40 KB, every step of a statistics dump)."""
+    import gc
+    import tracemalloc
+
+    kept = []
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for w in range(100):
+            window = StatsWindow(max_bytes=1 << 30)
+            placed = [window.figures((_figures(i), 0)) for i in range(256)]
+            window.close()
+            for floats, checksum in placed:  # the writer reads every row
+                list(floats), int(checksum)
+            assert list(placed[w][0])[1] == w + 0.25
+            kept.append(placed[0])  # one figure of the window stays in the dumper's map
+            del placed, window
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert [list(f)[0] for f, _ in kept] == [-0.5] * 100 and int(kept[0][1]) == 0
+    assert held < 300_000, f"100 kept figures hold {held} bytes"

@@ -281,3 +281,25 @@ def test_a_live_check_stop_still_names_the_faulty_device_op(npu):
         _chain(w, x, 10)
         raise RuntimeError("the user's bug")
     assert [r.op for r in chk.errors()] == ["aten.tanh.default"]  # judged all the same
+
+
+def test_ops_that_make_their_outputs_on_the_device_wait_in_the_live_checks_window(npu):
+    """`zeros`, `arange`, `full` on the device (masks, positions, optimizer states) read
+    nothing of the host's: they are judged in the window like any device op, not read back
+    one by one with a wait each (a tiny Llama's step made 14 such waits)."""
+    from accuracy import live_check
+
+    counts = {}
+    for device in ("cpu", "npu"):
+        x = _inputs(device)[1][:, :8]
+        with testdevice.counting() as c, live_check(on="cpu") as chk:
+            for _ in range(10):
+                mask = torch.full((8, 8), float("-inf"), device=device).triu(1)
+                pos = torch.arange(8, device=device)
+                x = (x + mask[0]).softmax(-1) + torch.zeros(8, device=device) + pos
+        counts[device] = chk.counts()
+        assert [r.seq for r in chk.results] == sorted(r.seq for r in chk.results)
+    assert chk.checked >= 10 * 8
+    assert c["syncs_implicit"] == 0
+    assert c["syncs_explicit"] <= math.ceil(chk.checked / WINDOW_OPS)
+    assert counts["npu"] == counts["cpu"]
