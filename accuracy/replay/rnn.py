@@ -5,8 +5,10 @@ unsupported data type"), so replay's upcast run would fail and the LSTM's local 
 unjudged. These functions recompute a layer (and its backward, through autograd) with matmuls
 and pointwise ops, which run in any dtype: the same-dtype run keeps the native kernel when it
 has one (its error is the one a device kernel should match), the fp64 run uses the recompute.
-CUDA's fused LSTM cell (`_thnn_fused_lstm_cell` and its backward), which has no CPU kernel,
-gets one here too, so a CUDA dump replays on CPU. The oneDNN workspace output
+CUDA's fused LSTM and GRU cells (`_thnn_fused_lstm_cell`, `_thnn_fused_gru_cell` and their
+backwards), which have no CPU kernel, get one here too (their workspaces laid out as CUDA's
+kernels keep them, which the backwards read), so a CUDA dump replays on CPU and the live check
+judges them. The oneDNN workspace output
 (`aten.WORKSPACE_OUTPUTS`) is scratch memory: the reference returns an
 empty placeholder there and replay never measures it.
 
@@ -145,8 +147,43 @@ def thnn_fused_lstm_cell_backward_impl(grad_hy: torch.Tensor | None,
     return grad_gates, gcy * f, grad_bias
 
 
+def thnn_fused_gru_cell(input_gates: torch.Tensor, hidden_gates: torch.Tensor, hx: torch.Tensor,
+                        input_bias: torch.Tensor | None = None,
+                        hidden_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """`aten._thnn_fused_gru_cell` (CUDA's fused GRU cell; no CPU kernel): (hy, the workspace
+    its backward reads, laid out as CUDA's kernel keeps it: r, z, n, hx and the hidden n-gate
+    with its bias)."""
+    if input_bias is not None:
+        input_gates = input_gates + input_bias
+    if hidden_bias is not None:
+        hidden_gates = hidden_gates + hidden_bias
+    ir, iz, i_n = input_gates.chunk(3, -1)
+    hr, hz, hn = hidden_gates.chunk(3, -1)
+    r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
+    n = torch.tanh(i_n + r * hn)
+    return n + z * (hx - n), torch.cat([r, z, n, hx, hn], -1)
+
+
+def thnn_fused_gru_cell_backward(grad_hy: torch.Tensor, workspace: torch.Tensor,
+                                 has_bias: bool) -> tuple[torch.Tensor | None, ...]:
+    """`aten._thnn_fused_gru_cell_backward`: (grad of the input gates, of the hidden gates,
+    grad_hx, and the two biases' grads), from `thnn_fused_gru_cell`'s workspace."""
+    r, z, n, hx, hn = workspace.chunk(5, -1)
+    gz = grad_hy * (hx - n) * z * (1 - z)
+    gn = grad_hy * (1 - z) * (1 - n * n)
+    gr = gn * hn * r * (1 - r)
+    grad_input = torch.cat([gr, gz, gn], -1)
+    grad_hidden = torch.cat([gr, gz, gn * r], -1)
+    if not has_bias:
+        return grad_input, grad_hidden, grad_hy * z, None, None
+    return grad_input, grad_hidden, grad_hy * z, grad_input.sum(0), grad_hidden.sum(0)
+
+
 register_builtin_reference("aten.mkldnn_rnn_layer.default", mkldnn_rnn_layer)
 register_builtin_reference("aten._thnn_fused_lstm_cell.default", thnn_fused_lstm_cell)
 register_builtin_reference("aten._thnn_fused_lstm_cell_backward_impl.default",
                            thnn_fused_lstm_cell_backward_impl)
 register_builtin_reference("aten.mkldnn_rnn_layer_backward.default", mkldnn_rnn_layer_backward)
+register_builtin_reference("aten._thnn_fused_gru_cell.default", thnn_fused_gru_cell)
+register_builtin_reference("aten._thnn_fused_gru_cell_backward.default",
+                           thnn_fused_gru_cell_backward)

@@ -142,3 +142,27 @@ def test_live_check_of_a_clean_lstm_never_judges_the_workspace():
     rnn = [r for r in check.results if r.op == "aten.mkldnn_rnn_layer.default"]
     assert rnn and all(r.verdict in ("pass", None) and r.status == "ok" for r in rnn)
     assert all(o["idx"] != 3 for r in rnn for o in r.outputs)
+
+
+def test_fused_gru_cell_reference_matches_autograd_of_the_cell():
+    """CUDA's fused GRU cell, recomputed: hy as nn.GRUCell's formula gives it, and the
+    backward's grads from the workspace (CUDA's layout: r, z, n, hx, hidden n-gate) equal to
+    autograd's through the forward."""
+    from accuracy.replay.rnn import thnn_fused_gru_cell, thnn_fused_gru_cell_backward
+
+    torch.manual_seed(0)
+    ig, hg, hx, b1, b2 = (torch.randn(*s, dtype=torch.float64, requires_grad=True)
+                          for s in ((3, 6), (3, 6), (3, 2), (6,), (6,)))
+    hy, ws = thnn_fused_gru_cell(ig, hg, hx, b1, b2)
+    gi, gh = ig + b1, hg + b2
+    r = torch.sigmoid(gi[:, :2] + gh[:, :2])
+    z = torch.sigmoid(gi[:, 2:4] + gh[:, 2:4])
+    n = torch.tanh(gi[:, 4:] + r * gh[:, 4:])
+    torch.testing.assert_close(hy, (1 - z) * n + z * hx)
+    torch.testing.assert_close(ws[:, 6:8], hx)  # where CUDA's kernel keeps hx
+    ghy = torch.randn(3, 2, dtype=torch.float64)
+    want = torch.autograd.grad(hy, [ig, hg, hx, b1, b2], ghy)
+    got = thnn_fused_gru_cell_backward(ghy, ws.detach(), True)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    assert thnn_fused_gru_cell_backward(ghy, ws.detach(), False)[3:] == (None, None)

@@ -374,3 +374,28 @@ def test_a_compiled_model_on_the_device_is_recorded_and_compared(npu, tmp_path):
     rep = compare(tmp_path / "npu.h5", tmp_path / "cpu.h5")
     assert rep.summary["counts"]["error"] == 0 and not rep.summary.get("blind")
     torch._dynamo.reset()
+
+
+def test_the_live_check_judges_a_grus_fused_cells_on_the_device(npu):
+    """Off CPU a GRU runs CUDA's fused cell (`_thnn_fused_gru_cell`, no CPU kernel): its
+    forward and backward are judged against the CPU reference, whose workspace layout is
+    CUDA's (the test device keeps it so too: the backward reads it), none skipped."""
+    from accuracy import live_check
+    from accuracy.replay.rnn import thnn_fused_gru_cell
+
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(4, 6, batch_first=True).npu()
+    x = torch.randn(2, 5, 4).npu()
+    with live_check(on="cpu") as chk:
+        out, _ = gru(x)
+        out.square().mean().backward()
+    cells = [r for r in chk.results if "_thnn_fused_gru_cell" in r.op]
+    assert {r.op for r in cells} == {"aten._thnn_fused_gru_cell.default",
+                                     "aten._thnn_fused_gru_cell_backward.default"}
+    assert len(cells) == 10 and all(r.verdict == "pass" for r in cells), [
+        (r.op, r.status, r.reason) for r in cells if r.verdict != "pass"]
+    ig, hg, hx = torch.randn(3, 18), torch.randn(3, 18), torch.randn(3, 6)
+    hy, ws = torch.ops.aten._thnn_fused_gru_cell(ig.npu(), hg.npu(), hx.npu())
+    want = thnn_fused_gru_cell(ig, hg, hx)
+    torch.testing.assert_close(hy.cpu(), want[0])
+    torch.testing.assert_close(ws.cpu(), want[1])  # the same layout

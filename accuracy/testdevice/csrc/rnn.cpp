@@ -62,7 +62,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell_backward(
   return {grad_gates, gc * f, grad_bias};
 }
 
-// workspace = [r, z, n, hidden n-gate (with its bias), hx].
+// workspace = [r, z, n, hx, hidden n-gate (with its bias)]: CUDA's kernel's layout.
 std::tuple<at::Tensor, at::Tensor> gru_cell(const at::Tensor& input_gates,
                                             const at::Tensor& hidden_gates, const at::Tensor& hx,
                                             const std::optional<at::Tensor>& input_bias,
@@ -77,14 +77,14 @@ std::tuple<at::Tensor, at::Tensor> gru_cell(const at::Tensor& input_gates,
   at::Tensor z = (ic[1] + hc[1]).sigmoid();
   at::Tensor n = (ic[2] + r * hc[2]).tanh();
   at::Tensor hy = n + z * (hx - n);
-  return {hy, at::cat({r, z, n, hc[2], hx}, 1)};
+  return {hy, at::cat({r, z, n, hx, hc[2]}, 1)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gru_cell_backward(
     const at::Tensor& grad_hy, const at::Tensor& workspace, bool has_bias) {
   auto no_python = internal_ops();
   auto w = workspace.chunk(5, 1);
-  const at::Tensor &r = w[0], &z = w[1], &n = w[2], &hn = w[3], &hx = w[4];
+  const at::Tensor &r = w[0], &z = w[1], &n = w[2], &hx = w[3], &hn = w[4];
   at::Tensor gz = grad_hy * (hx - n) * z * (1 - z);
   at::Tensor gn = grad_hy * (1 - z) * (1 - n * n);
   at::Tensor gr = gn * hn * r * (1 - r);
